@@ -1,0 +1,31 @@
+# Everything installs into .venv on first use; `make test` works on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install test test-all demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -U pip setuptools wheel
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)  ## the default suite (slow tests excluded)
+	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-all: $(STAMP)  ## everything that can run here, slow tests included
+	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+demo: $(STAMP)  ## offline end-to-end: build, create, serve a registry, push, pull, list, show
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
+
+bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
+	$(BIN)/python bench/pull.py
+
+clean:
+	rm -rf .demo .bench .pytest_cache
