@@ -1,0 +1,65 @@
+"""`infer dev`: developer tools (deterministic test models)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Developer tools.", no_args_is_help=True)
+
+FORMATS = ("gguf", "hf")
+DTYPES = {"gguf": ("f32", "f16", "q8_0"), "hf": ("f32", "f16", "bf16")}
+
+
+@app.callback()
+def _dev() -> None:
+    """Developer tools."""
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _check_choice(value: str, allowed: tuple[str, ...], hint: str) -> str:
+    if value not in allowed:
+        raise typer.BadParameter(f"{value!r} is not one of: {', '.join(allowed)}", param_hint=hint)
+    return value
+
+
+def _written_files(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+
+
+@app.command("make-model")
+def make_model(
+    preset: str = typer.Option("tiny-qwen2", "--preset", help="Model shape preset."),
+    fmt: str = typer.Option("gguf", "--format", help="Output format: gguf or hf."),
+    dtype: str = typer.Option("f32", "--dtype", help="gguf: f32|f16|q8_0; hf: f32|f16|bf16."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Weight seed; same seed, same bytes."),
+    out: Path | None = typer.Option(None, "--out", help="Output file (gguf) or directory (hf)."),
+) -> None:
+    """Write a small deterministic model with random weights (for tests and benchmarks)."""
+    from registry.modelbuilder import PRESETS, build_gguf, build_hf
+
+    _check_choice(preset, tuple(PRESETS), "--preset")
+    _check_choice(fmt, FORMATS, "--format")
+    _check_choice(dtype, DTYPES[fmt], "--dtype")
+    spec = PRESETS[preset]
+    target = out or Path(f"{preset}-{dtype}.gguf" if fmt == "gguf" else f"{preset}-{dtype}-hf")
+    build = build_gguf if fmt == "gguf" else build_hf
+    try:
+        path = build(target, spec, dtype=dtype, seed=seed)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    files = _written_files(path)
+    for f in files:
+        typer.echo(f"{f}  {_human(f.stat().st_size)}")
+    if len(files) > 1:
+        typer.echo(f"total  {_human(sum(f.stat().st_size for f in files))}")
