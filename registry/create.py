@@ -1,0 +1,140 @@
+"""``infer create NAME -f Modelfile``: build a model's layers and manifest in the store.
+
+FROM a local GGUF file (copied into the store, verified as GGUF) or an existing model
+(its weights reused, its template/system/params/license/messages inherited unless the
+Modelfile overrides them). Layers use Ollama's media types, so the result pushes and pulls
+like any registry model.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+from .details import load_details
+from .errors import ModelfileError, ModelNotFound, RegistryError
+from .gguf_info import GGUFInfo, is_gguf, read_gguf_info
+from .manifest import (CONFIG_MEDIA_TYPE, MEDIA_ADAPTER, MEDIA_LICENSE, MEDIA_MESSAGES, MEDIA_MODEL,
+                       MEDIA_PARAMS, MEDIA_PROJECTOR, MEDIA_SYSTEM, MEDIA_TEMPLATE, Layer, Manifest,
+                       digest_bytes)
+from .modelfile import Modelfile
+from .names import ModelName
+from .progress import ProgressCallback, ProgressEvent, ignore
+from .store import Store
+
+_GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+_INHERITED_WEIGHTS = (MEDIA_MODEL, MEDIA_ADAPTER, MEDIA_PROJECTOR)
+
+
+class _Builder:
+    def __init__(self, store: Store, emit: ProgressCallback) -> None:
+        self.store, self.emit = store, emit
+        self.layers: list[Layer] = []
+
+    def add_bytes(self, media_type: str, data: bytes) -> None:
+        digest = digest_bytes(data)
+        self._announce(digest)
+        self.store.add_blob_bytes(data)
+        self.layers.append(Layer(mediaType=media_type, digest=digest, size=len(data)))
+
+    def add_file(self, media_type: str, path: Path) -> Layer:
+        digest, size = self.store.add_blob_file(path)
+        self.emit(ProgressEvent(f"copying file {digest} 100%"))
+        layer = Layer(mediaType=media_type, digest=digest, size=size)
+        self.layers.append(layer)
+        return layer
+
+    def _announce(self, digest: str) -> None:
+        verb = "using existing" if self.store.has_blob(digest) else "creating new"
+        self.emit(ProgressEvent(f"{verb} layer {digest}"))
+
+
+def create_model(store: Store, name: ModelName, mf: Modelfile, base_dir: Path,
+                 on_progress: ProgressCallback = ignore) -> Manifest:
+    on_progress(ProgressEvent("gathering model components"))
+    b = _Builder(store, on_progress)
+    inherited, info = _add_weights(store, b, mf.from_, base_dir)
+    _add_text_layers(b, mf, inherited)
+    config = _config_blob(info, [lay.digest for lay in b.layers])
+    b.add_bytes(CONFIG_MEDIA_TYPE, config)
+    config_layer = b.layers.pop()
+    manifest = Manifest(config=config_layer, layers=b.layers)
+    on_progress(ProgressEvent("writing manifest"))
+    store.write_manifest(name, manifest.to_bytes())
+    on_progress(ProgressEvent("success"))
+    return manifest
+
+
+def _add_weights(store: Store, b: _Builder, source: str, base_dir: Path):
+    path = _as_path(source, base_dir)
+    if path is not None:
+        return {}, _add_gguf(b, path)
+    try:
+        base = load_details(store, store.resolve(source))
+    except ModelNotFound:
+        raise ModelfileError(f"FROM {source}: no such file, and no local model of that name; "
+                             f"pull it first ('infer pull {source}') or fix the path") from None
+    b.layers.extend(lay for lay in base.manifest.layers if lay.media_type in _INHERITED_WEIGHTS)
+    for lay in b.layers:
+        b.emit(ProgressEvent(f"using existing layer {lay.digest}"))
+    inherited = {"template": base.template, "system": base.system, "licenses": base.licenses,
+                 "parameters": base.parameters, "messages": base.messages}
+    return inherited, base.gguf
+
+
+def _as_path(source: str, base_dir: Path) -> Path | None:
+    candidate = (base_dir / Path(source).expanduser()).resolve()
+    looks_like_path = source.startswith((".", "/", "~")) or source.lower().endswith(".gguf")
+    if candidate.is_dir():
+        raise ModelfileError(f"FROM {source}: directories (safetensors) are not supported yet; "
+                             "convert to GGUF with llama.cpp's convert_hf_to_gguf.py")
+    if candidate.is_file():
+        return candidate
+    if looks_like_path:
+        raise ModelfileError(f"FROM {source}: file not found at {candidate}")
+    return None
+
+
+def _add_gguf(b: _Builder, path: Path) -> GGUFInfo:
+    if not is_gguf(path):
+        raise ModelfileError(f"FROM {path}: not a GGUF file; only GGUF weights can be imported")
+    b.emit(ProgressEvent("parsing GGUF"))
+    try:
+        info = read_gguf_info(path)
+    except RegistryError as exc:
+        raise ModelfileError(str(exc)) from None
+    b.add_file(MEDIA_MODEL, path)
+    return info
+
+
+def _add_text_layers(b: _Builder, mf: Modelfile, inherited: dict) -> None:
+    template = mf.template if mf.template is not None else inherited.get("template")
+    system = mf.system if mf.system is not None else inherited.get("system")
+    licenses = mf.licenses or inherited.get("licenses") or []
+    params = {**(inherited.get("parameters") or {}), **mf.parameters}
+    messages = mf.messages or inherited.get("messages") or []
+    if template:
+        b.add_bytes(MEDIA_TEMPLATE, template.encode())
+    if system:
+        b.add_bytes(MEDIA_SYSTEM, system.encode())
+    for text in licenses:
+        b.add_bytes(MEDIA_LICENSE, text.encode())
+    if params:
+        b.add_bytes(MEDIA_PARAMS, json.dumps(params, separators=(",", ":")).encode())
+    if messages:
+        b.add_bytes(MEDIA_MESSAGES, json.dumps(messages, separators=(",", ":")).encode())
+
+
+def _config_blob(info: GGUFInfo | None, diff_ids: list[str]) -> bytes:
+    config = {
+        "model_format": "gguf",
+        "model_family": info.architecture if info else "",
+        "model_families": [info.architecture] if info else [],
+        "model_type": info.parameter_size if info else "",
+        "file_type": info.file_type if info else "",
+        "architecture": _GOARCH.get(platform.machine().lower(), platform.machine().lower()),
+        "os": platform.system().lower(),
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }
+    return json.dumps(config, separators=(",", ":")).encode() + b"\n"

@@ -1,0 +1,94 @@
+"""Facts about a GGUF file, read with the ``gguf`` library (memory-mapped, header only)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ModelFormatError
+
+GGUF_MAGIC = b"GGUF"
+_MAX_ARRAY = 32  # array values longer than this are elided unless verbose
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    architecture: str
+    parameter_count: int
+    file_type: str  # "F16", "Q4_0", ... (Ollama's quantization_level)
+    context_length: int | None
+    embedding_length: int | None
+    chat_template: str | None
+    license: str | None
+    metadata: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def parameter_size(self) -> str:
+        return human_number(self.parameter_count)
+
+
+def is_gguf(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(4) == GGUF_MAGIC
+
+
+def read_gguf_info(path: Path, *, verbose: bool = False) -> GGUFInfo:
+    import gguf  # imported lazily: numpy-heavy, and only needed when a model is inspected
+
+    if not is_gguf(path):
+        raise ModelFormatError(f"{path} is not a GGUF file (bad magic)")
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except (ValueError, OSError, IndexError) as exc:
+        raise ModelFormatError(f"{path} is not a readable GGUF file: {exc}") from exc
+    meta = {name: _field_value(f, verbose) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
+    arch = str(meta.get("general.architecture", "unknown"))
+    return GGUFInfo(
+        architecture=arch,
+        parameter_count=sum(int(math.prod(int(d) for d in t.shape)) for t in reader.tensors),
+        file_type=_file_type_name(meta.get("general.file_type"), reader),
+        context_length=_int(meta.get(f"{arch}.context_length")),
+        embedding_length=_int(meta.get(f"{arch}.embedding_length")),
+        chat_template=_full_string(reader, "tokenizer.chat_template"),
+        license=_full_string(reader, "general.license"),
+        metadata=meta,
+    )
+
+
+def _field_value(f, verbose: bool):
+    value = f.contents()
+    if isinstance(value, list) and len(value) > _MAX_ARRAY and not verbose:
+        return []  # like Ollama's model_info: token arrays emptied unless verbose
+    return value
+
+
+def _full_string(reader, key: str) -> str | None:
+    f = reader.fields.get(key)
+    return None if f is None else str(f.contents())
+
+
+def _int(value) -> int | None:
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def _file_type_name(value, reader) -> str:
+    import gguf
+
+    if value is not None:
+        try:
+            name = gguf.LlamaFileType(int(value)).name
+            return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    types = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
+    return types.pop() if len(types) == 1 else "unknown"
+
+
+def human_number(n: int) -> str:
+    """Ollama's format.HumanNumber: 494032768 -> '494.03M', 7241732096 -> '7.2B'."""
+    for scale, suffix, decimals in ((1e9, "B", 1), (1e6, "M", 2)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f}{suffix}" if value == math.floor(value) else f"{value:.{decimals}f}{suffix}"
+    return f"{n / 1e3:.0f}K" if n >= 1e3 else str(n)
