@@ -36,7 +36,7 @@ class _OllamaColumn(ProgressColumn):
 
 class ProgressRenderer:
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.live = self.console.is_terminal
         self._progress = Progress(_OllamaColumn(), console=self.console) if self.live else None
         self._tasks: dict[str, int] = {}

@@ -214,3 +214,23 @@ def test_cross_host_redirect_is_captured_and_reused_for_ranged_parts(served, tmp
         pull(local, f"127.0.0.1:{front.port}/library/tiny")
     assert local.blob_path("sha256:" + hashlib.sha256(payload).hexdigest()).read_bytes() == payload
     assert not [r for r in front.seen if r[1]], "ranged GETs must go to the CDN host, not the registry"
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MiB tmpfs, so a pull really runs out of space (needs root; skipped elsewhere)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=1m tmpfs {mount} 2>/dev/null") != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mount
+    os.system(f"umount {mount}")
+
+
+def test_disk_full_is_one_clear_error_and_leaves_no_blob(served, tiny_disk):
+    server, _, payload = served
+    local = Store(tiny_disk / "models")
+    with pytest.raises(RegistryError, match="not enough disk space .* point INFER_MODELS elsewhere"):
+        pull(local, f"127.0.0.1:{server.port}/library/tiny")
+    assert [f for f in blob_files(local) if not f.startswith(".")] == []
+    assert local.list_models() == []
