@@ -52,6 +52,8 @@ class _Builder:
 
 def create_model(store: Store, name: ModelName, mf: Modelfile, base_dir: Path,
                  on_progress: ProgressCallback = ignore) -> Manifest:
+    if mf.adapters:
+        raise ModelfileError("ADAPTER (LoRA) is not supported yet; merge the adapter into the GGUF first")
     on_progress(ProgressEvent("gathering model components"))
     b = _Builder(store, on_progress)
     inherited, info = _add_weights(store, b, mf.from_, base_dir)

@@ -117,6 +117,16 @@ def test_create_rejects_a_non_gguf_file(tmp_path):
     assert list(store().blobs_dir.glob("*")) == [] if store().blobs_dir.exists() else True
 
 
+def test_create_refuses_what_it_cannot_store(tmp_path, gguf_path):
+    (tmp_path / "Modelfile").write_text(f"FROM {gguf_path}\nADAPTER ./lora.gguf\n")
+    result = invoke("create", "x", "-f", str(tmp_path / "Modelfile"))
+    assert result.output == "Error: ADAPTER (LoRA) is not supported yet; merge the adapter into the GGUF first\n"
+    (tmp_path / "Modelfile").write_text("FROM ./missing.gguf\n")
+    result = invoke("create", "x", "-f", str(tmp_path / "Modelfile"))
+    assert result.exit_code == 1 and "FROM ./missing.gguf: file not found" in result.output
+    assert not store().manifests_dir.exists()
+
+
 def test_pull_from_unreachable_registry(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
