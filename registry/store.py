@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -208,9 +207,6 @@ class Store:
                     removed.append(digest)
         return removed
 
-    def disk_usage(self) -> int:
-        return sum(p.stat().st_size for p in self.blobs_dir.glob("sha256-*")) if self.blobs_dir.is_dir() else 0
-
 
 def hash_file(path: Path) -> str:
     sha = hashlib.sha256()
@@ -218,7 +214,3 @@ def hash_file(path: Path) -> str:
         while chunk := fh.read(CHUNK * 4):
             sha.update(chunk)
     return "sha256:" + sha.hexdigest()
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
