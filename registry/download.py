@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .client import RegistryClient
 from .errors import DigestMismatch, DiskFull, ModelNotFound, RegistryError, RegistryUnreachable
-from .fsutil import disk_errors, fsync_dir
+from .fsutil import disk_errors
 from .rangeget import RangeFailed, RangeGet, WriteFailed
 from .names import parse_digest
 from .store import Store
@@ -170,12 +170,8 @@ class BlobDownload:
         if got != self.digest:
             self.discard()
             raise DigestMismatch(self.digest, got)
-        with open(self.data_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(self.data_path, self.store.blob_path(self.digest))
-        fsync_dir(self.data_path.parent)
-        for part in self.parts:
-            self.state_path(part.n).unlink(missing_ok=True)
+        self.store.commit_blob(self.data_path, self.digest, actual=got)
+        self.discard()  # what is left: the part state files
 
     def discard(self) -> None:
         self.data_path.unlink(missing_ok=True)
