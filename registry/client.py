@@ -139,7 +139,12 @@ class RegistryClient:
 
 
 def raise_for_status(resp: httpx.Response, doing: str) -> None:
+    """RegistryHTTPError carrying the registry's own message: the OCI ``errors`` list when the
+    body has one (``CODE: message; …``), else the start of the body."""
     if resp.status_code < 400:
         return
-    body = resp.text.strip().replace("\n", " ")[:200]
-    raise RegistryHTTPError(f"{doing}: {resp.status_code}: {body}", resp.status_code)
+    try:
+        message = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in resp.json()["errors"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message = resp.text.strip().replace("\n", " ")[:200]
+    raise RegistryHTTPError(f"{doing}: {resp.status_code}: {message}", resp.status_code)

@@ -14,10 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from urllib.parse import urlencode, urljoin
 
-import httpx
-
 from .client import RegistryClient, map_http_errors, raise_for_status
-from .errors import AuthError, ModelNotFound, RegistryError, RegistryHTTPError
+from .errors import AuthError, ModelNotFound, RegistryError
 from .manifest import MANIFEST_MEDIA_TYPE, Layer, Manifest
 from .names import ModelName, parse_name, short_digest
 from .progress import ProgressCallback, ProgressEvent, ignore
@@ -36,7 +34,7 @@ async def push_model(store: Store, name: ModelName, client: RegistryClient,
         await push_blob(store, name, client, layer, on_progress)
     on_progress(ProgressEvent("pushing manifest"))
     resp = await client.request("PUT", name.manifest_url, headers={"Content-Type": MANIFEST_MEDIA_TYPE}, content=raw)
-    check_response(resp, f"push manifest for {name.display}")
+    raise_for_status(resp, f"push manifest for {name.display}")
     on_progress(ProgressEvent("success"))
 
 
@@ -71,14 +69,14 @@ async def _upload(client: RegistryClient, location: str, path: Path, size: int, 
         os.close(fd)
     separator = "&" if "?" in location else "?"
     resp = await client.request("PUT", f"{location}{separator}{urlencode({'digest': digest})}")
-    check_response(resp, f"upload blob {digest}")
+    raise_for_status(resp, f"upload blob {digest}")
 
 
 async def _registry_has(client: RegistryClient, name: ModelName, layer: Layer) -> bool:
     resp = await client.request("HEAD", name.blob_url(layer.digest))
     if resp.status_code in (404, 405):
         return False
-    check_response(resp, f"check blob {layer.digest}")
+    raise_for_status(resp, f"check blob {layer.digest}")
     return resp.status_code == 200
 
 
@@ -87,7 +85,7 @@ async def _start_upload(client: RegistryClient, name: ModelName, layer: Layer) -
     base = f"{name.base_url}/v2/{name.repository}/blobs/uploads/"
     params = _mount_params(layer)
     resp = await client.request("POST", f"{base}?{urlencode(params)}" if params else base)
-    check_response(resp, f"start upload of {layer.digest}")
+    raise_for_status(resp, f"start upload of {layer.digest}")
     if resp.status_code == 201:
         return None
     if "location" not in resp.headers:
@@ -114,7 +112,7 @@ async def _patch(client: RegistryClient, location: str, offset: int, length: int
         resp = await client.http.request("PATCH", location, headers=headers, content=body)
     if resp.status_code in (401, 403):
         raise AuthError(f"registry refused the upload ({resp.status_code}); check INFER_REGISTRY_AUTH")
-    check_response(resp, f"upload chunk at byte {offset}")
+    raise_for_status(resp, f"upload chunk at byte {offset}")
     return urljoin(location, resp.headers.get("location", location))
 
 
@@ -129,16 +127,3 @@ async def _read_chunks(fd: int, offset: int, length: int, report: Callable[[int]
             raise RegistryError("a blob file shrank while it was being pushed")
         yield data
         offset += len(data)
-
-
-def check_response(resp: httpx.Response, doing: str) -> None:
-    """Raise RegistryHTTPError with the registry's own error message (OCI ``errors`` body)."""
-    if resp.status_code < 400:
-        return
-    try:
-        errors = resp.json()["errors"]
-        message = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise_for_status(resp, doing)
-        return
-    raise RegistryHTTPError(f"{doing}: {resp.status_code}: {message}", resp.status_code)

@@ -234,3 +234,4 @@ def test_disk_full_is_one_clear_error_and_leaves_no_blob(served, tiny_disk):
         pull(local, f"127.0.0.1:{server.port}/library/tiny")
     assert [f for f in blob_files(local) if not f.startswith(".")] == []
     assert local.list_models() == []
+

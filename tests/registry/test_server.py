@@ -20,12 +20,12 @@ import httpx
 import pytest
 
 from registry import push
-from registry.client import RegistryClient
+from registry.client import RegistryClient, raise_for_status
 from registry.errors import AuthError, ModelNotFound, RegistryHTTPError
 from registry.manifest import MANIFEST_MEDIA_TYPE, digest_bytes
 from registry.names import ModelName
 from registry.progress import ProgressCallback, ProgressEvent
-from registry.push import check_response, push_model
+from registry.push import push_model
 from registry.server import OCIError, RegistryServerThread, TokenAuthority, parse_range
 from registry.store import Store
 
@@ -283,11 +283,11 @@ def test_push_missing_local_model(tmp_path: Path, registry_server: RegistryServe
         run(_push(Store(tmp_path / "empty"), registry_server.name("library/ghost:latest"), lambda e: None))
 
 
-def test_check_response_uses_registry_message() -> None:
+def test_registry_errors_carry_the_registry_message() -> None:
     body = {"errors": [{"code": "DENIED", "message": "quota exceeded", "detail": None}]}
     resp = httpx.Response(403, json=body, request=httpx.Request("PUT", "http://x/"))
     with pytest.raises(RegistryHTTPError, match="DENIED: quota exceeded") as info:
-        check_response(resp, "push manifest")
+        raise_for_status(resp, "push manifest")
     assert info.value.status_code == 403
 
 
