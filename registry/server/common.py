@@ -9,12 +9,11 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from ..errors import RegistryError
-from ..names import DEFAULT_HOST, ModelName, parse_name
+from ..names import DEFAULT_HOST, ModelName, parse_digest, parse_name
 
 log = logging.getLogger(__package__)  # "registry.server", as before the split
 
 CHUNK = 1 << 20  # read size when streaming a blob
-_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _SAFE_HOST_RE = re.compile(r"[^A-Za-z0-9_.:-]")
 LOOSEST_HOST = "hf.co"
 
@@ -44,9 +43,13 @@ def repo_name(namespace: str, model: str, tag: str = "latest", host: str = LOOSE
 
 
 def check_digest(digest: str | None) -> str:
-    if digest is None or not _DIGEST_RE.fullmatch(digest):
-        raise OCIError(400, "DIGEST_INVALID", f"invalid digest {digest!r}: expected sha256:<64 lowercase hex>")
-    return digest
+    """Exactly ``sha256:<64 lowercase hex>``: the wire form, no aliases (``sha256-…``) or spaces."""
+    try:
+        if digest is not None and parse_digest(digest) == digest:
+            return digest
+    except RegistryError:
+        pass
+    raise OCIError(400, "DIGEST_INVALID", f"invalid digest {digest!r}: expected sha256:<64 lowercase hex>")
 
 
 def safe_host(host: str | None) -> str:
