@@ -5,7 +5,10 @@ Starts `infer registry serve` on a free loopback port over a store holding one r
 the model into a fresh store (ranged parallel parts, sha256 verified, atomic rename).
 Prints each run and the ratio of medians (goal: >= 0.9x curl).
 
-    .venv/bin/python bench/pull.py [--size-mib 1024] [--runs 3]
+    .venv/bin/python bench/pull.py [--size-mib 1024] [--runs 3] [--streams 16] [--part-mib N]
+
+``--streams``/``--part-mib`` override the client's part plan (default: Ollama's,
+clamp(size/16, 100 MB, 1 GB) parts, 16 at once) to compare scheduling choices.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from registry.client import RegistryClient  # noqa: E402
+from registry.download import DownloadOptions  # noqa: E402
 from registry.manifest import CONFIG_MEDIA_TYPE, MEDIA_MODEL, Layer, Manifest  # noqa: E402
 from registry.names import parse_name  # noqa: E402
 from registry.pull import pull_model  # noqa: E402
@@ -88,13 +92,14 @@ def run_curl(url: str, out: Path | None) -> float:
     return elapsed
 
 
-def run_infer(port: int) -> float:
+def run_infer(port: int, opts: DownloadOptions) -> float:
     target = Store(WORK / "client")
     shutil.rmtree(target.root, ignore_errors=True)
 
     async def go() -> None:
         async with RegistryClient() as client:
-            await pull_model(target, parse_name(f"127.0.0.1:{port}/library/bench", insecure=True), client)
+            await pull_model(target, parse_name(f"127.0.0.1:{port}/library/bench", insecure=True), client,
+                             opts=opts)
 
     start = time.perf_counter()
     asyncio.run(go())
@@ -105,7 +110,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=DownloadOptions.max_streams, help="parallel parts")
+    parser.add_argument("--part-mib", type=int, default=None, help="part size (default: Ollama's plan)")
     args = parser.parse_args()
+    opts = DownloadOptions(max_streams=args.streams, part_size=args.part_mib << 20 if args.part_mib else None)
     if shutil.which("curl") is None:
         raise SystemExit("curl is not installed; it is the reference this benchmark compares against")
     size = args.size_mib << 20
@@ -116,11 +124,13 @@ def main() -> None:
     try:
         run_curl(url, WORK / "warmup.bin")
         curl_s, null_s, infer_s = [], [], []
-        print(f"blob {size / 2**30:.2f} GiB over loopback from `infer registry serve`; {args.runs} runs each")
+        plan = f"{args.part_mib} MiB parts" if args.part_mib else "Ollama's part plan"
+        print(f"blob {size / 2**30:.2f} GiB over loopback from `infer registry serve`; {args.runs} runs each; "
+              f"infer: {plan}, {args.streams} streams")
         print(f"{'run':>3}  {'curl -o file':>12}  {'infer pull':>10}  {'curl -o /dev/null':>17}   (GB/s)")
         for i in range(args.runs):
             curl_s.append(run_curl(url, WORK / "curl.bin"))
-            infer_s.append(run_infer(port))
+            infer_s.append(run_infer(port, opts))
             null_s.append(run_curl(url, None))
             print(f"{i + 1:>3}  {size / curl_s[-1] / 1e9:>12.2f}  {size / infer_s[-1] / 1e9:>10.2f}"
                   f"  {size / null_s[-1] / 1e9:>17.2f}")
