@@ -1,4 +1,4 @@
-"""Facts about a GGUF file, read with the ``gguf`` library (memory-mapped, header only)."""
+"""Facts about a GGUF file, from its header (``gguf_header``); the weights are never read."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelFormatError
+from .gguf_header import GGUFHeader, read_header
 
 GGUF_MAGIC = b"GGUF"
 _MAX_ARRAY = 32  # array values longer than this are elided unless verbose
@@ -34,46 +35,36 @@ def is_gguf(path: Path) -> bool:
 
 
 def read_gguf_info(path: Path, *, verbose: bool = False) -> GGUFInfo:
-    import gguf  # imported lazily: numpy-heavy, and only needed when a model is inspected
-
     if not is_gguf(path):
         raise ModelFormatError(f"{path} is not a GGUF file (bad magic)")
     try:
-        reader = gguf.GGUFReader(path, "r")
-    except (ValueError, OSError, IndexError) as exc:
+        header = read_header(path, max_array=1 << 62 if verbose else _MAX_ARRAY)
+    except (ValueError, OSError) as exc:
         raise ModelFormatError(f"{path} is not a readable GGUF file: {exc}") from exc
-    meta = {name: _field_value(f, verbose) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
+    meta = header.metadata
     arch = str(meta.get("general.architecture", "unknown"))
     return GGUFInfo(
         architecture=arch,
-        parameter_count=sum(int(math.prod(int(d) for d in t.shape)) for t in reader.tensors),
-        file_type=_file_type_name(meta.get("general.file_type"), reader),
+        parameter_count=sum(int(math.prod(t.shape)) for t in header.tensors),
+        file_type=_file_type_name(meta.get("general.file_type"), header),
         context_length=_int(meta.get(f"{arch}.context_length")),
         embedding_length=_int(meta.get(f"{arch}.embedding_length")),
-        chat_template=_full_string(reader, "tokenizer.chat_template"),
-        license=_full_string(reader, "general.license"),
+        chat_template=_str(meta.get("tokenizer.chat_template")),
+        license=_str(meta.get("general.license")),
         metadata=meta,
     )
 
 
-def _field_value(f, verbose: bool):
-    value = f.contents()
-    if isinstance(value, list) and len(value) > _MAX_ARRAY and not verbose:
-        return []  # like Ollama's model_info: token arrays emptied unless verbose
-    return value
-
-
-def _full_string(reader, key: str) -> str | None:
-    f = reader.fields.get(key)
-    return None if f is None else str(f.contents())
+def _str(value) -> str | None:
+    return None if value is None else str(value)
 
 
 def _int(value) -> int | None:
     return int(value) if isinstance(value, (int, float)) else None
 
 
-def _file_type_name(value, reader) -> str:
-    import gguf
+def _file_type_name(value, header: GGUFHeader) -> str:
+    import gguf  # only for its enum names
 
     if value is not None:
         try:
@@ -81,7 +72,7 @@ def _file_type_name(value, reader) -> str:
             return name.removeprefix("MOSTLY_").removeprefix("ALL_")
         except ValueError:
             pass
-    types = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
+    types = {gguf.GGMLQuantizationType(t.ggml_type).name for t in header.tensors if len(t.shape) > 1}
     return types.pop() if len(types) == 1 else "unknown"
 
 
