@@ -1,0 +1,71 @@
+"""Errors every backend raises, whatever it talks to.
+
+    BackendError                      base; ``status`` is the HTTP status the gateway answers with
+    ├── InvalidRequest                400: a field the backend cannot accept
+    │   └── ContextLengthExceeded     400: the prompt does not fit in the context window
+    ├── ModelNotFound                 404: the model is not in the store / not served
+    ├── QueueFull                     503: too many requests waiting for a slot
+    ├── BackendUnavailable            502: the backend cannot be reached or failed to load
+    ├── BackendTimeout                504: the backend did not answer in time
+    └── BackendProtocolError          502: the backend answered something we cannot parse
+
+Adapters translate their own failures (llama.cpp exceptions, httpx errors) into this tree in one
+place; the gateway renders it once per API shape (``gateway/errors.py``) and the CLI prints the
+message as one line.
+"""
+
+from __future__ import annotations
+
+
+class BackendError(Exception):
+    status = 500
+    openai_type = "api_error"
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(BackendError):
+    status = 400
+    openai_type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    def __init__(self, prompt_tokens: int, num_ctx: int):
+        super().__init__(
+            f"the prompt is {prompt_tokens} tokens but the context window is {num_ctx} tokens; "
+            "shorten the input, raise num_ctx, or set \"truncate\": true to drop the oldest messages",
+            param="messages",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.num_ctx = num_ctx
+
+
+class ModelNotFound(BackendError):
+    status = 404
+    openai_type = "not_found_error"
+
+    def __init__(self, model: str):
+        super().__init__(f"model '{model}' not found", param="model")
+        self.model = model
+
+
+class QueueFull(BackendError):
+    status = 503
+
+    def __init__(self, model: str):
+        super().__init__(f"server busy: too many requests queued for '{model}', retry later")
+
+
+class BackendUnavailable(BackendError):
+    status = 502
+
+
+class BackendTimeout(BackendError):
+    status = 504
+
+
+class BackendProtocolError(BackendError):
+    status = 502

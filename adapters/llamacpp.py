@@ -1,0 +1,199 @@
+"""The embedded backend: llama.cpp (llama-cpp-python) running GGUF models from the local store.
+
+Generation runs in worker threads (llama.cpp releases the GIL); events reach the event loop through
+``loop.call_soon_threadsafe``. Closing the stream early sets the job's cancel flag; the slot goes
+back to the pool when the worker thread has stopped, and ``request.on_done`` still receives the
+usage of what was generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from registry.details import ModelDetails, load_details
+from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
+from registry.store import Store
+
+from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
+                   StreamEvent, Timings, Usage, register_backend)
+from .chat_format import PromptSpec
+from .errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
+from .llamacpp_job import GenerationJob
+from .llamacpp_pool import ModelPool, PoolSettings
+from .options import Options, resolve_options
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class LlamaCppBackend:
+    """Serves every GGUF model in ``store``. ``defaults`` override built-in option defaults."""
+
+    store: Store
+    pool_settings: PoolSettings = field(default_factory=PoolSettings)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    name: str = "llamacpp"
+    can_stream: bool = True
+    supports_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        workers = max(4, self.pool_settings.num_parallel * max(1, self.pool_settings.max_loaded_models) + 2)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llamacpp")
+        self._pool = ModelPool(self.pool_settings, self._executor)
+        self._details: dict[tuple, ModelDetails] = {}
+
+    # -- generation -----------------------------------------------------------------------------
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        details = self.details(request.model)
+        options = resolve_options(details.parameters, request.options, defaults=self.defaults)
+        t_queue = time.perf_counter()
+        entry, slot, load_s = await self._pool.acquire(details.name.display, _gguf_path(details),
+                                                       details.digest, options)
+        timings = Timings(queue=time.perf_counter() - t_queue - load_s, load=load_s)
+        job = GenerationJob(request, options, _prompt_spec(details, slot), timings=timings)
+        events: asyncio.Queue = asyncio.Queue()
+        future = self._start(job, slot, events)
+        future.add_done_callback(lambda f: self._finish(f, entry, slot, request))
+        try:
+            while True:
+                kind, item = await events.get()
+                if kind == "error":
+                    raise item
+                yield item
+                if kind == "done":
+                    return
+        finally:
+            job.cancel.set()
+
+    def _start(self, job: GenerationJob, slot, events: asyncio.Queue) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        put = lambda kind, item: loop.call_soon_threadsafe(events.put_nowait, (kind, item))  # noqa: E731
+
+        def work() -> Done | None:
+            try:
+                done = job.run(slot, lambda chunk: put("chunk", chunk))
+            except BackendError as exc:
+                put("error", exc)
+                return None
+            except Exception as exc:  # a llama.cpp failure mid-request
+                log.exception("generation failed")
+                put("error", BackendUnavailable(f"llama.cpp failed: {exc}"))
+                return None
+            done.timings.total = time.perf_counter() - job.request.arrival
+            put("done", done)
+            return done
+
+        return loop.run_in_executor(self._executor, work)
+
+    def _finish(self, future: asyncio.Future, entry, slot, request: GenerationRequest) -> None:
+        asyncio.get_running_loop().create_task(self._pool.release(entry, slot, request.keep_alive))
+        done = None if future.cancelled() or future.exception() else future.result()
+        if done is not None and request.on_done is not None:
+            request.on_done(done)
+
+    async def load(self, model: str, options: dict[str, Any] | None = None,
+                   keep_alive: float | None = None) -> None:
+        """Load ``model`` as a request with ``options`` would, without generating (Ollama's preload)."""
+        details = self.details(model)
+        resolved = resolve_options(details.parameters, options, defaults=self.defaults)
+        entry, slot, _ = await self._pool.acquire(details.name.display, _gguf_path(details),
+                                                  details.digest, resolved)
+        await self._pool.release(entry, slot, keep_alive)
+
+    async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
+                    keep_alive: float | None = None) -> EmbedResult:
+        t0 = time.perf_counter()
+        details = self.details(model)
+        options = resolve_options(details.parameters, defaults=self.defaults)
+        entry, slot, load_s = await self._pool.acquire(details.name.display, _gguf_path(details),
+                                                       details.digest, options, embedding=True)
+        try:
+            loop = asyncio.get_running_loop()
+            vectors, count = await loop.run_in_executor(self._executor, _embed, slot, inputs, truncate)
+        finally:
+            await self._pool.release(entry, slot, keep_alive)
+        return EmbedResult(vectors, count, load=load_s, total=time.perf_counter() - t0)
+
+    # -- models ---------------------------------------------------------------------------------
+
+    def details(self, model: str) -> ModelDetails:
+        """The model's manifest, layers and GGUF header; cached until its manifest file changes."""
+        try:
+            name = self.store.resolve(model)
+            stat = self.store.manifest_path(name).stat()
+            key = (name.full, stat.st_mtime_ns, stat.st_size)
+            if key not in self._details:
+                if len(self._details) > 64:
+                    self._details.clear()
+                self._details[key] = load_details(self.store, name)
+            return self._details[key]
+        except (StoreModelNotFound, InvalidName, FileNotFoundError):
+            raise ModelNotFound(model) from None
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [ModelInfo(name=m.name.display, backend=self.name, size=m.size, digest=m.digest, modified=m.modified)
+                for m in self.store.list_models()]
+
+    async def loaded_models(self) -> list[LoadedModel]:
+        return [LoadedModel(name=e.name, backend=self.name, size=e.path.stat().st_size, digest=e.digest,
+                            expires_at=e.expires_at, context_length=e.n_ctx)
+                for e in self._pool.entries() if not e.embedding]
+
+    async def unload(self, model: str) -> bool:
+        try:
+            name = self.details(model).name.display
+        except ModelNotFound:
+            return False
+        return await self._pool.unload(name)
+
+    async def health(self) -> Health:
+        return Health(ok=True, detail=f"{len(self._pool.entries())} model(s) loaded")
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _gguf_path(details: ModelDetails) -> Path:
+    if details.model_path is None or details.gguf is None:
+        raise BackendUnavailable(f"{details.name.display} has no GGUF model layer; llama.cpp cannot run it")
+    return details.model_path
+
+
+def _prompt_spec(details: ModelDetails, slot) -> PromptSpec:
+    bos, eos = _special_text(slot, slot.token_bos()), _special_text(slot, slot.token_eos())
+    return PromptSpec.from_details(details, bos_token=bos, eos_token=eos)
+
+
+def _special_text(slot, token: int) -> str:
+    if token < 0:
+        return ""
+    return slot.detokenize([token], special=True).decode("utf-8", errors="replace")
+
+
+def _embed(slot, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+    try:
+        vectors, count = slot.embed(inputs, normalize=True, truncate=truncate, return_count=True)
+    except ValueError as exc:  # llama-cpp-python: an input longer than the context or batch
+        raise InvalidRequest(f"input too long to embed ({exc}); shorten it or set \"truncate\": true",
+                             param="input") from None
+    if vectors and isinstance(vectors[0][0], list):  # no pooling: one vector per token; mean-pool
+        vectors = [[sum(col) / len(rows) for col in zip(*rows)] for rows in vectors]
+    return vectors, count
+
+
+def _factory(**kwargs: Any) -> LlamaCppBackend:
+    return LlamaCppBackend(**kwargs)
+
+
+register_backend("llamacpp", _factory)
+
+__all__ = ["LlamaCppBackend", "PoolSettings", "Options", "Chunk", "Done", "Usage"]

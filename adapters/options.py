@@ -1,0 +1,86 @@
+"""Sampling and runtime options, with Ollama's names, defaults and precedence.
+
+Precedence: built-in defaults < the model's params layer < request options. ``resolve_options``
+applies it and validates the result; unknown keys are ignored (as Ollama does) and returned so the
+caller can log them.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+# Options that decide how the model is loaded; changing one reloads the model.
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "use_mmap")
+
+
+class Options(BaseModel):
+    """One request's effective options. Field names are Ollama's ``options`` keys."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    seed: int = Field(default=-1, description="Sampling seed; -1 picks a random one.")
+    num_predict: int = Field(default=-1, ge=-2, description="Max tokens to generate; -1 = until stop or context end.")
+    num_keep: int = Field(default=4, ge=0)
+    top_k: int = Field(default=40, ge=0)
+    top_p: float = Field(default=0.9, ge=0.0, le=1.0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    typical_p: float = Field(default=1.0, ge=0.0, le=1.0)
+    temperature: float = Field(default=0.8, ge=0.0, le=100.0)
+    repeat_penalty: float = Field(default=1.0, ge=0.0)
+    repeat_last_n: int = Field(default=64, ge=-1, description="0 = off, -1 = num_ctx.")
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    stop: tuple[str, ...] = Field(default=(), description="Stop strings; generation ends before them.")
+    num_ctx: int = Field(default=2048, ge=16, le=1 << 20, description="Context window in tokens (load time).")
+    num_batch: int = Field(default=512, ge=1)
+    num_thread: int = Field(default=0, ge=0, description="0 = llama.cpp's choice.")
+    num_gpu: int = Field(default=-1)
+    use_mmap: bool = True
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, value: Any) -> Any:
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        return value
+
+    def sampling_seed(self) -> int:
+        return self.seed if self.seed >= 0 else random.randrange(1 << 31)
+
+    def load_key(self) -> tuple:
+        return tuple(getattr(self, name) for name in LOAD_OPTIONS)
+
+
+KNOWN = frozenset(Options.model_fields)
+
+
+def resolve_options(*layers: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> Options:
+    """Merge option dicts left to right over the built-in defaults and validate.
+
+    ``defaults`` overrides the built-ins (server settings such as ``INFER_CONTEXT_LENGTH``).
+    Raises :class:`InvalidRequest` naming the first bad option.
+    """
+    merged: dict[str, Any] = dict(defaults or {})
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            if key not in KNOWN:
+                log.info("ignoring unknown option %r", key)
+                continue
+            if value is not None:
+                merged[key] = value
+    try:
+        return Options(**merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = ".".join(str(p) for p in err["loc"]) or "options"
+        raise InvalidRequest(f"invalid option '{name}': {err['msg']}", param=f"options.{name}") from None
