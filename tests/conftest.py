@@ -12,3 +12,11 @@ def infer_home(tmp_path, monkeypatch):
     for var in ("INFER_MODELS", "INFER_INSECURE", "INFER_REGISTRY_AUTH", "INFER_RAISE_ERRORS"):
         monkeypatch.delenv(var, raising=False)
     return home
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory):
+    """A read-only store with the ``tiny`` and ``tiny-go`` models (see tests/models.py)."""
+    from tests.models import install_tiny_models
+
+    return install_tiny_models(tmp_path_factory.mktemp("tiny-models"))

@@ -1,0 +1,50 @@
+"""Typed dependencies: route handlers list these instead of reaching into ``app.state``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy import Engine
+
+from adapters.base import Backend
+from registry.store import Store
+
+from .recorder import Recorder
+from .settings import ServerSettings
+
+
+def _backend(request: Request) -> Backend:
+    return request.app.state.backend
+
+
+def _store(request: Request) -> Store:
+    return request.app.state.store
+
+
+def _recorder(request: Request) -> Recorder:
+    return request.app.state.recorder
+
+
+def _settings(request: Request) -> ServerSettings:
+    return request.app.state.settings
+
+
+def _engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def client_of(request: Request) -> str | None:
+    """What the ledger's ``client`` column shows: the User-Agent, else the peer address."""
+    agent = request.headers.get("user-agent")
+    if agent:
+        return agent[:200]
+    return request.client.host if request.client else None
+
+
+BackendDep = Annotated[Backend, Depends(_backend)]
+StoreDep = Annotated[Store, Depends(_store)]
+RecorderDep = Annotated[Recorder, Depends(_recorder)]
+SettingsDep = Annotated[ServerSettings, Depends(_settings)]
+EngineDep = Annotated[Engine, Depends(_engine)]
+ClientDep = Annotated[str | None, Depends(client_of)]

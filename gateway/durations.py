@@ -1,0 +1,58 @@
+"""Go-style durations: parse ``keep_alive`` values ("5m", "1h30m", "300", -1) and print ``3.1042s``."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds from a number (seconds) or a Go duration string; negative means forever."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip().strip("\"'")
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    pos, total = 0, 0.0
+    for match in _PART.finditer(body):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if not body or pos != len(body):
+        raise ValueError(f"invalid duration {value!r}: use seconds or a form like 5m, 1h30m, 90s")
+    return sign * total
+
+
+def format_duration(seconds: float) -> str:
+    """Go's ``time.Duration.String()``: ``3.104227711s``, ``199.402ms``, ``1m5.2s``, ``0s``."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
+        return "0s"
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    if ns < 1_000:
+        return f"{sign}{ns}ns"
+    if ns < 1_000_000:
+        return f"{sign}{_frac(ns, 1_000)}µs"
+    if ns < 1_000_000_000:
+        return f"{sign}{_frac(ns, 1_000_000)}ms"
+    hours, rest = divmod(ns, 3_600 * 10**9)
+    minutes, rest = divmod(rest, 60 * 10**9)
+    out = f"{hours}h" if hours else ""
+    out += f"{minutes}m" if hours or minutes else ""
+    return f"{sign}{out}{_frac(rest, 10**9)}s"
+
+
+def _frac(value: int, unit: int) -> str:
+    whole, frac = divmod(value, unit)
+    digits = len(str(unit)) - 1
+    text = f"{frac:0{digits}d}".rstrip("0")
+    return f"{whole}.{text}" if text else str(whole)

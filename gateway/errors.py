@@ -1,0 +1,109 @@
+"""The one place where errors become HTTP answers.
+
+Routes under ``/v1`` answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``;
+every other route answers in Ollama's ``{"error": "..."}``. Statuses follow ``adapters.errors`` and
+the registry mapping below; nothing a client sends can produce a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from adapters.errors import BackendError
+from registry import errors as reg
+
+log = logging.getLogger(__name__)
+
+_REGISTRY_STATUS: list[tuple[type[reg.RegistryError], int]] = [
+    (reg.InvalidName, 400), (reg.ModelNotFound, 404), (reg.ModelfileError, 400),
+    (reg.ModelFormatError, 400), (reg.DigestMismatch, 400), (reg.AuthError, 401),
+    (reg.RegistryUnreachable, 502), (reg.RegistryHTTPError, 502), (reg.DiskFull, 507),
+]
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+                 429: "rate_limit_error"}
+
+
+class APIError(Exception):
+    """An error a route raises directly (bad field combination, unsupported value)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def registry_status(exc: reg.RegistryError) -> int:
+    return next((status for cls, status in _REGISTRY_STATUS if isinstance(exc, cls)), 500)
+
+
+def error_body(path: str, status: int, message: str, *, param: str | None = None,
+               code: str | None = None, kind: str | None = None) -> dict:
+    if not path.startswith("/v1"):
+        return {"error": message}
+    kind = kind or _OPENAI_TYPES.get(status, "api_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(request: Request, status: int, message: str, **extra) -> JSONResponse:
+    return JSONResponse(error_body(request.url.path, status, message, **extra), status_code=status)
+
+
+def to_status_message(exc: BaseException) -> tuple[int, str, dict]:
+    """(status, message, extra fields) for any exception, used by handlers and by mid-stream errors."""
+    if isinstance(exc, BackendError):
+        code = "context_length_exceeded" if type(exc).__name__ == "ContextLengthExceeded" else None
+        return exc.status, exc.message, {"param": exc.param, "code": code, "kind": exc.openai_type}
+    if isinstance(exc, APIError):
+        return exc.status, exc.message, {"param": exc.param, "code": exc.code}
+    if isinstance(exc, reg.RegistryError):
+        return registry_status(exc), str(exc), {}
+    log.exception("unexpected error", exc_info=exc)
+    return 500, f"internal error: {type(exc).__name__}", {}
+
+
+def install(app: FastAPI) -> None:
+    async def handle_known(request: Request, exc: Exception) -> JSONResponse:
+        status, message, extra = to_status_message(exc)
+        return error_response(request, status, message, **extra)
+
+    async def handle_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(request, 400, validation_message(exc.errors()), param=_param(exc.errors()))
+
+    async def handle_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "error"
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"{request.method} {request.url.path} not found"
+        if exc.status_code == 405:
+            message = f"method {request.method} not allowed for {request.url.path}"
+        return error_response(request, exc.status_code, message)
+
+    for cls in (BackendError, APIError, reg.RegistryError):
+        app.add_exception_handler(cls, handle_known)
+    app.add_exception_handler(RequestValidationError, handle_validation)
+    app.add_exception_handler(StarletteHTTPException, handle_http)
+    app.add_exception_handler(Exception, handle_known)
+
+
+def validation_message(errors) -> str:
+    """One readable sentence from pydantic/FastAPI validation errors."""
+    if not errors:
+        return "invalid request"
+    err = errors[0]
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    if err.get("type") == "json_invalid":
+        return f"invalid JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}"
+    field = ".".join(loc)
+    msg = err.get("msg", "invalid value")
+    return f"invalid '{field}': {msg}" if field else f"invalid request body: {msg}"
+
+
+def _param(errors) -> str | None:
+    if not errors:
+        return None
+    loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
+    return ".".join(loc) or None

@@ -1,0 +1,80 @@
+"""Numbered schema migrations, applied once each and recorded in ``_infer_migrations``.
+
+Each migration is a function of a SQLAlchemy ``Connection`` that runs inside its own transaction,
+written against the schema as it was at that point (never against the SQLModel classes, which move
+on). To change the schema, append ``m00N_what`` to ``MIGRATIONS``; never edit an applied one.
+
+On SQLite, ``gateway.db.open_db`` turns the ``infer_begin_immediate`` execution option into
+``BEGIN IMMEDIATE``, so two processes opening a fresh file at once apply each migration once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+from sqlalchemy import Connection, Engine
+
+from .tables import utc_iso
+
+Migration = Callable[[Connection], None]
+
+_migrations = sa.Table(
+    "_infer_migrations", sa.MetaData(),
+    sa.Column("name", sa.String(255), primary_key=True),
+    sa.Column("applied_at", sa.String(32), nullable=False),
+)
+
+
+def m001_requests(conn: Connection) -> None:
+    """The usage ledger: one row per served request."""
+    metadata = sa.MetaData()
+    sa.Table(
+        "requests", metadata,
+        sa.Column("id", sa.String(26), primary_key=True),
+        sa.Column("datetime_utc", sa.String(32), nullable=False, index=True),
+        sa.Column("source", sa.String(16), nullable=False),
+        sa.Column("client", sa.Text),
+        sa.Column("route", sa.String(255), nullable=False),
+        sa.Column("model", sa.String(255), nullable=False, index=True),
+        sa.Column("backend", sa.String(64), nullable=False),
+        sa.Column("stream", sa.Boolean, nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("finish_reason", sa.String(32)),
+        sa.Column("input_tokens", sa.Integer, nullable=False),
+        sa.Column("output_tokens", sa.Integer, nullable=False),
+        sa.Column("cached_input_tokens", sa.Integer),
+        *(sa.Column(name, sa.Float) for name in ("queue_ms", "ttft_ms", "tpot_ms", "total_ms")),
+        sa.Column("error", sa.Text),
+    )
+    metadata.create_all(conn)
+
+
+MIGRATIONS: list[Migration] = [m001_requests]
+
+
+def migrate(engine: Engine) -> list[str]:
+    """Apply the pending migrations in order; return the names applied (``[]`` when up to date)."""
+    with engine.connect() as conn:
+        if not {m.__name__ for m in MIGRATIONS} - applied_migrations(conn):
+            return []
+    applied = []
+    with engine.connect() as conn:
+        conn.execution_options(infer_begin_immediate=True)
+        for migration in MIGRATIONS:
+            with conn.begin():
+                _migrations.create(conn, checkfirst=True)
+                if migration.__name__ in applied_migrations(conn):
+                    continue
+                migration(conn)
+                conn.execute(_migrations.insert().values(
+                    name=migration.__name__, applied_at=utc_iso(datetime.now(timezone.utc))))
+            applied.append(migration.__name__)
+    return applied
+
+
+def applied_migrations(conn: Connection) -> set[str]:
+    if not sa.inspect(conn).has_table(_migrations.name):
+        return set()
+    return set(conn.scalars(sa.select(_migrations.c.name)))

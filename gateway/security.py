@@ -1,0 +1,130 @@
+"""Request guards, as one ASGI middleware: Host header, CORS, API keys, body size.
+
+- Host guard (DNS-rebinding defence): when bound to loopback, a ``Host`` that is not loopback,
+  private, unspecified, ``localhost``/``*.localhost``/``*.local``/``*.internal`` or this machine's
+  hostname gets ``403`` with an empty body, as Ollama does.
+- CORS: allowed origins are the Ollama defaults plus ``INFER_ORIGINS``; a disallowed ``Origin`` gets
+  ``403`` with an empty body; a preflight on an allowed origin gets ``204``.
+- API keys: when keys are configured, every route except ``/``, ``/api/version`` and preflights needs
+  ``Authorization: Bearer <key>``; keys are compared by their sha256.
+- Bodies larger than ``max_body_bytes`` get ``413`` before the route sees them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+
+from .errors import error_body
+from .settings import ServerSettings
+
+ALLOWED_HEADERS = ", ".join([
+    "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "OpenAI-Beta",
+    *(f"x-stainless-{h}" for h in ("arch", "async", "custom-poll-interval", "helper-method", "lang", "os",
+                                    "package-version", "poll-helper", "retry-count", "runtime",
+                                    "runtime-version", "timeout")),
+])
+ALLOWED_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
+OPEN_PATHS = frozenset({"/", "/api/version"})
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class GuardMiddleware:
+    def __init__(self, app, settings: ServerSettings):
+        self.app = app
+        self.settings = settings
+        self._hostname = socket.gethostname().lower()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.settings.is_loopback and not self._host_allowed(headers.get("host", "")):
+            return await _send(send, 403, b"")
+        origin = headers.get("origin")
+        if origin is not None and not self.settings.origin_allowed(origin):
+            return await _send(send, 403, b"")
+        if scope["method"] == "OPTIONS" and origin is not None:
+            return await _send(send, 204, b"", self._cors_headers(origin))
+        if not self._authorized(scope, headers):
+            body = error_body(scope["path"], 401, "missing or invalid API key: send 'Authorization: Bearer <key>'")
+            return await _send(send, 401, json.dumps(body).encode(), [(b"content-type", b"application/json")])
+        if _content_length(headers) > self.settings.max_body_bytes:
+            return await self._too_large(scope, send)
+        send = self._with_cors(send, origin)
+        try:
+            await self.app(scope, self._limited(receive), send)
+        except BodyTooLarge:
+            await self._too_large(scope, send)
+
+    def _host_allowed(self, host: str) -> bool:
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        name = name.strip("[]").lower()
+        if not name or name in ("localhost", self._hostname) or name.endswith((".localhost", ".local", ".internal")):
+            return True
+        try:
+            ip = ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return ip.is_loopback or ip.is_private or ip.is_unspecified
+
+    def _authorized(self, scope, headers: dict[str, str]) -> bool:
+        if not self.settings.api_key_hashes or scope["path"] in OPEN_PATHS:
+            return True
+        scheme, _, key = headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and self.settings.key_allowed(key.strip())
+
+    def _cors_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
+        return [(b"access-control-allow-origin", origin.encode("latin-1")),
+                (b"access-control-allow-methods", ALLOWED_METHODS.encode()),
+                (b"access-control-allow-headers", ALLOWED_HEADERS.encode()),
+                (b"access-control-max-age", b"43200"), (b"vary", b"Origin")]
+
+    def _with_cors(self, send, origin: str | None):
+        if origin is None:
+            return send
+
+        async def wrapped(message):
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = [*message.get("headers", []),
+                                      (b"access-control-allow-origin", origin.encode("latin-1")),
+                                      (b"vary", b"Origin")]
+            await send(message)
+        return wrapped
+
+    def _limited(self, receive):
+        seen = 0
+        limit = self.settings.max_body_bytes
+
+        async def wrapped():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge()
+            return message
+        return wrapped
+
+    async def _too_large(self, scope, send) -> None:
+        limit_mib = self.settings.max_body_bytes / (1 << 20)
+        body = error_body(scope["path"], 413, f"request body too large (limit {limit_mib:g} MiB)")
+        await _send(send, 413, json.dumps(body).encode(), [(b"content-type", b"application/json")])
+
+
+def _content_length(headers: dict[str, str]) -> int:
+    try:
+        return int(headers.get("content-length", "0"))
+    except ValueError:
+        return 0
+
+
+async def _send(send, status: int, body: bytes, headers: list | None = None) -> None:
+    headers = [*(headers or []), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,42 @@
+"""SQLModel tables. The schema itself is built by ``gateway.migrations``; these classes read and write it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlmodel import Field, SQLModel
+
+ISO_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def utc_iso(moment: datetime) -> str:
+    """``2026-11-21T10:00:00.123456Z``: fixed width, so string order is time order.
+
+    A naive datetime is taken as local time (as ``datetime.astimezone`` does).
+    """
+    return moment.astimezone(timezone.utc).strftime(ISO_FORMAT)
+
+
+class RequestLog(SQLModel, table=True):
+    """One served request: who asked which model through which route, and how fast it answered."""
+
+    __tablename__ = "requests"  # type: ignore[assignment]
+
+    id: str = Field(primary_key=True, max_length=26, description="ULID, sorts by time.")
+    datetime_utc: str = Field(index=True, description="Start time, ISO-8601 UTC with a Z.")
+    source: str = Field(description="gateway | cli | bench")
+    client: str | None = Field(default=None, description="User agent or client host.")
+    route: str = Field(description="/v1/chat/completions, /api/chat, run, ...")
+    model: str = Field(index=True)
+    backend: str = Field(description="Adapter name: llamacpp, vllm, native, ...")
+    stream: bool = False
+    status: str = Field(description="ok | error | cancelled")
+    finish_reason: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int | None = None
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    total_ms: float | None = None
+    error: str | None = None

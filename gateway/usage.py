@@ -1,0 +1,106 @@
+"""Write one ledger row per served request; read recent rows and per-model totals back.
+
+``log_usage`` is what the gateway routes, ``infer run`` and the benchmarks call once a request ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Literal
+
+import sqlalchemy as sa
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session, col, select
+
+from .tables import RequestLog, utc_iso
+from .ulid import new_ulid
+
+logger = logging.getLogger(__name__)
+
+Source = Literal["gateway", "cli", "bench"]
+Status = Literal["ok", "error", "cancelled"]
+
+
+@dataclass
+class UsageRecord:
+    """A finished request, as the ledger stores it (``id`` and ``datetime_utc`` are added on insert)."""
+
+    source: Source
+    route: str
+    model: str
+    backend: str
+    stream: bool = False
+    status: Status = "ok"
+    client: str | None = None
+    finish_reason: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int | None = None
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    total_ms: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelTotals:
+    model: str
+    requests: int
+    errors: int
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int  # sum of the values backends reported; 0 when none did
+    mean_ttft_ms: float | None
+    mean_tpot_ms: float | None
+
+
+def log_usage(engine: Engine, record: UsageRecord) -> str:
+    """Insert one row and return its id, or ``""`` after a logged warning if the database fails.
+
+    A ledger failure must never break the request it describes, so this does not raise for DB errors.
+    """
+    now = datetime.now(timezone.utc)
+    row_id = new_ulid(int(now.timestamp() * 1000))
+    row = RequestLog(id=row_id, datetime_utc=utc_iso(now), **asdict(record))
+    try:
+        with Session(engine) as session:
+            session.add(row)
+            session.commit()
+    except (SQLAlchemyError, OSError) as exc:
+        logger.warning("could not record usage for model %r: %s", record.model, exc)
+        return ""
+    return row_id
+
+
+def recent(engine: Engine, limit: int = 20, model: str | None = None) -> list[RequestLog]:
+    """The latest ``limit`` rows, newest first, optionally for one model."""
+    query = select(RequestLog).order_by(col(RequestLog.datetime_utc).desc(), col(RequestLog.id).desc())
+    if model is not None:
+        query = query.where(RequestLog.model == model)
+    with Session(engine) as session:
+        return list(session.exec(query.limit(limit)))
+
+
+def totals_by_model(engine: Engine, since: datetime | None = None) -> list[ModelTotals]:
+    """Request counts, token sums and mean latencies per model (rows from ``since`` on), by model name."""
+    t = RequestLog.__table__.c  # type: ignore[attr-defined]
+    query = (
+        sa.select(
+            t.model,
+            sa.func.count(),
+            sa.func.sum(sa.case((t.status == "error", 1), else_=0)),
+            *(sa.func.coalesce(sa.func.sum(c), 0) for c in (t.input_tokens, t.output_tokens, t.cached_input_tokens)),
+            sa.func.avg(t.ttft_ms),
+            sa.func.avg(t.tpot_ms),
+        )
+        .group_by(t.model)
+        .order_by(t.model)
+    )
+    if since is not None:
+        query = query.where(t.datetime_utc >= utc_iso(since))
+    with engine.connect() as conn:
+        return [ModelTotals(*row) for row in conn.execute(query)]

@@ -1,0 +1,36 @@
+"""Test models built with the project's own builder, installed into a store like `infer create` does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from registry.create import create_model
+from registry.modelbuilder import PRESETS, build_gguf
+from registry.modelfile import parse_modelfile
+from registry.names import parse_name
+from registry.store import Store
+
+# Ollama's qwen2 template: exercises the Go-template path (the GGUF carries a Jinja ChatML one).
+QWEN2_GO_TEMPLATE = (
+    "{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
+    "{{ if .Prompt }}<|im_start|>user\n{{ .Prompt }}<|im_end|>\n{{ end }}"
+    "<|im_start|>assistant\n{{ .Response }}<|im_end|>\n"
+)
+
+
+def install_tiny_models(root: Path) -> Store:
+    """A store under ``root`` with ``tiny`` (GGUF Jinja template) and ``tiny-go`` (Go TEMPLATE + SYSTEM).
+
+    Both are the tiny-qwen2 preset (context 512) with seed 0; ``tiny`` has ``num_ctx 512``.
+    """
+    gguf = build_gguf(root / "tiny-qwen2.gguf", PRESETS["tiny-qwen2"], dtype="f32", seed=0)
+    store = Store(root / "models")
+    modelfiles = {
+        "tiny": f"FROM {gguf}\nPARAMETER num_ctx 512\n",
+        "tiny-go": (f'FROM {gguf}\nPARAMETER num_ctx 512\nPARAMETER stop "<|im_start|>"\n'
+                    f'PARAMETER stop "<|im_end|>"\nTEMPLATE """{QWEN2_GO_TEMPLATE}"""\n'
+                    'SYSTEM """You are a tiny test model."""\n'),
+    }
+    for name, text in modelfiles.items():
+        create_model(store, parse_name(name, insecure=True), parse_modelfile(text), root)
+    return store
