@@ -35,6 +35,7 @@ class GenerationRequest:
     system: str | None = None
     template: str | None = None  # Ollama /api/generate "template" override
     raw: bool = False
+    tools: list[dict[str, Any]] | None = None  # passed to the chat template (.Tools / tools)
     suffix: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     format: str | dict | None = None  # "json" or a JSON schema

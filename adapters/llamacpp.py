@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -36,7 +36,7 @@ class GenerationJob:
     def run(self, llm: llama_cpp.Llama, emit: Callable[[Chunk], None]) -> Done:
         prompt, dropped = self._render(llm)
         tokens = self._tokenize(llm, prompt)
-        n_ctx = llm.n_ctx()
+        n_ctx = context_size(llm)
         if len(tokens) >= n_ctx:
             raise ContextLengthExceeded(len(tokens), n_ctx)
         wanted = self.options.num_predict
@@ -64,9 +64,10 @@ class GenerationJob:
             return render_generate(self.spec, req.prompt or "", system=req.system, suffix=req.suffix,
                                    template=req.template), 0
         if not req.truncate:
-            return render_chat(self.spec, req.messages or []), 0
+            return render_chat(self.spec, req.messages or [], tools=req.tools), 0
         count = lambda text: len(self._tokenize(llm, text))  # noqa: E731
-        return fit_messages(self.spec, req.messages or [], count_tokens=count, limit=llm.n_ctx() - 1)
+        return fit_messages(self.spec, req.messages or [], count_tokens=count, limit=context_size(llm) - 1,
+                            tools=req.tools)
 
     def _tokenize(self, llm: llama_cpp.Llama, text: str) -> list[int]:
         add_bos = llm._model.add_bos_token() and not (self.spec.bos_token and text.startswith(self.spec.bos_token))
@@ -77,9 +78,9 @@ class GenerationJob:
     def _sample(self, llm: llama_cpp.Llama, prompt: list[int], emit: Callable[[Chunk], None]):
         opts, req = self.options, self.request
         llm.set_seed(opts.sampling_seed())
-        llm.last_n_tokens_size = llm.n_ctx() if opts.repeat_last_n < 0 else opts.repeat_last_n
+        llm.last_n_tokens_size = context_size(llm) if opts.repeat_last_n < 0 else opts.repeat_last_n
         text = TextStream(opts.stop)
-        limit = _max_new_tokens(opts.num_predict, len(prompt), llm.n_ctx())
+        limit = _max_new_tokens(opts.num_predict, len(prompt), context_size(llm))
         output: list[int] = []
         reason = "length"
         vocab = llm._model.vocab
@@ -107,6 +108,12 @@ class GenerationJob:
         if tail:
             emit(Chunk(text=tail))
         return output, reason
+
+
+def context_size(llm: llama_cpp.Llama) -> int:
+    """The usable window: llama.cpp pads its context (to 256), but the Python side keeps
+    ``input_ids`` at the requested ``n_ctx``, so the smaller of the two is the real limit."""
+    return min(llm.n_ctx(), len(llm.input_ids))
 
 
 def _max_new_tokens(num_predict: int, n_prompt: int, n_ctx: int) -> int:

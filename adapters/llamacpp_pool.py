@@ -52,7 +52,7 @@ class LoadedEntry:
 
     @property
     def n_ctx(self) -> int:
-        return self.slots[0].n_ctx() if self.slots else self.options.num_ctx
+        return min(self.slots[0].n_ctx(), len(self.slots[0].input_ids)) if self.slots else self.options.num_ctx
 
 
 class ModelPool:
@@ -195,7 +195,10 @@ def _load(path: Path, options: Options, embedding: bool) -> llama_cpp.Llama:
     threads = options.num_thread or os.cpu_count() or 1
     try:
         return llama_cpp.Llama(
-            model_path=str(path), n_ctx=options.num_ctx, n_batch=min(options.num_batch, options.num_ctx),
+            model_path=str(path), n_ctx=options.num_ctx,
+            # An embedding input is decoded in one batch, so its batch must hold the whole context.
+            n_batch=options.num_ctx if embedding else min(options.num_batch, options.num_ctx),
+            n_ubatch=options.num_ctx if embedding else min(options.num_batch, options.num_ctx),
             n_threads=threads, n_threads_batch=threads, n_gpu_layers=options.num_gpu,
             use_mmap=options.use_mmap, embedding=embedding, verbose=False,
         )

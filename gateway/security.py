@@ -7,7 +7,8 @@
   ``403`` with an empty body; a preflight on an allowed origin gets ``204``.
 - API keys: when keys are configured, every route except ``/``, ``/api/version`` and preflights needs
   ``Authorization: Bearer <key>``; keys are compared by their sha256.
-- Bodies larger than ``max_body_bytes`` get ``413`` before the route sees them.
+- Bodies larger than ``max_body_bytes`` get ``413`` before the route sees them (except blob
+  uploads, ``/api/blobs/*``, which are streamed to disk and verified by digest).
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ class GuardMiddleware:
         if not self._authorized(scope, headers):
             body = error_body(scope["path"], 401, "missing or invalid API key: send 'Authorization: Bearer <key>'")
             return await _send(send, 401, json.dumps(body).encode(), [(b"content-type", b"application/json")])
-        if _content_length(headers) > self.settings.max_body_bytes:
+        limited = not scope["path"].startswith("/api/blobs/")  # model uploads are streamed to disk
+        if limited and _content_length(headers) > self.settings.max_body_bytes:
             return await self._too_large(scope, send)
         send = self._with_cors(send, origin)
         try:
-            await self.app(scope, self._limited(receive), send)
+            await self.app(scope, self._limited(receive) if limited else receive, send)
         except BodyTooLarge:
             await self._too_large(scope, send)
 

@@ -1,0 +1,89 @@
+"""Helpers the Ollama routes share: preloading/unloading a model, local model details (cached).
+
+``load_or_unload`` answers Ollama's "empty request" convention: an empty prompt (or no messages)
+loads the model and ``keep_alive: 0`` unloads it. Backends may offer ``load(model, options,
+keep_alive)`` (the llama.cpp one does); without it the model's existence is all that is checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+from adapters.base import Backend
+from adapters.errors import ModelNotFound
+from registry.details import ModelDetails, load_details
+from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
+from registry.names import ModelName
+from registry.store import Store
+
+log = logging.getLogger(__name__)
+
+_CACHE_SIZE = 256
+_cache: dict[tuple, ModelDetails] = {}
+_cache_lock = threading.Lock()
+
+
+async def load_or_unload(backend: Backend, model: str, keep_alive: float | None, options: dict | None,
+                         *, embedding: bool = False) -> str:
+    """Load ``model`` (``"load"``) or, with ``keep_alive == 0``, unload it (``"unload"``); 404 if unknown."""
+    if keep_alive == 0:
+        require_model(backend, model)
+        await backend.unload(model)
+        return "unload"
+    loader = getattr(backend, "load", None)
+    if loader is not None and not embedding:
+        await loader(model, options=options or {}, keep_alive=keep_alive)
+    else:
+        require_model(backend, model)
+    return "load"
+
+
+def require_model(backend: Backend, model: str) -> None:
+    """Raise the backend's ModelNotFound (404) when it can tell that ``model`` does not exist."""
+    details = getattr(backend, "details", None)
+    if callable(details):
+        details(model)
+
+
+def normalize_vector(vector: list[float]) -> list[float]:
+    norm = math.sqrt(sum(x * x for x in vector))
+    return [x / norm for x in vector] if norm > 0 else vector
+
+
+def resolve_local(store: Store, model: str) -> ModelName:
+    """The local model a request names; ``model 'x' not found`` (404) when there is none."""
+    try:
+        name = store.resolve(model)
+    except InvalidName:
+        raise ModelNotFound(model) from None
+    if not store.manifest_path(name).is_file():
+        raise ModelNotFound(model)
+    return name
+
+
+def local_details(store: Store, model: str, *, verbose: bool = False) -> ModelDetails:
+    name = resolve_local(store, model)
+    try:
+        return load_details(store, name, verbose=verbose)
+    except (StoreModelNotFound, FileNotFoundError):
+        raise ModelNotFound(model) from None
+
+
+def cached_details(store: Store, name: ModelName, digest: str) -> ModelDetails | None:
+    """Details for listings (/api/tags, /api/ps), read once per manifest digest; None if unreadable."""
+    key = (str(store.root), name.full, digest)
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+    try:
+        details = load_details(store, name)
+    except Exception as exc:  # a listing shows what it can: a broken model gets empty details
+        log.warning("cannot read details of %s: %s", name.display, exc)
+        return None
+    with _cache_lock:
+        if len(_cache) >= _CACHE_SIZE:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = details
+    return details

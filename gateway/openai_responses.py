@@ -1,0 +1,112 @@
+"""OpenAI response bodies: ids, usage, logprobs, and the non-streaming chat/completion objects.
+
+One :class:`ResponseMeta` per request carries the ``id``, ``created`` and ``model`` every object
+of that response repeats (a stream has exactly one of each).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from adapters.base import Chunk, Done, TokenLogprob
+
+SYSTEM_FINGERPRINT = "fp_infer"
+
+
+@dataclass
+class ResponseMeta:
+    kind: str  # "chat.completion" or "text_completion"
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            prefix = "chatcmpl" if self.kind == "chat.completion" else "cmpl"
+            self.id = f"{prefix}-{secrets.token_hex(12)}"
+
+    def envelope(self, choices: list[dict], *, stream: bool) -> dict:
+        obj = f"{self.kind}.chunk" if stream and self.kind == "chat.completion" else self.kind
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
+
+
+def finish_reason(done: Done) -> str:
+    return "length" if done.finish_reason == "length" else "stop"
+
+
+def usage(dones: Sequence[Done], prompt_of: Sequence[int] | None = None) -> dict:
+    """Usage over all choices: each distinct prompt counted once, every completion summed.
+
+    ``prompt_of[i]`` is the prompt index of choice ``i`` (legacy completions accept several prompts).
+    """
+    prompt_of = prompt_of or [0] * len(dones)
+    firsts: dict[int, Done] = {}
+    for idx, done in zip(prompt_of, dones):
+        firsts.setdefault(idx, done)
+    prompt = sum(d.usage.input_tokens for d in firsts.values())
+    completion = sum(d.usage.output_tokens for d in dones)
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = [d.usage.cached_input_tokens for d in firsts.values()]
+    if cached and all(c is not None for c in cached):
+        out["prompt_tokens_details"] = {"cached_tokens": sum(cached)}
+    return out
+
+
+# -- logprobs -------------------------------------------------------------------------------------
+
+def chat_logprob(entry: TokenLogprob) -> dict:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": entry.bytes,
+            "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes}
+                             for t in entry.top_logprobs]}
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict:
+    return {"content": [chat_logprob(e) for e in entries]}
+
+
+def legacy_logprobs(entries: Sequence[TokenLogprob], offset: int = 0) -> dict:
+    """``{tokens, token_logprobs, top_logprobs, text_offset}``; offsets count characters of the completion."""
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for entry in entries:
+        out["tokens"].append(entry.token)
+        out["token_logprobs"].append(entry.logprob)
+        top = {t.token: t.logprob for t in entry.top_logprobs}
+        top.setdefault(entry.token, entry.logprob)
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offset)
+        offset += len(entry.token)
+    return out
+
+
+def all_logprobs(chunks: Sequence[Chunk]) -> list[TokenLogprob]:
+    return [entry for chunk in chunks for entry in (chunk.logprobs or [])]
+
+
+# -- non-streaming bodies -------------------------------------------------------------------------
+
+Result = tuple[str, list[Chunk], Done]
+
+
+def chat_completion(meta: ResponseMeta, results: Sequence[Result], *, logprobs: bool) -> dict:
+    choices = [{"index": i, "message": {"role": "assistant", "content": text},
+                "logprobs": chat_logprobs(all_logprobs(chunks)) if logprobs else None,
+                "finish_reason": finish_reason(done)}
+               for i, (text, chunks, done) in enumerate(results)]
+    body = meta.envelope(choices, stream=False)
+    body["usage"] = usage([done for _, _, done in results])
+    return body
+
+
+def text_completion(meta: ResponseMeta, results: Sequence[Result], prompt_of: Sequence[int], *,
+                    logprobs: bool) -> dict:
+    choices = [{"index": i, "text": text,
+                "logprobs": legacy_logprobs(all_logprobs(chunks)) if logprobs else None,
+                "finish_reason": finish_reason(done)}
+               for i, (text, chunks, done) in enumerate(results)]
+    body = meta.envelope(choices, stream=False)
+    body["usage"] = usage([done for _, _, done in results], prompt_of)
+    return body

@@ -1,0 +1,201 @@
+"""OpenAI request bodies (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``) and their
+mapping onto :class:`adapters.base.GenerationRequest`.
+
+Field names mirror the wire exactly. Unknown fields are ignored (clients send extras such as
+``user``, ``tools`` or vLLM's ``top_k``); a known field with the wrong type is a 400 (models are
+strict: ``"temperature": "0.5"`` is refused, not coerced). Absent sampling fields stay absent, so
+the model's own parameters apply (unlike Ollama, which forces ``temperature``/``top_p`` to 1.0).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from adapters.base import GenerationRequest
+
+from .errors import APIError
+
+T = TypeVar("T", bound=BaseModel)
+SEED_MASK = 0x7FFFFFFF  # llama.cpp seeds are uint32 and 0xFFFFFFFF means "random"
+MAX_N = 8
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
+class ContentPart(_Wire):
+    type: str
+    text: str | None = None
+
+
+class Message(_Wire):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(_Wire):
+    include_usage: bool | None = False
+
+
+class JSONSchemaSpec(_Wire):
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+
+class ResponseFormat(_Wire):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaSpec | None = None
+
+
+class _Sampling(_Wire):
+    """Fields shared by chat and legacy completions."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = Field(default=None)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    n: int | None = Field(default=1, ge=1, le=MAX_N)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def check(self) -> None:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stops) > 4:
+            raise APIError(400, "'stop' accepts at most 4 sequences", param="stop")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+
+    def options(self, num_predict: int | None, index: int) -> dict[str, Any]:
+        """Ollama option overrides for generation ``index`` (seed + index when a seed is given)."""
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        seed = None if self.seed is None else (self.seed + index) & SEED_MASK
+        values = {"num_predict": num_predict, "temperature": self.temperature, "top_p": self.top_p,
+                  "seed": seed, "stop": stops, "frequency_penalty": self.frequency_penalty,
+                  "presence_penalty": self.presence_penalty}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+
+    def generation_requests(self, client: str | None) -> list[GenerationRequest]:
+        self.check()
+        messages = [_message(i, m) for i, m in enumerate(self.messages)]
+        fmt = _format(self.response_format)
+        num_predict = self.max_completion_tokens or self.max_tokens
+        return [GenerationRequest(model=self.model, messages=messages, options=self.options(num_predict, i),
+                                  format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
+                                  strict_max_tokens=True, client=client)
+                for i in range(self.n or 1)]
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[Any]
+    suffix: str | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool | None = False
+
+    def prompts(self) -> list[str]:
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        if not prompts:
+            raise APIError(400, "'prompt' must not be empty", param="prompt")
+        if not all(isinstance(p, str) for p in prompts):
+            raise APIError(400, "token-array prompts are not supported: send the prompt as text", param="prompt")
+        return prompts
+
+    def generation_requests(self, client: str | None) -> list[tuple[int, GenerationRequest]]:
+        """(prompt index, request) per choice: every prompt ``n`` times."""
+        self.check()
+        if self.echo:
+            raise APIError(400, "'echo' is not supported", param="echo")
+        n = self.n or 1
+        return [(p, GenerationRequest(model=self.model, prompt=text, suffix=self.suffix,
+                                      options=self.options(self.max_tokens, i), logprobs=self.logprobs is not None,
+                                      top_logprobs=self.logprobs or 0, strict_max_tokens=True, client=client))
+                for p, text in enumerate(self.prompts()) for i in range(n)]
+
+
+class EmbeddingRequest(_Wire):
+    model: str = Field(min_length=1)
+    input: str | list[Any]
+    encoding_format: Literal["float", "base64"] | None = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+
+    def inputs(self) -> list[str]:
+        items = [self.input] if isinstance(self.input, str) else self.input
+        if not items:
+            raise APIError(400, "'input' must not be empty", param="input")
+        if not all(isinstance(i, str) for i in items):
+            raise APIError(400, "token-array inputs are not supported: send the input as text", param="input")
+        if any(not i for i in items):
+            raise APIError(400, "'input' must not contain empty strings", param="input")
+        return items
+
+
+async def parse_body(request: Request, model: type[T]) -> T:
+    """Read a JSON object body whatever the Content-Type (curl -d sends form-urlencoded)."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise APIError(400, f"invalid JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from None
+
+
+def _message(index: int, message: Message) -> dict[str, Any]:
+    role = "system" if message.role == "developer" else message.role
+    return {"role": role, "content": _content(index, message.content)}
+
+
+def _content(index: int, content: str | list[ContentPart] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.type == "text":
+            texts.append(part.text or "")
+        elif part.type in ("image_url", "input_image", "image"):
+            raise APIError(400, "images are not supported by this model", param=f"messages.{index}.content")
+        else:
+            raise APIError(400, f"unsupported content part type '{part.type}'", param=f"messages.{index}.content")
+    return "\n".join(texts)
+
+
+def _format(response_format: ResponseFormat | None) -> str | dict | None:
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return "json"
+    spec = response_format.json_schema
+    if spec is None or spec.schema_ is None:
+        raise APIError(400, "'response_format.json_schema.schema' is required for type 'json_schema'",
+                       param="response_format")
+    return spec.schema_

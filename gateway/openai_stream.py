@@ -1,0 +1,149 @@
+"""Running the ``n`` generations of one OpenAI request, and the SSE chunk objects of a stream.
+
+Each choice is a separate backend request through the recorder (one ledger row each). Streaming
+primes the first generation before the response starts (so request errors become 4xx answers),
+then runs all of them concurrently and interleaves their events by choice index.
+
+Chat stream rules: the first chunk of a choice carries ``{"role": "assistant", "content": <first
+non-empty text>}``; empty texts are never sent (their logprobs ride on the next chunk); the last
+chunk of a choice has ``delta: {}`` and the ``finish_reason``; with ``stream_options.include_usage``
+one more chunk with ``choices: []`` and the usage follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+
+from adapters.base import Backend, Done, GenerationRequest, StreamEvent, TokenLogprob
+
+from .openai_responses import ResponseMeta, Result, chat_logprobs, finish_reason, legacy_logprobs, usage
+from .recorder import Generation, Recorder
+
+Events = AsyncIterator[tuple[int, StreamEvent]]
+
+
+async def run_all(recorder: Recorder, backend: Backend, requests: Sequence[GenerationRequest],
+                  route: str) -> list[Result]:
+    """Non-streaming: every generation to the end; the first error (if any) is raised after all finish."""
+    async def one(req: GenerationRequest) -> Result:
+        gen = await recorder.start(backend, req, route=route, stream=False)
+        return await gen.collect()
+
+    results = await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return list(results)  # type: ignore[arg-type]
+
+
+async def start_stream(recorder: Recorder, backend: Backend, requests: Sequence[GenerationRequest],
+                       route: str) -> Events:
+    first = await recorder.start(backend, requests[0], route=route, stream=True)
+    return _merge(first, recorder, backend, requests[1:], route)
+
+
+async def _merge(first: Generation, recorder: Recorder, backend: Backend,
+                 rest: Sequence[GenerationRequest], route: str) -> Events:
+    if not rest:
+        async for event in first:
+            yield 0, event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, req: GenerationRequest | None) -> None:
+        try:
+            gen = first if req is None else await recorder.start(backend, req, route=route, stream=True)
+            async with aclosing(gen.__aiter__()) as events:
+                async for event in events:
+                    queue.put_nowait(("event", index, event))
+        except Exception as exc:
+            queue.put_nowait(("error", index, exc))
+        finally:
+            queue.put_nowait(("end", index, None))
+
+    tasks = [asyncio.create_task(pump(i, req)) for i, req in enumerate([None, *rest])]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            kind, index, item = await queue.get()
+            if kind == "end":
+                remaining -= 1
+            elif kind == "error":
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _take(pending: dict[int, list[TokenLogprob]], index: int) -> list[TokenLogprob]:
+    return pending.pop(index, [])
+
+
+async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
+                      include_usage: bool) -> AsyncIterator[dict]:
+    started: set[int] = set()
+    pending: dict[int, list[TokenLogprob]] = defaultdict(list)
+    dones: dict[int, Done] = {}
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(index: int, delta: dict, reason: str | None = None, entries: list[TokenLogprob] | None = None) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(entries) if entries else None,
+                  "finish_reason": reason}
+        return {**meta.envelope([choice], stream=True), **extra}
+
+    async for index, event in events:
+        if isinstance(event, Done):
+            dones[index] = event
+            if index not in started:  # nothing was generated: the role still has to be announced
+                started.add(index)
+                yield chunk(index, {"role": "assistant"})
+            yield chunk(index, {}, finish_reason(event), _take(pending, index))
+            continue
+        if logprobs and event.logprobs:
+            pending[index].extend(event.logprobs)
+        if not event.text:
+            continue
+        delta = {"content": event.text}
+        if index not in started:
+            started.add(index)
+            delta = {"role": "assistant", **delta}
+        yield chunk(index, delta, None, _take(pending, index))
+    if include_usage:
+        yield {**meta.envelope([], stream=True), "usage": usage([dones[i] for i in sorted(dones)])}
+
+
+async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Sequence[int], *, logprobs: bool,
+                            include_usage: bool) -> AsyncIterator[dict]:
+    pending: dict[int, list[TokenLogprob]] = defaultdict(list)
+    offsets: dict[int, int] = defaultdict(int)
+    dones: dict[int, Done] = {}
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(index: int, text: str, reason: str | None = None) -> dict:
+        entries = _take(pending, index)
+        lp = None
+        if entries:
+            lp = legacy_logprobs(entries, offsets[index])
+            offsets[index] += sum(len(e.token) for e in entries)
+        choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+        return {**meta.envelope([choice], stream=True), **extra}
+
+    async for index, event in events:
+        if isinstance(event, Done):
+            dones[index] = event
+            yield chunk(index, "", finish_reason(event))
+            continue
+        if logprobs and event.logprobs:
+            pending[index].extend(event.logprobs)
+        if event.text:
+            yield chunk(index, event.text)
+    if include_usage:
+        body = meta.envelope([], stream=True)
+        body["usage"] = usage([dones[i] for i in sorted(dones)], [prompt_of[i] for i in sorted(dones)])
+        yield body

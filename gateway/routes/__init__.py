@@ -1,0 +1,1 @@
+"""One router per resource: health, Ollama generation, Ollama model management, OpenAI chat and models."""

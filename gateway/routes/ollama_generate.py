@@ -1,0 +1,150 @@
+"""Ollama generation: ``POST /api/generate``, ``/api/chat``, ``/api/embed`` and legacy ``/api/embeddings``.
+
+Streaming answers are NDJSON, one object per line, ending with the ``done: true`` record that
+carries the metrics; ``"stream": false`` answers one JSON object. No non-final chat chunk has an
+empty ``message.content`` (the legacy ChatBox client throws on one): chunks without text are
+skipped and their logprobs carried to the next chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from adapters.base import Backend, Chunk, GenerationRequest, TokenLogprob
+
+from .. import ollama_views as view
+from ..deps import BackendDep, ClientDep, RecorderDep
+from ..errors import APIError, to_status_message
+from ..ollama_backend import load_or_unload, normalize_vector
+from ..ollama_schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, keep_alive_seconds
+from ..recorder import Generation, Recorder
+from ..streaming import ndjson_response
+from ..usage import UsageRecord
+
+router = APIRouter(tags=["ollama"])
+
+
+@router.post("/api/generate")
+async def generate(body: GenerateRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> Response:
+    if body.images:
+        raise APIError(400, "images are not supported", param="images")
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    if not body.prompt:
+        reason = await load_or_unload(backend, body.model, keep_alive, body.options)
+        return JSONResponse(view.load_answer(body.model, reason, chat=False))
+    req = GenerationRequest(
+        model=body.model, prompt=body.prompt, system=body.system, template=body.template, raw=body.raw,
+        suffix=body.suffix, options=body.options or {}, format=body.format, logprobs=body.logprobs,
+        top_logprobs=body.top_logprobs, truncate=bool(body.truncate), keep_alive=keep_alive, client=client)
+    gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
+    if body.streaming:
+        return ndjson_response(_generate_stream(gen, body))
+    text, chunks, done = await gen.collect()
+    return JSONResponse(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks)))
+
+
+async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncIterator[dict]:
+    async for kind, text, logprobs, done in _pieces(gen):
+        if kind == "chunk":
+            yield view.generate_chunk(body.model, text, logprobs)
+        else:
+            yield view.generate_final(body.model, done, raw=body.raw, logprobs=logprobs)
+
+
+@router.post("/api/chat")
+async def chat(body: ChatRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> Response:
+    messages = body.messages or []
+    if any(m.images for m in messages):
+        raise APIError(400, "images are not supported", param="messages.images")
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    if not messages:
+        reason = await load_or_unload(backend, body.model, keep_alive, body.options)
+        return JSONResponse(view.load_answer(body.model, reason, chat=True))
+    req = GenerationRequest(
+        model=body.model, messages=[m.for_backend() for m in messages], options=body.options or {},
+        format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
+        truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools)
+    gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
+    if body.streaming:
+        return ndjson_response(_chat_stream(gen, body.model))
+    text, chunks, done = await gen.collect()
+    return JSONResponse(view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks)))
+
+
+async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:
+    async for kind, text, logprobs, done in _pieces(gen):
+        if kind == "chunk":
+            yield view.chat_chunk(model, text, logprobs)
+        else:
+            yield view.chat_final(model, done, logprobs=logprobs)
+
+
+async def _pieces(gen: Generation):
+    """("chunk", text, logprobs, None) for every chunk with text, then ("done", "", logprobs, done).
+
+    Logprobs of chunks without text (an incomplete UTF-8 sequence, a held-back stop prefix) ride
+    on the next chunk that has text, or on the final record."""
+    pending: list[TokenLogprob] = []
+    async for event in gen:
+        if isinstance(event, Chunk):
+            pending.extend(event.logprobs or [])
+            if event.text:
+                yield "chunk", event.text, pending, None
+                pending = []
+        else:
+            yield "done", "", pending, event
+
+
+def _logprobs(chunks: list[Chunk]) -> list[TokenLogprob]:
+    return [lp for c in chunks for lp in (c.logprobs or [])]
+
+
+# -- embeddings -----------------------------------------------------------------------------------
+
+@router.post("/api/embed")
+async def embed(body: EmbedRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> dict:
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    inputs = ([body.input] if body.input else []) if isinstance(body.input, str) else list(body.input)
+    if not inputs:
+        await load_or_unload(backend, body.model, keep_alive, body.options, embedding=True)
+        return {"model": body.model, "embeddings": []}
+    result = await _embed(backend, recorder, client, "/api/embed", body.model, inputs, body.truncate, keep_alive)
+    vectors = result.embeddings
+    if body.dimensions:
+        vectors = [normalize_vector(v[: body.dimensions]) for v in vectors]
+    return {"model": body.model, "embeddings": vectors, "total_duration": view.ns(result.total),
+            "load_duration": view.ns(result.load), "prompt_eval_count": result.input_tokens}
+
+
+@router.post("/api/embeddings")
+async def embeddings(body: EmbeddingsRequest, backend: BackendDep, recorder: RecorderDep,
+                     client: ClientDep) -> dict:
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    if not body.prompt:
+        await load_or_unload(backend, body.model, keep_alive, body.options, embedding=True)
+        return {"embedding": []}
+    result = await _embed(backend, recorder, client, "/api/embeddings", body.model, [body.prompt], True, keep_alive)
+    return {"embedding": result.embeddings[0]}
+
+
+async def _embed(backend: Backend, recorder: Recorder, client: str | None, route: str, model: str,
+                 inputs: list[str], truncate: bool, keep_alive: float | None):
+    """Embed through the backend and write one ledger row, also for a failed request."""
+    if not backend.supports_embeddings:
+        raise APIError(400, f"backend {backend.name} does not support embeddings", param="model")
+    record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client)
+    t0 = time.perf_counter()
+    try:
+        result = await backend.embed(model, inputs, truncate=truncate, keep_alive=keep_alive)
+    except Exception as exc:
+        record.status, record.error = "error", to_status_message(exc)[1]
+        recorder.record(record)
+        raise
+    record.input_tokens = result.input_tokens
+    record.total_ms = round((result.total or time.perf_counter() - t0) * 1000, 3)
+    recorder.record(record)
+    return result

@@ -1,0 +1,97 @@
+"""Ollama model management: tags, show, ps, pull, push, create, copy, delete and blobs.
+
+Listings read the local store; ``/api/ps`` asks the backend what it has loaded. Pull, push and
+create stream Ollama's status lines as NDJSON (``"stream": false``: one ``{"status":"success"}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from registry.names import parse_digest
+
+from .. import ollama_views as view
+from ..deps import BackendDep, SettingsDep, StoreDep
+from ..ollama_backend import cached_details, local_details, resolve_local
+from ..ollama_registry import (Job, copy_model, create_job, progress_stream, pull_job, push_job, receive_blob,
+                               run_quietly)
+from ..ollama_schemas import CopyRequest, CreateRequest, ModelRequest, PullRequest, ShowRequest
+from ..streaming import ndjson_response
+
+router = APIRouter(tags=["ollama"])
+
+
+@router.api_route("/api/tags", methods=["GET", "HEAD"])
+async def tags(store: StoreDep) -> dict:
+    def listing() -> list[dict]:
+        return [view.tag_entry(m, cached_details(store, m.name, m.digest)) for m in store.list_models()]
+    return {"models": await asyncio.to_thread(listing)}
+
+
+@router.post("/api/show")
+async def show(body: ShowRequest, store: StoreDep) -> dict:
+    details = await asyncio.to_thread(local_details, store, body.model, verbose=body.verbose)
+    return view.show_body(details)
+
+
+@router.get("/api/ps")
+async def ps(backend: BackendDep, store: StoreDep) -> dict:
+    loaded = await backend.loaded_models()
+
+    def details(name: str, digest: str):
+        try:
+            return cached_details(store, resolve_local(store, name), digest)
+        except Exception:  # a remote backend's model need not be in the local store
+            return None
+    entries = [view.ps_entry(m, await asyncio.to_thread(details, m.name, m.digest)) for m in loaded]
+    return {"models": entries}
+
+
+@router.post("/api/pull")
+async def pull(body: PullRequest, store: StoreDep, settings: SettingsDep) -> Response:
+    return await _progress(pull_job(store, settings, body.model, body.insecure), body.stream)
+
+
+@router.post("/api/push")
+async def push(body: PullRequest, store: StoreDep, settings: SettingsDep) -> Response:
+    return await _progress(push_job(store, settings, body.model, body.insecure), body.stream)
+
+
+@router.post("/api/create")
+async def create(body: CreateRequest, store: StoreDep) -> Response:
+    return await _progress(create_job(store, body), body.stream)
+
+
+async def _progress(job: Job, stream: bool | None) -> Response:
+    if stream is False:
+        await run_quietly(job)
+        return JSONResponse({"status": "success"})
+    return ndjson_response(progress_stream(job))
+
+
+@router.delete("/api/delete")
+async def delete(body: ModelRequest, store: StoreDep, backend: BackendDep) -> Response:
+    name = resolve_local(store, body.model)
+    await backend.unload(body.model)
+    await asyncio.to_thread(store.remove, name)
+    return Response(status_code=200)
+
+
+@router.post("/api/copy")
+async def copy(body: CopyRequest, store: StoreDep) -> Response:
+    await asyncio.to_thread(copy_model, store, body.source, body.destination)
+    return Response(status_code=200)
+
+
+@router.head("/api/blobs/{digest}")
+async def blob_exists(digest: str, store: StoreDep) -> Response:
+    return Response(status_code=200 if store.has_blob(parse_digest(digest)) else 404)
+
+
+@router.post("/api/blobs/{digest}")
+async def blob_upload(digest: str, request: Request, store: StoreDep) -> Response:
+    created = await receive_blob(store, digest, request)
+    return Response(status_code=201 if created else 200)

@@ -1,0 +1,49 @@
+"""OpenAI generation: ``POST /v1/chat/completions`` and ``POST /v1/completions``.
+
+Requests are mapped onto the backend in ``gateway/openai_schemas.py``; every choice (``n``) is
+its own backend request through the recorder. Streams are SSE (``data: {json}\\n\\n`` … ``data: [DONE]``).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from ..deps import BackendDep, ClientDep, RecorderDep
+from ..openai_responses import ResponseMeta, chat_completion, text_completion
+from ..openai_schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from ..openai_stream import chat_chunks, completion_chunks, run_all, start_stream
+from ..streaming import sse_response
+
+router = APIRouter(tags=["openai"])
+
+CHAT_ROUTE = "/v1/chat/completions"
+COMPLETIONS_ROUTE = "/v1/completions"
+
+
+@router.post(CHAT_ROUTE)
+async def chat_completions(request: Request, backend: BackendDep, recorder: RecorderDep, client: ClientDep):
+    body = await parse_body(request, ChatCompletionRequest)
+    requests = body.generation_requests(client)
+    meta = ResponseMeta("chat.completion", body.model)
+    logprobs = bool(body.logprobs)
+    if body.stream:
+        events = await start_stream(recorder, backend, requests, CHAT_ROUTE)
+        return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage))
+    results = await run_all(recorder, backend, requests, CHAT_ROUTE)
+    return chat_completion(meta, results, logprobs=logprobs)
+
+
+@router.post(COMPLETIONS_ROUTE)
+async def completions(request: Request, backend: BackendDep, recorder: RecorderDep, client: ClientDep):
+    body = await parse_body(request, CompletionRequest)
+    pairs = body.generation_requests(client)
+    prompt_of = [p for p, _ in pairs]
+    requests = [req for _, req in pairs]
+    meta = ResponseMeta("text_completion", body.model)
+    logprobs = body.logprobs is not None
+    if body.stream:
+        events = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE)
+        return sse_response(completion_chunks(meta, events, prompt_of, logprobs=logprobs,
+                                              include_usage=body.include_usage))
+    results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE)
+    return text_completion(meta, results, prompt_of, logprobs=logprobs)

@@ -1,0 +1,105 @@
+"""A live ``infer serve`` subprocess on a free loopback port, serving the tiny test models.
+
+``live_server`` is module-scoped (starting llama.cpp models costs a second or two); it yields a
+``LiveServer`` with ``.url``, ``.db_url`` and ``.log()`` (the server's output so far).
+``app_client`` runs the same app in-process with ``TestClient`` for fast contract tests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    url: str
+    port: int
+    home: Path
+    db_url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def server_env(home: Path, models: Path, port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
+    env.update(INFER_HOME=str(home), INFER_MODELS=str(models), INFER_HOST=f"127.0.0.1:{port}")
+    env.update(extra)
+    return env
+
+
+def start_server(tmp: Path, models: Path, **extra_env: str) -> LiveServer:
+    port = free_port()
+    home = tmp / "server-home"
+    log_path = tmp / "server.log"
+    env = server_env(home, models, port, **extra_env)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = LiveServer(f"http://127.0.0.1:{port}", port, home, f"sqlite:///{home / 'usage.db'}", proc, log_path)
+    _wait_ready(server)
+    return server
+
+
+def stop_server(server: LiveServer) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+def _wait_ready(server: LiveServer, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"infer serve exited early:\n{server.log()}")
+        try:
+            if httpx.get(server.url + "/", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    stop_server(server)
+    raise RuntimeError(f"infer serve did not start in {timeout}s:\n{server.log()}")
+
+
+@pytest.fixture(scope="module")
+def live_server(tiny_store, tmp_path_factory) -> Iterator[LiveServer]:
+    server = start_server(tmp_path_factory.mktemp("live"), tiny_store.root)
+    try:
+        yield server
+    finally:
+        stop_server(server)
+
+
+@pytest.fixture
+def app_client(tiny_store, tmp_path):
+    """The app in-process (lifespan included) over the tiny store, with its own ledger."""
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from gateway.settings import ServerSettings
+
+    env = server_env(tmp_path / "home", tiny_store.root, 11434)
+    settings = ServerSettings.from_env(env)
+    with TestClient(create_app(settings), base_url="http://127.0.0.1:11434") as client:
+        yield client
