@@ -21,11 +21,12 @@ test: $(STAMP)  ## the default suite (slow tests excluded)
 test-all: $(STAMP)  ## everything that can run here, slow tests included
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
 
-demo: $(STAMP)  ## offline end-to-end: build, create, serve a registry, push, pull, list, show
+demo: $(STAMP)  ## offline end-to-end: build, create, push, pull, run, serve, openai client, curl, usage
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
 
 bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/pull.py
+	$(BIN)/python bench/gateway.py --runs 5
 
 clean:
 	rm -rf .demo .bench .pytest_cache
