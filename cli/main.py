@@ -7,9 +7,11 @@ import os
 import typer
 from typer.core import TyperGroup
 
+from adapters.errors import BackendError
+from gateway.settings import SettingsError
 from registry.errors import RegistryError
 
-from . import dev, models, pull, registry_server
+from . import dev, models, pull, registry_server, run, serve, usage
 
 
 class _InferGroup(TyperGroup):
@@ -18,11 +20,15 @@ class _InferGroup(TyperGroup):
     def invoke(self, ctx):  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except RegistryError as exc:
+        except (RegistryError, BackendError, SettingsError) as exc:
             if os.environ.get("INFER_RAISE_ERRORS"):
                 raise
-            typer.echo(f"Error: {exc}", err=True)
+            typer.echo(f"Error: {_message(exc)}", err=True)
             raise typer.Exit(1) from None
+
+
+def _message(exc: Exception) -> str:
+    return exc.message if isinstance(exc, BackendError) else str(exc)
 
 
 app = typer.Typer(
@@ -36,6 +42,9 @@ app = typer.Typer(
 )
 pull.register(app)
 models.register(app)
+serve.register(app)
+usage.register(app)
+run.register(app)
 app.add_typer(registry_server.app, name="registry")
 app.add_typer(dev.app, name="dev")
 

@@ -1,0 +1,177 @@
+"""``infer run``'s conversation with the in-process backend.
+
+Each turn is one chat request through :class:`gateway.recorder.Recorder` (route ``run``, source
+``cli``), so it writes exactly one usage-ledger row, like a request to ``infer serve`` would. The
+reply streams to stdout as it is generated; ``--verbose`` statistics go to stderr in Ollama's format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from adapters.base import Chunk, Done, GenerationRequest
+from adapters.errors import BackendError
+from adapters.llamacpp import LlamaCppBackend
+from adapters.options import Options, resolve_options
+from gateway.db import open_db
+from gateway.durations import format_duration
+from gateway.recorder import Recorder
+from gateway.settings import SettingsError
+from gateway.usage import UsageRecord
+from registry.details import ModelDetails
+from registry.store import Store
+
+DEFAULT_CONTEXT_LENGTH = 2048
+
+
+class CountingRecorder(Recorder):
+    """Counts ledger records handed over, so the session can wait for a finished turn's row."""
+
+    recorded: int = 0
+
+    def record(self, record: UsageRecord) -> None:
+        super().record(record)
+        self.recorded += 1
+
+
+def context_length_from_env() -> int:
+    text = os.environ.get("INFER_CONTEXT_LENGTH", "").strip()
+    if not text:
+        return DEFAULT_CONTEXT_LENGTH
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 16:
+        raise SettingsError(f"INFER_CONTEXT_LENGTH must be an integer >= 16, got {text!r}")
+    return value
+
+
+class ChatSession:
+    """The state ``/set`` and ``/clear`` change, and the backend, recorder and ledger behind it."""
+
+    def __init__(self, store: Store, model: str, *, db_url: str, num_ctx: int, verbose: bool = False,
+                 format: str | dict | None = None, keep_alive: float | None = None,
+                 out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.store, self.model = store, model
+        self.verbose, self.format, self.keep_alive = verbose, format, keep_alive
+        self.system: str | None = None
+        self.messages: list[dict[str, Any]] = []
+        self.options: dict[str, Any] = {}
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        try:
+            self.engine = open_db(db_url)
+        except (ValueError, OSError, SQLAlchemyError) as exc:
+            raise SettingsError(f"cannot open the usage database: {exc}") from None
+        self.backend = LlamaCppBackend(store=store, defaults={"num_ctx": num_ctx})
+        self.recorder = CountingRecorder(self.engine, None)
+        self._expected = 0  # ledger records the turns so far will produce
+
+    def details(self, model: str | None = None) -> ModelDetails:
+        return self.backend.details(model or self.model)
+
+    def request(self, *, truncate: bool) -> GenerationRequest:
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
+        return GenerationRequest(model=self.model, messages=[dict(m) for m in messages],
+                                 options=dict(self.options), format=self.format, truncate=truncate,
+                                 keep_alive=self.keep_alive, source="cli")
+
+    async def send(self, text: str, *, truncate: bool = True) -> Done | None:
+        """One turn: stream the reply to ``out``; the user message and the reply join the history.
+
+        A request error removes the user message again and propagates. When the turn is cancelled
+        (Ctrl+C), what was generated so far stays in the history.
+        """
+        self.messages.append({"role": "user", "content": text})
+        self._expected += 1  # a request error is recorded too; a cancelled start is not
+        try:
+            gen = await self.recorder.start(self.backend, self.request(truncate=truncate), route="run", stream=True)
+        except BaseException as exc:
+            self.messages.pop()
+            if not isinstance(exc, Exception):  # cancelled before the first event: no record
+                self._expected -= 1
+            raise
+        reply: list[str] = []
+        try:
+            async for event in gen:
+                if isinstance(event, Chunk) and event.text:
+                    reply.append(event.text)
+                    self.out.write(event.text)
+                    self.out.flush()
+        finally:
+            self.messages.append({"role": "assistant", "content": "".join(reply)})
+        self.out.write("\n\n")
+        self.out.flush()
+        if self.verbose and gen.done is not None:
+            self.err.write("".join(line + "\n" for line in stats_lines(gen.done)))
+            self.err.flush()
+        return gen.done
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every turn so far has its ledger row written (the backend reports a turn, also a
+        cancelled one, once its worker thread has stopped and freed the slot)."""
+        deadline = time.monotonic() + timeout
+        while self.recorder.recorded < self._expected and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await self.recorder.drain()
+
+    async def aclose(self) -> None:
+        await self.settle()
+        await self.backend.aclose()
+        await asyncio.sleep(0)
+        await self.recorder.drain()
+        self.engine.dispose()
+
+
+def stats_lines(done: Done) -> list[str]:
+    """Ollama's ``--verbose`` summary (each line only when its value is > 0), plus TTFT and TPOT."""
+    t, u = done.timings, done.usage
+    rows: list[tuple[str, str, float]] = [
+        ("total duration", format_duration(t.total), t.total),
+        ("load duration", format_duration(t.load), t.load),
+        ("prompt eval count", f"{u.input_tokens} token(s)", u.input_tokens),
+    ]
+    if t.prompt_eval > 0:
+        rate = u.input_tokens / t.prompt_eval
+        rows += [("prompt eval duration", format_duration(t.prompt_eval), t.prompt_eval),
+                 ("prompt eval rate", f"{rate:.2f} tokens/s", rate)]
+    rows.append(("eval count", f"{u.output_tokens} token(s)", u.output_tokens))
+    if t.eval > 0:
+        rate = u.output_tokens / t.eval
+        rows += [("eval duration", format_duration(t.eval), t.eval), ("eval rate", f"{rate:.2f} tokens/s", rate)]
+    if t.ttft is not None:
+        rows.append(("time to first token", format_duration(t.ttft), t.ttft))
+    if t.tpot is not None:
+        rows.append(("time per output token", format_duration(t.tpot), t.tpot))
+    return [f"{label + ':':<21} {text}" for label, text, value in rows if value > 0]
+
+
+def parse_parameter(name: str, values: list[str]):
+    """A typed option value from ``/set parameter`` words, checked like a request option."""
+    field = Options.model_fields.get(name)
+    if field is None:
+        raise ValueError(f"unknown parameter '{name}'")
+    kind = field.annotation
+    raw = values[0]
+    if name == "stop":
+        value: object = list(values)
+    elif kind is bool:
+        if raw.lower() not in ("true", "false"):
+            raise ValueError(f"invalid bool value [{raw}]")
+        value = raw.lower() == "true"
+    else:
+        try:
+            value = int(raw) if kind is int else float(raw)
+        except ValueError:
+            raise ValueError(f"invalid {'int' if kind is int else 'float'} value [{raw}]") from None
+    try:
+        resolve_options({name: value})
+    except BackendError as exc:
+        raise ValueError(exc.message) from None
+    return value
