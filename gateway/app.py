@@ -17,6 +17,7 @@ from adapters.llamacpp_pool import PoolSettings
 from registry.store import Store
 
 from . import errors
+from .bodies import JSONBodies
 from .db import open_db
 from .metrics import GatewayMetrics
 from .recorder import Recorder
@@ -46,7 +47,8 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
 
     app = FastAPI(title="infer", version=health.VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)
-    app.add_middleware(GuardMiddleware, settings=settings)
+    app.add_middleware(JSONBodies)
+    app.add_middleware(GuardMiddleware, settings=settings)  # added last: runs first
     for module in (health, ollama_generate, ollama_models, openai_chat, openai_models):
         app.include_router(module.router)
     return app

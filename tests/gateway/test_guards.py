@@ -108,3 +108,12 @@ def test_metrics_exposition(app_client):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     for name in ("infer_requests_total", "infer_time_to_first_token_seconds", "infer_requests_in_flight"):
         assert f"# TYPE {name.removesuffix('_total')}" in r.text
+
+
+def test_bodies_are_json_whatever_the_content_type(app_client):
+    """`curl -d` sends form-urlencoded; Ollama and OpenAI servers read the body as JSON anyway."""
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": false, "options": {"num_predict": 2}}'
+    for ctype in ("application/x-www-form-urlencoded", None, "text/plain"):
+        headers = {"Content-Type": ctype} if ctype else {}
+        r = app_client.post("/api/chat", content=body, headers=headers)
+        assert r.status_code == 200 and r.json()["done"] is True, r.text
