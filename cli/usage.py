@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from datetime import datetime
 
@@ -12,6 +11,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.db import database_url_from_env, open_db
+from gateway.settings import SettingsError
 from gateway.tables import RequestLog
 from gateway.usage import ModelTotals, recent, totals_by_model
 
@@ -48,10 +48,7 @@ def _open(url: str) -> Engine:
     try:
         return open_db(url)
     except (ValueError, OSError, SQLAlchemyError) as exc:
-        if os.environ.get("INFER_RAISE_ERRORS"):
-            raise
-        typer.echo(f"Error: {_reason(exc)}", err=True)
-        raise typer.Exit(1) from None
+        raise SettingsError(_reason(exc)) from exc  # cli.main prints it as one line
 
 
 def _reason(exc: Exception) -> str:

@@ -7,11 +7,10 @@ import os
 import time
 
 import pytest
-import typer
 from sqlmodel import Session
 from typer.testing import CliRunner
 
-from cli import usage
+from cli.main import app
 from gateway.db import open_db
 from gateway.tables import RequestLog
 from gateway.usage import UsageRecord, log_usage
@@ -19,15 +18,8 @@ from gateway.usage import UsageRecord, log_usage
 runner = CliRunner()
 
 
-def make_app() -> typer.Typer:
-    app = typer.Typer()
-    app.callback()(lambda: None)  # a group, so the command is invoked as `usage`
-    usage.register(app)
-    return app
-
-
 def invoke(*args: str):
-    return runner.invoke(make_app(), ["usage", *args])
+    return runner.invoke(app, ["usage", *args])
 
 
 @pytest.fixture(autouse=True)

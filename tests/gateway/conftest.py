@@ -82,6 +82,17 @@ def _wait_ready(server: LiveServer, timeout: float = 60.0) -> None:
     raise RuntimeError(f"infer serve did not start in {timeout}s:\n{server.log()}")
 
 
+def private_store(tiny_store, tmp_path_factory, label: str):
+    """A copy of the session's tiny models for a module that creates, pulls or deletes models."""
+    import shutil
+
+    from registry.store import Store
+
+    root = tmp_path_factory.mktemp(label) / "models"
+    shutil.copytree(tiny_store.root, root)
+    return Store(root)
+
+
 @pytest.fixture(scope="module")
 def live_server(tiny_store, tmp_path_factory) -> Iterator[LiveServer]:
     server = start_server(tmp_path_factory.mktemp("live"), tiny_store.root)

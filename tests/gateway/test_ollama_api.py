@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 
 import httpx
 import pytest
 
-from registry.store import Store
+from tests.gateway.conftest import private_store
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z$")
 METRICS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
@@ -26,9 +25,7 @@ LONG_PROMPT = "hello world " * 400  # far over the tiny models' 512-token contex
 @pytest.fixture(scope="module")
 def tiny_store(tiny_store, tmp_path_factory):
     """A module-private copy: /api/create below must not change the session's store."""
-    root = tmp_path_factory.mktemp("ollama-api") / "models"
-    shutil.copytree(tiny_store.root, root)
-    return Store(root)
+    return private_store(tiny_store, tmp_path_factory, "ollama-api")
 
 
 @pytest.fixture(scope="module")

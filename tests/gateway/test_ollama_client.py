@@ -6,8 +6,6 @@ creates and pulls); pulls and pushes go to a real registry server on a loopback 
 
 from __future__ import annotations
 
-import shutil
-
 import ollama
 import pytest
 
@@ -17,6 +15,7 @@ from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from registry.server import RegistryServerThread
 from registry.store import Store
+from tests.gateway.conftest import private_store
 
 FAST = {"num_predict": 8, "seed": 5}
 
@@ -24,9 +23,7 @@ FAST = {"num_predict": 8, "seed": 5}
 @pytest.fixture(scope="module")
 def tiny_store(tiny_store, tmp_path_factory):
     """A module-private copy of the session's tiny models."""
-    root = tmp_path_factory.mktemp("ollama-client") / "models"
-    shutil.copytree(tiny_store.root, root)
-    return Store(root)
+    return private_store(tiny_store, tmp_path_factory, "ollama-client")
 
 
 @pytest.fixture(scope="module")
