@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import llama_cpp  # noqa: E402
 
+from gateway.db import open_db  # noqa: E402
+from gateway.usage import recent  # noqa: E402
 from registry.create import create_model  # noqa: E402
 from registry.modelbuilder import PRESETS, build_gguf  # noqa: E402
 from registry.modelfile import parse_modelfile  # noqa: E402
@@ -83,6 +85,17 @@ def run_gateway(client: httpx.Client, url: str, prompt: str, max_tokens: int) ->
     return _summary(t0, times)
 
 
+def ledger_ttfts(db_url: str, n: int) -> list[float]:
+    """TTFT of the last ``n`` requests as the server recorded them, oldest first, in seconds."""
+    time.sleep(1.0)  # ledger rows are written asynchronously after each answer
+    engine = open_db(db_url)
+    try:
+        rows = recent(engine, limit=n)
+    finally:
+        engine.dispose()
+    return [r.ttft_ms / 1000 for r in reversed(rows)]
+
+
 def _summary(t0: float, times: list[float]) -> tuple[float, float, int]:
     ttft = times[0] - t0
     tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
@@ -115,9 +128,13 @@ def main() -> None:
                 results["gateway"].append(run_gateway(client, server.url, prompt, args.max_tokens))
                 print(f"run {i + 1}: " + "  ".join(f"{k} ttft {v[-1][0] * 1e3:7.1f} ms, {v[-1][1]:6.1f} tok/s "
                                                   f"({v[-1][2]} tok)" for k, v in results.items()), flush=True)
+        server_ttft = ledger_ttfts(server.db_url, args.runs)
     finally:
         stop_server(server)
     report(results, args, threads)
+    http = statistics.median(g[0] - s_ for g, s_ in zip(results["gateway"], server_ttft))
+    print(f"  client TTFT - the server's own TTFT (ledger, from route entry): {http * 1e3:+.1f} ms median "
+          "(HTTP, JSON parsing and NDJSON framing, free of prefill jitter)")
 
 
 def report(results: dict, args, threads: int) -> None:
