@@ -46,6 +46,7 @@ class LoadedEntry:
     opening: int = 0  # slots being loaded
     active: int = 0  # requests holding (or loading) a slot
     expires_at: float | None = None  # wall clock
+    unload_when_idle: bool = False  # an unload was asked while requests were running
     timer: asyncio.TimerHandle | None = None
     load_seconds: float = 0.0
     cond: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -75,6 +76,7 @@ class ModelPool:
                 await self._make_room()
                 entry = self._entries[key] = LoadedEntry(name, path, digest, options, embedding)
             entry.reserved += 1  # keeps the entry from expiring until this request holds a slot
+            entry.unload_when_idle = False  # a new request wins over an earlier unload
             _cancel_timer(entry)
         try:
             slot = await self._wait_for_slot(entry)
@@ -132,6 +134,8 @@ class ModelPool:
             entry.active -= 1
             entry.cond.notify()
             if entry.active == 0 and entry.waiters == 0 and entry.reserved == 0:
+                if entry.unload_when_idle:
+                    keep_alive = 0
                 self._schedule_expiry(entry, self.settings.keep_alive if keep_alive is None else keep_alive)
 
     def _schedule_expiry(self, entry: LoadedEntry, keep_alive: float) -> None:
@@ -153,7 +157,7 @@ class ModelPool:
         for entry in found:
             async with entry.cond:
                 if entry.active:
-                    self._schedule_expiry(entry, 0)  # unload when the running requests finish
+                    entry.unload_when_idle = True  # unload when the running requests finish
                 else:
                     await self._drop(entry)
         return bool(found)

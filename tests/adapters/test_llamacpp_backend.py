@@ -1,0 +1,70 @@
+"""The in-process llama.cpp backend: keep-alive, unload, cancellation and usage, through the protocol."""
+
+from __future__ import annotations
+
+import asyncio
+
+from adapters.base import Chunk, Done, GenerationRequest
+from adapters.llamacpp import LlamaCppBackend
+from adapters.llamacpp_pool import PoolSettings
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def chat(model: str, n: int, **kw) -> GenerationRequest:
+    return GenerationRequest(model=model, messages=[{"role": "user", "content": "hi"}],
+                             options={"num_predict": n, "seed": 3}, **kw)
+
+
+def test_models_unload_after_keep_alive(tiny_store):
+    async def go():
+        backend = LlamaCppBackend(store=tiny_store, pool_settings=PoolSettings(keep_alive=0.3))
+        try:
+            [e async for e in backend.stream(chat("tiny", 2))]
+            assert [m.name for m in await backend.loaded_models()] == ["tiny:latest"]
+            await asyncio.sleep(0.6)
+            assert await backend.loaded_models() == []
+        finally:
+            await backend.aclose()
+    run(go())
+
+
+def test_unload_during_a_request_takes_effect_when_it_ends(tiny_store):
+    async def go():
+        backend = LlamaCppBackend(store=tiny_store)
+        try:
+            events = backend.stream(chat("slow", 200))
+            first = await anext(events)
+            assert isinstance(first, Chunk)
+            assert await backend.unload("slow") is True
+            rest = [e async for e in events]
+            assert isinstance(rest[-1], Done) and rest[-1].finish_reason == "length"
+            await asyncio.sleep(0.2)
+            assert await backend.loaded_models() == []
+        finally:
+            await backend.aclose()
+    run(go())
+
+
+def test_closing_the_stream_cancels_and_reports_usage(tiny_store):
+    async def go():
+        done: list[Done] = []
+        backend = LlamaCppBackend(store=tiny_store)
+        try:
+            events = backend.stream(chat("slow", 3000, on_done=done.append))
+            for _ in range(3):
+                await anext(events)
+            await events.aclose()
+            for _ in range(100):
+                if done:
+                    break
+                await asyncio.sleep(0.05)
+            assert done[0].finish_reason == "cancelled"
+            assert 0 < done[0].usage.output_tokens < 3000 and done[0].usage.input_tokens > 0
+            again = [e async for e in backend.stream(chat("slow", 2))]  # the slot is free again
+            assert isinstance(again[-1], Done) and again[-1].usage.output_tokens <= 2
+        finally:
+            await backend.aclose()
+    run(go())
