@@ -10,12 +10,7 @@ from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from registry.store import Store
 
-# Ollama's qwen2 template: exercises the Go-template path (the GGUF carries a Jinja ChatML one).
-QWEN2_GO_TEMPLATE = (
-    "{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
-    "{{ if .Prompt }}<|im_start|>user\n{{ .Prompt }}<|im_end|>\n{{ end }}"
-    "<|im_start|>assistant\n{{ .Response }}<|im_end|>\n"
-)
+from tests.ollama_templates import QWEN2 as QWEN2_GO_TEMPLATE  # Ollama's: exercises the Go-template path
 
 
 def install_slow_model(root: Path, store: Store, name: str = "slow") -> None:

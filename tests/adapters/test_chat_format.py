@@ -10,23 +10,7 @@ from adapters.chat_format import PromptSpec, TemplateError, fit_messages, render
 from adapters.errors import InvalidRequest
 from registry.modelbuilder import CHATML_TEMPLATE
 
-QWEN2 = """{{ if .System }}<|im_start|>system
-{{ .System }}<|im_end|>
-{{ end }}{{ if .Prompt }}<|im_start|>user
-{{ .Prompt }}<|im_end|>
-{{ end }}<|im_start|>assistant
-{{ .Response }}<|im_end|>
-"""
-CHATML = """{{- range .Messages }}<|im_start|>{{ .Role }}
-{{ .Content }}<|im_end|>
-{{ end }}<|im_start|>assistant
-"""
-LLAMA3_INSTRUCT = """{{- range .Messages }}<|start_header_id|>{{ .Role }}<|end_header_id|>
-
-{{ .Content }}<|eot_id|>
-{{- end }}<|start_header_id|>assistant<|end_header_id|>
-
-"""
+from tests.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2  # noqa: E402
 MISTRAL_LEGACY = "[INST] {{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}[/INST] {{ .Response }}"
 MISTRAL_NO_RESPONSE = "[INST] {{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}[/INST] "
 MISTRAL_MESSAGES = """[INST] {{ if .System }}{{ .System }}

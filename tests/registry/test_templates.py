@@ -209,23 +209,7 @@ def test_template_error_is_a_value_error():
 
 # --- real Ollama templates -----------------------------------------------------------------------
 
-QWEN2 = """{{ if .System }}<|im_start|>system
-{{ .System }}<|im_end|>
-{{ end }}{{ if .Prompt }}<|im_start|>user
-{{ .Prompt }}<|im_end|>
-{{ end }}<|im_start|>assistant
-{{ .Response }}<|im_end|>
-"""
-CHATML = """{{- range .Messages }}<|im_start|>{{ .Role }}
-{{ .Content }}<|im_end|>
-{{ end }}<|im_start|>assistant
-"""
-LLAMA3_INSTRUCT = """{{- range .Messages }}<|start_header_id|>{{ .Role }}<|end_header_id|>
-
-{{ .Content }}<|eot_id|>
-{{- end }}<|start_header_id|>assistant<|end_header_id|>
-
-"""
+from tests.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2  # noqa: E402
 CONVERSATION = to_go([
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Hello, how are you?"},
