@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry.details import ModelDetails, load_details
+from registry.details import ModelDetails, details_cache
 from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
 from registry.store import Store
 
@@ -46,7 +46,6 @@ class LlamaCppBackend:
         workers = max(4, self.pool_settings.num_parallel * max(1, self.pool_settings.max_loaded_models) + 2)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llamacpp")
         self._pool = ModelPool(self.pool_settings, self._executor)
-        self._details: dict[tuple, ModelDetails] = {}
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -126,14 +125,7 @@ class LlamaCppBackend:
     def details(self, model: str) -> ModelDetails:
         """The model's manifest, layers and GGUF header; cached until its manifest file changes."""
         try:
-            name = self.store.resolve(model)
-            stat = self.store.manifest_path(name).stat()
-            key = (name.full, stat.st_mtime_ns, stat.st_size)
-            if key not in self._details:
-                if len(self._details) > 64:
-                    self._details.clear()
-                self._details[key] = load_details(self.store, name)
-            return self._details[key]
+            return details_cache.get(self.store, self.store.resolve(model))
         except (StoreModelNotFound, InvalidName, FileNotFoundError):
             raise ModelNotFound(model) from None
 

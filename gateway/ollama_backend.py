@@ -1,4 +1,4 @@
-"""Helpers the Ollama routes share: preloading/unloading a model, local model details (cached).
+"""Helpers the Ollama routes share: preloading/unloading a model, local model details.
 
 ``load_or_unload`` answers Ollama's "empty request" convention: an empty prompt (or no messages)
 loads the model and ``keep_alive: 0`` unloads it. Backends may offer ``load(model, options,
@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 
 from adapters.base import Backend
 from adapters.errors import ModelNotFound
-from registry.details import ModelDetails, load_details
+from registry.details import ModelDetails, details_cache
 from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
 from registry.names import ModelName
 from registry.store import Store
 
 log = logging.getLogger(__name__)
-
-_CACHE_SIZE = 256
-_cache: dict[tuple, ModelDetails] = {}
-_cache_lock = threading.Lock()
-
 
 async def load_or_unload(backend: Backend, model: str, keep_alive: float | None, options: dict | None,
                          *, embedding: bool = False) -> str:
@@ -66,24 +60,15 @@ def resolve_local(store: Store, model: str) -> ModelName:
 def local_details(store: Store, model: str, *, verbose: bool = False) -> ModelDetails:
     name = resolve_local(store, model)
     try:
-        return load_details(store, name, verbose=verbose)
+        return details_cache.get(store, name, verbose=verbose)
     except (StoreModelNotFound, FileNotFoundError):
         raise ModelNotFound(model) from None
 
 
-def cached_details(store: Store, name: ModelName, digest: str) -> ModelDetails | None:
-    """Details for listings (/api/tags, /api/ps), read once per manifest digest; None if unreadable."""
-    key = (str(store.root), name.full, digest)
-    with _cache_lock:
-        if key in _cache:
-            return _cache[key]
+def listing_details(store: Store, name: ModelName) -> ModelDetails | None:
+    """Details for listings (/api/tags, /api/ps); None when unreadable, so a listing shows what it can."""
     try:
-        details = load_details(store, name)
-    except Exception as exc:  # a listing shows what it can: a broken model gets empty details
+        return details_cache.get(store, name)
+    except Exception as exc:
         log.warning("cannot read details of %s: %s", name.display, exc)
         return None
-    with _cache_lock:
-        if len(_cache) >= _CACHE_SIZE:
-            _cache.pop(next(iter(_cache)))
-        _cache[key] = details
-    return details

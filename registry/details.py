@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,3 +90,34 @@ def _json_blob(store: Store, layer: Layer):
         return json.loads(store.blob_path(layer.digest).read_bytes())
     except (OSError, ValueError):
         return None
+
+
+class DetailsCache:
+    """``load_details`` memoised until the model's manifest file changes (mtime and size).
+
+    Reading a GGUF header costs tens of milliseconds on a real vocabulary; serving and listings ask
+    for the same models again and again. Raises what ``load_details`` raises, and
+    ``FileNotFoundError`` when the manifest is gone.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._entries: dict[tuple, ModelDetails] = {}
+        self._lock = threading.Lock()
+
+    def get(self, store: Store, name: ModelName, *, verbose: bool = False) -> ModelDetails:
+        stat = store.manifest_path(name).stat()
+        key = (str(store.root), name.full, stat.st_mtime_ns, stat.st_size, verbose)
+        with self._lock:
+            if key in self._entries:
+                return self._entries[key]
+        details = load_details(store, name, verbose=verbose)
+        with self._lock:
+            if len(self._entries) >= self._size:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[key] = details
+        return details
+
+
+# One per process: entries are keyed by file identity, so sharing them is always correct.
+details_cache = DetailsCache()

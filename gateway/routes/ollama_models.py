@@ -11,11 +11,12 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from adapters.errors import ModelNotFound
 from registry.names import parse_digest
 
 from .. import ollama_views as view
 from ..deps import BackendDep, SettingsDep, StoreDep
-from ..ollama_backend import cached_details, local_details, resolve_local
+from ..ollama_backend import listing_details, local_details, resolve_local
 from ..ollama_registry import (Job, copy_model, create_job, progress_stream, pull_job, push_job, receive_blob,
                                run_quietly)
 from ..ollama_schemas import CopyRequest, CreateRequest, ModelRequest, PullRequest, ShowRequest
@@ -27,7 +28,7 @@ router = APIRouter(tags=["ollama"])
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
 async def tags(store: StoreDep) -> dict:
     def listing() -> list[dict]:
-        return [view.tag_entry(m, cached_details(store, m.name, m.digest)) for m in store.list_models()]
+        return [view.tag_entry(m, listing_details(store, m.name)) for m in store.list_models()]
     return {"models": await asyncio.to_thread(listing)}
 
 
@@ -41,12 +42,12 @@ async def show(body: ShowRequest, store: StoreDep) -> dict:
 async def ps(backend: BackendDep, store: StoreDep) -> dict:
     loaded = await backend.loaded_models()
 
-    def details(name: str, digest: str):
+    def details(name: str):
         try:
-            return cached_details(store, resolve_local(store, name), digest)
-        except Exception:  # a remote backend's model need not be in the local store
+            return listing_details(store, resolve_local(store, name))
+        except ModelNotFound:  # a remote backend's model need not be in the local store
             return None
-    entries = [view.ps_entry(m, await asyncio.to_thread(details, m.name, m.digest)) for m in loaded]
+    entries = [view.ps_entry(m, await asyncio.to_thread(details, m.name)) for m in loaded]
     return {"models": entries}
 
 
