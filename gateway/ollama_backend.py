@@ -8,7 +8,6 @@ keep_alive)`` (the llama.cpp one does); without it the model's existence is all 
 from __future__ import annotations
 
 import logging
-import math
 
 from adapters.base import Backend
 from adapters.errors import ModelNotFound
@@ -39,11 +38,6 @@ def require_model(backend: Backend, model: str) -> None:
     details = getattr(backend, "details", None)
     if callable(details):
         details(model)
-
-
-def normalize_vector(vector: list[float]) -> list[float]:
-    norm = math.sqrt(sum(x * x for x in vector))
-    return [x / norm for x in vector] if norm > 0 else vector
 
 
 def resolve_local(store: Store, model: str) -> ModelName:

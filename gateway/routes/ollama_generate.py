@@ -8,22 +8,21 @@ skipped and their logprobs carried to the next chunk.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from adapters.base import Backend, Chunk, GenerationRequest, TokenLogprob
+from adapters.base import Chunk, GenerationRequest, TokenLogprob
 
 from .. import ollama_views as view
 from ..deps import BackendDep, ClientDep, RecorderDep
-from ..errors import APIError, to_status_message
-from ..ollama_backend import load_or_unload, normalize_vector
+from ..errors import APIError
+from ..ollama_backend import load_or_unload
+from ..embeddings import embed as embed_inputs
 from ..ollama_schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, keep_alive_seconds
-from ..recorder import Generation, Recorder
+from ..recorder import Generation
 from ..streaming import ndjson_response
-from ..usage import UsageRecord
 
 router = APIRouter(tags=["ollama"])
 
@@ -112,11 +111,10 @@ async def embed(body: EmbedRequest, backend: BackendDep, recorder: RecorderDep, 
     if not inputs:
         await load_or_unload(backend, body.model, keep_alive, body.options, embedding=True)
         return {"model": body.model, "embeddings": []}
-    result = await _embed(backend, recorder, client, "/api/embed", body.model, inputs, body.truncate, keep_alive)
-    vectors = result.embeddings
-    if body.dimensions:
-        vectors = [normalize_vector(v[: body.dimensions]) for v in vectors]
-    return {"model": body.model, "embeddings": vectors, "total_duration": view.ns(result.total),
+    result = await embed_inputs(backend, recorder, route="/api/embed", model=body.model, inputs=inputs,
+                                client=client, truncate=body.truncate, keep_alive=keep_alive,
+                                dimensions=body.dimensions)
+    return {"model": body.model, "embeddings": result.embeddings, "total_duration": view.ns(result.total),
             "load_duration": view.ns(result.load), "prompt_eval_count": result.input_tokens}
 
 
@@ -127,24 +125,6 @@ async def embeddings(body: EmbeddingsRequest, backend: BackendDep, recorder: Rec
     if not body.prompt:
         await load_or_unload(backend, body.model, keep_alive, body.options, embedding=True)
         return {"embedding": []}
-    result = await _embed(backend, recorder, client, "/api/embeddings", body.model, [body.prompt], True, keep_alive)
+    result = await embed_inputs(backend, recorder, route="/api/embeddings", model=body.model,
+                                inputs=[body.prompt], client=client, keep_alive=keep_alive)
     return {"embedding": result.embeddings[0]}
-
-
-async def _embed(backend: Backend, recorder: Recorder, client: str | None, route: str, model: str,
-                 inputs: list[str], truncate: bool, keep_alive: float | None):
-    """Embed through the backend and write one ledger row, also for a failed request."""
-    if not backend.supports_embeddings:
-        raise APIError(400, f"backend {backend.name} does not support embeddings", param="model")
-    record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client)
-    t0 = time.perf_counter()
-    try:
-        result = await backend.embed(model, inputs, truncate=truncate, keep_alive=keep_alive)
-    except Exception as exc:
-        record.status, record.error = "error", to_status_message(exc)[1]
-        recorder.record(record)
-        raise
-    record.input_tokens = result.input_tokens
-    record.total_ms = round((result.total or time.perf_counter() - t0) * 1000, 3)
-    recorder.record(record)
-    return result

@@ -7,9 +7,7 @@ manifest's mtime, as Ollama answers. Embedding requests write one usage-ledger r
 from __future__ import annotations
 
 import base64
-import math
 import struct
-import time
 
 from fastapi import APIRouter, Request
 
@@ -18,17 +16,13 @@ from registry.errors import RegistryError
 from registry.names import parse_name
 
 from ..deps import BackendDep, ClientDep, RecorderDep
-from ..errors import APIError, to_status_message
+from ..embeddings import embed as embed_inputs
+from ..errors import APIError
 from ..openai_schemas import EmbeddingRequest, parse_body
-from ..usage import UsageRecord
 
 router = APIRouter(tags=["openai"])
 
 EMBEDDINGS_ROUTE = "/v1/embeddings"
-
-
-def _name(info: ModelInfo) -> str:
-    return getattr(info.name, "display", info.name)  # a registry ModelName or a plain string
 
 
 def _canonical(text: str) -> str:
@@ -39,7 +33,7 @@ def _canonical(text: str) -> str:
 
 
 def _model_object(info: ModelInfo) -> dict:
-    name = _name(info)
+    name = info.name
     try:
         owner = parse_name(name, insecure=True).namespace
     except RegistryError:
@@ -56,7 +50,7 @@ async def list_models(backend: BackendDep) -> dict:
 async def get_model(model: str, backend: BackendDep) -> dict:
     wanted = _canonical(model)
     for info in await backend.list_models():
-        if _canonical(_name(info)) == wanted:
+        if _canonical(info.name) == wanted:
             return _model_object(info)
     raise APIError(404, f"model '{model}' not found", param="model", code="model_not_found")
 
@@ -65,37 +59,13 @@ async def get_model(model: str, backend: BackendDep) -> dict:
 async def embeddings(request: Request, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> dict:
     body = await parse_body(request, EmbeddingRequest)
     inputs = body.inputs()
-    if not backend.supports_embeddings:
-        raise APIError(400, f"the {backend.name} backend does not serve embeddings", param="model")
-    record = UsageRecord(source="gateway", route=EMBEDDINGS_ROUTE, model=body.model, backend=backend.name,
-                         client=client)
-    t0 = time.perf_counter()
-    try:
-        result = await backend.embed(body.model, inputs, truncate=True)
-        vectors = [_resize(v, body.dimensions) for v in result.embeddings]
-    except Exception as exc:
-        record.status, record.error = "error", to_status_message(exc)[1]
-        recorder.record(record)
-        raise
-    record.input_tokens = result.input_tokens
-    record.total_ms = round((time.perf_counter() - t0) * 1000, 3)
-    recorder.record(record)
+    result = await embed_inputs(backend, recorder, route=EMBEDDINGS_ROUTE, model=body.model, inputs=inputs,
+                                client=client, dimensions=body.dimensions)
+    vectors = result.embeddings
     encode = _base64 if body.encoding_format == "base64" else list
     return {"object": "list", "model": body.model,
             "data": [{"object": "embedding", "embedding": encode(v), "index": i} for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": result.input_tokens, "total_tokens": result.input_tokens}}
-
-
-def _resize(vector: list[float], dimensions: int | None) -> list[float]:
-    """Keep the first ``dimensions`` values and renormalise to unit length (Matryoshka-style)."""
-    if dimensions is None:
-        return vector
-    if dimensions > len(vector):
-        raise APIError(400, f"'dimensions' is {dimensions} but the model's embeddings have {len(vector)}",
-                       param="dimensions")
-    head = vector[:dimensions]
-    norm = math.sqrt(sum(x * x for x in head))
-    return [x / norm for x in head] if norm > 0 else head
 
 
 def _base64(vector: list[float]) -> str:

@@ -1,0 +1,48 @@
+"""Embedding requests for both APIs: one backend call, the ``dimensions`` cut, one ledger row.
+
+``/api/embed``, ``/api/embeddings`` and ``/v1/embeddings`` differ only in their wire shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from adapters.base import Backend, EmbedResult
+
+from .errors import APIError, to_status_message
+from .recorder import Recorder
+from .usage import UsageRecord
+
+
+async def embed(backend: Backend, recorder: Recorder, *, route: str, model: str, inputs: list[str],
+                client: str | None, truncate: bool = True, keep_alive: float | None = None,
+                dimensions: int | None = None) -> EmbedResult:
+    """Embed ``inputs``; the ledger gets a row also when the request fails."""
+    if not backend.supports_embeddings:
+        raise APIError(400, f"the {backend.name} backend does not serve embeddings", param="model")
+    record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client)
+    t0 = time.perf_counter()
+    try:
+        result = await backend.embed(model, inputs, truncate=truncate, keep_alive=keep_alive)
+        if dimensions:
+            result = dataclasses.replace(result, embeddings=[resize(v, dimensions) for v in result.embeddings])
+    except Exception as exc:
+        record.status, record.error = "error", to_status_message(exc)[1]
+        recorder.record(record)
+        raise
+    record.input_tokens = result.input_tokens
+    record.total_ms = round((time.perf_counter() - t0) * 1000, 3)
+    recorder.record(record)
+    return result
+
+
+def resize(vector: list[float], dimensions: int) -> list[float]:
+    """Keep the first ``dimensions`` values and renormalise to unit length (Matryoshka-style)."""
+    if dimensions > len(vector):
+        raise APIError(400, f"'dimensions' is {dimensions} but the model's embeddings have {len(vector)}",
+                       param="dimensions")
+    head = vector[:dimensions]
+    norm = math.sqrt(sum(x * x for x in head))
+    return [x / norm for x in head] if norm > 0 else head
