@@ -9,12 +9,9 @@ the model's own parameters apply (unlike Ollama, which forces ``temperature``/``
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal, TypeVar
 
-from fastapi import Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.base import GenerationRequest
 
@@ -153,21 +150,6 @@ class EmbeddingRequest(_Wire):
         if any(not i for i in items):
             raise APIError(400, "'input' must not contain empty strings", param="input")
         return items
-
-
-async def parse_body(request: Request, model: type[T]) -> T:
-    """Read a JSON object body whatever the Content-Type (curl -d sends form-urlencoded)."""
-    raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise APIError(400, f"invalid JSON body: {exc}") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from None
 
 
 def _message(index: int, message: Message) -> dict[str, Any]:

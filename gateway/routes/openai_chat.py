@@ -6,11 +6,11 @@ its own backend request through the recorder. Streams are SSE (``data: {json}\\n
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from ..deps import BackendDep, ClientDep, RecorderDep
 from ..openai_responses import ResponseMeta, chat_completion, text_completion
-from ..openai_schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from ..openai_schemas import ChatCompletionRequest, CompletionRequest
 from ..openai_stream import chat_chunks, completion_chunks, run_all, start_stream
 from ..streaming import sse_response
 
@@ -21,8 +21,8 @@ COMPLETIONS_ROUTE = "/v1/completions"
 
 
 @router.post(CHAT_ROUTE)
-async def chat_completions(request: Request, backend: BackendDep, recorder: RecorderDep, client: ClientDep):
-    body = await parse_body(request, ChatCompletionRequest)
+async def chat_completions(body: ChatCompletionRequest, backend: BackendDep, recorder: RecorderDep,
+                           client: ClientDep):
     requests = body.generation_requests(client)
     meta = ResponseMeta("chat.completion", body.model)
     logprobs = bool(body.logprobs)
@@ -34,8 +34,7 @@ async def chat_completions(request: Request, backend: BackendDep, recorder: Reco
 
 
 @router.post(COMPLETIONS_ROUTE)
-async def completions(request: Request, backend: BackendDep, recorder: RecorderDep, client: ClientDep):
-    body = await parse_body(request, CompletionRequest)
+async def completions(body: CompletionRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep):
     pairs = body.generation_requests(client)
     prompt_of = [p for p, _ in pairs]
     requests = [req for _, req in pairs]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import struct
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from adapters.base import ModelInfo
 from registry.errors import RegistryError
@@ -18,7 +18,7 @@ from registry.names import parse_name
 from ..deps import BackendDep, ClientDep, RecorderDep
 from ..embeddings import embed as embed_inputs
 from ..errors import APIError
-from ..openai_schemas import EmbeddingRequest, parse_body
+from ..openai_schemas import EmbeddingRequest
 
 router = APIRouter(tags=["openai"])
 
@@ -56,8 +56,7 @@ async def get_model(model: str, backend: BackendDep) -> dict:
 
 
 @router.post(EMBEDDINGS_ROUTE)
-async def embeddings(request: Request, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> dict:
-    body = await parse_body(request, EmbeddingRequest)
+async def embeddings(body: EmbeddingRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> dict:
     inputs = body.inputs()
     result = await embed_inputs(backend, recorder, route=EMBEDDINGS_ROUTE, model=body.model, inputs=inputs,
                                 client=client, dimensions=body.dimensions)

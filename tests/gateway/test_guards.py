@@ -117,3 +117,6 @@ def test_bodies_are_json_whatever_the_content_type(app_client):
         headers = {"Content-Type": ctype} if ctype else {}
         r = app_client.post("/api/chat", content=body, headers=headers)
         assert r.status_code == 200 and r.json()["done"] is True, r.text
+        r = app_client.post("/v1/chat/completions", content=body.replace(b'"options": {"num_predict": 2}',
+                                                                          b'"max_tokens": 2'), headers=headers)
+        assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text
