@@ -21,13 +21,13 @@ from registry.details import ModelDetails, details_cache
 from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
 from registry.store import Store
 
-from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
-                   StreamEvent, Timings, Usage, register_backend)
+from .base import (Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
+                   StreamEvent, Timings, register_backend)
 from .chat_format import PromptSpec
 from .errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from .llamacpp_job import GenerationJob
 from .llamacpp_pool import ModelPool, PoolSettings
-from .options import Options, resolve_options
+from .options import resolve_options
 
 log = logging.getLogger(__name__)
 
@@ -187,4 +187,4 @@ def _factory(**kwargs: Any) -> LlamaCppBackend:
 
 register_backend("llamacpp", _factory)
 
-__all__ = ["LlamaCppBackend", "PoolSettings", "Options", "Chunk", "Done", "Usage"]
+__all__ = ["LlamaCppBackend", "PoolSettings"]

@@ -88,7 +88,7 @@ class GenerationJob:
             if self.cancel.is_set():
                 reason = "cancelled"
                 break
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
+            if not opts.ignore_eos and llama_cpp.llama_vocab_is_eog(vocab, token):
                 reason = "stop"
                 break
             output.append(token)

@@ -100,7 +100,7 @@ class Generation:
     def _on_done(self, done: Done) -> None:
         self.done = self.done or done
         status = "cancelled" if done.finish_reason == "cancelled" else "ok"
-        self._finish(_record(self, done, status, None))
+        self._finish(_record(self, done, status))
 
     def _on_error(self, exc: BaseException) -> None:
         if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
@@ -122,7 +122,7 @@ class Generation:
             self.recorder.metrics.in_flight.labels(self.request.model).inc(delta)
 
 
-def _record(gen: Generation, done: Done, status: str, error: str | None) -> UsageRecord:
+def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
     t = done.timings
     ms = lambda s: None if s is None else round(s * 1000, 3)  # noqa: E731
     return UsageRecord(
@@ -130,7 +130,7 @@ def _record(gen: Generation, done: Done, status: str, error: str | None) -> Usag
         stream=gen.stream, status=status, client=gen.request.client, finish_reason=done.finish_reason,
         input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
         cached_input_tokens=done.usage.cached_input_tokens, queue_ms=ms(t.queue), ttft_ms=ms(t.ttft),
-        tpot_ms=ms(t.tpot), total_ms=ms(t.total), error=error,
+        tpot_ms=ms(t.tpot), total_ms=ms(t.total),
     )
 
 

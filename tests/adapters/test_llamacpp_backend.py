@@ -14,8 +14,9 @@ def run(coro):
 
 
 def chat(model: str, n: int, **kw) -> GenerationRequest:
+    """``n`` tokens exactly: ``ignore_eos`` keeps the random-weight model from stopping early."""
     return GenerationRequest(model=model, messages=[{"role": "user", "content": "hi"}],
-                             options={"num_predict": n, "seed": 3}, **kw)
+                             options={"num_predict": n, "seed": 3, "ignore_eos": True}, **kw)
 
 
 def test_models_unload_after_keep_alive(tiny_store):
@@ -64,7 +65,21 @@ def test_closing_the_stream_cancels_and_reports_usage(tiny_store):
             assert done[0].finish_reason == "cancelled"
             assert 0 < done[0].usage.output_tokens < 3000 and done[0].usage.input_tokens > 0
             again = [e async for e in backend.stream(chat("slow", 2))]  # the slot is free again
-            assert isinstance(again[-1], Done) and again[-1].usage.output_tokens <= 2
+            assert isinstance(again[-1], Done) and again[-1].usage.output_tokens == 2
+        finally:
+            await backend.aclose()
+    run(go())
+
+
+def test_ignore_eos_generates_exactly_num_predict_tokens(tiny_store):
+    async def go():
+        backend = LlamaCppBackend(store=tiny_store)
+        try:
+            for seed in range(4):  # without the flag, some of these seeds stop at EOS early
+                req = chat("slow", 300)
+                req.options["seed"] = seed
+                done = [e async for e in backend.stream(req)][-1]
+                assert (done.finish_reason, done.usage.output_tokens) == ("length", 300)
         finally:
             await backend.aclose()
     run(go())

@@ -46,9 +46,9 @@ def _abandon(url: str, path: str, body: dict, events: int) -> None:
 
 
 @pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {"model": "slow", "stream": True, "max_tokens": 3000, "seed": 1,
+    ("/v1/chat/completions", {"model": "slow", "stream": True, "max_tokens": 3000, "seed": 1, "ignore_eos": True,
                               "messages": [{"role": "user", "content": "go on forever"}]}),
-    ("/api/chat", {"model": "slow", "options": {"num_predict": 3000, "seed": 1},
+    ("/api/chat", {"model": "slow", "options": {"num_predict": 3000, "seed": 1, "ignore_eos": True},
                    "messages": [{"role": "user", "content": "go on forever"}]}),
 ])
 def test_disconnect_frees_the_slot_and_writes_one_cancelled_row(server, path, body):
@@ -72,7 +72,7 @@ def test_disconnect_frees_the_slot_and_writes_one_cancelled_row(server, path, bo
 
 
 def test_server_survives_many_abandoned_streams(server):
-    body = {"model": "slow", "options": {"num_predict": 3000}, "messages": [{"role": "user", "content": "x"}]}
+    body = {"model": "slow", "options": {"num_predict": 3000, "ignore_eos": True}, "messages": [{"role": "user", "content": "x"}]}
     for _ in range(5):
         _abandon(server.url, "/api/chat", body, events=1)
     r = httpx.post(server.url + "/api/chat", timeout=30, json={**body, "stream": False, "options": {"num_predict": 3}})

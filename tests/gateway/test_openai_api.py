@@ -18,7 +18,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.db import open_db
 from gateway.openai_schemas import ChatCompletionRequest
 from gateway.settings import ServerSettings
 from gateway.usage import recent
@@ -104,27 +103,6 @@ def test_chat_stream_text_equals_non_stream_text(api):
     text = chat(api, max_tokens=12).json()["choices"][0]["message"]["content"]
     objs = stream_objects(chat(api, max_tokens=12, stream=True).content)
     assert "".join(o["choices"][0]["delta"].get("content", "") for o in objs) == text
-
-
-def test_client_disconnect_cancels_the_generation(live_server):
-    body = {"model": "tiny", "messages": HI, "max_tokens": 400, "seed": 1, "stream": True}
-    with httpx.stream("POST", live_server.url + "/v1/chat/completions", json=body, timeout=60) as response:
-        first = next(response.iter_bytes())
-        assert first.startswith(b"data: ")
-    _ok(live_server.url)
-    engine = open_db(live_server.db_url)
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            rows = [r for r in recent(engine, 50) if r.status == "cancelled" or r.output_tokens == 400]
-            if rows:
-                break
-            time.sleep(0.1)
-        if rows and rows[0].status == "ok":  # 400 tiny-model tokens take ~0.3 s: a very slow runner can lose
-            pytest.skip("the generation finished before the disconnect reached the server")
-        assert rows and rows[0].route == "/v1/chat/completions" and rows[0].output_tokens < 400
-    finally:
-        engine.dispose()
 
 
 def test_completions_stream_framing(live_server):
