@@ -17,20 +17,17 @@ def utc_iso(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime(ISO_FORMAT)
 
 
-class RequestLog(SQLModel, table=True):
-    """One served request: who asked which model through which route, and how fast it answered."""
+class UsageRecord(SQLModel):
+    """A finished request, as the ledger stores it: who asked which model through which route,
+    and how fast it answered. ``RequestLog`` adds the row's ``id`` and time on insert."""
 
-    __tablename__ = "requests"  # type: ignore[assignment]
-
-    id: str = Field(primary_key=True, max_length=26, description="ULID, sorts by time.")
-    datetime_utc: str = Field(index=True, description="Start time, ISO-8601 UTC with a Z.")
     source: str = Field(description="gateway | cli | bench")
-    client: str | None = Field(default=None, description="User agent or client host.")
     route: str = Field(description="/v1/chat/completions, /api/chat, run, ...")
     model: str = Field(index=True)
     backend: str = Field(description="Adapter name: llamacpp, vllm, native, ...")
     stream: bool = False
-    status: str = Field(description="ok | error | cancelled")
+    status: str = Field(default="ok", description="ok | error | cancelled")
+    client: str | None = Field(default=None, description="User agent or client host.")
     finish_reason: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
@@ -40,3 +37,12 @@ class RequestLog(SQLModel, table=True):
     tpot_ms: float | None = None
     total_ms: float | None = None
     error: str | None = None
+
+
+class RequestLog(UsageRecord, table=True):
+    """One row of the ``requests`` table."""
+
+    __tablename__ = "requests"  # type: ignore[assignment]
+
+    id: str = Field(primary_key=True, max_length=26, description="ULID, sorts by time.")
+    datetime_utc: str = Field(index=True, description="Start time, ISO-8601 UTC with a Z.")

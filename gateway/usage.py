@@ -6,45 +6,18 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal
 
 import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
-from .tables import RequestLog, utc_iso
+from .tables import RequestLog, UsageRecord, utc_iso
 from .ulid import new_ulid
 
 logger = logging.getLogger(__name__)
-
-Source = Literal["gateway", "cli", "bench"]
-Status = Literal["ok", "error", "cancelled"]
-
-
-@dataclass
-class UsageRecord:
-    """A finished request, as the ledger stores it (``id`` and ``datetime_utc`` are added on insert)."""
-
-    source: Source
-    route: str
-    model: str
-    backend: str
-    stream: bool = False
-    status: Status = "ok"
-    client: str | None = None
-    finish_reason: str | None = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_input_tokens: int | None = None
-    queue_ms: float | None = None
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    total_ms: float | None = None
-    error: str | None = None
-
 
 @dataclass(frozen=True)
 class ModelTotals:
@@ -65,7 +38,7 @@ def log_usage(engine: Engine, record: UsageRecord) -> str:
     """
     now = datetime.now(timezone.utc)
     row_id = new_ulid(int(now.timestamp() * 1000))
-    row = RequestLog(id=row_id, datetime_utc=utc_iso(now), **asdict(record))
+    row = RequestLog(id=row_id, datetime_utc=utc_iso(now), **record.model_dump())
     try:
         with Session(engine) as session:
             session.add(row)
