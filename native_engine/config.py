@@ -1,0 +1,66 @@
+"""Engine configuration: a frozen, validated slotted dataclass. It never reads the model."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: object, minimum: int, optional: bool = False) -> None:
+    ok = (optional and value is None) or (_is_int(value) and value >= minimum)  # type: ignore[operator]
+    _check(ok, f"{name} must be {'None or ' if optional else ''}an integer >= {minimum}, got {value!r}")
+
+
+def _check_fraction(name: str, value: float) -> None:
+    _check(0 < value <= 1, f"{name} must be in (0, 1], got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str  # path to a .gguf file or a Hugging Face model directory
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    kv_cache_memory_bytes: int | None = None  # None = sized from free memory
+    gpu_memory_utilization: float = 0.9
+    kv_cache_fraction_cpu: float = 0.25  # fraction of free RAM for the KV cache on CPU
+    dtype: str = "auto"
+    device: str = "auto"
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    num_threads: int | None = None
+    seed: int = 0
+    cpu_fp16_small_batch: bool = True  # bf16 on CPU: fp16 weight copies for 1-2 row batches (faster GEMV)
+
+    def __post_init__(self) -> None:
+        model = self.model
+        _check(
+            isinstance(model, (str, os.PathLike)) and str(model) != "", f"model must be a non-empty path, got {model!r}"
+        )
+        _check_int("block_size", self.block_size, 1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("max_model_len", self.max_model_len, 1, optional=True)
+        _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1, optional=True)
+        _check_int("num_threads", self.num_threads, 1, optional=True)
+        _check_int("seed", self.seed, 0)
+        _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization)
+        _check_fraction("kv_cache_fraction_cpu", self.kv_cache_fraction_cpu)
+        _check(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        device = self.device
+        _check(
+            isinstance(device, str) and device.split(":")[0] in ("auto", "cpu", "cuda"),
+            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}",
+        )
