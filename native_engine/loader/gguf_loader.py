@@ -1,0 +1,151 @@
+"""Weights from a GGUF file as Hugging Face-named torch tensors, one tensor at a time.
+
+The file is memory-mapped by ``gguf.GGUFReader``; each tensor is dequantized
+(in row chunks) straight into a fresh tensor of the requested dtype, so only
+one tensor's worth of extra memory is live at a time. llama.cpp's rotary
+layout for the llama architecture (Q/K rows interleaved per head by
+convert_hf_to_gguf.py) is undone, so the model code can stay HF/neox-style.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QType
+from gguf import GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+
+from .model_config import ModelConfig
+
+QUANTIZED_TYPES = frozenset(
+    {
+        QType.Q8_0,
+        QType.Q4_0,
+        QType.Q4_1,
+        QType.Q5_0,
+        QType.Q5_1,
+        QType.Q2_K,
+        QType.Q3_K,
+        QType.Q4_K,
+        QType.Q5_K,
+        QType.Q6_K,
+    }
+)
+SUPPORTED_TYPES = frozenset({QType.F32, QType.F16, QType.BF16}) | QUANTIZED_TYPES
+_CHUNK_ELEMENTS = 1 << 22  # dequantized float32 elements per chunk
+
+_TOP_LEVEL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_PER_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+# Folded into ModelConfig.rope_scaling rather than yielded as a weight.
+_CONFIG_TENSORS = frozenset({"rope_freqs.weight"})
+
+
+def hf_name(gguf_name: str) -> str:
+    """Hugging Face tensor name for a GGUF tensor name (inverse of the converter's mapping)."""
+    if gguf_name in _TOP_LEVEL:
+        return _TOP_LEVEL[gguf_name]
+    prefix, layer, suffix = (gguf_name.split(".", 2) + ["", ""])[:3]
+    if prefix != "blk" or not layer.isdigit() or suffix not in _PER_LAYER:
+        raise ValueError(f"no Hugging Face name for GGUF tensor {gguf_name!r}")
+    return f"model.layers.{int(layer)}.{_PER_LAYER[suffix]}"
+
+
+def load_gguf(
+    source: GGUFReader | str | os.PathLike[str], dtype: torch.dtype = torch.float32
+) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
+    """(config, lazy iterator of (HF name, tensor in ``dtype``, HF shape)); validated before iterating.
+
+    Parsing the metadata of a 150k-token vocabulary takes seconds: pass one GGUFReader to both
+    this and Tokenizer.from_gguf rather than a path to each.
+    """
+    reader = source if isinstance(source, GGUFReader) else GGUFReader(source)
+    config = ModelConfig.from_gguf(reader)
+    tensors = [t for t in reader.tensors if t.name not in _CONFIG_TENSORS]
+    for t in tensors:
+        _check_type(t)
+    names = [hf_name(t.name) for t in tensors]
+    return config, _iter_tensors(tensors, names, config, dtype)
+
+
+def _iter_tensors(
+    tensors: list[ReaderTensor], names: list[str], config: ModelConfig, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for t, name in zip(tensors, names):
+        yield name, unpermute_qk(config, name, tensor_to_torch(t, dtype))
+
+
+def _check_type(t: ReaderTensor) -> None:
+    if t.tensor_type not in SUPPORTED_TYPES:
+        supported = ", ".join(sorted(q.name for q in SUPPORTED_TYPES))
+        raise ValueError(
+            f"GGUF tensor {t.name!r} has type {t.tensor_type.name}, which this loader cannot dequantize "
+            f"(supported: {supported})"
+        )
+
+
+def tensor_shape(t: ReaderTensor) -> tuple[int, ...]:
+    """GGUF stores dims innermost first; HF/torch order is the reverse ([out, in])."""
+    return tuple(int(d) for d in reversed(t.shape.tolist()))
+
+
+def tensor_to_torch(t: ReaderTensor, dtype: torch.dtype) -> torch.Tensor:
+    """One GGUF tensor as a new torch tensor of ``dtype`` in HF shape."""
+    _check_type(t)
+    shape = tensor_shape(t)
+    if t.tensor_type in QUANTIZED_TYPES:
+        return _dequantize(t, shape, dtype)
+    data = np.asarray(t.data)
+    if t.tensor_type == QType.BF16:
+        raw = torch.from_numpy(np.array(data).view(np.int16)).view(torch.bfloat16)
+    else:
+        raw = torch.from_numpy(np.array(data))  # copies out of the read-only memory map
+    return raw.reshape(shape).to(dtype)
+
+
+def _dequantize(t: ReaderTensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    # t.data: [rows, bytes_per_row] uint8 view of the memory map
+    blocks = np.asarray(t.data).reshape(-1, t.data.shape[-1])
+    cols = shape[-1]
+    out = torch.empty((blocks.shape[0], cols), dtype=dtype)
+    step = max(1, _CHUNK_ELEMENTS // cols)
+    for start in range(0, blocks.shape[0], step):
+        chunk = dequantize(blocks[start : start + step], t.tensor_type)  # [step, cols] float32
+        out[start : start + step] = torch.from_numpy(chunk)
+    return out.reshape(shape)
+
+
+def unpermute_qk(config: ModelConfig, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Undo convert_hf_to_gguf.py's llama Q/K row permutation (interleaved -> rotate-half per head)."""
+    if config.architecture != "llama":
+        return tensor
+    if ".self_attn.q_proj." in name:
+        return _unpermute(tensor, config.num_heads)
+    if ".self_attn.k_proj." in name:
+        return _unpermute(tensor, config.num_kv_heads)
+    return tensor
+
+
+def _unpermute(tensor: torch.Tensor, n_head: int) -> torch.Tensor:
+    # tensor: [n_head * head_dim, ...]; GGUF rows per head are (pair, half) -> HF (half, pair)
+    rows, rest = tensor.shape[0], tensor.shape[1:]
+    return tensor.reshape(n_head, rows // n_head // 2, 2, *rest).transpose(1, 2).reshape(tensor.shape).contiguous()
