@@ -1,0 +1,47 @@
+"""Compile each kernel for sm_90 without a GPU. Run as a script with TRITON_INTERPRET unset; exit 77: cannot here."""
+
+import importlib
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+def module(name: str):  # the package re-exports functions under the same names as these modules
+    return importlib.import_module(f"native_engine.kernels.{name}")
+
+
+INT_PTRS = {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "slot_mapping_ptr": "*i64", "positions_ptr": "*i64"}
+FP32_ARGS = {"part_out_ptr": "*fp32", "part_ml_ptr": "*fp32", "cos_sin_ptr": "*fp32", "scale": "fp32", "eps": "fp32"}
+PAGED = {"BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128, "DOT_PRECISION": "tf32", "DOT_FP32": False}
+KERNELS = [
+    (module("paged_attention")._paged_attention_kernel, {**PAGED, "IS_SPLIT": False}),
+    (module("paged_attention")._paged_attention_kernel, {**PAGED, "IS_SPLIT": True}),
+    (module("paged_attention")._reduce_kernel, {"BLOCK_S": 8, "BLOCK_D": 128}),
+    (module("reshape_and_cache")._reshape_and_cache_kernel, {"BLOCK_H": 2, "BLOCK_D": 128}),
+    (module("fused_add_rms_norm")._fused_add_rms_norm_kernel, {"HAS_RESIDUAL": True, "BLOCK": 1024}),
+    (module("silu_and_mul")._silu_and_mul_kernel, {"BLOCK": 1024}),
+    (module("rotary_embedding")._rotary_embedding_kernel,
+     {"IS_NEOX": True, "BLOCK_H": 16, "BLOCK_KV": 2, "BLOCK_HALF": 64}),
+]
+
+
+def signature(kernel, constexprs: dict) -> dict:
+    sig = {}
+    for name in kernel.arg_names:
+        default = "*bf16" if name.endswith("_ptr") else "i32"
+        sig[name] = "constexpr" if name in constexprs else INT_PTRS.get(name, FP32_ARGS.get(name, default))
+    return sig
+
+
+def main() -> None:
+    if "nvidia" not in triton.backends.backends:
+        sys.exit(77)
+    for kernel, constexprs in KERNELS:
+        src = ASTSource(fn=kernel, signature=signature(kernel, constexprs), constexprs=constexprs)
+        triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+
+if __name__ == "__main__":
+    main()
