@@ -1,0 +1,67 @@
+"""Paged attention over the KV cache: decode rows through the paged kernel, prefill chunks
+through `scaled_dot_product_attention` over the sequence's gathered blocks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import paged_attention_decode, reshape_and_cache
+from ..utils.context import PrefillChunk, get_context
+
+
+def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """cache: [num_blocks, block_size, nkv, D] -> the first `length` tokens of a sequence, [length, nkv, D]."""
+    blocks = cache.index_select(0, block_table)
+    return blocks.flatten(0, 1)[:length]
+
+
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, scale: float
+) -> torch.Tensor:  # q: [n, nh, D]; k, v: [num_cached + n, nkv, D] -> [n, nh, D]
+    n, total = q.shape[0], k.shape[0]
+    if num_cached == 0:
+        mask, causal = None, True
+    else:
+        rows = torch.arange(n, device=q.device)[:, None] + num_cached
+        mask, causal = torch.arange(total, device=q.device)[None, :] <= rows, False
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
+    )
+    return out.transpose(0, 1)
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
+        self.k_cache = self.v_cache = torch.tensor([])
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: [T, nh * D]; k, v: [T, nkv * D] -> [T, nh * D]
+        ctx = get_context()
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.k_cache.numel() and ctx.slot_mapping is not None:
+            reshape_and_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        out = torch.empty_like(q)
+        num_decodes = ctx.num_decode_tokens
+        if num_decodes:
+            out[:num_decodes] = paged_attention_decode(
+                q[:num_decodes], self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale
+            )
+        for chunk in ctx.prefills:
+            out[chunk.query_start : chunk.query_start + chunk.query_len] = self._prefill(chunk, q, k, v)
+        return out.flatten(1)
+
+    def _prefill(self, chunk: PrefillChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+        num_cached = chunk.context_len - chunk.query_len
+        if num_cached == 0 or not self.k_cache.numel():
+            return prefill_attention(q[rows], k[rows], v[rows], 0, self.scale)
+        keys = gather_blocks(self.k_cache, chunk.block_table, chunk.context_len)
+        values = gather_blocks(self.v_cache, chunk.block_table, chunk.context_len)
+        return prefill_attention(q[rows], keys, values, num_cached, self.scale)

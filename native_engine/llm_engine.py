@@ -1,0 +1,219 @@
+"""The engine: requests in, one continuous-batching step at a time, outputs streamed out."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from . import platform
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .loader import load_checkpoint
+from .model_runner import ModelRunner, bytes_per_token
+from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    detokenizers: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
+    finished: set[int] = field(default_factory=set)
+    num_cached_tokens: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = platform.resolve_device(config.device)
+        model_config, weights, self.tokenizer = load_checkpoint(config.model, self._dtype_for)
+        self.model_config = model_config
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
+                                 model_config.max_position_embeddings)
+        self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
+        self.model_runner.allocate_kv_cache(self._kv_budget())
+        Sequence.block_size = config.block_size
+        blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
+        self.requests: dict[str, _Request] = {}
+
+    @classmethod
+    def from_model(cls, model: str, **kwargs) -> LLMEngine:
+        """`LLMEngine.from_model(path, max_num_seqs=16, ...)`: keyword arguments are `EngineConfig` fields."""
+        return cls(EngineConfig(model=str(model), **kwargs))
+
+    def _dtype_for(self, model_config) -> torch.dtype:
+        self.dtype = platform.resolve_dtype(self.config.dtype, self.device, model_config.torch_dtype)
+        return self.dtype
+
+    def _kv_budget(self) -> int:
+        """Explicit bytes, else a share of free memory, never more than every sequence at full length needs."""
+        if self.config.kv_cache_memory_bytes is not None:
+            return self.config.kv_cache_memory_bytes
+        per_token = bytes_per_token(self.model_config, self.dtype)
+        needed = per_token * (self.max_model_len + self.config.block_size) * self.config.max_num_seqs
+        if self.device.type == "cuda":
+            return min(needed, platform.gpu_kv_budget(self.device, self.config.gpu_memory_utilization,
+                                                      self.model_runner.profile_run))
+        return min(needed, platform.cpu_kv_budget(self.config.kv_cache_fraction_cpu))
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    priority: int = 0, arrival_time: float | None = None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        params = params or SamplingParams()
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_prompt(token_ids, params)
+        arrival = time.perf_counter() if arrival_time is None else arrival_time
+        seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority)
+        self.scheduler.add(seq)
+        request = _Request(request_id, token_ids, params, RequestMetrics(arrival))
+        self.requests[request_id] = request
+        self._detokenizer(request, seq)
+
+    def _check_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens but the context window is "
+                             f"{self.max_model_len}; shorten the prompt")
+        bad = [t for t in token_ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {self.model_config.vocab_size})")
+
+    def _detokenizer(self, request: _Request, seq: Sequence) -> IncrementalDetokenizer:
+        if seq.sample_index not in request.detokenizers:
+            request.detokenizers[seq.sample_index] = IncrementalDetokenizer(self._piece, request.params.stop)
+        return request.detokenizers[seq.sample_index]
+
+    def _piece(self, token_id: int) -> bytes:
+        if self.tokenizer.is_special(token_id):
+            return b""
+        return self.tokenizer.token_bytes(token_id)
+
+    def abort(self, request_id: str) -> None:
+        for seq in self.scheduler.abort(request_id):
+            self.model_runner.release(seq)
+        self.requests.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        sampled = self.model_runner.run(out.scheduled, out.blocks_to_copy) if out.scheduled else {}
+        now = time.perf_counter()
+        finished = self.scheduler.postprocess(out, {k: [t.token_id for t in v] for k, v in sampled.items()})
+        return self._outputs(out, sampled, finished, now)
+
+    def _outputs(self, out, sampled: dict, finished: list[Sequence], now: float) -> list[RequestOutput]:
+        deltas: dict[str, list[CompletionOutput]] = {}
+        for item in out.scheduled:
+            request = self.requests.get(item.seq.request_id)
+            if request is None:
+                continue
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+                request.num_cached_tokens = item.seq.num_cached_tokens
+            if item.should_sample:
+                targets = [item.seq] + sorted((c for c in out.forked if c.request_id == item.seq.request_id),
+                                              key=lambda c: c.sample_index)
+                for seq, token in zip(targets, sampled[item.seq.seq_id], strict=False):
+                    deltas.setdefault(seq.request_id, []).append(self._delta(request, seq, token, now))
+        return [self._request_output(rid, completions) for rid, completions in deltas.items()]
+
+    def _delta(self, request: _Request, seq: Sequence, token, now: float) -> CompletionOutput:
+        detok = self._detokenizer(request, seq)
+        stop_token = seq.is_finished and seq.finish_reason == "stop"
+        delta = CompletionOutput(seq.sample_index)
+        if not stop_token:
+            delta.text = detok.add(token.token_id)
+            delta.token_ids = [token.token_id]
+            if token.logprob is not None:
+                delta.logprobs = [Logprob(token.token_id, token.logprob, token.top_logprobs)]
+            if detok.stop_string is not None:
+                self.scheduler.finish(seq, "stop", detok.stop_string)
+        if seq.sample_index == 0 and not stop_token:
+            self._record_time(request.metrics, now)
+        if seq.is_finished:
+            delta.text += detok.flush()
+            delta.finish_reason, delta.stop_reason = seq.finish_reason, seq.stop_reason
+            request.finished.add(seq.sample_index)
+            self.model_runner.release(seq)
+        return delta
+
+    @staticmethod
+    def _record_time(metrics: RequestMetrics, now: float) -> None:
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        metrics.last_token_time = now
+        metrics.token_times.append(now)
+
+    def _request_output(self, request_id: str, completions: list[CompletionOutput]) -> RequestOutput:
+        request = self.requests[request_id]
+        done = len(request.finished) == request.params.n
+        if done:
+            request.metrics.finished_time = time.perf_counter()
+            del self.requests[request_id]
+        return RequestOutput(request_id, request.prompt_token_ids, completions, done, request.num_cached_tokens,
+                             request.metrics)
+
+    # -- offline use ----------------------------------------------------------------------------
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Run prompts to completion; returns one cumulative output per prompt, in order."""
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        ids = [f"generate-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        for request_id, prompt, p in zip(ids, prompts, params_list, strict=True):
+            self.add_request(request_id, prompt, p)
+        merged: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for output in self.step():
+                merged[output.request_id] = merge_outputs(merged.get(output.request_id), output)
+        return [merged[i] for i in ids]
+
+    def score(self, prompt: str | list[int]) -> torch.Tensor:
+        """Next-token logits at every prompt position, [n, V] float32 (for KL checks between backends)."""
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_prompt(token_ids, SamplingParams())
+        return self.model_runner.score(token_ids)
+
+    def stats(self) -> dict[str, float]:
+        blocks = self.scheduler.block_manager
+        return {
+            "num_kvcache_blocks": blocks.num_total_blocks,
+            "num_free_blocks": blocks.num_free_blocks,
+            "kv_capacity_tokens": blocks.num_total_blocks * self.config.block_size,
+            "kv_bytes_per_token": bytes_per_token(self.model_config, self.dtype),
+            "kv_usage": blocks.usage,
+        }
+
+
+def merge_outputs(previous: RequestOutput | None, new: RequestOutput) -> RequestOutput:
+    """Fold a step's delta into the cumulative output of the same request."""
+    if previous is None:
+        previous = replace(new, outputs=[])
+    by_index = {c.index: c for c in previous.outputs}
+    for delta in new.outputs:
+        total = by_index.setdefault(delta.index, CompletionOutput(delta.index))
+        total.text += delta.text
+        total.token_ids += delta.token_ids
+        total.logprobs += delta.logprobs
+        total.finish_reason, total.stop_reason = delta.finish_reason or total.finish_reason, delta.stop_reason
+    outputs = sorted(by_index.values(), key=lambda c: c.index)
+    return replace(new, outputs=outputs, num_cached_tokens=previous.num_cached_tokens or new.num_cached_tokens)
