@@ -207,3 +207,9 @@ def _load_builtins() -> None:
     for ep in entry_points(group="infer.adapters"):
         if ep.name not in _REGISTRY:
             register_backend(ep.name, ep.load())
+
+
+def serving_backend(backend: Backend, options: dict[str, Any] | None = None, *, embedding: bool = False) -> Backend:
+    """The backend that serves a request: a composite backend (one with ``for_request``) picks one of its own."""
+    pick = getattr(backend, "for_request", None)
+    return pick(options, embedding=embedding) if pick is not None else backend

@@ -20,7 +20,8 @@ from registry.templates import GoTemplate, TemplateError, to_go
 
 from .errors import InvalidRequest
 
-__all__ = ["PromptSpec", "TemplateError", "conversation", "fit_messages", "render_chat", "render_generate"]
+__all__ = ["PromptSpec", "TemplateError", "conversation", "fit_messages", "render_chat", "render_generate",
+           "render_request"]
 
 # Which template field each role fills in a legacy (pre-.Messages) template's turn.
 _LEGACY_FIELDS = {"system": "System", "user": "Prompt", "assistant": "Response"}
@@ -42,6 +43,18 @@ class PromptSpec:
         return cls(template=details.template, jinja_template=gguf.chat_template if gguf else None,
                    system=details.system, messages=list(details.messages or []),
                    bos_token=bos_token, eos_token=eos_token)
+
+
+def render_request(spec: PromptSpec, request, count_tokens: Callable[[str], int], limit: int) -> tuple[str, int]:
+    """The prompt text for a ``GenerationRequest`` and how many messages were dropped to fit ``limit``."""
+    if request.raw:
+        return request.prompt or "", 0
+    if not request.is_chat:
+        return render_generate(spec, request.prompt or "", system=request.system, suffix=request.suffix,
+                               template=request.template), 0
+    if not request.truncate:
+        return render_chat(spec, request.messages or [], tools=request.tools), 0
+    return fit_messages(spec, request.messages or [], count_tokens=count_tokens, limit=limit, tools=request.tools)
 
 
 def render_chat(spec: PromptSpec, messages: list[dict], *, tools: list | None = None) -> str:

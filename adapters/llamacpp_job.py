@@ -19,8 +19,9 @@ import llama_cpp
 import numpy as np
 
 from .base import Chunk, Done, GenerationRequest, Timings, TokenLogprob, Usage
-from .chat_format import PromptSpec, fit_messages, render_chat, render_generate
-from .errors import ContextLengthExceeded, InvalidRequest
+from .chat_format import PromptSpec, render_request
+from .errors import InvalidRequest
+from .options import check_room
 from .options import Options
 from .textstream import TextStream
 
@@ -37,13 +38,7 @@ class GenerationJob:
         prompt, dropped = self._render(llm)
         tokens = self._tokenize(llm, prompt)
         n_ctx = context_size(llm)
-        if len(tokens) >= n_ctx:
-            raise ContextLengthExceeded(len(tokens), n_ctx)
-        wanted = self.options.num_predict
-        if self.request.strict_max_tokens and wanted > 0 and len(tokens) + wanted > n_ctx:
-            raise InvalidRequest(
-                f"max_tokens is too large: the context window is {n_ctx} tokens and the prompt uses "
-                f"{len(tokens)}, so at most {n_ctx - len(tokens)} tokens can be generated", param="max_tokens")
+        check_room(len(tokens), n_ctx, self.options.num_predict, strict=self.request.strict_max_tokens)
         t0 = time.perf_counter()
         cached = _reuse_prefix(llm, tokens)
         llm.eval(tokens[cached:])
@@ -57,17 +52,8 @@ class GenerationJob:
     # -- prompt ---------------------------------------------------------------------------------
 
     def _render(self, llm: llama_cpp.Llama) -> tuple[str, int]:
-        req = self.request
-        if req.raw:
-            return req.prompt or "", 0
-        if not req.is_chat:
-            return render_generate(self.spec, req.prompt or "", system=req.system, suffix=req.suffix,
-                                   template=req.template), 0
-        if not req.truncate:
-            return render_chat(self.spec, req.messages or [], tools=req.tools), 0
         count = lambda text: len(self._tokenize(llm, text))  # noqa: E731
-        return fit_messages(self.spec, req.messages or [], count_tokens=count, limit=context_size(llm) - 1,
-                            tools=req.tools)
+        return render_request(self.spec, self.request, count, context_size(llm) - 1)
 
     def _tokenize(self, llm: llama_cpp.Llama, text: str) -> list[int]:
         add_bos = llm._model.add_bos_token() and not (self.spec.bos_token and text.startswith(self.spec.bos_token))

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import InvalidRequest
+from .errors import ContextLengthExceeded, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ class Options(BaseModel):
     stop: tuple[str, ...] = Field(default=(), description="Stop strings; generation ends before them.")
     ignore_eos: bool = Field(default=False, description="Keep generating past end-of-sequence tokens "
                              "(vLLM's flag, for benchmarks and tests that need an exact length).")
+    engine: str | None = Field(default=None, description="In-process engine for this request: llamacpp or "
+                               "native (default: the server's INFER_ENGINE).")
     num_ctx: int = Field(default=2048, ge=16, le=1 << 20, description="Context window in tokens (load time).")
     num_batch: int = Field(default=512, ge=1)
     num_thread: int = Field(default=0, ge=0, description="0 = llama.cpp's choice.")
@@ -86,3 +88,13 @@ def resolve_options(*layers: dict[str, Any] | None, defaults: dict[str, Any] | N
         err = exc.errors()[0]
         name = ".".join(str(p) for p in err["loc"]) or "options"
         raise InvalidRequest(f"invalid option '{name}': {err['msg']}", param=f"options.{name}") from None
+
+
+def check_room(n_prompt: int, n_ctx: int, num_predict: int, *, strict: bool) -> None:
+    """A prompt must leave room in the window; ``strict`` (OpenAI's max_tokens) also checks the answer's room."""
+    if n_prompt >= n_ctx:
+        raise ContextLengthExceeded(n_prompt, n_ctx)
+    if strict and num_predict > 0 and n_prompt + num_predict > n_ctx:
+        raise InvalidRequest(
+            f"max_tokens is too large: the context window is {n_ctx} tokens and the prompt uses "
+            f"{n_prompt}, so at most {n_ctx - n_prompt} tokens can be generated", param="max_tokens")

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from adapters.base import Chunk, Done, GenerationRequest
 from adapters.errors import BackendError
-from adapters.llamacpp import LlamaCppBackend
+from adapters.engines import in_process_backends
 from adapters.options import Options, resolve_options
 from gateway.db import open_db
 from gateway.durations import format_duration
@@ -57,7 +57,7 @@ class ChatSession:
     """The state ``/set`` and ``/clear`` change, and the backend, recorder and ledger behind it."""
 
     def __init__(self, store: Store, model: str, *, db_url: str, num_ctx: int, verbose: bool = False,
-                 format: str | dict | None = None, keep_alive: float | None = None,
+                 format: str | dict | None = None, keep_alive: float | None = None, engine: str = "llamacpp",
                  out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.store, self.model = store, model
         self.verbose, self.format, self.keep_alive = verbose, format, keep_alive
@@ -69,7 +69,8 @@ class ChatSession:
             self.engine = open_db(db_url)
         except (ValueError, OSError, SQLAlchemyError) as exc:
             raise SettingsError(f"cannot open the usage database: {exc}") from None
-        self.backend = LlamaCppBackend(store=store, defaults={"num_ctx": num_ctx})
+        engines = in_process_backends(store, default=engine, defaults={"num_ctx": num_ctx}, keep_alive=300.0)
+        self.backend = engines.backend()
         self.recorder = CountingRecorder(self.engine, None)
         self._expected = 0  # ledger records the turns so far will produce
 

@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from adapters.engines import check_engine
 from gateway.db import database_url_from_env
 from gateway.durations import parse_duration
 from gateway.settings import SettingsError
@@ -31,6 +32,7 @@ def run_cmd(
     keepalive: str = typer.Option(None, "--keepalive", help="How long the model stays loaded (e.g. 5m)."),
     format: str = typer.Option(None, "--format", help="Response format: json, or a JSON schema."),
     nowordwrap: bool = typer.Option(False, "--nowordwrap", help="Don't wrap words (accepted; output is raw)."),
+    engine: str = typer.Option("llamacpp", "--engine", help="In-process engine: llamacpp or native (PyTorch)."),
     insecure: bool = pull.INSECURE,
     db: str = typer.Option(None, "--db", metavar="URL", help="Usage ledger URL (default: INFER_DATABASE_URL "
                            "or $INFER_HOME/usage.db)."),
@@ -43,7 +45,7 @@ def run_cmd(
     model = _ensure_model(store, model, insecure)
     text = _prompt_text(prompt or [])
     session = ChatSession(store, model, db_url=db or database_url_from_env(settings().home), verbose=verbose,
-                          **options)
+                          engine=check_engine(engine), **options)
     if text is None:
         from .repl import run_repl
 

@@ -20,6 +20,8 @@ def serve(
     num_parallel: int = typer.Option(None, "--num-parallel", help="Concurrent requests per model (INFER_NUM_PARALLEL)."),
     keep_alive: str = typer.Option(None, "--keep-alive", help="How long idle models stay loaded, e.g. 5m, -1 (INFER_KEEP_ALIVE)."),
     context_length: int = typer.Option(None, "--context-length", help="Default num_ctx (INFER_CONTEXT_LENGTH)."),
+    engine: str = typer.Option(None, "--engine", help="In-process engine for store models: llamacpp or native "
+                               "(INFER_ENGINE); a request's \"engine\" option overrides it."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Start the API server (Ollama /api/* and OpenAI /v1/*)."""
@@ -27,7 +29,8 @@ def serve(
 
     from gateway.app import create_app
 
-    overrides = {"database_url": db, "num_parallel": num_parallel, "context_length": context_length}
+    overrides = {"database_url": db, "num_parallel": num_parallel, "context_length": context_length,
+                 "engine": engine}
     try:
         if host:
             overrides["host"], overrides["port"] = parse_host(host)

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from adapters.base import Backend
-from adapters.llamacpp import LlamaCppBackend
+from adapters.engines import in_process_backends
 from adapters.llamacpp_pool import PoolSettings
 from registry.store import Store
 
@@ -57,4 +57,5 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
 def default_backend(settings: ServerSettings, store: Store) -> Backend:
     pool = PoolSettings(num_parallel=settings.num_parallel, max_queue=settings.max_queue,
                         max_loaded_models=settings.max_loaded_models, keep_alive=settings.keep_alive)
-    return LlamaCppBackend(store=store, pool_settings=pool, defaults={"num_ctx": settings.context_length})
+    return in_process_backends(store, default=settings.engine, defaults={"num_ctx": settings.context_length},
+                               keep_alive=settings.keep_alive, pool_settings=pool)

@@ -62,6 +62,7 @@ class _Sampling(_Wire):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     ignore_eos: bool | None = None  # vLLM's extension, accepted as an extra body field
+    engine: str | None = None  # which in-process engine serves the request (llamacpp, native)
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -83,7 +84,8 @@ class _Sampling(_Wire):
         seed = None if self.seed is None else (self.seed + index) & SEED_MASK
         values = {"num_predict": num_predict, "temperature": self.temperature, "top_p": self.top_p,
                   "seed": seed, "stop": stops, "frequency_penalty": self.frequency_penalty,
-                  "presence_penalty": self.presence_penalty, "ignore_eos": self.ignore_eos}
+                  "presence_penalty": self.presence_penalty, "ignore_eos": self.ignore_eos,
+                  "engine": self.engine}
         return {k: v for k, v in values.items() if v is not None}
 
 

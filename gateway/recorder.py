@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
-from adapters.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
+from adapters.base import Backend, Chunk, Done, GenerationRequest, StreamEvent, serving_backend
 
 from .errors import to_status_message
 from .metrics import GatewayMetrics
@@ -56,7 +56,7 @@ class Generation:
     """Events of one request after the first has arrived; ``done`` is set at the end."""
 
     def __init__(self, recorder: Recorder, backend: Backend, request: GenerationRequest, route: str, stream: bool):
-        self.recorder, self.backend, self.request = recorder, backend, request
+        self.recorder, self.backend, self.request = recorder, serving_backend(backend, request.options), request
         self.route, self.stream = route, stream
         self.first: StreamEvent | None = None
         self.done: Done | None = None

@@ -10,6 +10,7 @@
 | ``INFER_MAX_QUEUE`` | ``512`` | requests waiting per model before ``503`` |
 | ``INFER_MAX_LOADED_MODELS`` | ``3`` | models kept loaded at once |
 | ``INFER_CONTEXT_LENGTH`` | ``2048`` | default ``num_ctx`` when neither model nor request sets it |
+| ``INFER_ENGINE`` | ``llamacpp`` | in-process engine for store models: ``llamacpp`` or ``native`` |
 | ``INFER_DATABASE_URL`` | ``sqlite:///$INFER_HOME/usage.db`` | usage ledger (any SQLAlchemy URL) |
 """
 
@@ -19,7 +20,7 @@ import fnmatch
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -53,6 +54,8 @@ class ServerSettings(BaseModel):
     max_queue: int = Field(default=512, ge=0)
     max_loaded_models: int = Field(default=3, ge=0)
     context_length: int = Field(default=2048, ge=16, le=1 << 20)
+    engine: Literal["llamacpp", "native"] = Field(default="llamacpp", description="Default in-process engine "
+                                                  "(INFER_ENGINE); a request may pick another with the engine option.")
     max_body_bytes: int = Field(default=32 << 20, ge=1024, description="Largest accepted request body.")
     database_url: str = Field(description="Usage ledger URL (INFER_DATABASE_URL).")
     registry: RegistrySettings
@@ -120,6 +123,8 @@ def _from_env(env: dict[str, str]) -> dict[str, Any]:
         out["origins"] = tuple(env["INFER_ORIGINS"].split(","))
     if env.get("INFER_API_KEYS"):
         out["api_key_hashes"] = frozenset(hash_key(k.strip()) for k in env["INFER_API_KEYS"].split(",") if k.strip())
+    if env.get("INFER_ENGINE"):
+        out["engine"] = env["INFER_ENGINE"].strip()
     if env.get("INFER_KEEP_ALIVE"):
         out["keep_alive"] = _duration("INFER_KEEP_ALIVE", env["INFER_KEEP_ALIVE"])
     for var, key in (("INFER_NUM_PARALLEL", "num_parallel"), ("INFER_MAX_QUEUE", "max_queue"),

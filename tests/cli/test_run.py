@@ -78,8 +78,9 @@ def stat(stderr: str, label: str) -> str:
 
 # -- one-shot ------------------------------------------------------------------------------------
 
-def test_one_shot_streams_the_answer_prints_stats_and_writes_one_ledger_row(store, infer_home):
-    result = infer_run("seeded", "hi", "--verbose")
+@pytest.mark.parametrize("engine", ["llamacpp", "native"])
+def test_one_shot_streams_the_answer_prints_stats_and_writes_one_ledger_row(store, infer_home, engine):
+    result = infer_run("seeded", "hi", "--verbose", "--engine", engine)
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith("\n\n") and result.stdout.strip()
     lines = result.stderr.splitlines()
@@ -96,18 +97,19 @@ def test_one_shot_streams_the_answer_prints_stats_and_writes_one_ledger_row(stor
     rows = ledger(infer_home)
     assert len(rows) == 1
     row = rows[0]
-    assert (row.source, row.route, row.status, row.model) == ("cli", "run", "ok", "seeded")
+    assert (row.source, row.route, row.status, row.model, row.backend) == ("cli", "run", "ok", "seeded", engine)
     assert 0 < row.output_tokens <= 8
     assert f"{row.output_tokens} token(s)" == stat(result.stderr, "eval count")
     assert f"{row.input_tokens} token(s)" == stat(result.stderr, "prompt eval count")
 
-    again = infer_run("seeded", "hi")  # same seed: same answer; no stats without --verbose
+    again = infer_run("seeded", "hi", "--engine", engine)  # same seed: same answer; no stats without --verbose
     assert again.returncode == 0 and again.stderr == ""
     assert again.stdout == result.stdout
 
 
-def test_context_overflow_is_a_one_line_error_and_an_error_row(store, infer_home):
-    result = infer_run("tiny", "word " * 700)
+@pytest.mark.parametrize("engine", ["llamacpp", "native"])
+def test_context_overflow_is_a_one_line_error_and_an_error_row(store, infer_home, engine):
+    result = infer_run("tiny", "word " * 700, "--engine", engine)
     assert result.returncode == 1 and result.stdout == ""
     assert re.fullmatch(r"Error: the prompt is \d+ tokens but the context window is 512 tokens; [^\n]+\n", result.stderr)
     (row,) = ledger(infer_home)

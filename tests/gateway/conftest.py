@@ -34,6 +34,7 @@ class LiveServer:
     db_url: str
     process: subprocess.Popen
     log_path: Path
+    engine: str = "llamacpp"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -54,7 +55,8 @@ def start_server(tmp: Path, models: Path, **extra_env: str) -> LiveServer:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = LiveServer(f"http://127.0.0.1:{port}", port, home, f"sqlite:///{home / 'usage.db'}", proc, log_path)
+    server = LiveServer(f"http://127.0.0.1:{port}", port, home, f"sqlite:///{home / 'usage.db'}", proc, log_path,
+                        engine=extra_env.get("INFER_ENGINE", "llamacpp"))
     _wait_ready(server)
     return server
 
@@ -93,9 +95,10 @@ def private_store(tiny_store, tmp_path_factory, label: str):
     return Store(root)
 
 
-@pytest.fixture(scope="module")
-def live_server(tiny_store, tmp_path_factory) -> Iterator[LiveServer]:
-    server = start_server(tmp_path_factory.mktemp("live"), tiny_store.root)
+@pytest.fixture(scope="module", params=["llamacpp", "native"])
+def live_server(request, tiny_store, tmp_path_factory) -> Iterator[LiveServer]:
+    """The API tests run once per in-process engine (INFER_ENGINE)."""
+    server = start_server(tmp_path_factory.mktemp("live"), tiny_store.root, INFER_ENGINE=request.param)
     try:
         yield server
     finally:

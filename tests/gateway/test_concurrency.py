@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -41,14 +42,16 @@ def test_concurrent_answers_equal_the_answers_given_alone(parallel_server):
 def test_a_full_queue_answers_503_and_the_server_recovers(tiny_store, tmp_path):
     srv = start_server(tmp_path, tiny_store.root, INFER_NUM_PARALLEL="1", INFER_MAX_QUEUE="0")
     try:
-        started = threading.Event()
+        started, release = threading.Event(), threading.Event()
 
-        def long_request():
+        def long_request():  # holds the only slot until released, then disconnects
             body = {"model": "slow", "messages": [{"role": "user", "content": "go on forever"}],
                     "options": {"num_predict": 3000, "ignore_eos": True}}
             with httpx.stream("POST", srv.url + "/api/chat", json=body, timeout=60) as r:
                 for _ in r.iter_lines():
                     started.set()
+                    if release.is_set():
+                        break
         worker = threading.Thread(target=long_request)
         worker.start()
         assert started.wait(30)
@@ -58,10 +61,16 @@ def test_a_full_queue_answers_503_and_the_server_recovers(tiny_store, tmp_path):
         r = httpx.post(srv.url + "/v1/chat/completions", timeout=30, json={
             "model": "slow", "messages": [{"role": "user", "content": "y"}], "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["message"].startswith("server busy")
+        release.set()
         worker.join(60)
-        r = httpx.post(srv.url + "/api/chat", timeout=30, json={  # the slot is free again
-            "model": "slow", "stream": False, "messages": [{"role": "user", "content": "z"}],
-            "options": {"num_predict": 2}})
+        deadline = time.monotonic() + 10
+        while True:  # the slot is freed as soon as the server sees the disconnect
+            r = httpx.post(srv.url + "/api/chat", timeout=30, json={
+                "model": "slow", "stream": False, "messages": [{"role": "user", "content": "z"}],
+                "options": {"num_predict": 2}})
+            if r.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert r.status_code == 200 and r.json()["eval_count"] <= 2
     finally:
         stop_server(srv)
