@@ -42,6 +42,7 @@ class LLMEngine:
                                  model_config.max_position_embeddings)
         self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
         self.model_runner.allocate_kv_cache(self._kv_budget())
+        self.model_runner.capture_cudagraphs(self.max_model_len)
         Sequence.block_size = config.block_size
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import torch
 
 from .config import EngineConfig
+from .cuda_graph import DecodeGraphs
 from .layers.attention import Attention
 from .layers.linear import use_small_batch_weights
 from .layers.sampler import SampledToken, Sampler, SamplingRow
@@ -48,6 +49,7 @@ class ModelRunner:
         self.num_kvcache_blocks = 0
         self.kv_cache = torch.empty(0)
         self.sampler = Sampler()
+        self.graphs: DecodeGraphs | None = None
         self.generators: dict[tuple[str, int], torch.Generator] = {}
 
     def allocate_kv_cache(self, num_bytes: int) -> int:
@@ -60,6 +62,14 @@ class ModelRunner:
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         return self.num_kvcache_blocks
+
+    def capture_cudagraphs(self, max_model_len: int) -> None:
+        """CUDA graphs for decode batches up to `max_num_seqs` (GPU only; `enforce_eager` turns them off)."""
+        if self.device.type != "cuda" or self.config.enforce_eager:
+            return
+        max_blocks = -(-max_model_len // self.config.block_size)
+        self.graphs = DecodeGraphs(self.model, min(self.config.max_num_seqs, 512), max_blocks,
+                                   self.model_config.hidden_size, self.device, self.dtype)
 
     def profile_run(self) -> None:
         """A forward over the step token budget without the cache: the activation peak for KV sizing."""
@@ -123,7 +133,11 @@ class ModelRunner:
         input_ids, positions, ctx = self.prepare_inputs(ordered)
         set_context(ctx)
         try:
-            logits = self.model.compute_logits(self.model(input_ids, positions))
+            if self.graphs is not None and self.graphs.can_run(ctx, len(input_ids)):
+                hidden = self.graphs.run(input_ids, positions, ctx)
+            else:
+                hidden = self.model(input_ids, positions)
+            logits = self.model.compute_logits(hidden)
         finally:
             reset_context()
         rows = [(s.seq, i) for s in ordered if s.should_sample for i in range(s.num_samples)]
