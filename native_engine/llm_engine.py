@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field, replace
 
@@ -75,7 +76,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
         params = params or SamplingParams()
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        token_ids = self._encode(prompt)
         self._check_prompt(token_ids, params)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
         seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority)
@@ -83,6 +84,11 @@ class LLMEngine:
         request = _Request(request_id, token_ids, params, RequestMetrics(arrival))
         self.requests[request_id] = request
         self._detokenizer(request, seq)
+
+    def _encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_bos=self.tokenizer.add_bos_token)
+        return list(prompt)
 
     def _check_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
@@ -96,11 +102,12 @@ class LLMEngine:
 
     def _detokenizer(self, request: _Request, seq: Sequence) -> IncrementalDetokenizer:
         if seq.sample_index not in request.detokenizers:
-            request.detokenizers[seq.sample_index] = IncrementalDetokenizer(self._piece, request.params.stop)
+            piece = functools.partial(self._piece, skip_special=request.params.skip_special_tokens)
+            request.detokenizers[seq.sample_index] = IncrementalDetokenizer(piece, request.params.stop)
         return request.detokenizers[seq.sample_index]
 
-    def _piece(self, token_id: int) -> bytes:
-        if self.tokenizer.is_special(token_id):
+    def _piece(self, token_id: int, skip_special: bool) -> bytes:
+        if skip_special and self.tokenizer.is_special(token_id):
             return b""
         return self.tokenizer.token_bytes(token_id)
 
@@ -180,8 +187,13 @@ class LLMEngine:
         """Run prompts to completion; returns one cumulative output per prompt, in order."""
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         ids = [f"generate-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
-        for request_id, prompt, p in zip(ids, prompts, params_list, strict=True):
-            self.add_request(request_id, prompt, p)
+        try:
+            for request_id, prompt, p in zip(ids, prompts, params_list, strict=True):
+                self.add_request(request_id, prompt, p)
+        except Exception:
+            for request_id in ids:
+                self.abort(request_id)
+            raise
         merged: dict[str, RequestOutput] = {}
         while self.has_unfinished_requests():
             for output in self.step():
@@ -190,7 +202,7 @@ class LLMEngine:
 
     def score(self, prompt: str | list[int]) -> torch.Tensor:
         """Next-token logits at every prompt position, [n, V] float32 (for KL checks between backends)."""
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        token_ids = self._encode(prompt)
         self._check_prompt(token_ids, SamplingParams())
         return self.model_runner.score(token_ids)
 

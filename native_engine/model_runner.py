@@ -51,6 +51,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.graphs: DecodeGraphs | None = None
         self.generators: dict[tuple[str, int], torch.Generator] = {}
+        self.seed_rng = torch.Generator().manual_seed(config.seed)  # seeds for requests that bring none
 
     def allocate_kv_cache(self, num_bytes: int) -> int:
         """One tensor [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets its K and V views."""
@@ -173,7 +174,7 @@ class ModelRunner:
         if params.is_greedy:
             return None
         if key not in self.generators:
-            seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+            seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (), generator=self.seed_rng))
             self.generators[key] = torch.Generator().manual_seed(seed + key[1])
         return self.generators[key]
 
