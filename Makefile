@@ -27,6 +27,7 @@ demo: $(STAMP)  ## offline end-to-end: build, create, push, pull, run, serve, op
 bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/pull.py
 	$(BIN)/python bench/gateway.py --runs 5
+	$(BIN)/python bench/native.py --json .bench/native/results.json
 
 clean:
 	rm -rf .demo .bench .pytest_cache

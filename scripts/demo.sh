@@ -48,6 +48,7 @@ printf '\n(registry stopped)\n'
 
 MODEL="$REG/library/tiny-qwen2"
 step infer run "$MODEL" "Say hello in five words." --verbose
+step infer run "$MODEL" "Say hello in five words." --verbose --engine native
 
 API_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 export INFER_HOST="127.0.0.1:$API_PORT"

@@ -33,14 +33,14 @@ class Linear(nn.Module):
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
         self.small_batch_weight: torch.Tensor | None = None
+        self.small_batch_bias: torch.Tensor | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in]
         if self.small_batch_weight is not None and x.shape[0] <= SMALL_BATCH:
-            bias = None if self.bias is None else self.bias.to(torch.float16)
-            return F.linear(x.to(torch.float16), self.small_batch_weight, bias).to(x.dtype)
+            return F.linear(x.to(torch.float16), self.small_batch_weight, self.small_batch_bias).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -77,5 +77,7 @@ def use_small_batch_weights(model: nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, Linear) and module.weight.dtype == torch.bfloat16:
             module.small_batch_weight = module.weight.data.to(torch.float16)
+            if module.bias is not None:
+                module.small_batch_bias = module.bias.data.to(torch.float16)
             added += module.small_batch_weight.numel() * 2
     return added
