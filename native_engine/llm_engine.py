@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass, field, replace
 
@@ -18,6 +19,8 @@ from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -48,6 +51,10 @@ class LLMEngine:
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
         self.requests: dict[str, _Request] = {}
+        stats = self.stats()
+        log.info("native engine: %s on %s, KV cache %d blocks x %d tokens = %d tokens at %d bytes/token",
+                 self.dtype, self.device, stats["num_kvcache_blocks"], config.block_size,
+                 stats["kv_capacity_tokens"], stats["kv_bytes_per_token"])
 
     @classmethod
     def from_model(cls, model: str, **kwargs) -> LLMEngine:

@@ -1,21 +1,11 @@
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 from native_engine.layers.sampler import Sampler, SamplingRow, filter_logits
+from native_engine.sampling_params import SamplingParams
 
 
-@dataclass
-class Params:
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: int | None = None
+Params = SamplingParams
 
 
 def _row(params, seed=None, prompt=(), output=()):
