@@ -130,19 +130,19 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
+        started = time.perf_counter()
         sampled = self.model_runner.run(out.scheduled, out.blocks_to_copy) if out.scheduled else {}
-        now = time.perf_counter()
-        finished = self.scheduler.postprocess(out, {k: [t.token_id for t in v] for k, v in sampled.items()})
-        return self._outputs(out, sampled, finished, now)
+        self.scheduler.postprocess(out, {k: [t.token_id for t in v] for k, v in sampled.items()})
+        return self._outputs(out, sampled, started, time.perf_counter())
 
-    def _outputs(self, out, sampled: dict, finished: list[Sequence], now: float) -> list[RequestOutput]:
+    def _outputs(self, out, sampled: dict, started: float, now: float) -> list[RequestOutput]:
         deltas: dict[str, list[CompletionOutput]] = {}
         for item in out.scheduled:
             request = self.requests.get(item.seq.request_id)
             if request is None:
                 continue
             if request.metrics.first_scheduled_time is None:
-                request.metrics.first_scheduled_time = now
+                request.metrics.first_scheduled_time = started
                 request.num_cached_tokens = item.seq.num_cached_tokens
             if item.should_sample:
                 targets = [item.seq] + sorted((c for c in out.forked if c.request_id == item.seq.request_id),

@@ -91,7 +91,7 @@ def test_one_shot_streams_the_answer_prints_stats_and_writes_one_ledger_row(stor
         assert re.fullmatch(re.escape(f"{label + ':':<21} ") + dict(STAT_LINES)[label], line), line
     shown = [line.split(":")[0] for line in lines]
     assert shown == [label for label in labels if label in shown]  # Ollama's order
-    assert {"total duration", "prompt eval count", "eval count", "time to first token"} <= set(shown)
+    assert {"total duration", "prompt eval count", "prompt eval duration", "eval count", "time to first token"} <= set(shown)
     assert lines[0].startswith("total duration:       ")  # label padded to 22 columns
 
     rows = ledger(infer_home)
