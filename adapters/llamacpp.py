@@ -14,11 +14,9 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from registry.details import ModelDetails, details_cache
-from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
+from registry.details import ModelDetails
 from registry.store import Store
 
 from .base import (Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
@@ -28,6 +26,7 @@ from .errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFo
 from .llamacpp_job import GenerationJob
 from .llamacpp_pool import ModelPool, PoolSettings
 from .options import resolve_options
+from .store_models import gguf_path, model_details, store_models
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ class LlamaCppBackend:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.defaults)
         t_queue = time.perf_counter()
-        entry, slot, load_s = await self._pool.acquire(details.name.display, _gguf_path(details),
+        entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                        details.digest, options)
         timings = Timings(queue=time.perf_counter() - t_queue - load_s, load=load_s)
         job = GenerationJob(request, options, _prompt_spec(details, slot), timings=timings)
@@ -102,7 +101,7 @@ class LlamaCppBackend:
         """Load ``model`` as a request with ``options`` would, without generating (Ollama's preload)."""
         details = self.details(model)
         resolved = resolve_options(details.parameters, options, defaults=self.defaults)
-        entry, slot, _ = await self._pool.acquire(details.name.display, _gguf_path(details),
+        entry, slot, _ = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                   details.digest, resolved)
         await self._pool.release(entry, slot, keep_alive)
 
@@ -111,7 +110,7 @@ class LlamaCppBackend:
         t0 = time.perf_counter()
         details = self.details(model)
         options = resolve_options(details.parameters, defaults=self.defaults)
-        entry, slot, load_s = await self._pool.acquire(details.name.display, _gguf_path(details),
+        entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                        details.digest, options, embedding=True)
         try:
             loop = asyncio.get_running_loop()
@@ -123,15 +122,10 @@ class LlamaCppBackend:
     # -- models ---------------------------------------------------------------------------------
 
     def details(self, model: str) -> ModelDetails:
-        """The model's manifest, layers and GGUF header; cached until its manifest file changes."""
-        try:
-            return details_cache.get(self.store, self.store.resolve(model))
-        except (StoreModelNotFound, InvalidName, FileNotFoundError):
-            raise ModelNotFound(model) from None
+        return model_details(self.store, model)
 
     async def list_models(self) -> list[ModelInfo]:
-        return [ModelInfo(name=m.name.display, backend=self.name, size=m.size, digest=m.digest, modified=m.modified)
-                for m in self.store.list_models()]
+        return store_models(self.store, self.name)
 
     async def loaded_models(self) -> list[LoadedModel]:
         return [LoadedModel(name=e.name, backend=self.name, size=e.path.stat().st_size, digest=e.digest,
@@ -151,12 +145,6 @@ class LlamaCppBackend:
     async def aclose(self) -> None:
         await self._pool.aclose()
         self._executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _gguf_path(details: ModelDetails) -> Path:
-    if details.model_path is None or details.gguf is None:
-        raise BackendUnavailable(f"{details.name.display} has no GGUF model layer; llama.cpp cannot run it")
-    return details.model_path
 
 
 def _prompt_spec(details: ModelDetails, slot) -> PromptSpec:

@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.details import ModelDetails, details_cache
-from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
+from registry.details import ModelDetails
 from registry.store import Store
 
 from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent,
@@ -23,6 +22,7 @@ from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedMo
 from .chat_format import PromptSpec, render_request
 from .errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from .options import Options, check_room, resolve_options
+from .store_models import gguf_path, model_details, store_models
 
 _ids = itertools.count()
 
@@ -130,20 +130,19 @@ class NativeBackend:
             return entry, time.perf_counter() - t0
 
     def _load(self, details: ModelDetails, options: Options) -> _Loaded:
-        if details.model_path is None or details.gguf is None:
-            raise BackendUnavailable(f"{details.name.display} has no GGUF model layer; the native engine cannot run it")
+        model_path = gguf_path(details, "the native engine")
         from native_engine import AsyncLLMEngine, LLMEngine
 
         context = min(options.num_ctx, details.gguf.context_length or options.num_ctx)
         try:
-            llm = LLMEngine(self.settings.engine_config(str(details.model_path), context))
+            llm = LLMEngine(self.settings.engine_config(str(model_path), context))
         except (ValueError, NotImplementedError) as exc:
             raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
         tok = llm.tokenizer
         bos = tok.decode([tok.bos_token_id], skip_special_tokens=False) if tok.bos_token_id is not None else ""
         eos = tok.decode(tok.eos_token_ids[:1], skip_special_tokens=False)
         spec = PromptSpec.from_details(details, bos_token=bos, eos_token=eos)
-        return _Loaded(details.name.display, details.digest, details.model_path.stat().st_size,
+        return _Loaded(details.name.display, details.digest, model_path.stat().st_size,
                        AsyncLLMEngine(llm), spec)
 
     def _release(self, entry: _Loaded, keep_alive: float | None) -> None:
@@ -176,18 +175,14 @@ class NativeBackend:
     # -- models ---------------------------------------------------------------------------------
 
     def details(self, model: str) -> ModelDetails:
-        try:
-            return details_cache.get(self.store, self.store.resolve(model))
-        except (StoreModelNotFound, InvalidName, FileNotFoundError):
-            raise ModelNotFound(model) from None
+        return model_details(self.store, model)
 
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
         raise InvalidRequest("the native engine does not compute embeddings; use the llama.cpp engine")
 
     async def list_models(self) -> list[ModelInfo]:
-        return [ModelInfo(name=m.name.display, backend=self.name, size=m.size, digest=m.digest, modified=m.modified)
-                for m in self.store.list_models()]
+        return store_models(self.store, self.name)
 
     async def loaded_models(self) -> list[LoadedModel]:
         return [LoadedModel(name=e.name, backend=self.name, size=e.size, digest=e.digest, expires_at=e.expires_at,

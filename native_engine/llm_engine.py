@@ -40,8 +40,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = platform.resolve_device(config.device)
-        model_config, weights, self.tokenizer = load_checkpoint(config.model, self._dtype_for)
-        self.model_config = model_config
+        model_config, weights, self.tokenizer = load_checkpoint(config.model, self._compute_dtype)
+        self.model_config, self.dtype = model_config, self._compute_dtype(model_config)
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
@@ -61,9 +61,8 @@ class LLMEngine:
         """`LLMEngine.from_model(path, max_num_seqs=16, ...)`: keyword arguments are `EngineConfig` fields."""
         return cls(EngineConfig(model=str(model), **kwargs))
 
-    def _dtype_for(self, model_config) -> torch.dtype:
-        self.dtype = platform.resolve_dtype(self.config.dtype, self.device, model_config.torch_dtype)
-        return self.dtype
+    def _compute_dtype(self, model_config) -> torch.dtype:
+        return platform.resolve_dtype(self.config.dtype, self.device, model_config.torch_dtype)
 
     def _kv_budget(self) -> int:
         """Explicit bytes, else a share of free memory, never more than every sequence at full length needs."""

@@ -34,6 +34,11 @@ def bytes_per_token(model_config, dtype: torch.dtype) -> int:
     return 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim * element
 
 
+def decode_first(scheduled: list) -> list:
+    """The batch layout `Attention` expects: one-token rows, then prefill chunks."""
+    return sorted(scheduled, key=lambda s: s.num_new_tokens > 1)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config, weights: Iterable, device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -86,15 +91,15 @@ class ModelRunner:
         bs, table = self.config.block_size, seq.block_table
         return [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
 
-    def prepare_inputs(self, scheduled: list) -> tuple[torch.Tensor, torch.Tensor, Context]:
-        decodes = [s for s in scheduled if s.num_new_tokens == 1]
-        prefills = [s for s in scheduled if s.num_new_tokens > 1]
+    def prepare_inputs(self, ordered: list) -> tuple[torch.Tensor, torch.Tensor, Context]:
+        """`ordered`: one-token (decode) rows first, then prefill chunks (see `decode_first`)."""
+        decodes = [s for s in ordered if s.num_new_tokens == 1]
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         ctx = Context(num_decode_tokens=len(decodes))
         sample_rows: list[int] = []
-        for s in decodes + prefills:
+        for s in ordered:
             seq, start = s.seq, s.seq.num_computed_tokens
             end = start + s.num_new_tokens
             if s.num_new_tokens > 1:
@@ -130,7 +135,7 @@ class ModelRunner:
     def run(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = ()) -> dict[int, list[SampledToken]]:
         """Forward the scheduled chunks; returns `num_samples` tokens for each sequence that samples."""
         self.copy_blocks(list(blocks_to_copy))
-        ordered = [s for s in scheduled if s.num_new_tokens == 1] + [s for s in scheduled if s.num_new_tokens > 1]
+        ordered = decode_first(scheduled)
         input_ids, positions, ctx = self.prepare_inputs(ordered)
         set_context(ctx)
         try:

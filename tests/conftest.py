@@ -8,7 +8,7 @@ import pytest
 
 # Triton decides between compiled and interpreted kernels when it is first imported: without a GPU,
 # the kernel tests run the Triton launchers on CPU tensors in interpreter mode.
-if os.environ.get("CUDA_VISIBLE_DEVICES") != "" and not os.path.exists("/dev/nvidiactl"):
+if not os.path.exists("/dev/nvidiactl"):  # no NVIDIA driver (checked without importing torch)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 

@@ -79,7 +79,7 @@ def _logprobs(logprobs: torch.Tensor, token_id: int, k: int) -> tuple[float, lis
 class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         # logits: [S, V] float32, one row per sampling sequence
-        logits = logits.cpu() if logits.device.type != "cpu" else logits
+        logits = logits.cpu()
         want_logprobs = any(r.params.logprobs is not None for r in rows)
         raw = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         if any(_has_penalty(r.params) for r in rows):
