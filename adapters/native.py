@@ -93,8 +93,9 @@ class NativeBackend:
                         timings: Timings) -> AsyncIterator[StreamEvent]:
         llm = entry.engine.engine
         limit = min(options.num_ctx, llm.max_model_len)
-        prompt, dropped = render_request(entry.spec, request, lambda t: len(llm.tokenizer.encode(t)), limit - 1)
-        token_ids = llm.tokenizer.encode(prompt)
+        encode = lambda text: _encode(llm.tokenizer, entry.spec, text)  # noqa: E731
+        prompt, dropped = render_request(entry.spec, request, lambda text: len(encode(text)), limit - 1)
+        token_ids = encode(prompt)
         check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
         params = sampling_params(options, request, room=limit - len(token_ids))
         output: list[int] = []
@@ -217,6 +218,12 @@ async def _engine_outputs(engine, token_ids: list[int], params, arrival: float) 
         raise InvalidRequest(str(exc)) from None
     except RuntimeError as exc:
         raise BackendUnavailable(f"the native engine failed: {exc}") from None
+
+
+def _encode(tokenizer, spec: PromptSpec, text: str) -> list[int]:
+    """Tokenize as llama.cpp does: BOS first when the model asks for it, unless the template wrote it."""
+    add_bos = tokenizer.add_bos_token and not (spec.bos_token and text.startswith(spec.bos_token))
+    return tokenizer.encode(text, add_bos=add_bos)
 
 
 def sampling_params(options: Options, request: GenerationRequest, room: int):
