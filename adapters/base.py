@@ -45,6 +45,7 @@ class GenerationRequest:
     # OpenAI semantics: num_predict that cannot fit after the prompt is a 400 (vLLM), not a clamp.
     strict_max_tokens: bool = False
     keep_alive: float | None = None  # seconds; None = server default, < 0 = forever
+    stream: bool = True  # whether the client reads a stream (a remote adapter may ask for one reply)
     source: str = "gateway"  # who asked: "gateway", "cli", "bench"
     client: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
@@ -74,11 +75,18 @@ class Chunk:
     logprobs: list[TokenLogprob] | None = None
 
 
+UsageSource = Literal["engine", "backend", "estimated"]
+
+
 @dataclass
 class Usage:
+    """Token counts; ``source`` says who counted: an in-process engine, a remote backend's own report,
+    or our estimate with a tokenizer (a remote backend that reported nothing)."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int | None = None
+    source: UsageSource = "engine"
 
 
 @dataclass
@@ -130,6 +138,7 @@ class ModelInfo:
     parameter_size: str = ""
     quantization_level: str = ""
     context_length: int | None = None
+    owned_by: str | None = None  # a remote backend's type; None = the local store (namespace)
 
 
 @dataclass
@@ -146,6 +155,10 @@ class LoadedModel:
 class Health:
     ok: bool
     detail: str = ""
+    latency_ms: float | None = None
+    # Load signals a router can use, when the backend exposes them (vLLM's /metrics and the like):
+    # requests_running, requests_waiting, kv_cache_usage (0-1).
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -209,7 +222,8 @@ def _load_builtins() -> None:
             register_backend(ep.name, ep.load())
 
 
-def serving_backend(backend: Backend, options: dict[str, Any] | None = None, *, embedding: bool = False) -> Backend:
+def serving_backend(backend: Backend, options: dict[str, Any] | None = None, *, embedding: bool = False,
+                    model: str | None = None) -> Backend:
     """The backend that serves a request: a composite backend (one with ``for_request``) picks one of its own."""
     pick = getattr(backend, "for_request", None)
-    return pick(options, embedding=embedding) if pick is not None else backend
+    return pick(options, embedding=embedding, model=model) if pick is not None else backend

@@ -37,7 +37,7 @@ class EngineSelector:
             self._backends[engine] = self.factories[engine]()
         return self._backends[engine]
 
-    def for_request(self, options: dict[str, Any] | None, *, embedding: bool = False) -> Backend:
+    def for_request(self, options: dict[str, Any] | None, *, embedding: bool = False, model: str | None = None) -> Backend:
         backend = self.backend((options or {}).get("engine"))
         if embedding and not backend.supports_embeddings:
             return self.backend("llamacpp")

@@ -5,6 +5,7 @@
     │   └── ContextLengthExceeded     400: the prompt does not fit in the context window
     ├── ModelNotFound                 404: the model is not in the store / not served
     ├── QueueFull                     503: too many requests waiting for a slot
+    ├── BackendOverloaded             429: a remote backend is saturated; ``retry_after`` seconds
     ├── BackendUnavailable            502: the backend cannot be reached or failed to load
     ├── BackendTimeout                504: the backend did not answer in time
     └── BackendProtocolError          502: the backend answered something we cannot parse
@@ -57,6 +58,17 @@ class QueueFull(BackendError):
 
     def __init__(self, model: str):
         super().__init__(f"server busy: too many requests queued for '{model}', retry later")
+
+
+class BackendOverloaded(BackendError):
+    """The backend refused for load (its own 429/503, or ``max_inflight`` reached); clients may retry."""
+
+    status = 429
+    openai_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class BackendUnavailable(BackendError):

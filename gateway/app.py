@@ -14,9 +14,12 @@ from fastapi import FastAPI
 from adapters.base import Backend
 from adapters.engines import in_process_backends
 from adapters.llamacpp_pool import PoolSettings
+from adapters.remote_registry import create_remote
+from adapters.router import ModelRouter
 from registry.store import Store
 
 from . import errors
+from .backends_config import load_config
 from .bodies import JSONBodies
 from .db import open_db
 from .metrics import GatewayMetrics
@@ -55,7 +58,12 @@ def create_app(settings: ServerSettings, backend: Backend | None = None) -> Fast
 
 
 def default_backend(settings: ServerSettings, store: Store) -> Backend:
+    """The store's in-process engines, behind the remote backends of ``settings.config`` when there is one."""
     pool = PoolSettings(num_parallel=settings.num_parallel, max_queue=settings.max_queue,
                         max_loaded_models=settings.max_loaded_models, keep_alive=settings.keep_alive)
-    return in_process_backends(store, default=settings.engine, defaults={"num_ctx": settings.context_length},
-                               keep_alive=settings.keep_alive, pool_settings=pool)
+    local = in_process_backends(store, default=settings.engine, defaults={"num_ctx": settings.context_length},
+                                keep_alive=settings.keep_alive, pool_settings=pool)
+    if settings.config is None:
+        return local
+    remotes = {s.name: create_remote(s) for s in load_config(settings.config).remote_settings()}
+    return ModelRouter(local, remotes)

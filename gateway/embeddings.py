@@ -20,7 +20,7 @@ async def embed(backend: Backend, recorder: Recorder, *, route: str, model: str,
                 client: str | None, truncate: bool = True, keep_alive: float | None = None,
                 dimensions: int | None = None) -> EmbedResult:
     """Embed ``inputs``; the ledger gets a row also when the request fails."""
-    backend = serving_backend(backend, embedding=True)
+    backend = serving_backend(backend, embedding=True, model=model)
     if not backend.supports_embeddings:
         raise APIError(400, f"the {backend.name} backend does not serve embeddings", param="model")
     record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client)

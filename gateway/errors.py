@@ -69,7 +69,11 @@ def to_status_message(exc: BaseException) -> tuple[int, str, dict]:
 def install(app: FastAPI) -> None:
     async def handle_known(request: Request, exc: Exception) -> JSONResponse:
         status, message, extra = to_status_message(exc)
-        return error_response(request, status, message, **extra)
+        response = error_response(request, status, message, **extra)
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:  # an overloaded backend: tell clients when to come back
+            response.headers["Retry-After"] = str(max(1, round(retry_after)))
+        return response
 
     async def handle_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(request, 400, validation_message(exc.errors()), param=_param(exc.errors()))

@@ -51,7 +51,12 @@ def m001_requests(conn: Connection) -> None:
     metadata.create_all(conn)
 
 
-MIGRATIONS: list[Migration] = [m001_requests]
+def m002_usage_source(conn: Connection) -> None:
+    """Who counted a row's tokens: ``engine``, ``backend`` or ``estimated`` (NULL for older rows)."""
+    conn.execute(sa.text("ALTER TABLE requests ADD COLUMN usage_source VARCHAR(16)"))
+
+
+MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source]
 
 
 def migrate(engine: Engine) -> list[str]:

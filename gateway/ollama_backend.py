@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from adapters.base import Backend
+from adapters.base import Backend, ModelInfo
 from adapters.errors import ModelNotFound
 from registry.details import ModelDetails, details_cache
 from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
@@ -66,3 +66,9 @@ def listing_details(store: Store, name: ModelName) -> ModelDetails | None:
     except Exception as exc:
         log.warning("cannot read details of %s: %s", name.display, exc)
         return None
+
+
+async def remote_models(backend: Backend) -> list[ModelInfo]:
+    """Models served by the remote backends of ``infer serve --config`` (none without one)."""
+    lister = getattr(backend, "remote_models", None)
+    return await lister() if lister is not None else []

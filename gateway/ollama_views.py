@@ -10,7 +10,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from adapters.base import Done, LoadedModel, TokenLogprob
+from adapters.base import Done, LoadedModel, ModelInfo, TokenLogprob
 from registry.details import ModelDetails
 from registry.store import LocalModel
 
@@ -126,6 +126,23 @@ def tag_entry(m: LocalModel, d: ModelDetails | None) -> dict[str, Any]:
     name = m.name.display
     return {"name": name, "model": name, "modified_at": local_time(m.modified), "size": m.size,
             "digest": bare_digest(m.digest), "details": details_wire(d)}
+
+
+def remote_details(m: ModelInfo) -> dict[str, Any]:
+    """``details`` of a model served by a remote backend: its type stands in for the format."""
+    return {"parent_model": "", "format": m.owned_by or m.backend, "family": m.family, "families": None,
+            "parameter_size": "", "quantization_level": ""}
+
+
+def remote_tag_entry(m: ModelInfo) -> dict[str, Any]:
+    return {"name": m.name, "model": m.name, "modified_at": local_time(m.modified or time.time()), "size": 0,
+            "digest": "", "details": remote_details(m), "remote_host": m.backend}
+
+
+def remote_show_body(m: ModelInfo) -> dict[str, Any]:
+    return {"license": "", "modelfile": f"# served by a remote {m.owned_by or m.backend} backend\n", "parameters": "",
+            "template": "", "system": "", "details": remote_details(m), "messages": [], "model_info": {},
+            "capabilities": ["completion"], "modified_at": local_time(m.modified or time.time())}
 
 
 def ps_entry(m: LoadedModel, d: ModelDetails | None) -> dict[str, Any]:

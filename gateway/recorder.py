@@ -33,6 +33,7 @@ class Recorder:
 
     async def start(self, backend: Backend, request: GenerationRequest, *, route: str,
                     stream: bool) -> "Generation":
+        request.stream = stream  # a remote adapter asks its backend for one reply when the client wants one
         gen = Generation(self, backend, request, route, stream)
         await gen.prime()
         return gen
@@ -56,7 +57,7 @@ class Generation:
     """Events of one request after the first has arrived; ``done`` is set at the end."""
 
     def __init__(self, recorder: Recorder, backend: Backend, request: GenerationRequest, route: str, stream: bool):
-        self.recorder, self.backend, self.request = recorder, serving_backend(backend, request.options), request
+        self.recorder, self.backend, self.request = recorder, serving_backend(backend, request.options, model=request.model), request
         self.route, self.stream = route, stream
         self.first: StreamEvent | None = None
         self.done: Done | None = None
@@ -106,9 +107,15 @@ class Generation:
         if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
             return
         _, message, _ = to_status_message(exc)
-        self._finish(UsageRecord(source=self.request.source, route=self.route, model=self.request.model,
+        partial: Done | None = getattr(exc, "partial", None)  # a backend that failed mid-stream
+        if partial is not None:
+            record = _record(self, partial, "error")
+            record.error = message
+        else:
+            record = UsageRecord(source=self.request.source, route=self.route, model=self.request.model,
                                  backend=self.backend.name, stream=self.stream, client=self.request.client,
-                                 status="error", error=message))
+                                 status="error", error=message)
+        self._finish(record)
 
     def _finish(self, record: UsageRecord) -> None:
         if self._recorded:
@@ -129,7 +136,8 @@ def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
         source=gen.request.source, route=gen.route, model=gen.request.model, backend=gen.backend.name,
         stream=gen.stream, status=status, client=gen.request.client, finish_reason=done.finish_reason,
         input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
-        cached_input_tokens=done.usage.cached_input_tokens, queue_ms=ms(t.queue), ttft_ms=ms(t.ttft),
+        cached_input_tokens=done.usage.cached_input_tokens, usage_source=done.usage.source,
+        queue_ms=ms(t.queue), ttft_ms=ms(t.ttft),
         tpot_ms=ms(t.tpot), total_ms=ms(t.total),
     )
 

@@ -11,6 +11,7 @@
 | ``INFER_MAX_LOADED_MODELS`` | ``3`` | models kept loaded at once |
 | ``INFER_CONTEXT_LENGTH`` | ``2048`` | default ``num_ctx`` when neither model nor request sets it |
 | ``INFER_ENGINE`` | ``llamacpp`` | in-process engine for store models: ``llamacpp`` or ``native`` |
+| ``INFER_CONFIG`` | — | YAML file with remote ``backends:`` (vLLM, TGI, TensorRT-LLM, Triton, Ollama, llama.cpp, OpenAI) |
 | ``INFER_DATABASE_URL`` | ``sqlite:///$INFER_HOME/usage.db`` | usage ledger (any SQLAlchemy URL) |
 """
 
@@ -56,6 +57,7 @@ class ServerSettings(BaseModel):
     context_length: int = Field(default=2048, ge=16, le=1 << 20)
     engine: Literal["llamacpp", "native"] = Field(default="llamacpp", description="Default in-process engine "
                                                   "(INFER_ENGINE); a request may pick another with the engine option.")
+    config: Path | None = Field(default=None, description="Remote backends file (INFER_CONFIG / --config).")
     max_body_bytes: int = Field(default=32 << 20, ge=1024, description="Largest accepted request body.")
     database_url: str = Field(description="Usage ledger URL (INFER_DATABASE_URL).")
     registry: RegistrySettings
@@ -123,6 +125,8 @@ def _from_env(env: dict[str, str]) -> dict[str, Any]:
         out["origins"] = tuple(env["INFER_ORIGINS"].split(","))
     if env.get("INFER_API_KEYS"):
         out["api_key_hashes"] = frozenset(hash_key(k.strip()) for k in env["INFER_API_KEYS"].split(",") if k.strip())
+    if env.get("INFER_CONFIG"):
+        out["config"] = Path(env["INFER_CONFIG"].strip()).expanduser()
     if env.get("INFER_ENGINE"):
         out["engine"] = env["INFER_ENGINE"].strip()
     if env.get("INFER_KEEP_ALIVE"):

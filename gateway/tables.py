@@ -32,6 +32,8 @@ class UsageRecord(SQLModel):
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int | None = None
+    usage_source: str | None = Field(default=None, description="Who counted the tokens: engine (in-process), "
+                                     "backend (a remote server's report) or estimated (our tokenizer).")
     queue_ms: float | None = None
     ttft_ms: float | None = None
     tpot_ms: float | None = None

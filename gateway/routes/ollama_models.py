@@ -16,7 +16,7 @@ from registry.names import parse_digest
 
 from .. import ollama_views as view
 from ..deps import BackendDep, SettingsDep, StoreDep
-from ..ollama_backend import listing_details, local_details, resolve_local
+from ..ollama_backend import listing_details, local_details, remote_models, resolve_local
 from ..ollama_registry import (Job, copy_model, create_job, progress_stream, pull_job, push_job, receive_blob,
                                run_quietly)
 from ..ollama_schemas import CopyRequest, CreateRequest, ModelRequest, PullRequest, ShowRequest
@@ -26,14 +26,18 @@ router = APIRouter(tags=["ollama"])
 
 
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
-async def tags(store: StoreDep) -> dict:
+async def tags(store: StoreDep, backend: BackendDep) -> dict:
     def listing() -> list[dict]:
         return [view.tag_entry(m, listing_details(store, m.name)) for m in store.list_models()]
-    return {"models": await asyncio.to_thread(listing)}
+    remote = [view.remote_tag_entry(m) for m in await remote_models(backend)]
+    return {"models": await asyncio.to_thread(listing) + remote}
 
 
 @router.post("/api/show")
-async def show(body: ShowRequest, store: StoreDep) -> dict:
+async def show(body: ShowRequest, store: StoreDep, backend: BackendDep) -> dict:
+    for remote in await remote_models(backend):
+        if remote.name == body.model:
+            return view.remote_show_body(remote)
     details = await asyncio.to_thread(local_details, store, body.model, verbose=body.verbose)
     return view.show_body(details)
 

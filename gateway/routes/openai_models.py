@@ -34,6 +34,8 @@ def _canonical(text: str) -> str:
 
 def _model_object(info: ModelInfo) -> dict:
     name = info.name
+    if info.owned_by:
+        return {"id": name, "object": "model", "created": int(info.modified), "owned_by": info.owned_by}
     try:
         owner = parse_name(name, insecure=True).namespace
     except RegistryError:

@@ -21,7 +21,8 @@ from gateway.usage import ModelTotals, UsageRecord, log_usage, recent, totals_by
 
 COLUMNS = ["id", "datetime_utc", "source", "client", "route", "model", "backend", "stream", "status",
            "finish_reason", "input_tokens", "output_tokens", "cached_input_tokens", "queue_ms", "ttft_ms",
-           "tpot_ms", "total_ms", "error"]
+           "tpot_ms", "total_ms", "error", "usage_source"]
+APPLIED = ["m001_requests", "m002_usage_source"]
 
 
 @pytest.fixture
@@ -65,9 +66,9 @@ def test_migrating_an_empty_db_creates_the_exact_schema(engine):
     assert inspector.get_pk_constraint("requests")["constrained_columns"] == ["id"]
     assert sorted((i["name"], i["column_names"]) for i in inspector.get_indexes("requests")) == [
         ("ix_requests_datetime_utc", ["datetime_utc"]), ("ix_requests_model", ["model"])]
-    [(name, applied_at)] = migration_rows(engine)
-    assert name == "m001_requests"
-    assert datetime.fromisoformat(applied_at) > datetime.now(timezone.utc) - timedelta(minutes=1)
+    rows = migration_rows(engine)
+    assert [name for name, _ in rows] == APPLIED
+    assert all(datetime.fromisoformat(at) > datetime.now(timezone.utc) - timedelta(minutes=1) for _, at in rows)
 
 
 def test_migrating_twice_is_a_no_op(engine, reopen):
@@ -80,26 +81,26 @@ def test_migrating_twice_is_a_no_op(engine, reopen):
 def test_an_old_db_upgrades_when_a_migration_is_added(engine, monkeypatch):
     log_usage(engine, record())
 
-    def m002_cost(conn):
+    def m003_cost(conn):
         conn.execute(sa.text("ALTER TABLE requests ADD COLUMN cost_usd FLOAT"))
 
-    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, m002_cost])
-    assert migrations.migrate(engine) == ["m002_cost"]
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, m003_cost])
+    assert migrations.migrate(engine) == ["m003_cost"]
     assert [c["name"] for c in sa.inspect(engine).get_columns("requests")] == [*COLUMNS, "cost_usd"]
-    assert [name for name, _ in migration_rows(engine)] == ["m001_requests", "m002_cost"]
+    assert [name for name, _ in migration_rows(engine)] == [*APPLIED, "m003_cost"]
     assert count(engine) == 1 and recent(engine)[0].model == "qwen2:0.5b"
 
 
 def test_a_failing_migration_leaves_no_trace(engine, monkeypatch):
-    def m002_broken(conn):
+    def m003_broken(conn):
         conn.execute(sa.text("ALTER TABLE requests ADD COLUMN half_done TEXT"))
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, m002_broken])
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, m003_broken])
     with pytest.raises(RuntimeError):
         migrations.migrate(engine)
     assert "half_done" not in [c["name"] for c in sa.inspect(engine).get_columns("requests")]
-    assert [name for name, _ in migration_rows(engine)] == ["m001_requests"]
+    assert [name for name, _ in migration_rows(engine)] == APPLIED
 
 
 def test_sqlite_pragmas_are_on(engine):
@@ -191,7 +192,7 @@ def test_two_threads_writing_to_a_fresh_db(url, reopen):
     run_threads(writer, 2)
     engine = reopen()
     assert count(engine) == 50 and all(ids[0] + ids[1]) and len(set(ids[0] + ids[1])) == 50
-    assert [name for name, _ in migration_rows(engine)] == ["m001_requests"]
+    assert [name for name, _ in migration_rows(engine)] == APPLIED
 
 
 def test_threads_sharing_one_engine(engine):
@@ -217,4 +218,4 @@ def test_two_processes_writing_to_a_fresh_db(url, reopen):
     assert [p.wait(timeout=60) for p in procs] == [0, 0]
     engine = reopen()
     assert [(t.model, t.requests) for t in totals_by_model(engine)] == [("p0", 25), ("p1", 25)]
-    assert [name for name, _ in migration_rows(engine)] == ["m001_requests"]
+    assert [name for name, _ in migration_rows(engine)] == APPLIED

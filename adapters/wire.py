@@ -1,0 +1,60 @@
+"""Reading streamed replies off the wire: server-sent events and NDJSON.
+
+Parsing rules shared by every remote adapter (serving-protocols.md §6): ``data:`` with or without
+the space, ``:`` comment lines and ``event:``/``id:`` fields skipped, events end at a blank line,
+several ``data:`` lines in one event are joined with ``\\n``. A stream that ends without a blank
+line still yields its last event (TGI and Triton close the connection after their final event).
+
+    async for payload in sse_data(response):   # str per event, "[DONE]" included
+        ...
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from .errors import BackendProtocolError
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The ``data`` payload of each server-sent event."""
+    lines: list[str] = []
+    async for line in response.aiter_lines():
+        if not line:
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:
+        yield "\n".join(lines)
+
+
+async def ndjson_objects(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """One JSON object per non-empty line (Ollama's streaming format)."""
+    async for line in response.aiter_lines():
+        if line.strip():
+            yield parse_json(line)
+
+
+def parse_json(text: str | bytes, what: str = "reply") -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        snippet = text[:200] if isinstance(text, str) else text[:200].decode("utf-8", "replace")
+        raise BackendProtocolError(f"malformed {what} from the backend (not JSON): {snippet!r}") from None
+
+
+def parse_object(text: str | bytes, what: str = "event") -> dict[str, Any]:
+    value = parse_json(text, what)
+    if not isinstance(value, dict):
+        raise BackendProtocolError(f"malformed {what} from the backend: expected a JSON object, got {str(value)[:200]!r}")
+    return value

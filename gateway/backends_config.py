@@ -1,0 +1,276 @@
+"""The ``infer serve --config FILE.yaml`` file: remote backends, validated, with errors that point at a line.
+
+    config = load_config("backends.yaml")          # ConfigError: "backends.yaml:7: backends[1].type: ..."
+    settings = config.remote_settings()            # list[RemoteSettings], api keys read from the env
+
+Schema: ``.notes/remote-design.md``. ``routes``, ``slos`` and ``pricing`` are reserved top-level
+keys (the router's issue); they are accepted and ignored here. Any other unknown key is an error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveFloat, PrivateAttr, Tag, ValidationError,
+                      ValidationInfo, field_validator)
+
+from adapters.remote import RemoteSettings, Timeouts
+from adapters.remote_registry import OPENAI_TYPES, REMOTE_TYPES
+
+from .settings import SettingsError
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class ConfigError(SettingsError):
+    """The config file is unusable: ``file:line: field.path: what is wrong``. A SettingsError (so a ValueError),
+    so ``cli.main`` prints it as one line."""
+
+
+class TimeoutMap(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    connect: PositiveFloat | None = None
+    first_byte: PositiveFloat | None = None
+    read: PositiveFloat | None = None
+    total: PositiveFloat | None = None
+
+
+# A number (total seconds) or a mapping; tagged so a bad mapping key is reported as that key.
+def _timeout_kind(value: Any) -> str | None:
+    if isinstance(value, (dict, TimeoutMap)):
+        return "mapping"
+    return "seconds" if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+TimeoutField = Annotated[Annotated[PositiveFloat, Tag("seconds")] | Annotated[TimeoutMap, Tag("mapping")],
+                         Discriminator(_timeout_kind, custom_error_type="timeout", custom_error_message=(
+                             "expected seconds or a mapping of connect, first_byte, read, total"))]
+_UNION_TAGS = {"seconds", "mapping"}
+
+
+class BackendEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    type: str
+    base_url: str
+    model: str | None = Field(default=None, validate_default=True)
+    api_key_env: str | None = None
+    timeout: TimeoutField | None = None
+    max_inflight: int | None = Field(default=None, ge=1)
+    tokenizer: str | None = None
+    mode: Literal["generate", "messages"] | None = None
+    context_length: int | None = Field(default=None, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value):
+            raise ValueError("must be a non-empty name without spaces")
+        return value
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        if value not in REMOTE_TYPES:
+            raise ValueError(f"unknown type '{value}' (choose one of {', '.join(REMOTE_TYPES)})")
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str, info: ValidationInfo) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"'{value}' is not an http(s) URL; use http://host:port")
+        url = value.strip().rstrip("/")
+        kind = info.data.get("type")
+        if url.endswith("/v1") and kind is not None:
+            if kind not in OPENAI_TYPES:
+                raise ValueError(f"give the server root for type {kind}, without /v1 (a trailing /v1 is only "
+                                 f"accepted for {', '.join(sorted(OPENAI_TYPES))})")
+            url = url[:-3].rstrip("/")
+        return url
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str | None, info: ValidationInfo) -> str | None:
+        kind = info.data.get("type")
+        if value is None and kind == "triton":
+            return "ensemble"
+        if not value and kind is not None:
+            raise ValueError(f"required for type {kind}: the backend's own model name")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.fullmatch(value):
+            raise ValueError(f"'{value}' is not an environment variable name")
+        return value
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            path = Path((info.context or {}).get("base_dir", ".")) / path
+        if not path.is_file():
+            raise ValueError(f"tokenizer file {path} not found")
+        return str(path.resolve())
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str | None, info: ValidationInfo) -> str | None:
+        kind = info.data.get("type")
+        if value is not None and kind is not None and kind != "tgi":
+            raise ValueError(f"only the tgi type has a mode (this entry is {kind})")
+        return value
+
+    def timeouts(self) -> Timeouts:
+        """A number is the total; first_byte and read never exceed it."""
+        default = Timeouts()
+        if self.timeout is None:
+            return default
+        if isinstance(self.timeout, TimeoutMap):
+            return Timeouts(**{k: v for k, v in self.timeout.model_dump().items() if v is not None})
+        total = float(self.timeout)
+        return Timeouts(connect=min(default.connect, total), first_byte=min(default.first_byte, total),
+                        read=min(default.read, total), total=total)
+
+
+class GatewayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backends: list[BackendEntry] = Field(min_length=1)
+    # Reserved for the router (next issue): accepted so configs can carry them, not read yet.
+    routes: Any = None
+    slos: Any = None
+    pricing: Any = None
+
+    _source: str | None = PrivateAttr(default=None)
+    _root: yaml.Node | None = PrivateAttr(default=None)
+
+    def remote_settings(self, env: Mapping[str, str] = os.environ) -> list[RemoteSettings]:
+        return [self._settings(i, entry, env) for i, entry in enumerate(self.backends)]
+
+    def _settings(self, index: int, entry: BackendEntry, env: Mapping[str, str]) -> RemoteSettings:
+        api_key = None
+        if entry.api_key_env:
+            api_key = env.get(entry.api_key_env)
+            if not api_key:
+                state = "is empty" if entry.api_key_env in env else "is not set"
+                raise ConfigError(self.where(("backends", index, "api_key_env"))
+                                  + f"environment variable {entry.api_key_env} {state}")
+        return RemoteSettings(name=entry.name, type=entry.type, base_url=entry.base_url, model=entry.model or "",
+                              api_key=api_key, timeouts=entry.timeouts(), max_inflight=entry.max_inflight,
+                              tokenizer=entry.tokenizer, mode=entry.mode, context_length=entry.context_length)
+
+    def where(self, loc: tuple[Any, ...]) -> str:
+        """``file:line: field.path: `` for a field (file and line only when loaded from a file)."""
+        line = f"{self._source}:{line_of(self._root, loc)}: " if self._source else ""
+        return f"{line}{field_path(loc)}: "
+
+
+def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {source} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {source}: {exc}") from None
+    root, data = _parse(source, text)
+    if data is None:
+        raise ConfigError(f"{source}: the file is empty; it needs a 'backends:' list")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}:{line_of(root, ())}: the top level must be a mapping with a 'backends:' list")
+    try:
+        config = GatewayConfig.model_validate(data, context={"base_dir": Path(path).parent})
+    except ValidationError as exc:
+        err = min(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")  # a typo explains a "missing"
+        raise ConfigError(f"{source}:{line_of(root, err['loc'])}: {field_path(err['loc'])}: {_reason(err)}") from None
+    config._source, config._root = source, root
+    _check_unique_names(config)
+    return config
+
+
+def _parse(source: str, text: str) -> tuple[yaml.Node | None, Any]:
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        return root, (loader.construct_document(root) if root is not None else None)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise ConfigError(f"{source}:{line}: invalid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _check_unique_names(config: GatewayConfig) -> None:
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(config.backends):
+        if entry.name in seen:
+            raise ConfigError(config.where(("backends", i, "name"))
+                              + f"duplicate name '{entry.name}' (backends[{seen[entry.name]}] has it too)")
+        seen[entry.name] = i
+
+
+def _reason(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    if kind == "value_error":
+        return str(err["ctx"]["error"])
+    if kind in ("model_type", "dict_type"):
+        return "expected a mapping of key: value lines"
+    if kind == "extra_forbidden":
+        known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields]
+        close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
+        return "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "too_short" and err["loc"] == ("backends",):
+        return "the list is empty; add at least one backend"
+    return err["msg"]
+
+
+def _clean(loc: tuple[Any, ...]) -> list[Any]:
+    """``loc`` without the tags pydantic adds for the timeout union."""
+    return [part for i, part in enumerate(loc) if not (part in _UNION_TAGS and i and loc[i - 1] == "timeout")]
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in _clean(loc):
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+    """1-based line of the node ``loc`` names, or of the deepest mapping/list on the way (a missing key)."""
+    if root is None:
+        return 1
+    node, line = root, root.start_mark.line + 1
+    for part in _clean(loc):
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == part), None)
+            if match is None:
+                break
+            line, node = match[0].start_mark.line + 1, match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
