@@ -1,0 +1,68 @@
+"""llama.cpp's HTTP server: ``llama-server``, or llama-cpp-python's ``python -m llama_cpp.server``.
+
+OpenAI-compatible, plus llama.cpp's sampling fields (``top_k``, ``min_p``, ``repeat_penalty``) and
+its ``timings`` object (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``), which gives the
+server-measured prompt and generation times and, when no ``usage`` came, the token counts.
+``health()`` asks ``/health`` (llama-server; llama-cpp-python has none, so ``/v1/models`` stands in)
+and reads ``/slots`` when the server exposes it (501 when disabled).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from .base import Health, Usage
+from .openai_compat import OpenAICompatBackend
+from .remote import Turn
+from .remote_registry import register_remote
+
+
+class LlamaCppServerBackend(OpenAICompatBackend):
+    type: ClassVar[str] = "llamacpp-server"
+    health_path: ClassVar[str] = "/health"
+    EXTENSIONS: ClassVar[dict[str, str]] = {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repeat_penalty"}
+
+    def read_event(self, event: dict[str, Any], turn: Turn, *, delta: bool) -> str:
+        text = super().read_event(event, turn, delta=delta)
+        timings = event.get("timings")
+        if isinstance(timings, dict):
+            read_timings(timings, turn)
+        return text
+
+    async def health(self) -> Health:
+        health = await super().health()
+        if health.detail.endswith("answered 404"):  # llama-cpp-python: no /health route
+            health = await self._models_health()
+        if health.ok:
+            health.metrics = await self.slots()
+        return health
+
+    async def _models_health(self) -> Health:
+        response = await self.client.get("/v1/models", headers=self.headers())
+        ok = response.status_code == 200
+        return Health(ok=ok, detail="ok" if ok else f"/v1/models answered {response.status_code}",
+                      latency_ms=response.elapsed.total_seconds() * 1000)
+
+    async def slots(self) -> dict[str, float]:
+        try:
+            response = await self.client.get("/slots", headers=self.headers())
+            slots = response.json() if response.status_code == 200 else None
+        except Exception:  # advisory only; 501/404 when the endpoint is off or absent
+            return {}
+        if not isinstance(slots, list):
+            return {}
+        busy = sum(1 for s in slots if isinstance(s, dict) and (s.get("is_processing") or s.get("state") == 1))
+        return {"slots_total": float(len(slots)), "requests_running": float(busy)}
+
+
+def read_timings(timings: dict[str, Any], turn: Turn) -> None:
+    if "prompt_ms" in timings:
+        turn.prompt_eval = float(timings["prompt_ms"]) / 1000
+    if "predicted_ms" in timings:
+        turn.eval = float(timings["predicted_ms"]) / 1000
+    if turn.reported is None and "predicted_n" in timings:
+        turn.reported = Usage(input_tokens=int(timings.get("prompt_n") or 0),
+                              output_tokens=int(timings["predicted_n"]), source="backend")
+
+
+register_remote("llamacpp", LlamaCppServerBackend)

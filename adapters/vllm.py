@@ -1,0 +1,46 @@
+"""vLLM's OpenAI-compatible server (serving-protocols.md §1).
+
+Generation is the OpenAI adapter's, plus vLLM's sampling extensions (``top_k``, ``min_p``,
+``repetition_penalty``, ``ignore_eos``). ``health()`` adds the scheduler's load from ``/metrics``:
+``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``
+(``vllm:gpu_cache_usage_perc`` on servers older than 0.9), for the router to use.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from .base import Health
+from .metrics_scrape import scrape
+from .openai_compat import OpenAICompatBackend
+from .remote_registry import register_remote
+
+METRICS = {"vllm:num_requests_running": "requests_running", "vllm:num_requests_waiting": "requests_waiting",
+           "vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:gpu_cache_usage_perc": "kv_cache_usage"}
+
+
+class VLLMBackend(OpenAICompatBackend):
+    type: ClassVar[str] = "vllm"
+    health_path: ClassVar[str] = "/health"
+    EXTENSIONS: ClassVar[dict[str, str]] = {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repetition_penalty",
+                                            "ignore_eos": "ignore_eos"}
+
+    async def health(self) -> Health:
+        health = await super().health()
+        if health.ok:
+            health.metrics = await self.load_metrics()
+        return health
+
+    async def load_metrics(self) -> dict[str, float]:
+        """The scheduler's queue and KV usage; empty when ``/metrics`` is off or unreadable."""
+        try:
+            response = await self.client.get("/metrics", headers=self.headers())
+            if response.status_code != 200:
+                return {}
+            return scrape(response.text, METRICS, {"model_name": self.settings.model},
+                          ratios=frozenset({"kv_cache_usage"}))
+        except Exception:  # load signals are advisory: a broken page must not fail the health check
+            return {}
+
+
+register_remote("vllm", VLLMBackend)
