@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import typer
 
+from gateway.backends_config import load_config
 from gateway.durations import parse_duration
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
@@ -22,6 +24,9 @@ def serve(
     context_length: int = typer.Option(None, "--context-length", help="Default num_ctx (INFER_CONTEXT_LENGTH)."),
     engine: str = typer.Option(None, "--engine", help="In-process engine for store models: llamacpp or native "
                                "(INFER_ENGINE); a request's \"engine\" option overrides it."),
+    config: Path = typer.Option(None, "--config", help="YAML file listing remote backends (vLLM, TGI, "
+                                "TensorRT-LLM, Triton, Ollama, llama.cpp, OpenAI) served next to the store's models "
+                                "(INFER_CONFIG)."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Start the API server (Ollama /api/* and OpenAI /v1/*)."""
@@ -30,16 +35,19 @@ def serve(
     from gateway.app import create_app
 
     overrides = {"database_url": db, "num_parallel": num_parallel, "context_length": context_length,
-                 "engine": engine}
+                 "engine": engine, "config": config}
     try:
         if host:
             overrides["host"], overrides["port"] = parse_host(host)
         if keep_alive:
             overrides["keep_alive"] = parse_duration(keep_alive)
         settings = ServerSettings.from_env(**overrides)
+        backends = load_config(settings.config).remote_settings() if settings.config else []
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     typer.echo(f"infer serve listening on {settings.base_url} (models: {settings.registry.models})", err=True)
+    for entry in backends:
+        typer.echo(f"  {entry.name} -> {entry.type} {entry.base_url} ({entry.model})", err=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level.lower(),
                 timeout_graceful_shutdown=5)
