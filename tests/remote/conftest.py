@@ -1,0 +1,90 @@
+"""Real servers for the remote adapters: llama-cpp-python's OpenAI-compatible server and
+``infer serve`` itself, each a subprocess on a free loopback port serving the tiny test model.
+
+``gateway_for(backends)`` starts an ``infer serve --config`` (through ``INFER_CONFIG``) whose
+config lists ``backends``; it stops at the end of the test module.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.gateway.conftest import LiveServer, free_port, start_server, stop_server
+
+
+@dataclass
+class LlamaServer:
+    url: str
+    model: str
+    gguf: Path
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def tiny_gguf(tiny_store) -> Path:
+    return tiny_store.root.parent / "tiny-qwen2.gguf"
+
+
+def start_llama_server(gguf: Path, tmp: Path, alias: str = "tiny-gguf") -> LlamaServer:
+    port = free_port()
+    log_path = tmp / "llama-server.log"
+    args = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", alias,
+            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--verbose", "false",
+            "--n_threads", "1"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    server = LlamaServer(f"http://127.0.0.1:{port}", alias, gguf, proc, log_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama_cpp.server exited early:\n{server.log()}")
+        try:
+            if httpx.get(server.url + "/v1/models", timeout=1.0).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"llama_cpp.server did not start:\n{server.log()}")
+
+
+@pytest.fixture(scope="session")
+def llama_server(tiny_store, tmp_path_factory) -> Iterator[LlamaServer]:
+    server = start_llama_server(tiny_gguf(tiny_store), tmp_path_factory.mktemp("llama-server"))
+    try:
+        yield server
+    finally:
+        server.process.terminate()
+        try:
+            server.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+
+
+@pytest.fixture(scope="module")
+def gateway_for(tiny_store, tmp_path_factory):
+    """``gateway_for(backends) -> LiveServer``: an infer serve with that ``backends:`` list."""
+    started: list[LiveServer] = []
+
+    def start(backends: list[dict]) -> LiveServer:
+        tmp = tmp_path_factory.mktemp("gateway")
+        config = tmp / "backends.yaml"
+        config.write_text(yaml.safe_dump({"backends": backends}, sort_keys=False))
+        server = start_server(tmp, tiny_store.root, INFER_CONFIG=str(config))
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        stop_server(server)
