@@ -99,7 +99,11 @@ class Turn:
     def usage(self) -> Usage:
         reported = self.reported
         if reported is not None and (reported.output_tokens > 0 or not self.text):
-            return reported
+            if reported.input_tokens or reported.output_tokens == 0:
+                return reported
+            # Output reported but no input count (Ollama omits zero fields; TGI's /generate has none).
+            return Usage(input_tokens=self.counter.prompt_tokens(self.request), output_tokens=reported.output_tokens,
+                         cached_input_tokens=reported.cached_input_tokens, source="estimated")
         estimate = Usage(input_tokens=self.counter.prompt_tokens(self.request),
                          output_tokens=max(self.counter.count(self.text), 1) if self.text else 0, source="estimated")
         if reported is not None and reported.input_tokens:  # keep the backend's input count
