@@ -16,7 +16,7 @@ from .behaviour import Behaviour
 class RunningServer:
     """A started fake backend: ``url`` (no trailing slash), ``behaviour``, ``kind``, ``stop()``."""
 
-    def __init__(self, kind: str, app: Starlette, behaviour: Behaviour):
+    def __init__(self, kind: str, app: Starlette, behaviour: Behaviour, lifespan: str = "off"):
         self.kind, self.behaviour = kind, behaviour
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -24,7 +24,7 @@ class RunningServer:
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, log_level="warning", log_config=None, access_log=False, http="h11",
-                                lifespan="off", timeout_graceful_shutdown=1)
+                                lifespan=lifespan, timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
                                         name=f"fake-{kind}", daemon=True)
