@@ -28,6 +28,7 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/pull.py
 	$(BIN)/python bench/gateway.py --runs 5
 	$(BIN)/python bench/native.py --json .bench/native/results.json
+	$(BIN)/python bench/remote.py --json .bench/remote/results.json
 
 clean:
 	rm -rf .demo .bench .pytest_cache
