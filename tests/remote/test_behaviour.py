@@ -229,3 +229,22 @@ def test_unreachable_backend():
                                            model="m"))
     error, _ = failure(backend, request_for("vllm"))
     assert isinstance(error, BackendUnavailable) and "unreachable" in error.message
+
+
+@pytest.mark.parametrize("kind", ["vllm", "trtllm"])
+def test_health_carries_the_schedulers_load(kind):
+    """vLLM's Prometheus gauges and trtllm-serve's JSON iteration stats, as one set of keys for routing."""
+    with start_server(kind) as server:
+        server.behaviour.running, server.behaviour.waiting, server.behaviour.kv_usage = 2, 3, 0.25
+        backend = create_remote(RemoteSettings(name="pub", type=kind, base_url=server.url,
+                                               model=server.behaviour.models[0]))
+
+        async def run():
+            try:
+                return await backend.health()
+            finally:
+                await backend.aclose()
+        health = asyncio.run(run())
+    assert health.ok
+    assert health.metrics["requests_running"] == 2 and health.metrics["requests_waiting"] == 3
+    assert health.metrics["kv_cache_usage"] == pytest.approx(0.25, abs=0.01)
