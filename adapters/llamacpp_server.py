@@ -33,8 +33,6 @@ class LlamaCppServerBackend(OpenAICompatBackend):
         health = await super().health()
         if health.detail.endswith("answered 404"):  # llama-cpp-python: no /health route
             health = await self._models_health()
-        if health.ok:
-            health.metrics = await self.slots()
         return health
 
     async def _models_health(self) -> Health:
@@ -43,7 +41,8 @@ class LlamaCppServerBackend(OpenAICompatBackend):
         return Health(ok=ok, detail="ok" if ok else f"/v1/models answered {response.status_code}",
                       latency_ms=response.elapsed.total_seconds() * 1000)
 
-    async def slots(self) -> dict[str, float]:
+    async def load_metrics(self) -> dict[str, float]:
+        """Busy slots from ``/slots`` (llama-server; 501 when disabled, absent in llama-cpp-python)."""
         try:
             response = await self.client.get("/slots", headers=self.headers())
             slots = response.json() if response.status_code == 200 else None

@@ -33,6 +33,7 @@ from .base import Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo
 from .errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, BackendUnavailable,
                      InvalidRequest)
 from .http_errors import error_from_status, map_transport_error
+from .metrics_scrape import scrape
 from .token_count import TokenCounter, load_counter
 from .wire import parse_json
 
@@ -212,8 +213,25 @@ class RemoteBackend:
             return Health(ok=False, detail=self.to_error(exc).message)
         latency = (time.perf_counter() - t0) * 1000
         ok = response.status_code == 200
-        return Health(ok=ok, detail="ok" if ok else f"{self.health_path} answered {response.status_code}",
-                      latency_ms=latency)
+        health = Health(ok=ok, detail="ok" if ok else f"{self.health_path} answered {response.status_code}",
+                        latency_ms=latency)
+        if ok:
+            health.metrics = await self.load_metrics()
+        return health
+
+    async def load_metrics(self) -> dict[str, float]:
+        """Load signals for routing (requests_running, requests_waiting, kv_cache_usage); {} when unknown."""
+        return {}
+
+    async def prometheus_metrics(self, names: dict[str, str], labels: dict[str, str] | None = None,
+                                 ratios: frozenset[str] = frozenset()) -> dict[str, float]:
+        """``names`` scraped from the backend's Prometheus ``/metrics``; {} when it is off or unreadable
+        (load signals are advisory: a broken page must not fail the health check)."""
+        try:
+            response = await self.client.get("/metrics", headers=self.headers())
+            return scrape(response.text, names, labels, ratios) if response.status_code == 200 else {}
+        except Exception:
+            return {}
 
     async def list_models(self) -> list[ModelInfo]:
         return [ModelInfo(name=self.settings.name, backend=self.type, family=self.type,

@@ -19,10 +19,9 @@ from typing import Any
 
 import httpx
 
-from .base import Chunk, GenerationRequest, Health, Usage
+from .base import Chunk, GenerationRequest, Usage
 from .errors import BackendError, BackendProtocolError, BackendUnavailable, InvalidRequest
 from .http_errors import error_from_status
-from .metrics_scrape import scrape
 from .openai_compat import OpenAICompatBackend
 from .remote import RemoteBackend, Turn, error_message, message_of
 from .prompt_text import chat_spec, is_greedy, render_prompt, token_budget, translate
@@ -143,19 +142,9 @@ class TGIBackend(RemoteBackend):
         info = await self.get_json("/info")
         return [str(info["model_id"])] if isinstance(info, dict) and info.get("model_id") else []
 
-    async def health(self) -> Health:
-        health = await super().health()
-        if health.ok:
-            health.metrics = await self.load_metrics()
-        return health
-
     async def load_metrics(self) -> dict[str, float]:
-        """Queue and batch sizes from /metrics; never fails (a missing /metrics is not ill health)."""
-        try:
-            response = await self.client.get("/metrics", headers=self.headers())
-            return scrape(response.text, _LOAD_METRICS) if response.status_code == 200 else {}
-        except Exception:
-            return {}
+        """Queue and batch sizes from /metrics."""
+        return await self.prometheus_metrics(_LOAD_METRICS)
 
 
 class MessagesAPI(OpenAICompatBackend):

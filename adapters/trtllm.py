@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .base import Health
 from .openai_compat import OpenAICompatBackend
 from .remote_registry import register_remote
 
@@ -22,12 +21,6 @@ class TrtLLMBackend(OpenAICompatBackend):
     health_path: ClassVar[str] = "/health"
     EXTENSIONS: ClassVar[dict[str, str]] = {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repetition_penalty",
                                             "ignore_eos": "ignore_eos"}
-
-    async def health(self) -> Health:
-        health = await super().health()
-        if health.ok:
-            health.metrics = await self.load_metrics()
-        return health
 
     async def load_metrics(self) -> dict[str, float]:
         try:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .base import Health
-from .metrics_scrape import scrape
 from .openai_compat import OpenAICompatBackend
 from .remote_registry import register_remote
 
@@ -25,22 +23,9 @@ class VLLMBackend(OpenAICompatBackend):
     EXTENSIONS: ClassVar[dict[str, str]] = {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repetition_penalty",
                                             "ignore_eos": "ignore_eos"}
 
-    async def health(self) -> Health:
-        health = await super().health()
-        if health.ok:
-            health.metrics = await self.load_metrics()
-        return health
-
     async def load_metrics(self) -> dict[str, float]:
-        """The scheduler's queue and KV usage; empty when ``/metrics`` is off or unreadable."""
-        try:
-            response = await self.client.get("/metrics", headers=self.headers())
-            if response.status_code != 200:
-                return {}
-            return scrape(response.text, METRICS, {"model_name": self.settings.model},
-                          ratios=frozenset({"kv_cache_usage"}))
-        except Exception:  # load signals are advisory: a broken page must not fail the health check
-            return {}
+        return await self.prometheus_metrics(METRICS, {"model_name": self.settings.model},
+                                             ratios=frozenset({"kv_cache_usage"}))
 
 
 register_remote("vllm", VLLMBackend)

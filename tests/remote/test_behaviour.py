@@ -168,18 +168,21 @@ def test_first_byte_timeout(remote):
     error, _ = failure(remote(timeouts=Timeouts(first_byte=0.3)), request_for(remote.name))
     assert isinstance(error, BackendTimeout) and "first_byte" in error.message
     assert time.perf_counter() - t0 < 2.0
+    assert remote.server.behaviour.wait_for(lambda b: b.disconnects == 1, timeout=5.0)  # we hung up on it
 
 
 def test_total_timeout(remote):
     remote.server.behaviour.token_delay = 0.2
     error, seen = failure(remote(timeouts=Timeouts(total=0.5)), request_for(remote.name, options={"num_predict": 30}))
     assert isinstance(error, BackendTimeout) and "total" in error.message and 0 < len(seen) < 30
+    assert remote.server.behaviour.wait_for(lambda b: b.disconnects == 1, timeout=5.0)
 
 
 def test_read_timeout(remote):
     remote.server.behaviour.token_delay = 1.5
     error, _ = failure(remote(timeouts=Timeouts(read=0.3)), request_for(remote.name))
     assert isinstance(error, BackendTimeout)
+    assert remote.server.behaviour.wait_for(lambda b: b.disconnects == 1, timeout=5.0)
 
 
 def test_client_gone_reaches_the_backend_and_usage_is_reported(remote):
