@@ -30,8 +30,7 @@ from typing import Any, ClassVar
 import httpx
 
 from .base import Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings, Usage
-from .errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, BackendUnavailable,
-                     InvalidRequest)
+from .errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
 from .http_errors import error_from_status, map_transport_error
 from .metrics_scrape import scrape
 from .token_count import TokenCounter, load_counter
@@ -353,5 +352,4 @@ def _loop_time(perf_deadline: float) -> float:
     return asyncio.get_running_loop().time() + (perf_deadline - time.perf_counter())
 
 
-__all__ = ["RemoteBackend", "RemoteSettings", "Timeouts", "Turn", "error_message", "make_client", "message_of",
-           "BackendUnavailable"]
+__all__ = ["RemoteBackend", "RemoteSettings", "Timeouts", "Turn", "error_message", "make_client", "message_of"]
