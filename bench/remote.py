@@ -60,6 +60,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from noise import wait_idle  # noqa: E402  (bench/ is the script's directory)
 from registry.modelbuilder import PRESETS, build_gguf
 from tests.gateway.conftest import free_port, server_env
 
@@ -75,24 +76,6 @@ def gguf_for(preset: str, dtype: str) -> Path:
             return cached
     print(f"building {name} (random weights) ...", flush=True)
     return build_gguf(WORK / name, PRESETS[preset], dtype=dtype, seed=0)
-
-
-def busy_ticks() -> int:
-    with open("/proc/stat") as f:  # user nice system idle iowait irq softirq steal
-        return sum(int(v) for i, v in enumerate(f.readline().split()[1:9]) if i not in (3, 4))
-
-
-def wait_idle(limit_s: float, threshold: float = 0.25) -> float:
-    """As bench/native.py: wait (up to ``limit_s``) for a 2 s window with < ``threshold`` cores busy
-    (the whole machine: nothing of ours runs yet); returns the last reading."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        a = busy_ticks()
-        time.sleep(2.0)
-        busy = (busy_ticks() - a) / os.sysconf("SC_CLK_TCK") / 2.0
-        if busy < threshold or time.monotonic() > deadline:
-            return busy
-        print(f"  (machine busy: {busy:.2f} cores in use by others; waiting)", flush=True)
 
 
 def spawn(procs: list, args: list[str], log: Path, ready_url: str, env: dict | None = None) -> None:
