@@ -31,15 +31,9 @@ class LlamaCppServerBackend(OpenAICompatBackend):
 
     async def health(self) -> Health:
         health = await super().health()
-        if health.detail.endswith("answered 404"):  # llama-cpp-python: no /health route
-            health = await self._models_health()
+        if health.detail == f"{self.health_path} answered 404":  # llama-cpp-python: no /health route
+            return await self.probe("/v1/models")
         return health
-
-    async def _models_health(self) -> Health:
-        response = await self.client.get("/v1/models", headers=self.headers())
-        ok = response.status_code == 200
-        return Health(ok=ok, detail="ok" if ok else f"/v1/models answered {response.status_code}",
-                      latency_ms=response.elapsed.total_seconds() * 1000)
 
     async def load_metrics(self) -> dict[str, float]:
         """Busy slots from ``/slots`` (llama-server; 501 when disabled, absent in llama-cpp-python)."""

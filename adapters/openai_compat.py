@@ -122,10 +122,7 @@ class OpenAICompatBackend(RemoteBackend):
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
         t0 = time.perf_counter()
-        try:
-            reply = await self.post_json("/v1/embeddings", {"model": self.settings.model, "input": inputs})
-        except Exception as exc:
-            raise self.to_error(exc) from exc
+        reply = await self.post_json("/v1/embeddings", {"model": self.settings.model, "input": inputs})
         rows = sorted(reply.get("data") or [], key=lambda d: d.get("index", 0))
         vectors = [row.get("embedding") for row in rows]
         if len(vectors) != len(inputs) or not all(isinstance(v, list) for v in vectors):

@@ -205,18 +205,21 @@ class RemoteBackend:
         return BackendProtocolError(f"{self.where} sent a reply we cannot read ({type(exc).__name__}: {exc})")
 
     async def health(self) -> Health:
-        t0 = time.perf_counter()
-        try:
-            response = await self.client.get(self.health_path, headers=self.headers())
-        except Exception as exc:
-            return Health(ok=False, detail=self.to_error(exc).message)
-        latency = (time.perf_counter() - t0) * 1000
-        ok = response.status_code == 200
-        health = Health(ok=ok, detail="ok" if ok else f"{self.health_path} answered {response.status_code}",
-                        latency_ms=latency)
-        if ok:
+        health = await self.probe(self.health_path)
+        if health.ok:
             health.metrics = await self.load_metrics()
         return health
+
+    async def probe(self, path: str) -> Health:
+        """``GET path``: healthy on a 200, with the round trip's latency."""
+        t0 = time.perf_counter()
+        try:
+            response = await self.client.get(path, headers=self.headers())
+        except Exception as exc:
+            return Health(ok=False, detail=self.to_error(exc).message)
+        ok = response.status_code == 200
+        return Health(ok=ok, detail="ok" if ok else f"{path} answered {response.status_code}",
+                      latency_ms=(time.perf_counter() - t0) * 1000)
 
     async def load_metrics(self) -> dict[str, float]:
         """Load signals for routing (requests_running, requests_waiting, kv_cache_usage); {} when unknown."""

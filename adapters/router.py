@@ -52,6 +52,8 @@ class ModelRouter:
             self.details(model)
 
     def details(self, model: str):
+        """Raises ModelNotFound for a model nobody serves (Ollama's load/unload check); a remote
+        model has no local details, so its backend stands in."""
         if model in self.remotes:
             return self.remotes[model]
         if self.local is None:
@@ -66,8 +68,7 @@ class ModelRouter:
         return local + await self.remote_models()
 
     async def loaded_models(self) -> list[LoadedModel]:
-        backends = ([self.local] if self.local is not None else []) + list(self.remotes.values())
-        found = await asyncio.gather(*(b.loaded_models() for b in backends), return_exceptions=True)
+        found = await asyncio.gather(*(b.loaded_models() for _, b in self._all()), return_exceptions=True)
         return [m for models in found if isinstance(models, list) for m in models]
 
     async def unload(self, model: str) -> bool:
@@ -81,10 +82,13 @@ class ModelRouter:
                       detail="; ".join(f"{n}: {h.detail}" for n, h in checks.items()))
 
     async def health_by_name(self) -> dict[str, Health]:
-        names = (["local"] if self.local is not None else []) + list(self.remotes)
-        backends = ([self.local] if self.local is not None else []) + list(self.remotes.values())
-        return dict(zip(names, await asyncio.gather(*(b.health() for b in backends))))
+        named = self._all()
+        return dict(zip([n for n, _ in named], await asyncio.gather(*(b.health() for _, b in named))))
 
     async def aclose(self) -> None:
-        for backend in [*self.remotes.values(), *([self.local] if self.local is not None else [])]:
+        for _, backend in self._all():
             await backend.aclose()
+
+    def _all(self) -> list[tuple[str, Backend]]:
+        """Every backend by name: ``local`` for the store's engines, then the remotes."""
+        return ([("local", self.local)] if self.local is not None else []) + list(self.remotes.items())
