@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .utils.context import Context, reset_context, set_context
+from .forward_context import Context
 
 
 def batch_buckets(max_bs: int) -> list[int]:
@@ -41,14 +41,13 @@ class DecodeGraphs:
         pool = None
         for bs in reversed(self.buckets):  # largest first; the others reuse its memory pool
             graph = torch.cuda.CUDAGraph()
-            set_context(self._context(bs))
-            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])  # warm-up
+            ctx = self._context(bs)
+            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], ctx)  # warm-up
             with torch.cuda.graph(graph, pool):
-                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], ctx)
             pool = pool or graph.pool()
             self.graphs[bs] = graph
             torch.cuda.synchronize()
-            reset_context()
 
     def can_run(self, ctx: Context, num_tokens: int) -> bool:
         return (not ctx.prefills and num_tokens == ctx.num_decode_tokens and 0 < num_tokens <= self.max_bs

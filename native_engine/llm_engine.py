@@ -47,7 +47,6 @@ class LLMEngine:
         self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
         self.model_runner.allocate_kv_cache(self._kv_budget())
         self.model_runner.capture_cudagraphs(self.max_model_len)
-        Sequence.block_size = config.block_size
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
         self.requests: dict[str, _Request] = {}
@@ -85,7 +84,8 @@ class LLMEngine:
         token_ids = self._encode(prompt)
         self._check_prompt(token_ids, params)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
-        seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority)
+        seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority,
+                       block_size=self.config.block_size)
         self.scheduler.add(seq)
         request = _Request(request_id, token_ids, params, RequestMetrics(arrival))
         self.requests[request_id] = request

@@ -14,7 +14,7 @@ from .layers.attention import Attention
 from .layers.linear import use_small_batch_weights
 from .layers.sampler import SampledToken, Sampler, SamplingRow
 from .models import model_class
-from .utils.context import Context, PrefillChunk, reset_context, set_context
+from .forward_context import Context, PrefillChunk
 from .utils.loader import load_weights
 
 
@@ -137,15 +137,11 @@ class ModelRunner:
         self.copy_blocks(list(blocks_to_copy))
         ordered = decode_first(scheduled)
         input_ids, positions, ctx = self.prepare_inputs(ordered)
-        set_context(ctx)
-        try:
-            if self.graphs is not None and self.graphs.can_run(ctx, len(input_ids)):
-                hidden = self.graphs.run(input_ids, positions, ctx)
-            else:
-                hidden = self.model(input_ids, positions)
-            logits = self.model.compute_logits(hidden)
-        finally:
-            reset_context()
+        if self.graphs is not None and self.graphs.can_run(ctx, len(input_ids)):
+            hidden = self.graphs.run(input_ids, positions, ctx)
+        else:
+            hidden = self.model(input_ids, positions, ctx)
+        logits = self.model.compute_logits(hidden, ctx)
         rows = [(s.seq, i) for s in ordered if s.should_sample for i in range(s.num_samples)]
         sampled = self.sampler(logits.repeat_interleave(self._counts(ordered), dim=0) if len(rows) > len(logits)
                                else logits, [self._sampling_row(seq, i) for seq, i in rows])
@@ -159,12 +155,8 @@ class ModelRunner:
         """Logits at every position of one prompt ([n, V] float32), computed without the KV cache."""
         n = len(token_ids)
         ctx = Context(prefills=[PrefillChunk(0, n, n, torch.empty(0, dtype=torch.int32))])
-        set_context(ctx)
-        try:
-            ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-            return self.model.compute_logits(self.model(ids, torch.arange(n, device=self.device)))
-        finally:
-            reset_context()
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        return self.model.compute_logits(self.model(ids, torch.arange(n, device=self.device), ctx), ctx)
 
     def _counts(self, ordered: list) -> torch.Tensor:
         return torch.tensor([s.num_samples for s in ordered if s.should_sample], device=self.device)

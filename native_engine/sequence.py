@@ -20,7 +20,6 @@ class SequenceStatus(Enum):
 
 @dataclass(slots=True, eq=False)
 class Sequence:
-    block_size: ClassVar[int] = 16  # set by the engine
     counter: ClassVar[Iterator[int]] = itertools.count()
 
     token_ids: list[int]
@@ -29,6 +28,7 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0  # lower = sooner
     sample_index: int = 0  # which of the request's n samples; forked children get 1..n-1
+    block_size: int = 16  # the engine's KV block size (per engine: two engines may differ)
     seq_id: int = field(init=False)
     status: SequenceStatus = field(init=False, default=SequenceStatus.WAITING)
     num_prompt_tokens: int = field(init=False)
@@ -99,7 +99,8 @@ class Sequence:
     def fork(self, sample_index: int) -> Sequence:
         """A value copy with a new seq_id; BlockManager.fork must then take references on the blocks."""
         child = Sequence(
-            self.token_ids, self.sampling_params, self.request_id, self.arrival_time, self.priority, sample_index
+            self.token_ids, self.sampling_params, self.request_id, self.arrival_time, self.priority, sample_index,
+            self.block_size,
         )
         child.num_prompt_tokens = self.num_prompt_tokens
         child.status = self.status

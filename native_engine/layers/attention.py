@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import paged_attention_decode, reshape_and_cache
-from ..utils.context import PrefillChunk, get_context
+from ..forward_context import Context, PrefillChunk
 
 
 def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -39,9 +39,8 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context) -> torch.Tensor:
         # q: [T, nh * D]; k, v: [T, nkv * D] -> [T, nh * D]
-        ctx = get_context()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)

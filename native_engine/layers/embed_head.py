@@ -4,7 +4,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils.context import get_context
 from .linear import Linear
 
 
@@ -23,8 +22,8 @@ class LMHead(Linear):
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__(hidden_size, vocab_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, H] -> [S, V] float32
-        indices = get_context().sample_indices
+    def forward(self, x: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor:
+        # x: [T, H] -> [S, V] float32, S = len(indices) (all rows when None)
         if indices is not None:
             x = x.index_select(0, indices)
         return super().forward(x).float()

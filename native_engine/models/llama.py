@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..forward_context import Context
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embed_head import LMHead, VocabEmbedding
@@ -23,10 +24,10 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(hd, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
         self.attn = Attention(nh, hd, hd**-0.5, nkv)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:  # hidden: [T, H]
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:  # [T, H]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        return self.o_proj(self.attn(q, k, v, ctx))
 
 
 class LlamaMLP(nn.Module):
@@ -49,13 +50,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, ctx: Context
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden)
+        hidden = self.self_attn(positions, hidden, ctx)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -67,10 +68,10 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
+            hidden, residual = layer(positions, hidden, residual, ctx)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -92,8 +93,8 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
-        return self.model(input_ids, positions)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return self.model(input_ids, positions, ctx)  # [T] -> [T, H]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, H] -> [S, V] float32
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:  # [T, H] -> [S, V] float32
+        return self.lm_head(hidden, ctx.sample_indices)

@@ -4,14 +4,9 @@ from native_engine.sampling_params import SamplingParams
 from native_engine.sequence import Sequence, SequenceStatus
 
 
-@pytest.fixture(autouse=True)
-def block_size_4(monkeypatch):
-    monkeypatch.setattr(Sequence, "block_size", 4)
-
-
 def test_fields_and_properties():
     prompt = [1, 2, 3, 4, 5, 6]
-    seq = Sequence(prompt, SamplingParams(max_tokens=3), priority=2)
+    seq = Sequence(prompt, SamplingParams(max_tokens=3), priority=2, block_size=4)
     assert seq.token_ids is not prompt and seq.status is SequenceStatus.WAITING
     assert seq.request_id == str(seq.seq_id) and seq.priority == 2 and seq.sample_index == 0
     assert (seq.num_tokens, seq.num_prompt_tokens, seq.num_completion_tokens, len(seq)) == (6, 6, 0, 6)
@@ -39,7 +34,7 @@ def test_is_prefill_until_only_the_last_token_is_uncomputed():
 
 
 def test_fork_copies_values_not_lists():
-    parent = Sequence([1, 2, 3], request_id="r")
+    parent = Sequence([1, 2, 3], request_id="r", block_size=4)
     parent.append_token(7)
     parent.num_computed_tokens, parent.block_table = 3, [5]
     child = parent.fork(sample_index=2)
@@ -48,3 +43,4 @@ def test_fork_copies_values_not_lists():
     assert child.num_prompt_tokens == 3 and child.completion_token_ids == [7]
     assert child.block_table == [5] and child.block_table is not parent.block_table
     assert child.num_computed_tokens == 3 and child.arrival_time == parent.arrival_time
+    assert child.block_size == 4

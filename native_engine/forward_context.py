@@ -1,8 +1,9 @@
-"""Attention metadata for one forward pass, set by the model runner and read by `Attention`.
+"""Attention metadata for one forward pass, built by the model runner and passed down the model.
 
-A batch is laid out decode rows first (one query token each), then prefill chunks.
-Keeping this in one global lets the model keep the signature `model(input_ids, positions)`
-and lets CUDA graphs capture the decode path with static buffers.
+A batch is laid out decode rows first (one query token each), then prefill chunks. The context is
+an argument of `model(input_ids, positions, ctx)`, never module or process state, so two model
+runners in one process (one engine thread per model) cannot see each other's batches. CUDA graphs
+capture the decode path with a context whose tensors are the graph's static buffers.
 """
 
 from __future__ import annotations
@@ -28,20 +29,3 @@ class Context:
     context_lens: torch.Tensor | None = None  # [num_decodes] int32
     prefills: list[PrefillChunk] = field(default_factory=list)
     sample_indices: torch.Tensor | None = None  # rows whose logits are needed
-
-
-_CONTEXT = Context()
-
-
-def get_context() -> Context:
-    return _CONTEXT
-
-
-def set_context(context: Context) -> None:
-    global _CONTEXT
-    _CONTEXT = context
-
-
-def reset_context() -> None:
-    global _CONTEXT
-    _CONTEXT = Context()
