@@ -1,24 +1,95 @@
 """The one protocol every backend implements, in-process or remote.
 
 A backend streams a request as :class:`Chunk` events followed by exactly one :class:`Done`
-(usage + timings + finish reason). Errors raised before the first event are request errors
-(``adapters.errors``); the gateway waits for the first event before it sends response headers,
-so those become proper 4xx answers. Closing the iterator early (client gone) cancels generation
-and frees the slot; the backend still reports what it generated through ``request.on_done``.
+(usage + timings + finish reason): the ``Done`` is the only way a backend reports a request's end.
 
-    backend = registry.create("llamacpp", settings)
-    async for event in backend.stream(GenerationRequest(model="qwen2:0.5b", messages=[...])):
+- Errors raised before the first event are request errors (``adapters.errors``); the gateway waits
+  for the first event before it sends response headers, so those become proper 4xx answers.
+- A failure after the first event raises the mapped error with ``partial`` set to the ``Done`` of
+  what was generated (``BackendError.partial``).
+- ``request.cancel.cancel()`` (the client went away) makes the backend stop generating, free its
+  slot and end the stream with ``Done(finish_reason="cancelled")`` counting what it generated.
+- Closing the iterator early also stops generation and frees the slot, but reports nothing.
+
+    router = Router(local=LocalEngines(...), remotes={...})
+    backend = router.resolve(request)            # once per request
+    async for event in backend.stream(request):  # Chunk, Chunk, ..., Done
         ...
+
+Local engines (llama.cpp, native) also implement :class:`LocalBackend`: ``details``, ``load``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class CancelToken:
+    """Set once when the consumer of a stream gives up (client gone, shutdown).
+
+    Backends register what stops their work (``on_cancel``); callbacks run on the event loop
+    thread at the moment of cancellation, or at once when registered after it.
+    """
+
+    __slots__ = ("_cancelled", "_callbacks")
+
+    def __init__(self) -> None:
+        self._cancelled = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        if self._cancelled:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+
+async def until_cancelled(events: AsyncIterator[T], token: CancelToken) -> AsyncIterator[T]:
+    """``events`` until ``token`` fires; then ``events`` is closed (which aborts its work) and this ends.
+
+    For backends whose inner stream has no cheaper way to be interrupted (the native engine).
+    """
+    fired = asyncio.get_running_loop().create_future()
+    token.on_cancel(lambda: fired.done() or fired.set_result(None))
+    step: asyncio.Future | None = None
+    try:
+        while not fired.done():
+            step = asyncio.ensure_future(anext(events))
+            await asyncio.wait((step, fired), return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                return
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if step is not None and not step.done():
+            step.cancel()
+            with suppress(asyncio.CancelledError, StopAsyncIteration):
+                await step
+        await events.aclose()
 
 
 @dataclass
@@ -26,10 +97,13 @@ class GenerationRequest:
     """A chat (``messages``) or completion (``prompt``) request in one normalised shape.
 
     ``options`` holds request-level Ollama option overrides (already mapped from OpenAI names by
-    the API layer); the backend applies the model's own params layer underneath them.
+    the API layer); the backend applies the model's own params layer underneath them. ``engine``
+    picks the in-process engine for a store model (None = the server's default); it is routing,
+    not sampling, so it is not an option.
     """
 
     model: str
+    engine: str | None = None  # llamacpp | native; checked by the router
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
     system: str | None = None
@@ -49,9 +123,7 @@ class GenerationRequest:
     source: str = "gateway"  # who asked: "gateway", "cli", "bench"
     client: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
-    # Called once with the final record, even when the consumer stopped reading mid-stream
-    # (a client disconnect): the ledger counts the tokens generated for abandoned requests.
-    on_done: Callable[["Done"], None] | None = field(default=None, repr=False, compare=False)
+    cancel: CancelToken = field(default_factory=CancelToken, repr=False, compare=False)
 
     @property
     def is_chat(self) -> bool:
@@ -193,37 +265,12 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
-BackendFactory = Callable[..., Backend]
-_REGISTRY: dict[str, BackendFactory] = {}
+@runtime_checkable
+class LocalBackend(Backend, Protocol):
+    """An in-process engine serving the local store: it knows each model's details and can load a
+    model without generating (Ollama's preload)."""
 
+    def details(self, model: str) -> Any: ...  # registry.details.ModelDetails; ModelNotFound if absent
 
-def register_backend(name: str, factory: BackendFactory) -> None:
-    _REGISTRY[name] = factory
-
-
-def create_backend(name: str, **kwargs: Any) -> Backend:
-    _load_builtins()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise ValueError(f"unknown backend '{name}' (known: {known})") from None
-    return factory(**kwargs)
-
-
-def _load_builtins() -> None:
-    """Built-in adapters register through the same call third-party ones use."""
-    from importlib.metadata import entry_points
-
-    from . import llamacpp  # noqa: F401  (registers itself)
-
-    for ep in entry_points(group="infer.adapters"):
-        if ep.name not in _REGISTRY:
-            register_backend(ep.name, ep.load())
-
-
-def serving_backend(backend: Backend, options: dict[str, Any] | None = None, *, embedding: bool = False,
-                    model: str | None = None) -> Backend:
-    """The backend that serves a request: a composite backend (one with ``for_request``) picks one of its own."""
-    pick = getattr(backend, "for_request", None)
-    return pick(options, embedding=embedding, model=model) if pick is not None else backend
+    async def load(self, model: str, options: dict[str, Any] | None = None,
+                   keep_alive: float | None = None) -> None: ...

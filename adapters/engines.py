@@ -1,16 +1,17 @@
-"""The in-process engines behind one backend: llama.cpp (default) and the native PyTorch engine.
+"""The in-process engines over the local store: llama.cpp (default) and the native PyTorch engine.
 
-A request picks one with the option ``"engine": "native"`` (Ollama ``options`` or an OpenAI body
-field); otherwise the server's default (``INFER_ENGINE``) serves it. Engines are created on first use.
+:class:`LocalEngines` creates each engine on first use and hands it out by name; it serves no
+request itself. ``adapters/router.py`` asks it for the engine a request names (``request.engine``,
+else the server's default).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Backend, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
+from .base import LoadedModel, LocalBackend
 from .errors import InvalidRequest
 
 ENGINES = ("llamacpp", "native")
@@ -23,74 +24,50 @@ def check_engine(name: str) -> str:
 
 
 @dataclass
-class EngineSelector:
-    factories: dict[str, Callable[[], Backend]]
+class LocalEngines:
+    factories: dict[str, Callable[[], LocalBackend]]
     default: str = "llamacpp"
-    name: str = "engines"
-    can_stream: bool = True
-    supports_embeddings: bool = True
-    _backends: dict[str, Backend] = field(default_factory=dict)
+    _started: dict[str, LocalBackend] = field(default_factory=dict)
 
-    def backend(self, engine: str | None = None) -> Backend:
+    def get(self, engine: str | None = None) -> LocalBackend:
+        """The engine ``engine`` (None = the default), started on first use."""
         engine = check_engine(engine or self.default)
-        if engine not in self._backends:
-            self._backends[engine] = self.factories[engine]()
-        return self._backends[engine]
+        if engine not in self._started:
+            self._started[engine] = self.factories[engine]()
+        return self._started[engine]
 
-    def for_request(self, options: dict[str, Any] | None, *, embedding: bool = False, model: str | None = None) -> Backend:
-        backend = self.backend((options or {}).get("engine"))
-        if embedding and not backend.supports_embeddings:
-            return self.backend("llamacpp")
-        return backend
+    def for_embedding(self) -> LocalBackend:
+        backend = self.get()
+        return backend if backend.supports_embeddings else self.get("llamacpp")
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        async for event in self.for_request(request.options).stream(request):
-            yield event
-
-    async def load(self, model: str, options: dict[str, Any] | None = None, keep_alive: float | None = None) -> None:
-        await self.for_request(options).load(model, options, keep_alive)
-
-    async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
-                    keep_alive: float | None = None) -> EmbedResult:
-        backend = self.for_request(None, embedding=True)
-        return await backend.embed(model, inputs, truncate=truncate, keep_alive=keep_alive)
-
-    def details(self, model: str):
-        return self.backend().details(model)
-
-    async def list_models(self) -> list[ModelInfo]:
-        return await self.backend().list_models()
+    def started(self) -> dict[str, LocalBackend]:
+        return dict(self._started)
 
     async def loaded_models(self) -> list[LoadedModel]:
-        return [m for b in self._backends.values() for m in await b.loaded_models()]
+        return [m for b in self._started.values() for m in await b.loaded_models()]
 
     async def unload(self, model: str) -> bool:
-        return any([await b.unload(model) for b in list(self._backends.values())])
-
-    async def health(self) -> Health:
-        checks = {name: await b.health() for name, b in self._backends.items()}
-        return Health(ok=all(h.ok for h in checks.values()),
-                      detail="; ".join(f"{n}: {h.detail}" for n, h in checks.items()) or "no engine started")
+        return any([await b.unload(model) for b in list(self._started.values())])
 
     async def aclose(self) -> None:
-        for backend in self._backends.values():
+        for backend in self._started.values():
             await backend.aclose()
-        self._backends.clear()
+        self._started.clear()
 
 
-def in_process_backends(store, *, default: str, defaults: dict[str, Any], keep_alive: float,
-                        pool_settings=None, native_settings=None) -> EngineSelector:
+def in_process_engines(store, *, default: str, defaults: dict[str, Any], keep_alive: float,
+                       pool_settings=None, native_settings=None) -> LocalEngines:
     """Both engines over ``store``; ``defaults`` are option defaults (``num_ctx``)."""
 
-    def llamacpp() -> Backend:
+    def llamacpp() -> LocalBackend:
         from .llamacpp import LlamaCppBackend, PoolSettings
 
         return LlamaCppBackend(store=store, pool_settings=pool_settings or PoolSettings(), defaults=defaults)
 
-    def native() -> Backend:
+    def native() -> LocalBackend:
         from .native import NativeBackend, NativeSettings
 
         return NativeBackend(store=store, settings=native_settings or NativeSettings(), defaults=defaults,
                              keep_alive=keep_alive)
 
-    return EngineSelector({"llamacpp": llamacpp, "native": native}, default=check_engine(default))
+    return LocalEngines({"llamacpp": llamacpp, "native": native}, default=check_engine(default))

@@ -10,6 +10,9 @@
     ├── BackendTimeout                504: the backend did not answer in time
     └── BackendProtocolError          502: the backend answered something we cannot parse
 
+A failure after the first streamed event carries ``partial``: the :class:`~adapters.base.Done`
+of what was generated before it, so the ledger bills and counts those tokens.
+
 Adapters translate their own failures (llama.cpp exceptions, httpx errors) into this tree in one
 place; the gateway renders it once per API shape (``gateway/errors.py``) and the CLI prints the
 message as one line.
@@ -17,15 +20,21 @@ message as one line.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import Done
+
 
 class BackendError(Exception):
     status = 500
     openai_type = "api_error"
 
-    def __init__(self, message: str, *, param: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None, partial: "Done | None" = None):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.partial = partial  # what was generated before a mid-stream failure
 
 
 class InvalidRequest(BackendError):

@@ -1,9 +1,9 @@
 """The embedded backend: llama.cpp (llama-cpp-python) running GGUF models from the local store.
 
 Generation runs in worker threads (llama.cpp releases the GIL); events reach the event loop through
-``loop.call_soon_threadsafe``. Closing the stream early sets the job's cancel flag; the slot goes
-back to the pool when the worker thread has stopped, and ``request.on_done`` still receives the
-usage of what was generated.
+``loop.call_soon_threadsafe``. ``request.cancel`` sets the job's cancel flag: the worker stops at the
+next token and the stream ends with a ``cancelled`` Done counting what was generated. Closing the
+stream early sets the flag too; the slot goes back to the pool when the worker thread has stopped.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from registry.details import ModelDetails
 from registry.store import Store
 
 from .base import (Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
-                   StreamEvent, Timings, register_backend)
+                   StreamEvent, Timings)
 from .chat_format import PromptSpec
 from .errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from .llamacpp_job import GenerationJob
@@ -56,9 +56,10 @@ class LlamaCppBackend:
                                                        details.digest, options)
         timings = Timings(queue=time.perf_counter() - t_queue - load_s, load=load_s)
         job = GenerationJob(request, options, _prompt_spec(details, slot), timings=timings)
+        request.cancel.on_cancel(job.cancel.set)
         events: asyncio.Queue = asyncio.Queue()
         future = self._start(job, slot, events)
-        future.add_done_callback(lambda f: self._finish(f, entry, slot, request))
+        future.add_done_callback(lambda f: self._finish(entry, slot, request))
         try:
             while True:
                 kind, item = await events.get()
@@ -90,11 +91,8 @@ class LlamaCppBackend:
 
         return loop.run_in_executor(self._executor, work)
 
-    def _finish(self, future: asyncio.Future, entry, slot, request: GenerationRequest) -> None:
+    def _finish(self, entry, slot, request: GenerationRequest) -> None:
         asyncio.get_running_loop().create_task(self._pool.release(entry, slot, request.keep_alive))
-        done = None if future.cancelled() or future.exception() else future.result()
-        if done is not None and request.on_done is not None:
-            request.on_done(done)
 
     async def load(self, model: str, options: dict[str, Any] | None = None,
                    keep_alive: float | None = None) -> None:
@@ -168,11 +166,5 @@ def _embed(slot, inputs: list[str], truncate: bool) -> tuple[list[list[float]], 
         vectors = [[sum(col) / len(rows) for col in zip(*rows)] for rows in vectors]
     return vectors, count
 
-
-def _factory(**kwargs: Any) -> LlamaCppBackend:
-    return LlamaCppBackend(**kwargs)
-
-
-register_backend("llamacpp", _factory)
 
 __all__ = ["LlamaCppBackend", "PoolSettings"]

@@ -18,7 +18,7 @@ from registry.details import ModelDetails
 from registry.store import Store
 
 from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent,
-                   Timings, TokenLogprob, Usage, register_backend)
+                   Timings, TokenLogprob, Usage, until_cancelled)
 from .chat_format import PromptSpec, render_request
 from .errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from .options import Options, check_room, resolve_options
@@ -100,20 +100,15 @@ class NativeBackend:
         params = sampling_params(options, request, room=limit - len(token_ids))
         output: list[int] = []
         done: Done | None = None
-        try:
-            async for out in _engine_outputs(entry.engine, token_ids, params, request.arrival):
-                completion = out.outputs[0]
-                output += completion.token_ids
-                if completion.text or completion.logprobs:
-                    yield Chunk(completion.text, completion.token_ids, _logprobs(llm.tokenizer, completion, request))
-                if out.finished:
-                    done = _done(out, token_ids, output, timings, request, dropped)
-            yield done
-        finally:
-            if done is None:
-                done = _done(None, token_ids, output, timings, request, dropped, reason="cancelled")
-            if request.on_done is not None:
-                request.on_done(done)
+        outputs = _engine_outputs(entry.engine, token_ids, params, request.arrival)
+        async for out in until_cancelled(outputs, request.cancel):
+            completion = out.outputs[0]
+            output += completion.token_ids
+            if completion.text or completion.logprobs:
+                yield Chunk(completion.text, completion.token_ids, _logprobs(llm.tokenizer, completion, request))
+            if out.finished:
+                done = _done(out, token_ids, output, timings, request, dropped)
+        yield done or _done(None, token_ids, output, timings, request, dropped, reason="cancelled")
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -267,7 +262,5 @@ def _done(out, prompt: list[int], output: list[int], timings: Timings, request: 
     return Done(finish_reason=reason or "stop", usage=usage, timings=timings, prompt_tokens=prompt,
                 output_tokens=output, truncated_messages=dropped)
 
-
-register_backend("native", lambda **kwargs: NativeBackend(**kwargs))
 
 __all__ = ["NativeBackend", "NativeSettings"]

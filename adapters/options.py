@@ -41,8 +41,6 @@ class Options(BaseModel):
     stop: tuple[str, ...] = Field(default=(), description="Stop strings; generation ends before them.")
     ignore_eos: bool = Field(default=False, description="Keep generating past end-of-sequence tokens "
                              "(vLLM's flag, for benchmarks and tests that need an exact length).")
-    engine: str | None = Field(default=None, description="In-process engine for this request: llamacpp or "
-                               "native (default: the server's INFER_ENGINE).")
     num_ctx: int = Field(default=2048, ge=16, le=1 << 20, description="Context window in tokens (load time).")
     num_batch: int = Field(default=512, ge=1)
     num_thread: int = Field(default=0, ge=0, description="0 = llama.cpp's choice.")

@@ -13,8 +13,9 @@ into the :class:`~adapters.base.Backend` protocol:
   :class:`BackendOverloaded` (429 with ``Retry-After``);
 - usage: the backend's figures when it reports them, else counted with the configured tokenizer
   (or a byte estimate) and marked ``estimated``; never zero for a stream that produced text;
-- closing the stream early (client gone) closes the HTTP response, so the backend sees the
-  disconnect, and still reports the tokens received through ``request.on_done``;
+- ``request.cancel`` (client gone) interrupts the read in progress and closes the HTTP response,
+  so the backend sees the disconnect; the stream ends with a ``cancelled`` Done counting the
+  tokens received;
 - a failure after the first chunk raises the mapped error with ``partial`` set to the usage so far.
 """
 
@@ -164,35 +165,35 @@ class RemoteBackend:
         turn = Turn(request, self.counter, time.perf_counter())
         deadline = request.arrival + self.settings.timeouts.total
         first_byte = request.arrival + self.settings.timeouts.first_byte
-        finished = False
+        waiting: list[asyncio.Timeout] = []  # the deadline of the read in progress; cancel moves it to now
+        request.cancel.on_cancel(lambda: [t.reschedule(asyncio.get_running_loop().time()) for t in waiting])
         async with self._slot(first_byte, turn):
             events = self.generate(request, turn)
             try:
-                while True:
+                while not request.cancel.cancelled:
                     # A one-reply call (client not streaming) has only the total deadline.
                     limit = first_byte if request.stream and not turn.events else deadline
                     try:
-                        async with asyncio.timeout_at(_loop_time(min(limit, deadline))):
+                        async with asyncio.timeout_at(_loop_time(min(limit, deadline))) as timer:
+                            waiting.append(timer)
                             chunk = await anext(events)
                     except StopAsyncIteration:
                         break
                     except TimeoutError:
+                        if request.cancel.cancelled:
+                            break
                         raise self._timeout(turn) from None
+                    finally:
+                        waiting.clear()
                     turn.add(chunk)
                     yield chunk
-                done = turn.done()
-                finished = True
-                _report(request, done)
-                yield done
             except (asyncio.CancelledError, GeneratorExit):
                 raise
             except Exception as exc:
-                finished = True
                 raise self._failure(exc, turn) from exc
             finally:
-                await events.aclose()
-                if not finished:  # the consumer went away mid-stream
-                    _report(request, turn.done("cancelled"))
+                await events.aclose()  # closes the HTTP response: the backend sees the disconnect
+            yield turn.done("cancelled" if request.cancel.cancelled else None)
 
     def to_error(self, exc: BaseException) -> BackendError:
         """Any failure while talking to the backend, as the project's error."""
@@ -315,7 +316,7 @@ class RemoteBackend:
     def _failure(self, exc: BaseException, turn: Turn) -> BackendError:
         error = self.to_error(exc)
         if turn.events:
-            error.partial = turn.done("error")  # type: ignore[attr-defined]
+            error.partial = turn.done("error")
         return error
 
 
@@ -343,11 +344,6 @@ def message_of(value: Any) -> str:
         if isinstance(inner, list) and inner:  # FastAPI/pydantic validation details
             return "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in inner)
     return ""
-
-
-def _report(request: GenerationRequest, done: Done) -> None:
-    if request.on_done is not None:
-        request.on_done(done)
 
 
 def _loop_time(perf_deadline: float) -> float:

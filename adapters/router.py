@@ -1,94 +1,114 @@
-"""Model name -> backend: the configured remote backends first, then the local store's engines.
+"""Which backend serves a request: :meth:`Router.resolve`, called once per request.
 
 ``infer serve --config FILE`` puts each ``backends:`` entry under its public ``name``; any other
-model name goes to the in-process engines (``adapters/engines.py``), which serve the local store.
-The gateway only ever sees this one :class:`~adapters.base.Backend`.
+model name goes to the in-process engine the request names (``request.engine``) or the server's
+default (``adapters/engines.py``). The router also answers the model-management questions the
+APIs ask across backends: listings, loaded models, unload, health.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Backend, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, serving_backend
+from .base import Backend, GenerationRequest, Health, LoadedModel, LocalBackend, ModelInfo
+from .engines import LocalEngines
 from .errors import ModelNotFound
 
 
 @dataclass
-class ModelRouter:
-    local: Backend | None
+class Router:
+    local: LocalEngines | None
     remotes: dict[str, Backend] = field(default_factory=dict)
-    name: str = "router"
-    can_stream: bool = True
-    supports_embeddings: bool = True
+    fixed: Backend | None = None  # one backend for every model (tests, embedding a custom backend)
 
-    def for_request(self, options: dict[str, Any] | None, *, embedding: bool = False,
-                    model: str | None = None) -> Backend:
-        if model is not None and model in self.remotes:
-            return self.remotes[model]
-        if self.local is None:
-            raise ModelNotFound(model or "")
-        return serving_backend(self.local, options, embedding=embedding, model=model)
+    @classmethod
+    def single(cls, backend: Backend) -> "Router":
+        return cls(local=None, fixed=backend)
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        async for event in self.for_request(request.options, model=request.model).stream(request):
-            yield event
+    # -- routing --------------------------------------------------------------------------------
 
-    async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
-                    keep_alive: float | None = None) -> EmbedResult:
-        backend = self.for_request(None, embedding=True, model=model)
-        return await backend.embed(model, inputs, truncate=truncate, keep_alive=keep_alive)
+    def resolve(self, request: GenerationRequest) -> Backend:
+        """The backend for ``request``; ModelNotFound when nothing serves its model."""
+        return self.resolve_model(request.model, request.engine)
 
-    async def load(self, model: str, options: dict[str, Any] | None = None, keep_alive: float | None = None) -> None:
-        """Ollama's preload: local models load; a remote backend is already running."""
-        if model in self.remotes:
-            return
-        loader = getattr(self.local, "load", None)
-        if loader is not None:
-            await loader(model, options, keep_alive)
-        else:
-            self.details(model)
+    def resolve_model(self, model: str, engine: str | None = None) -> Backend:
+        if self.fixed is not None:
+            return self.fixed
+        remote = self.remotes.get(model)
+        if remote is not None:
+            return remote
+        return self.local_engine(model, engine)
 
-    def details(self, model: str):
-        """Raises ModelNotFound for a model nobody serves (Ollama's load/unload check); a remote
-        model has no local details, so its backend stands in."""
-        if model in self.remotes:
-            return self.remotes[model]
+    def resolve_embedding(self, model: str) -> Backend:
+        if self.fixed is not None or model in self.remotes:
+            return self.resolve_model(model)
+        return self._engines(model).for_embedding()
+
+    def local_engine(self, model: str, engine: str | None = None) -> LocalBackend:
+        return self._engines(model).get(engine)
+
+    def is_remote(self, model: str) -> bool:
+        return model in self.remotes
+
+    def _engines(self, model: str) -> LocalEngines:
         if self.local is None:
             raise ModelNotFound(model)
-        return self.local.details(model)  # type: ignore[attr-defined]
+        return self.local
+
+    # -- model management -----------------------------------------------------------------------
+
+    async def load(self, model: str, *, engine: str | None = None, options: dict[str, Any] | None = None,
+                   keep_alive: float | None = None) -> None:
+        """Ollama's preload: a local model loads; a remote or fixed backend is already running."""
+        backend = self.resolve_model(model, engine)
+        if isinstance(backend, LocalBackend):
+            await backend.load(model, options, keep_alive)
+
+    def require(self, model: str) -> None:
+        """ModelNotFound (404) for a model nobody serves."""
+        backend = self.resolve_model(model)
+        if isinstance(backend, LocalBackend):
+            backend.details(model)
+
+    async def unload(self, model: str) -> bool:
+        if self.fixed is not None:
+            return await self.fixed.unload(model)
+        if model in self.remotes:
+            return await self.remotes[model].unload(model)
+        return await self.local.unload(model) if self.local is not None else False
 
     async def remote_models(self) -> list[ModelInfo]:
         return [m for b in self.remotes.values() for m in await b.list_models()]
 
     async def list_models(self) -> list[ModelInfo]:
-        local = await self.local.list_models() if self.local is not None else []
+        local = await self.local.get().list_models() if self.local is not None else []
         return local + await self.remote_models()
 
     async def loaded_models(self) -> list[LoadedModel]:
         found = await asyncio.gather(*(b.loaded_models() for _, b in self._all()), return_exceptions=True)
-        return [m for models in found if isinstance(models, list) for m in models]
-
-    async def unload(self, model: str) -> bool:
-        if model in self.remotes:
-            return await self.remotes[model].unload(model)
-        return await self.local.unload(model) if self.local is not None else False
+        local = await self.local.loaded_models() if self.local is not None else []
+        return local + [m for models in found if isinstance(models, list) for m in models]
 
     async def health(self) -> Health:
         checks = await self.health_by_name()
         return Health(ok=all(h.ok for h in checks.values()),
-                      detail="; ".join(f"{n}: {h.detail}" for n, h in checks.items()))
+                      detail="; ".join(f"{n}: {h.detail}" for n, h in checks.items()) or "no backend started")
 
     async def health_by_name(self) -> dict[str, Health]:
-        named = self._all()
+        named = self._all(with_local=True)
         return dict(zip([n for n, _ in named], await asyncio.gather(*(b.health() for _, b in named))))
 
     async def aclose(self) -> None:
         for _, backend in self._all():
             await backend.aclose()
+        if self.local is not None:
+            await self.local.aclose()
 
-    def _all(self) -> list[tuple[str, Backend]]:
-        """Every backend by name: ``local`` for the store's engines, then the remotes."""
-        return ([("local", self.local)] if self.local is not None else []) + list(self.remotes.items())
+    def _all(self, *, with_local: bool = False) -> list[tuple[str, Backend]]:
+        """Every started backend by name: the fixed one, the local engines (``with_local``), the remotes."""
+        named: list[tuple[str, Backend]] = [("backend", self.fixed)] if self.fixed is not None else []
+        if with_local and self.local is not None:
+            named += list(self.local.started().items())
+        return named + list(self.remotes.items())

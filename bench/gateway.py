@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import llama_cpp  # noqa: E402
 
-from gateway.db import open_db  # noqa: E402
-from gateway.usage import recent  # noqa: E402
+from ledger.db import open_db  # noqa: E402
+from ledger.usage import recent  # noqa: E402
 from registry.create import create_model  # noqa: E402
 from registry.modelbuilder import PRESETS, build_gguf  # noqa: E402
 from registry.modelfile import parse_modelfile  # noqa: E402

@@ -1,7 +1,8 @@
 """``infer run``'s conversation with the in-process backend.
 
 Each turn is one chat request through :class:`gateway.recorder.Recorder` (route ``run``, source
-``cli``), so it writes exactly one usage-ledger row, like a request to ``infer serve`` would. The
+``cli``), so it writes exactly one usage-ledger row (through the ledger's writer thread), like a
+request to ``infer serve`` would. The
 reply streams to stdout as it is generated; ``--verbose`` statistics go to stderr in Ollama's format.
 """
 
@@ -10,34 +11,23 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 from typing import Any, TextIO
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from adapters.base import Chunk, Done, GenerationRequest
 from adapters.errors import BackendError
-from adapters.engines import in_process_backends
+from adapters.engines import in_process_engines
 from adapters.options import Options, resolve_options
-from gateway.db import open_db
+from ledger.db import open_db
 from gateway.durations import format_duration
 from gateway.recorder import Recorder
 from gateway.settings import SettingsError
-from gateway.usage import UsageRecord
+from ledger.writer import LedgerWriter
 from registry.details import ModelDetails
 from registry.store import Store
 
 DEFAULT_CONTEXT_LENGTH = 2048
-
-
-class CountingRecorder(Recorder):
-    """Counts ledger records handed over, so the session can wait for a finished turn's row."""
-
-    recorded: int = 0
-
-    def record(self, record: UsageRecord) -> None:
-        super().record(record)
-        self.recorded += 1
 
 
 def context_length_from_env() -> int:
@@ -66,13 +56,13 @@ class ChatSession:
         self.options: dict[str, Any] = {}
         self.out, self.err = out or sys.stdout, err or sys.stderr
         try:
-            self.engine = open_db(db_url)
+            self.db = open_db(db_url)
         except (ValueError, OSError, SQLAlchemyError) as exc:
             raise SettingsError(f"cannot open the usage database: {exc}") from None
-        engines = in_process_backends(store, default=engine, defaults={"num_ctx": num_ctx}, keep_alive=300.0)
-        self.backend = engines.backend()
-        self.recorder = CountingRecorder(self.engine, None)
-        self._expected = 0  # ledger records the turns so far will produce
+        self.engines = in_process_engines(store, default=engine, defaults={"num_ctx": num_ctx}, keep_alive=300.0)
+        self.backend = self.engines.get()
+        self.ledger = LedgerWriter(self.db)
+        self.recorder = Recorder(self.ledger, None)
 
     def details(self, model: str | None = None) -> ModelDetails:
         return self.backend.details(model or self.model)
@@ -90,13 +80,10 @@ class ChatSession:
         (Ctrl+C), what was generated so far stays in the history.
         """
         self.messages.append({"role": "user", "content": text})
-        self._expected += 1  # a request error is recorded too; a cancelled start is not
         try:
             gen = await self.recorder.start(self.backend, self.request(truncate=truncate), route="run", stream=True)
-        except BaseException as exc:
+        except BaseException:
             self.messages.pop()
-            if not isinstance(exc, Exception):  # cancelled before the first event: no record
-                self._expected -= 1
             raise
         reply: list[str] = []
         try:
@@ -115,19 +102,19 @@ class ChatSession:
         return gen.done
 
     async def settle(self, timeout: float = 10.0) -> None:
-        """Wait until every turn so far has its ledger row written (the backend reports a turn, also a
-        cancelled one, once its worker thread has stopped and freed the slot)."""
-        deadline = time.monotonic() + timeout
-        while self.recorder.recorded < self._expected and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        await self.recorder.drain()
+        """Wait until every turn so far has its ledger row written (a cancelled turn ends once the
+        backend has stopped generating and reported what it generated)."""
+        try:
+            await asyncio.wait_for(self.recorder.settle(), timeout)
+        except TimeoutError:
+            pass
+        await asyncio.to_thread(self.ledger.flush, timeout)
 
     async def aclose(self) -> None:
         await self.settle()
-        await self.backend.aclose()
-        await asyncio.sleep(0)
-        await self.recorder.drain()
-        self.engine.dispose()
+        await self.engines.aclose()
+        self.ledger.close()
+        self.db.dispose()
 
 
 def stats_lines(done: Done) -> list[str]:

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from adapters.engines import check_engine
-from gateway.db import database_url_from_env
+from ledger.db import database_url_from_env
 from gateway.durations import parse_duration
 from gateway.settings import SettingsError
 from registry.errors import RegistryError

@@ -10,10 +10,10 @@ import typer
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.db import database_url_from_env, open_db
+from ledger.db import database_url_from_env, open_db
 from gateway.settings import SettingsError
-from gateway.tables import RequestLog
-from gateway.usage import ModelTotals, recent, totals_by_model
+from ledger.tables import RequestLog
+from ledger.usage import ModelTotals, recent, totals_by_model
 
 from .common import settings
 from .format import table

@@ -1,7 +1,11 @@
 """``create_app(settings)``: the FastAPI app behind ``infer serve``.
 
-State lives on ``app.state`` (set up in the lifespan): the backend, the store, the usage ledger's
-engine, the metrics and the recorder. Tests pass their own ``backend``.
+State lives on ``app.state`` (set up in the lifespan): the router that resolves each request's
+backend, the store, the ledger database and its writer, the metrics and the recorder. Tests may
+pass one ``backend`` that serves every model.
+
+The request path: API route → ``Recorder.resolve`` (``Router.resolve``, once) → the backend's
+stream (Chunk…, Done) → the response → one ledger row through the writer thread.
 """
 
 from __future__ import annotations
@@ -12,58 +16,67 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from adapters.base import Backend
-from adapters.engines import in_process_backends
+from adapters.engines import in_process_engines
 from adapters.llamacpp_pool import PoolSettings
 from adapters.remote_registry import create_remote
-from adapters.router import ModelRouter
+from adapters.router import Router
+from ledger.db import open_db
+from ledger.writer import LedgerWriter
 from registry.store import Store
 
-from . import errors
-from .backends_config import load_config
-from .bodies import JSONBodies
-from .db import open_db
-from .metrics import GatewayMetrics
-from .recorder import Recorder
-from .routes import health, ollama_generate, ollama_models, openai_chat, openai_models
-from .security import GuardMiddleware
-from .settings import ServerSettings
+from gateway import health
+from gateway.backends_config import load_config
+from gateway.http import errors
+from gateway.http.bodies import JSONBodies
+from gateway.http.guards import GuardMiddleware
+from gateway.metrics import GatewayMetrics
+from gateway.ollama import generate as ollama_generate, models as ollama_models
+from gateway.openai import generate as openai_generate, models as openai_models
+from gateway.recorder import Recorder
+from gateway.settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: ServerSettings, backend: Backend | None = None) -> FastAPI:
+def create_app(settings: ServerSettings, backend: Backend | Router | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store = Store(settings.registry.models)
         app.state.settings = settings
         app.state.store = store
-        app.state.backend = backend or default_backend(settings, store)
-        app.state.engine = open_db(settings.database_url)
+        app.state.router = _router(backend) if backend is not None else default_router(settings, store)
+        app.state.db = open_db(settings.database_url)
+        app.state.ledger = LedgerWriter(app.state.db)
         app.state.metrics = GatewayMetrics()
-        app.state.recorder = Recorder(app.state.engine, app.state.metrics)
+        app.state.recorder = Recorder(app.state.ledger, app.state.metrics)
         try:
             yield
         finally:
-            await app.state.recorder.drain()
-            await app.state.backend.aclose()
-            app.state.engine.dispose()
+            await app.state.recorder.settle()
+            await app.state.router.aclose()
+            app.state.ledger.close()
+            app.state.db.dispose()
 
     app = FastAPI(title="infer", version=health.VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)
     app.add_middleware(JSONBodies)
     app.add_middleware(GuardMiddleware, settings=settings)  # added last: runs first
-    for module in (health, ollama_generate, ollama_models, openai_chat, openai_models):
+    for module in (health, ollama_generate, ollama_models, openai_generate, openai_models):
         app.include_router(module.router)
     return app
 
 
-def default_backend(settings: ServerSettings, store: Store) -> Backend:
+def _router(backend: Backend | Router) -> Router:
+    return backend if isinstance(backend, Router) else Router.single(backend)
+
+
+def default_router(settings: ServerSettings, store: Store) -> Router:
     """The store's in-process engines, behind the remote backends of ``settings.config`` when there is one."""
     pool = PoolSettings(num_parallel=settings.num_parallel, max_queue=settings.max_queue,
                         max_loaded_models=settings.max_loaded_models, keep_alive=settings.keep_alive)
-    local = in_process_backends(store, default=settings.engine, defaults={"num_ctx": settings.context_length},
-                                keep_alive=settings.keep_alive, pool_settings=pool)
-    if settings.config is None:
-        return local
-    remotes = {s.name: create_remote(s) for s in load_config(settings.config).remote_settings()}
-    return ModelRouter(local, remotes)
+    local = in_process_engines(store, default=settings.engine, defaults={"num_ctx": settings.context_length},
+                               keep_alive=settings.keep_alive, pool_settings=pool)
+    remotes = {}
+    if settings.config is not None:
+        remotes = {s.name: create_remote(s) for s in load_config(settings.config).remote_settings()}
+    return Router(local, remotes)

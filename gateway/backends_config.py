@@ -24,7 +24,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveFloat
 from adapters.remote import RemoteSettings, Timeouts
 from adapters.remote_registry import OPENAI_TYPES, REMOTE_TYPES
 
-from .settings import SettingsError
+from gateway.settings import SettingsError
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

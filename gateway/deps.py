@@ -7,15 +7,15 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy import Engine
 
-from adapters.base import Backend
+from adapters.router import Router
 from registry.store import Store
 
-from .recorder import Recorder
-from .settings import ServerSettings
+from gateway.recorder import Recorder
+from gateway.settings import ServerSettings
 
 
-def _backend(request: Request) -> Backend:
-    return request.app.state.backend
+def _router(request: Request) -> Router:
+    return request.app.state.router
 
 
 def _store(request: Request) -> Store:
@@ -30,8 +30,8 @@ def _settings(request: Request) -> ServerSettings:
     return request.app.state.settings
 
 
-def _engine(request: Request) -> Engine:
-    return request.app.state.engine
+def _db(request: Request) -> Engine:
+    return request.app.state.db
 
 
 def client_of(request: Request) -> str | None:
@@ -42,9 +42,9 @@ def client_of(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-BackendDep = Annotated[Backend, Depends(_backend)]
+RouterDep = Annotated[Router, Depends(_router)]
 StoreDep = Annotated[Store, Depends(_store)]
 RecorderDep = Annotated[Recorder, Depends(_recorder)]
 SettingsDep = Annotated[ServerSettings, Depends(_settings)]
-EngineDep = Annotated[Engine, Depends(_engine)]
+DbDep = Annotated[Engine, Depends(_db)]
 ClientDep = Annotated[str | None, Depends(client_of)]

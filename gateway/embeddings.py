@@ -9,18 +9,17 @@ import dataclasses
 import math
 import time
 
-from adapters.base import Backend, EmbedResult, serving_backend
+from adapters.base import Backend, EmbedResult
 
-from .errors import APIError, to_status_message
-from .recorder import Recorder
-from .usage import UsageRecord
+from gateway.http.errors import APIError, to_status_message
+from gateway.recorder import Recorder
+from ledger.tables import UsageRecord
 
 
 async def embed(backend: Backend, recorder: Recorder, *, route: str, model: str, inputs: list[str],
                 client: str | None, truncate: bool = True, keep_alive: float | None = None,
                 dimensions: int | None = None) -> EmbedResult:
-    """Embed ``inputs``; the ledger gets a row also when the request fails."""
-    backend = serving_backend(backend, embedding=True, model=model)
+    """Embed ``inputs`` on ``backend`` (the router's pick); the ledger gets a row also when the request fails."""
     if not backend.supports_embeddings:
         raise APIError(400, f"the {backend.name} backend does not serve embeddings", param="model")
     record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client)

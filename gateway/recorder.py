@@ -1,10 +1,14 @@
-"""Run one generation through a backend and account for it: metrics, and one ledger row.
+"""Run one generation through its backend and account for it: metrics, and exactly one ledger row.
 
-``Recorder.start`` calls ``backend.stream`` and waits for the first event, so request errors
-(unknown model, prompt over the context) surface before any response header is sent. The returned
-:class:`Generation` iterates the remaining events. Exactly one ledger row is written per request:
-from the backend's final record (also for clients that went away mid-stream: status
-``cancelled`` with the tokens generated) or from the error.
+``Recorder.start(backend, request)`` starts a :class:`Generation`: a pump task reads the backend's
+stream (Chunk…, Done) into a queue, so the stream keeps running to its ``Done`` even when the
+consumer is cancelled (Starlette cancels a streaming body when the client goes away). ``start``
+waits for the first event, so request errors (unknown model, prompt over the context) surface
+before any response header is sent.
+
+The ledger row is written from one place, when the pump ends: from the backend's ``Done``
+(``ok``, or ``cancelled`` when the consumer went away and ``request.cancel`` stopped the backend)
+or from the error (with the tokens of ``BackendError.partial`` when it failed mid-stream).
 """
 
 from __future__ import annotations
@@ -12,24 +16,35 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine
+from adapters.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
+from adapters.errors import BackendError, BackendProtocolError
+from adapters.router import Router
+from ledger.tables import UsageRecord
+from ledger.writer import LedgerWriter
 
-from adapters.base import Backend, Chunk, Done, GenerationRequest, StreamEvent, serving_backend
-
-from .errors import to_status_message
-from .metrics import GatewayMetrics
-from .usage import UsageRecord, log_usage
+from gateway.http.errors import to_status_message
+from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Recorder:
-    engine: Engine | None
+    writer: LedgerWriter | None
     metrics: GatewayMetrics | None = None
-    _writes: set[asyncio.Task] = field(default_factory=set)
+    live: set["Generation"] = field(default_factory=set)
+
+    def resolve(self, router: Router, request: GenerationRequest, *, route: str, stream: bool) -> Backend:
+        """``router.resolve(request)``, once per request; a request nothing serves still gets its row."""
+        try:
+            return router.resolve(request)
+        except BackendError as exc:
+            self.record(UsageRecord(source=request.source, route=route, model=request.model, backend="none",
+                                    stream=stream, client=request.client, status="error", error=exc.message))
+            raise
 
     async def start(self, backend: Backend, request: GenerationRequest, *, route: str,
                     stream: bool) -> "Generation":
@@ -41,51 +56,58 @@ class Recorder:
     def record(self, record: UsageRecord) -> None:
         if self.metrics is not None:
             _observe(self.metrics, record)
-        if self.engine is None:
-            return
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(log_usage, self.engine, record))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        if self.writer is not None:
+            self.writer.submit(record)
 
-    async def drain(self) -> None:
-        """Wait for pending ledger writes (shutdown, tests)."""
-        while self._writes:
-            await asyncio.gather(*list(self._writes), return_exceptions=True)
+    async def settle(self) -> None:
+        """Wait until every generation started so far has recorded its row (tests, shutdown)."""
+        while self.live:
+            await asyncio.gather(*(g.finished for g in list(self.live)), return_exceptions=True)
+
+
+@dataclass
+class _Failure:
+    exc: BaseException
 
 
 class Generation:
-    """Events of one request after the first has arrived; ``done`` is set at the end."""
+    """One request's events after the first has arrived; ``done`` is set at the end."""
 
     def __init__(self, recorder: Recorder, backend: Backend, request: GenerationRequest, route: str, stream: bool):
-        self.recorder, self.backend, self.request = recorder, serving_backend(backend, request.options, model=request.model), request
+        self.recorder, self.backend, self.request = recorder, backend, request
         self.route, self.stream = route, stream
-        self.first: StreamEvent | None = None
         self.done: Done | None = None
-        self._recorded = False
-        request.on_done = self._on_done
-        self._events = backend.stream(request)
+        self._queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
+        self.finished: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def prime(self) -> None:
         self._in_flight(+1)
+        self.recorder.live.add(self)
+        self._pump = asyncio.get_running_loop().create_task(self._run())
         try:
-            self.first = await anext(self._events)
-        except StopAsyncIteration:
-            self.first = None
-        except BaseException as exc:
-            self._on_error(exc)
+            self.first = await self._queue.get()
+        except asyncio.CancelledError:
+            self.request.cancel.cancel()
             raise
+        if isinstance(self.first, _Failure):
+            raise self.first.exc
 
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        ended = False
         try:
-            if self.first is not None:
-                yield self._seen(self.first)
-            async for event in self._events:
-                yield self._seen(event)
-        except Exception as exc:
-            self._on_error(exc)
-            raise
+            event = self.first
+            while True:
+                if isinstance(event, _Failure):
+                    ended = True
+                    raise event.exc
+                yield event
+                if isinstance(event, Done):
+                    ended = True
+                    return
+                event = await self._queue.get()
         finally:
-            await self._events.aclose()
+            if not ended:  # the consumer went away: the backend stops and reports a cancelled Done
+                self.request.cancel.cancel()
 
     async def collect(self) -> tuple[str, list[Chunk], Done]:
         """Non-streaming: the whole text, the chunks and the final record."""
@@ -93,36 +115,48 @@ class Generation:
         assert self.done is not None
         return "".join(c.text for c in chunks), chunks, self.done
 
-    def _seen(self, event: StreamEvent) -> StreamEvent:
-        if isinstance(event, Done):
-            self.done = event
-        return event
+    # -- the pump ---------------------------------------------------------------------------------
 
-    def _on_done(self, done: Done) -> None:
-        self.done = self.done or done
-        status = "cancelled" if done.finish_reason == "cancelled" else "ok"
-        self._finish(_record(self, done, status))
+    async def _run(self) -> None:
+        try:
+            async with aclosing(self.backend.stream(self.request)) as events:
+                async for event in events:
+                    if self.done is None:
+                        self.done = event if isinstance(event, Done) else None
+                        self._queue.put_nowait(event)
+            if self.done is None:
+                raise BackendProtocolError(f"the {self.backend.name} backend ended a stream without its final record")
+        except asyncio.CancelledError as exc:  # shutdown cancelled the pump itself
+            self._queue.put_nowait(_Failure(BackendError("the server is shutting down")))
+            self._finish(self._error_record(exc))
+            raise
+        except Exception as exc:
+            self._queue.put_nowait(_Failure(exc))
+            self._finish(self._error_record(exc))
+        else:
+            status = "cancelled" if self.done.finish_reason == "cancelled" else "ok"
+            self._finish(_record(self, self.done, status))
 
-    def _on_error(self, exc: BaseException) -> None:
-        if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
-            return
-        _, message, _ = to_status_message(exc)
-        partial: Done | None = getattr(exc, "partial", None)  # a backend that failed mid-stream
+    def _error_record(self, exc: BaseException) -> UsageRecord:
+        message = "cancelled at shutdown" if isinstance(exc, asyncio.CancelledError) else to_status_message(exc)[1]
+        partial = exc.partial if isinstance(exc, BackendError) else None
         if partial is not None:
             record = _record(self, partial, "error")
-            record.error = message
         else:
             record = UsageRecord(source=self.request.source, route=self.route, model=self.request.model,
                                  backend=self.backend.name, stream=self.stream, client=self.request.client,
-                                 status="error", error=message)
-        self._finish(record)
+                                 status="error")
+        record.error = message
+        return record
 
     def _finish(self, record: UsageRecord) -> None:
-        if self._recorded:
-            return
-        self._recorded = True
         self._in_flight(-1)
-        self.recorder.record(record)
+        self.recorder.live.discard(self)
+        try:
+            self.recorder.record(record)
+        finally:
+            if not self.finished.done():
+                self.finished.set_result(record)
 
     def _in_flight(self, delta: int) -> None:
         if self.recorder.metrics is not None:

@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from registry.settings import RegistrySettings
 
-from .db import ENV_VAR as DB_ENV_VAR, default_database_url
-from .durations import parse_duration
+from ledger.db import ENV_VAR as DB_ENV_VAR, default_database_url
+from gateway.durations import parse_duration
 
 DEFAULT_PORT = 11434
 DEFAULT_ORIGINS = (

@@ -20,8 +20,8 @@ import pytest
 
 from cli import repl_text
 from cli.run import _prompt_text
-from gateway.db import database_url_from_env, open_db
-from gateway.usage import recent
+from ledger.db import database_url_from_env, open_db
+from ledger.usage import recent
 from registry.create import create_model
 from registry.details import load_details
 from registry.modelfile import parse_modelfile

@@ -11,9 +11,9 @@ from sqlmodel import Session
 from typer.testing import CliRunner
 
 from cli.main import app
-from gateway.db import open_db
-from gateway.tables import RequestLog
-from gateway.usage import UsageRecord, log_usage
+from ledger.db import open_db
+from ledger.tables import RequestLog
+from ledger.usage import UsageRecord, log_usage
 
 runner = CliRunner()
 

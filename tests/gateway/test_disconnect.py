@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from gateway.db import open_db
-from gateway.usage import recent
+from ledger.db import open_db
+from ledger.usage import recent
 from tests.gateway.conftest import start_server, stop_server
 
 

@@ -246,8 +246,8 @@ def test_embed_batches_and_records_usage(http, live_server):
     legacy = http.post("/api/embeddings", json={"model": "tiny", "prompt": "one"}).json()
     assert list(legacy) == ["embedding"] and len(legacy["embedding"]) == len(out["embeddings"][0])
 
-    from gateway.db import open_db
-    from gateway.usage import recent
+    from ledger.db import open_db
+    from ledger.usage import recent
 
     engine = open_db(live_server.db_url)
     try:
@@ -306,8 +306,6 @@ class ScriptedBackend:
         yield Chunk("lo", logprobs=lp("lo"))
         done = Done("stop", Usage(3, 3), Timings(load=0.5, prompt_eval=0.25, eval=1.0, total=2.0),
                     prompt_tokens=[1, 2, 3], output_tokens=[4, 5, 6])
-        if request.on_done:
-            request.on_done(done)
         yield done
 
     async def aclose(self):

@@ -18,9 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.openai_schemas import ChatCompletionRequest
+from gateway.openai.schemas import ChatCompletionRequest
 from gateway.settings import ServerSettings
-from gateway.usage import recent
+from ledger.usage import recent
 from tests.gateway.conftest import server_env
 
 HI = [{"role": "user", "content": "hello there"}]
@@ -176,7 +176,7 @@ def test_completions_legacy_logprobs_shape(api):
 # -- sampling fields --------------------------------------------------------------------------------
 
 def test_n_gives_n_choices_each_its_own_generation(api):
-    before = len(recent(api.app.state.engine, 200, model="tiny"))
+    before = len(recent(api.app.state.db, 200, model="tiny"))
     body = chat(api, n=2, seed=11).json()
     assert [c["index"] for c in body["choices"]] == [0, 1]
     solo = [chat(api, seed=11 + i).json()["choices"][0]["message"]["content"] for i in range(2)]
@@ -189,9 +189,9 @@ def test_n_gives_n_choices_each_its_own_generation(api):
 
 def _wait_rows(api, count: int) -> None:
     deadline = time.monotonic() + 5
-    while len(recent(api.app.state.engine, 200, model="tiny")) < count and time.monotonic() < deadline:
+    while len(recent(api.app.state.db, 200, model="tiny")) < count and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(recent(api.app.state.engine, 200, model="tiny")) >= count
+    assert len(recent(api.app.state.db, 200, model="tiny")) >= count
 
 
 def test_same_seed_gives_same_text(api):
@@ -283,7 +283,7 @@ def test_embeddings_float_base64_dimensions_and_ledger(api):
     assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "dimensions"
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        rows = [r for r in recent(api.app.state.engine, 50, model="tiny") if r.route == "/v1/embeddings"]
+        rows = [r for r in recent(api.app.state.db, 50, model="tiny") if r.route == "/v1/embeddings"]
         if len(rows) >= 3:
             break
         time.sleep(0.05)

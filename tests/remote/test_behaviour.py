@@ -63,6 +63,8 @@ def expected(name: str, max_tokens: int = 6) -> tuple[str, int]:
 
 
 def collect(backend, request, *, stop_after: int | None = None) -> tuple[list[Chunk], Done | None]:
+    """Every event; with ``stop_after``, cancel the request after that many chunks (the client went
+    away) and read on to the final record."""
     async def run():
         chunks, done = [], None
         stream = backend.stream(request)
@@ -70,10 +72,12 @@ def collect(backend, request, *, stop_after: int | None = None) -> tuple[list[Ch
             async for event in stream:
                 if isinstance(event, Done):
                     done = event
+                elif request.cancel.cancelled:
+                    raise AssertionError("a chunk arrived after the request was cancelled")
                 else:
                     chunks.append(event)
                     if stop_after is not None and len(chunks) >= stop_after:
-                        break
+                        request.cancel.cancel()
         finally:
             await stream.aclose()
             await backend.aclose()
@@ -187,12 +191,11 @@ def test_read_timeout(remote):
 
 def test_client_gone_reaches_the_backend_and_usage_is_reported(remote):
     remote.server.behaviour.token_delay = 0.05
-    done: list[Done] = []
-    chunks, _ = collect(remote(), request_for(remote.name, options={"num_predict": 50}, on_done=done.append),
-                        stop_after=2)
-    assert len(chunks) == 2
+    t0 = time.perf_counter()
+    chunks, done = collect(remote(), request_for(remote.name, options={"num_predict": 50}), stop_after=2)
+    assert len(chunks) == 2 and time.perf_counter() - t0 < 0.05 * 50 / 2  # stopped well before the end
     assert remote.server.behaviour.wait_for(lambda b: b.disconnects == 1, timeout=3.0)
-    assert done[0].finish_reason == "cancelled" and done[0].usage.output_tokens > 0
+    assert done.finish_reason == "cancelled" and done.usage.output_tokens > 0
 
 
 def test_max_inflight_queues_then_refuses(remote):

@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from adapters.remote import RemoteSettings
 from adapters.remote_registry import create_remote
-from adapters.router import ModelRouter
+from adapters.router import Router
 from gateway.app import create_app
 from gateway.settings import ServerSettings
 from tests.gateway.conftest import server_env
@@ -48,7 +48,7 @@ def gateway(tmp_path_factory):
                                                   model=fakes[server].behaviour.models[0]))
                for name, (kind, server, mode) in ROUTES.items()}
     settings = ServerSettings.from_env(server_env(tmp / "home", tmp / "models", 0))
-    app = create_app(settings, backend=ModelRouter(None, remotes))
+    app = create_app(settings, backend=Router(None, remotes))
     front = RunningServer("gateway", app, fakes["vllm"].behaviour, lifespan="on").start()
     try:
         yield Gateway(front.url, settings.database_url, fakes)

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from .migrations import migrate
+from ledger.migrations import migrate
 
 ENV_VAR = "INFER_DATABASE_URL"
 BUSY_TIMEOUT_S = 5.0

@@ -1,6 +1,7 @@
-"""Write one ledger row per served request; read recent rows and per-model totals back.
+"""Ledger rows in and out: stamp and insert rows (SQLAlchemy Core), read recent rows and totals.
 
-``log_usage`` is what the gateway routes, ``infer run`` and the benchmarks call once a request ends.
+The gateway and ``infer run`` hand rows to ``ledger.writer.LedgerWriter``, which batches them off
+the event loop; ``log_usage`` writes one row synchronously (tests, one-off tools).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
-from .tables import RequestLog, UsageRecord, utc_iso
-from .ulid import new_ulid
+from ledger.tables import RequestLog, UsageRecord, utc_iso
+from ledger.ulid import new_ulid
 
 logger = logging.getLogger(__name__)
+_REQUESTS = RequestLog.__table__  # type: ignore[attr-defined]
 
 @dataclass(frozen=True)
 class ModelTotals:
@@ -31,22 +33,33 @@ class ModelTotals:
     mean_tpot_ms: float | None
 
 
+def stamp(record: UsageRecord, now: datetime | None = None) -> dict:
+    """The row for ``record``: its columns plus a fresh ULID ``id`` and ``datetime_utc``."""
+    now = now or datetime.now(timezone.utc)
+    row = record.model_dump()
+    row["id"] = new_ulid(int(now.timestamp() * 1000))
+    row["datetime_utc"] = utc_iso(now)
+    return row
+
+
+def insert_rows(db: Engine, rows: list[dict]) -> None:
+    """Insert ``rows`` (from :func:`stamp`) in one transaction; raises the database's error."""
+    with db.begin() as conn:
+        conn.execute(_REQUESTS.insert(), rows)
+
+
 def log_usage(engine: Engine, record: UsageRecord) -> str:
     """Insert one row and return its id, or ``""`` after a logged warning if the database fails.
 
     A ledger failure must never break the request it describes, so this does not raise for DB errors.
     """
-    now = datetime.now(timezone.utc)
-    row_id = new_ulid(int(now.timestamp() * 1000))
-    row = RequestLog(id=row_id, datetime_utc=utc_iso(now), **record.model_dump())
+    row = stamp(record)
     try:
-        with Session(engine) as session:
-            session.add(row)
-            session.commit()
+        insert_rows(engine, [row])
     except (SQLAlchemyError, OSError) as exc:
         logger.warning("could not record usage for model %r: %s", record.model, exc)
         return ""
-    return row_id
+    return row["id"]
 
 
 def recent(engine: Engine, limit: int = 20, model: str | None = None) -> list[RequestLog]:

@@ -13,11 +13,11 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
-from gateway import migrations
-from gateway.db import database_url_from_env, default_database_url, open_db
-from gateway.tables import RequestLog
-from gateway.ulid import ALPHABET, new_ulid
-from gateway.usage import ModelTotals, UsageRecord, log_usage, recent, totals_by_model
+from ledger import migrations
+from ledger.db import database_url_from_env, default_database_url, open_db
+from ledger.tables import RequestLog
+from ledger.ulid import ALPHABET, new_ulid
+from ledger.usage import ModelTotals, UsageRecord, log_usage, recent, totals_by_model
 
 COLUMNS = ["id", "datetime_utc", "source", "client", "route", "model", "backend", "stream", "status",
            "finish_reason", "input_tokens", "output_tokens", "cached_input_tokens", "queue_ms", "ttft_ms",
@@ -167,7 +167,7 @@ def test_totals_since(engine):
 
 def test_a_db_failure_does_not_raise(caplog):
     unmigrated = sa.create_engine("sqlite://")
-    with caplog.at_level(logging.WARNING, logger="gateway.usage"):
+    with caplog.at_level(logging.WARNING, logger="ledger.usage"):
         assert log_usage(unmigrated, record()) == ""
     assert "could not record usage for model 'qwen2:0.5b'" in caplog.text and "no such table" in caplog.text
 
@@ -203,8 +203,8 @@ def test_threads_sharing_one_engine(engine):
 
 WRITER = """
 import sys
-from gateway.db import open_db
-from gateway.usage import UsageRecord, log_usage
+from ledger.db import open_db
+from ledger.usage import UsageRecord, log_usage
 engine = open_db(sys.argv[1])
 ids = [log_usage(engine, UsageRecord(source="cli", route="run", model=sys.argv[2], backend="llamacpp"))
        for _ in range(25)]

@@ -14,28 +14,28 @@ from fastapi.responses import JSONResponse, Response
 from adapters.errors import ModelNotFound
 from registry.names import parse_digest
 
-from .. import ollama_views as view
-from ..deps import BackendDep, SettingsDep, StoreDep
-from ..ollama_backend import listing_details, local_details, remote_models, resolve_local
-from ..ollama_registry import (Job, copy_model, create_job, progress_stream, pull_job, push_job, receive_blob,
+from gateway.ollama import views as view
+from gateway.deps import RouterDep, SettingsDep, StoreDep
+from gateway.ollama.local import listing_details, local_details, resolve_local
+from gateway.ollama.registry_jobs import (Job, copy_model, create_job, progress_stream, pull_job, push_job, receive_blob,
                                run_quietly)
-from ..ollama_schemas import CopyRequest, CreateRequest, ModelRequest, PullRequest, ShowRequest
-from ..streaming import ndjson_response
+from gateway.ollama.schemas import CopyRequest, CreateRequest, ModelRequest, PullRequest, ShowRequest
+from gateway.http.streaming import ndjson_response
 
 router = APIRouter(tags=["ollama"])
 
 
 @router.api_route("/api/tags", methods=["GET", "HEAD"])
-async def tags(store: StoreDep, backend: BackendDep) -> dict:
+async def tags(store: StoreDep, backends: RouterDep) -> dict:
     def listing() -> list[dict]:
         return [view.tag_entry(m, listing_details(store, m.name)) for m in store.list_models()]
-    remote = [view.remote_tag_entry(m) for m in await remote_models(backend)]
+    remote = [view.remote_tag_entry(m) for m in await backends.remote_models()]
     return {"models": await asyncio.to_thread(listing) + remote}
 
 
 @router.post("/api/show")
-async def show(body: ShowRequest, store: StoreDep, backend: BackendDep) -> dict:
-    for remote in await remote_models(backend):
+async def show(body: ShowRequest, store: StoreDep, backends: RouterDep) -> dict:
+    for remote in await backends.remote_models():
         if remote.name == body.model:
             return view.remote_show_body(remote)
     details = await asyncio.to_thread(local_details, store, body.model, verbose=body.verbose)
@@ -43,8 +43,8 @@ async def show(body: ShowRequest, store: StoreDep, backend: BackendDep) -> dict:
 
 
 @router.get("/api/ps")
-async def ps(backend: BackendDep, store: StoreDep) -> dict:
-    loaded = await backend.loaded_models()
+async def ps(backends: RouterDep, store: StoreDep) -> dict:
+    loaded = await backends.loaded_models()
 
     def details(name: str):
         try:
@@ -78,9 +78,9 @@ async def _progress(job: Job, stream: bool | None) -> Response:
 
 
 @router.delete("/api/delete")
-async def delete(body: ModelRequest, store: StoreDep, backend: BackendDep) -> Response:
+async def delete(body: ModelRequest, store: StoreDep, backends: RouterDep) -> Response:
     name = resolve_local(store, body.model)
-    await backend.unload(body.model)
+    await backends.unload(body.model)
     await asyncio.to_thread(store.remove, name)
     return Response(status_code=200)
 

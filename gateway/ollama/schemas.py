@@ -2,7 +2,7 @@
 
 Unknown fields are ignored (clients send extras such as ``context`` or ``shift``); a field of the
 wrong type is a 400. ``name`` is accepted as an alias of ``model`` where Ollama accepts it.
-Response bodies are built in :mod:`gateway.ollama_views`.
+Response bodies are built in :mod:`gateway.ollama.views`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator
 
-from .durations import parse_duration
-from .errors import APIError
+from gateway.durations import parse_duration
+from gateway.http.errors import APIError
 
 __all__ = ["ChatMessage", "ChatRequest", "CopyRequest", "CreateRequest", "EmbedRequest", "EmbeddingsRequest",
            "GenerateRequest", "ModelRequest", "PullRequest", "ShowRequest", "keep_alive_seconds"]
@@ -63,6 +63,16 @@ class _Generation(_Body):
     @property
     def streaming(self) -> bool:
         return self.stream is not False
+
+    @property
+    def engine(self) -> str | None:
+        """``options.engine`` picks the in-process engine (a routing choice, not a sampling option)."""
+        value = (self.options or {}).get("engine")
+        return None if value is None else str(value)
+
+    @property
+    def sampling_options(self) -> dict[str, Any]:
+        return {k: v for k, v in (self.options or {}).items() if k != "engine"}
 
 
 class GenerateRequest(_Generation):

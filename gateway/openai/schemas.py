@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.base import GenerationRequest
 
-from .errors import APIError
+from gateway.http.errors import APIError
 
 T = TypeVar("T", bound=BaseModel)
 SEED_MASK = 0x7FFFFFFF  # llama.cpp seeds are uint32 and 0xFFFFFFFF means "random"
@@ -84,8 +84,7 @@ class _Sampling(_Wire):
         seed = None if self.seed is None else (self.seed + index) & SEED_MASK
         values = {"num_predict": num_predict, "temperature": self.temperature, "top_p": self.top_p,
                   "seed": seed, "stop": stops, "frequency_penalty": self.frequency_penalty,
-                  "presence_penalty": self.presence_penalty, "ignore_eos": self.ignore_eos,
-                  "engine": self.engine}
+                  "presence_penalty": self.presence_penalty, "ignore_eos": self.ignore_eos}
         return {k: v for k, v in values.items() if v is not None}
 
 
@@ -107,7 +106,7 @@ class ChatCompletionRequest(_Sampling):
         fmt = _format(self.response_format)
         num_predict = self.max_completion_tokens or self.max_tokens
         return [GenerationRequest(model=self.model, messages=messages, options=self.options(num_predict, i),
-                                  format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
+                                  engine=self.engine, format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
                                   strict_max_tokens=True, client=client)
                 for i in range(self.n or 1)]
 
@@ -133,7 +132,8 @@ class CompletionRequest(_Sampling):
             raise APIError(400, "'echo' is not supported", param="echo")
         n = self.n or 1
         return [(p, GenerationRequest(model=self.model, prompt=text, suffix=self.suffix,
-                                      options=self.options(self.max_tokens, i), logprobs=self.logprobs is not None,
+                                      options=self.options(self.max_tokens, i), engine=self.engine,
+                                      logprobs=self.logprobs is not None,
                                       top_logprobs=self.logprobs or 0, strict_max_tokens=True, client=client))
                 for p, text in enumerate(self.prompts()) for i in range(n)]
 

@@ -1,16 +1,16 @@
 """Helpers the Ollama routes share: preloading/unloading a model, local model details.
 
 ``load_or_unload`` answers Ollama's "empty request" convention: an empty prompt (or no messages)
-loads the model and ``keep_alive: 0`` unloads it. Backends may offer ``load(model, options,
-keep_alive)`` (the llama.cpp one does); without it the model's existence is all that is checked.
+loads the model and ``keep_alive: 0`` unloads it.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from adapters.base import Backend, ModelInfo
 from adapters.errors import ModelNotFound
+from adapters.router import Router
 from registry.details import ModelDetails, details_cache
 from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
 from registry.names import ModelName
@@ -18,26 +18,19 @@ from registry.store import Store
 
 log = logging.getLogger(__name__)
 
-async def load_or_unload(backend: Backend, model: str, keep_alive: float | None, options: dict | None,
-                         *, embedding: bool = False) -> str:
+
+async def load_or_unload(router: Router, model: str, keep_alive: float | None, options: dict[str, Any],
+                         *, engine: str | None = None, embedding: bool = False) -> str:
     """Load ``model`` (``"load"``) or, with ``keep_alive == 0``, unload it (``"unload"``); 404 if unknown."""
     if keep_alive == 0:
-        require_model(backend, model)
-        await backend.unload(model)
+        router.require(model)
+        await router.unload(model)
         return "unload"
-    loader = getattr(backend, "load", None)
-    if loader is not None and not embedding:
-        await loader(model, options=options or {}, keep_alive=keep_alive)
+    if embedding:
+        router.require(model)
     else:
-        require_model(backend, model)
+        await router.load(model, engine=engine, options=options, keep_alive=keep_alive)
     return "load"
-
-
-def require_model(backend: Backend, model: str) -> None:
-    """Raise the backend's ModelNotFound (404) when it can tell that ``model`` does not exist."""
-    details = getattr(backend, "details", None)
-    if callable(details):
-        details(model)
 
 
 def resolve_local(store: Store, model: str) -> ModelName:
@@ -66,9 +59,3 @@ def listing_details(store: Store, name: ModelName) -> ModelDetails | None:
     except Exception as exc:
         log.warning("cannot read details of %s: %s", name.display, exc)
         return None
-
-
-async def remote_models(backend: Backend) -> list[ModelInfo]:
-    """Models served by the remote backends of ``infer serve --config`` (none without one)."""
-    lister = getattr(backend, "remote_models", None)
-    return await lister() if lister is not None else []

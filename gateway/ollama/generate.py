@@ -15,30 +15,32 @@ from fastapi.responses import JSONResponse, Response
 
 from adapters.base import Chunk, GenerationRequest, TokenLogprob
 
-from .. import ollama_views as view
-from ..deps import BackendDep, ClientDep, RecorderDep
-from ..errors import APIError
-from ..ollama_backend import load_or_unload
-from ..embeddings import embed as embed_inputs
-from ..ollama_schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, keep_alive_seconds
-from ..recorder import Generation
-from ..streaming import ndjson_response
+from gateway.ollama import views as view
+from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.http.errors import APIError
+from gateway.ollama.local import load_or_unload
+from gateway.embeddings import embed as embed_inputs
+from gateway.ollama.schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, keep_alive_seconds
+from gateway.recorder import Generation
+from gateway.http.streaming import ndjson_response
 
 router = APIRouter(tags=["ollama"])
 
 
 @router.post("/api/generate")
-async def generate(body: GenerateRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> Response:
+async def generate(body: GenerateRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> Response:
     if body.images:
         raise APIError(400, "images are not supported", param="images")
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not body.prompt:
-        reason = await load_or_unload(backend, body.model, keep_alive, body.options)
+        reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONResponse(view.load_answer(body.model, reason, chat=False))
     req = GenerationRequest(
-        model=body.model, prompt=body.prompt, system=body.system, template=body.template, raw=body.raw,
-        suffix=body.suffix, options=body.options or {}, format=body.format, logprobs=body.logprobs,
-        top_logprobs=body.top_logprobs, truncate=bool(body.truncate), keep_alive=keep_alive, client=client)
+        model=body.model, engine=body.engine, prompt=body.prompt, system=body.system, template=body.template,
+        raw=body.raw, suffix=body.suffix, options=body.sampling_options, format=body.format,
+        logprobs=body.logprobs, top_logprobs=body.top_logprobs, truncate=bool(body.truncate),
+        keep_alive=keep_alive, client=client)
+    backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
     if body.streaming:
         return ndjson_response(_generate_stream(gen, body))
@@ -55,18 +57,19 @@ async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncItera
 
 
 @router.post("/api/chat")
-async def chat(body: ChatRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> Response:
+async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> Response:
     messages = body.messages or []
     if any(m.images for m in messages):
         raise APIError(400, "images are not supported", param="messages.images")
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not messages:
-        reason = await load_or_unload(backend, body.model, keep_alive, body.options)
+        reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONResponse(view.load_answer(body.model, reason, chat=True))
     req = GenerationRequest(
-        model=body.model, messages=[m.for_backend() for m in messages], options=body.options or {},
-        format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
+        model=body.model, engine=body.engine, messages=[m.for_backend() for m in messages],
+        options=body.sampling_options, format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
         truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools)
+    backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
         return ndjson_response(_chat_stream(gen, body.model))
@@ -105,13 +108,13 @@ def _logprobs(chunks: list[Chunk]) -> list[TokenLogprob]:
 # -- embeddings -----------------------------------------------------------------------------------
 
 @router.post("/api/embed")
-async def embed(body: EmbedRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> dict:
+async def embed(body: EmbedRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> dict:
     keep_alive = keep_alive_seconds(body.keep_alive)
     inputs = ([body.input] if body.input else []) if isinstance(body.input, str) else list(body.input)
     if not inputs:
-        await load_or_unload(backend, body.model, keep_alive, body.options, embedding=True)
+        await load_or_unload(backends, body.model, keep_alive, body.options or {}, embedding=True)
         return {"model": body.model, "embeddings": []}
-    result = await embed_inputs(backend, recorder, route="/api/embed", model=body.model, inputs=inputs,
+    result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route="/api/embed", model=body.model, inputs=inputs,
                                 client=client, truncate=body.truncate, keep_alive=keep_alive,
                                 dimensions=body.dimensions)
     return {"model": body.model, "embeddings": result.embeddings, "total_duration": view.ns(result.total),
@@ -119,12 +122,12 @@ async def embed(body: EmbedRequest, backend: BackendDep, recorder: RecorderDep, 
 
 
 @router.post("/api/embeddings")
-async def embeddings(body: EmbeddingsRequest, backend: BackendDep, recorder: RecorderDep,
+async def embeddings(body: EmbeddingsRequest, backends: RouterDep, recorder: RecorderDep,
                      client: ClientDep) -> dict:
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not body.prompt:
-        await load_or_unload(backend, body.model, keep_alive, body.options, embedding=True)
+        await load_or_unload(backends, body.model, keep_alive, body.options or {}, embedding=True)
         return {"embedding": []}
-    result = await embed_inputs(backend, recorder, route="/api/embeddings", model=body.model,
+    result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route="/api/embeddings", model=body.model,
                                 inputs=[body.prompt], client=client, keep_alive=keep_alive)
     return {"embedding": result.embeddings[0]}

@@ -1,18 +1,19 @@
 """OpenAI generation: ``POST /v1/chat/completions`` and ``POST /v1/completions``.
 
-Requests are mapped onto the backend in ``gateway/openai_schemas.py``; every choice (``n``) is
-its own backend request through the recorder. Streams are SSE (``data: {json}\\n\\n`` … ``data: [DONE]``).
+Requests are mapped onto the backend in ``gateway/openai/schemas.py``; the backend is resolved
+once per HTTP request, and every choice (``n``) is its own generation through the recorder (one
+ledger row each). Streams are SSE (``data: {json}\\n\\n`` … ``data: [DONE]``).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ..deps import BackendDep, ClientDep, RecorderDep
-from ..openai_responses import ResponseMeta, chat_completion, text_completion
-from ..openai_schemas import ChatCompletionRequest, CompletionRequest
-from ..openai_stream import chat_chunks, completion_chunks, run_all, start_stream
-from ..streaming import sse_response
+from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.http.streaming import sse_response
+from gateway.openai.responses import ResponseMeta, chat_completion, text_completion
+from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.openai.stream import chat_chunks, completion_chunks, run_all, start_stream
 
 router = APIRouter(tags=["openai"])
 
@@ -21,9 +22,10 @@ COMPLETIONS_ROUTE = "/v1/completions"
 
 
 @router.post(CHAT_ROUTE)
-async def chat_completions(body: ChatCompletionRequest, backend: BackendDep, recorder: RecorderDep,
+async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, recorder: RecorderDep,
                            client: ClientDep):
     requests = body.generation_requests(client)
+    backend = recorder.resolve(backends, requests[0], route=CHAT_ROUTE, stream=bool(body.stream))
     meta = ResponseMeta("chat.completion", body.model)
     logprobs = bool(body.logprobs)
     if body.stream:
@@ -34,10 +36,11 @@ async def chat_completions(body: ChatCompletionRequest, backend: BackendDep, rec
 
 
 @router.post(COMPLETIONS_ROUTE)
-async def completions(body: CompletionRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep):
+async def completions(body: CompletionRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep):
     pairs = body.generation_requests(client)
     prompt_of = [p for p, _ in pairs]
     requests = [req for _, req in pairs]
+    backend = recorder.resolve(backends, requests[0], route=COMPLETIONS_ROUTE, stream=bool(body.stream))
     meta = ResponseMeta("text_completion", body.model)
     logprobs = body.logprobs is not None
     if body.stream:

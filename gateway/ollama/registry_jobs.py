@@ -2,7 +2,7 @@
 
 ``progress_stream(job)`` runs ``job(emit)`` as a task and yields each :class:`ProgressEvent` as its
 wire dict; ``emit`` is safe to call from worker threads. A failure after the first line becomes the
-stream's last line (``{"error": ...}``, see ``gateway.streaming``); a client that goes away cancels
+stream's last line (``{"error": ...}``, see ``gateway.http.streaming``); a client that goes away cancels
 the job (a cancelled pull resumes on the next request).
 """
 
@@ -27,10 +27,10 @@ from registry.pull import pull_model
 from registry.push import push_model
 from registry.store import Store
 
-from .errors import APIError
-from .ollama_backend import resolve_local
-from .ollama_schemas import CreateRequest
-from .settings import ServerSettings
+from gateway.http.errors import APIError
+from gateway.ollama.local import resolve_local
+from gateway.ollama.schemas import CreateRequest
+from gateway.settings import ServerSettings
 
 Job = Callable[[ProgressCallback], Awaitable[Any]]
 _END = object()

@@ -15,10 +15,10 @@ from adapters.base import ModelInfo
 from registry.errors import RegistryError
 from registry.names import parse_name
 
-from ..deps import BackendDep, ClientDep, RecorderDep
-from ..embeddings import embed as embed_inputs
-from ..errors import APIError
-from ..openai_schemas import EmbeddingRequest
+from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.embeddings import embed as embed_inputs
+from gateway.http.errors import APIError
+from gateway.openai.schemas import EmbeddingRequest
 
 router = APIRouter(tags=["openai"])
 
@@ -44,23 +44,23 @@ def _model_object(info: ModelInfo) -> dict:
 
 
 @router.get("/v1/models")
-async def list_models(backend: BackendDep) -> dict:
-    return {"object": "list", "data": [_model_object(m) for m in await backend.list_models()]}
+async def list_models(backends: RouterDep) -> dict:
+    return {"object": "list", "data": [_model_object(m) for m in await backends.list_models()]}
 
 
 @router.get("/v1/models/{model:path}")
-async def get_model(model: str, backend: BackendDep) -> dict:
+async def get_model(model: str, backends: RouterDep) -> dict:
     wanted = _canonical(model)
-    for info in await backend.list_models():
+    for info in await backends.list_models():
         if _canonical(info.name) == wanted:
             return _model_object(info)
     raise APIError(404, f"model '{model}' not found", param="model", code="model_not_found")
 
 
 @router.post(EMBEDDINGS_ROUTE)
-async def embeddings(body: EmbeddingRequest, backend: BackendDep, recorder: RecorderDep, client: ClientDep) -> dict:
+async def embeddings(body: EmbeddingRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> dict:
     inputs = body.inputs()
-    result = await embed_inputs(backend, recorder, route=EMBEDDINGS_ROUTE, model=body.model, inputs=inputs,
+    result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route=EMBEDDINGS_ROUTE, model=body.model, inputs=inputs,
                                 client=client, dimensions=body.dimensions)
     vectors = result.embeddings
     encode = _base64 if body.encoding_format == "base64" else list

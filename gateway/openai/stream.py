@@ -19,8 +19,8 @@ from contextlib import aclosing
 
 from adapters.base import Backend, Done, GenerationRequest, StreamEvent, TokenLogprob
 
-from .openai_responses import ResponseMeta, Result, chat_logprobs, finish_reason, legacy_logprobs, usage
-from .recorder import Generation, Recorder
+from gateway.openai.responses import ResponseMeta, Result, chat_logprobs, finish_reason, legacy_logprobs, usage
+from gateway.recorder import Generation, Recorder
 
 Events = AsyncIterator[tuple[int, StreamEvent]]
 

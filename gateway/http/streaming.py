@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
-from .errors import error_body, to_status_message
+from gateway.http.errors import error_body, to_status_message
 
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"

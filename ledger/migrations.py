@@ -4,7 +4,7 @@ Each migration is a function of a SQLAlchemy ``Connection`` that runs inside its
 written against the schema as it was at that point (never against the SQLModel classes, which move
 on). To change the schema, append ``m00N_what`` to ``MIGRATIONS``; never edit an applied one.
 
-On SQLite, ``gateway.db.open_db`` turns the ``infer_begin_immediate`` execution option into
+On SQLite, ``ledger.db.open_db`` turns the ``infer_begin_immediate`` execution option into
 ``BEGIN IMMEDIATE``, so two processes opening a fresh file at once apply each migration once.
 """
 
@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 import sqlalchemy as sa
 from sqlalchemy import Connection, Engine
 
-from .tables import utc_iso
+from ledger.tables import utc_iso
 
 Migration = Callable[[Connection], None]
 

@@ -17,8 +17,8 @@ import ipaddress
 import json
 import socket
 
-from .errors import error_body
-from .settings import ServerSettings
+from gateway.http.errors import error_body
+from gateway.settings import ServerSettings
 
 ALLOWED_HEADERS = ", ".join([
     "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "OpenAI-Beta",

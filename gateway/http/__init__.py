@@ -1,0 +1,1 @@
+"""HTTP plumbing shared by both APIs: guards, body handling, streaming framings, errors."""

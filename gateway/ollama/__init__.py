@@ -1,0 +1,1 @@
+"""The Ollama API: /api/generate, /api/chat, /api/embed, model management."""

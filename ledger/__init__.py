@@ -1,0 +1,1 @@
+"""The usage ledger: one row per answered request, written off the request path."""

@@ -1,0 +1,148 @@
+"""One writer thread per process that batches ledger rows off the event loop.
+
+``submit(record)`` stamps the row (ULID and time of the request's end) and queues it; it never
+blocks and never touches the database. The writer thread takes whatever is queued (up to
+``batch_rows``, waiting at most ``flush_s`` after the first row) and inserts it in one transaction
+with a SQLAlchemy Core ``insert`` (executemany). When the database is locked or unreachable the
+batch is kept and retried with exponential backoff; rows are only ever dropped when the queue
+holds ``max_pending`` rows (bounded memory), and then every dropped row is counted and logged as
+an error. ``close()`` flushes every queued row before it returns (graceful shutdown).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from .tables import UsageRecord
+from .usage import insert_rows, stamp
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    batch_rows: int = 256         # rows per transaction at most
+    flush_s: float = 0.005        # how long the first row of a batch waits for company
+    max_pending: int = 100_000    # rows queued before new ones are dropped (and counted)
+    retry_initial_s: float = 0.05
+    retry_max_s: float = 2.0
+
+
+class LedgerWriter:
+    def __init__(self, db: Engine, settings: WriterSettings | None = None) -> None:
+        self.db = db
+        self.settings = settings or WriterSettings()
+        self._queue: queue.Queue = queue.Queue()
+        self._written = 0
+        self.dropped = 0
+        self.failed_attempts = 0
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def written(self) -> int:
+        return self._written
+
+    def submit(self, record: UsageRecord) -> None:
+        """Queue one row; cheap, thread-safe, never blocks."""
+        with self._idle:
+            if self._pending >= self.settings.max_pending:
+                self.dropped += 1
+                log.error("usage ledger queue full (%d rows pending): dropped a row for model %r "
+                          "(%d dropped so far)", self._pending, record.model, self.dropped)
+                return
+            self._pending += 1
+        self._queue.put(stamp(record))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every row submitted so far is written (or dropped); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Write everything queued, then stop the thread."""
+        if not self._thread.is_alive():
+            return
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive() or self._pending:
+            log.error("usage ledger: %d row(s) could not be written before shutdown", self._pending)
+
+    # -- the writer thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch, stopping = self._take()
+            if batch:
+                self._write(batch, stopping)
+
+    def _take(self) -> tuple[list[dict], bool]:
+        first = self._queue.get()
+        if first is _STOP:
+            return self._drain_now(), True
+        batch = [first]
+        deadline = time.monotonic() + self.settings.flush_s
+        while len(batch) < self.settings.batch_rows:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return batch + self._drain_now(), True
+            batch.append(item)
+        return batch, False
+
+    def _drain_now(self) -> list[dict]:
+        rows = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return rows
+            if item is not _STOP:
+                rows.append(item)
+
+    def _write(self, batch: list[dict], stopping: bool) -> None:
+        delay = self.settings.retry_initial_s
+        for start in range(0, len(batch), self.settings.batch_rows):
+            chunk = batch[start:start + self.settings.batch_rows]
+            while True:
+                try:
+                    insert_rows(self.db, chunk)
+                    break
+                except (SQLAlchemyError, OSError) as exc:
+                    self.failed_attempts += 1
+                    log.warning("usage ledger: %d row(s) wait for the database (%s); retrying in %.2f s",
+                                len(chunk), _short(exc), delay)
+                    time.sleep(delay)
+                    delay = min(delay * 2, self.settings.retry_max_s)
+            self._done(len(chunk))
+
+    def _done(self, count: int) -> None:
+        with self._idle:
+            self._written += count
+            self._pending -= count
+            if not self._pending:
+                self._idle.notify_all()
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200]
