@@ -1,13 +1,12 @@
-"""Request bodies are JSON whatever their Content-Type, as Ollama and OpenAI servers treat them.
+"""Request bodies are JSON whatever their Content-Type, as Ollama's server treats them.
 
-``curl -d '{...}'`` sends ``application/x-www-form-urlencoded``; clients in the wild also send no
-Content-Type at all. FastAPI only parses JSON bodies declared as JSON, so this middleware declares
-them: on API routes (not blob uploads), a missing or form Content-Type becomes ``application/json``.
+``curl -d '{...}'`` sends ``application/x-www-form-urlencoded``, LiteLLM's async client and proxy send
+``application/octet-stream`` to ``/api/chat``, and clients in the wild send no Content-Type at all.
+FastAPI only parses bodies declared as JSON, so this middleware declares them: on API routes (not
+blob uploads), any Content-Type that is not already JSON becomes ``application/json``.
 """
 
 from __future__ import annotations
-
-_REWRITE = (b"", b"application/x-www-form-urlencoded", b"text/plain")
 
 
 class JSONBodies:
@@ -29,7 +28,8 @@ def _is_api_body(scope) -> bool:
 
 def _as_json(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     current = next((v for k, v in headers if k.lower() == b"content-type"), b"")
-    if current.split(b";")[0].strip().lower() not in _REWRITE:
+    media = current.split(b";")[0].strip().lower()
+    if media == b"application/json" or media.endswith(b"+json"):
         return headers
     kept = [(k, v) for k, v in headers if k.lower() != b"content-type"]
     return [*kept, (b"content-type", b"application/json")]

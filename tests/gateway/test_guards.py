@@ -111,9 +111,10 @@ def test_metrics_exposition(app_client):
 
 
 def test_bodies_are_json_whatever_the_content_type(app_client):
-    """`curl -d` sends form-urlencoded; Ollama and OpenAI servers read the body as JSON anyway."""
+    """`curl -d` sends form-urlencoded, LiteLLM octet-stream; Ollama reads the body as JSON anyway."""
     body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": false, "options": {"num_predict": 2}}'
-    for ctype in ("application/x-www-form-urlencoded", None, "text/plain"):
+    for ctype in ("application/x-www-form-urlencoded", None, "text/plain", "application/octet-stream",
+                  "application/x-ndjson"):
         headers = {"Content-Type": ctype} if ctype else {}
         r = app_client.post("/api/chat", content=body, headers=headers)
         assert r.status_code == 200 and r.json()["done"] is True, r.text
