@@ -61,7 +61,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     errors.install(app)
     app.add_middleware(JSONBodies)
     app.add_middleware(GuardMiddleware, settings=settings)  # added last: runs first
-    for module in (health, ollama_generate, ollama_models, openai_generate, openai_models):
+    for module in (openai_generate, ollama_generate, openai_models, ollama_models, health):  # hot routes first
         app.include_router(module.router)
     return app
 

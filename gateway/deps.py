@@ -1,4 +1,8 @@
-"""Typed dependencies: route handlers list these instead of reaching into ``app.state``."""
+"""Typed dependencies: route handlers list these instead of reaching into ``app.state``.
+
+All are ``async def``: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop per
+dependency per request.
+"""
 
 from __future__ import annotations
 
@@ -14,27 +18,27 @@ from gateway.recorder import Recorder
 from gateway.settings import ServerSettings
 
 
-def _router(request: Request) -> Router:
+async def _router(request: Request) -> Router:
     return request.app.state.router
 
 
-def _store(request: Request) -> Store:
+async def _store(request: Request) -> Store:
     return request.app.state.store
 
 
-def _recorder(request: Request) -> Recorder:
+async def _recorder(request: Request) -> Recorder:
     return request.app.state.recorder
 
 
-def _settings(request: Request) -> ServerSettings:
+async def _settings(request: Request) -> ServerSettings:
     return request.app.state.settings
 
 
-def _db(request: Request) -> Engine:
+async def _db(request: Request) -> Engine:
     return request.app.state.db
 
 
-def client_of(request: Request) -> str | None:
+async def client_of(request: Request) -> str | None:
     """What the ledger's ``client`` column shows: the User-Agent, else the peer address."""
     agent = request.headers.get("user-agent")
     if agent:

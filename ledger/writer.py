@@ -31,7 +31,7 @@ _STOP = object()
 @dataclass(frozen=True)
 class WriterSettings:
     batch_rows: int = 256         # rows per transaction at most
-    flush_s: float = 0.005        # how long the first row of a batch waits for company
+    flush_s: float = 0.05         # how long the first row of a batch waits for company
     max_pending: int = 100_000    # rows queued before new ones are dropped (and counted)
     retry_initial_s: float = 0.05
     retry_max_s: float = 2.0

@@ -1,33 +1,29 @@
 """Wire framings: NDJSON (Ollama) and server-sent events (OpenAI), flushed per chunk.
 
-Starlette cancels the body iterator when the client disconnects; the cancellation reaches the
-backend's stream, which stops generating and frees its slot.
+Starlette cancels the body iterator when the client disconnects; the recorder's generation then
+cancels its request (``request.cancel``), so the backend stops generating and frees its slot.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
 from gateway.http.errors import error_body, to_status_message
+from gateway.http.jsonwire import dumps
 
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200) -> StreamingResponse:
     async def body():
         try:
             async for obj in objects:
-                yield dumps(obj) + "\n"
+                yield dumps(obj) + b"\n"
         except Exception as exc:  # headers are sent: the error becomes the last line
-            yield dumps(_error(exc, "/api")) + "\n"
+            yield dumps(_error(exc, "/api")) + b"\n"
     return StreamingResponse(body(), status_code=status_code, media_type=NDJSON)
 
 
@@ -36,10 +32,10 @@ def sse_response(objects: AsyncIterator[dict]) -> StreamingResponse:
     async def body():
         try:
             async for obj in objects:
-                yield f"data: {dumps(obj)}\n\n"
+                yield b"data: " + dumps(obj) + b"\n\n"
         except Exception as exc:  # headers are sent: the error is the last event before [DONE]
-            yield f"data: {dumps(_error(exc, '/v1'))}\n\n"
-        yield "data: [DONE]\n\n"
+            yield b"data: " + dumps(_error(exc, "/v1")) + b"\n\n"
+        yield b"data: [DONE]\n\n"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body(), media_type=SSE, headers=headers)
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from adapters.base import Chunk, GenerationRequest, TokenLogprob
 
 from gateway.ollama import views as view
 from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.http.errors import APIError
+from gateway.http.jsonwire import JSONBytes
 from gateway.ollama.local import load_or_unload
 from gateway.embeddings import embed as embed_inputs
 from gateway.ollama.schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, keep_alive_seconds
@@ -34,7 +35,7 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not body.prompt:
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
-        return JSONResponse(view.load_answer(body.model, reason, chat=False))
+        return JSONBytes(view.load_answer(body.model, reason, chat=False))
     req = GenerationRequest(
         model=body.model, engine=body.engine, prompt=body.prompt, system=body.system, template=body.template,
         raw=body.raw, suffix=body.suffix, options=body.sampling_options, format=body.format,
@@ -45,7 +46,7 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
     if body.streaming:
         return ndjson_response(_generate_stream(gen, body))
     text, chunks, done = await gen.collect()
-    return JSONResponse(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks)))
+    return JSONBytes(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks)))
 
 
 async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncIterator[dict]:
@@ -64,7 +65,7 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not messages:
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
-        return JSONResponse(view.load_answer(body.model, reason, chat=True))
+        return JSONBytes(view.load_answer(body.model, reason, chat=True))
     req = GenerationRequest(
         model=body.model, engine=body.engine, messages=[m.for_backend() for m in messages],
         options=body.sampling_options, format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
@@ -74,7 +75,7 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
     if body.streaming:
         return ndjson_response(_chat_stream(gen, body.model))
     text, chunks, done = await gen.collect()
-    return JSONResponse(view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks)))
+    return JSONBytes(view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks)))
 
 
 async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.http.jsonwire import JSONBytes
 from gateway.http.streaming import sse_response
 from gateway.openai.responses import ResponseMeta, chat_completion, text_completion
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
@@ -32,7 +33,7 @@ async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, rec
         events = await start_stream(recorder, backend, requests, CHAT_ROUTE)
         return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage))
     results = await run_all(recorder, backend, requests, CHAT_ROUTE)
-    return chat_completion(meta, results, logprobs=logprobs)
+    return JSONBytes(chat_completion(meta, results, logprobs=logprobs))
 
 
 @router.post(COMPLETIONS_ROUTE)
@@ -48,4 +49,4 @@ async def completions(body: CompletionRequest, backends: RouterDep, recorder: Re
         return sse_response(completion_chunks(meta, events, prompt_of, logprobs=logprobs,
                                               include_usage=body.include_usage))
     results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE)
-    return text_completion(meta, results, prompt_of, logprobs=logprobs)
+    return JSONBytes(text_completion(meta, results, prompt_of, logprobs=logprobs))
