@@ -1,0 +1,518 @@
+"""What a gateway adds in front of a fast OpenAI-compatible server: direct vs `infer serve` vs LiteLLM's proxy.
+
+Starts on free 127.0.0.1 ports (all stopped at exit, also on errors and Ctrl-C):
+
+- ``bench/fast_openai_server.py``: canned ``/v1/chat/completions`` answers (``--chunks`` content chunks,
+  usage, ``[DONE]``) from a raw asyncio server, far cheaper per request than either gateway;
+- ``infer serve --config cfg.yaml`` (``.venv/bin/infer``, ``INFER_HOME`` and ``INFER_DATABASE_URL`` in a
+  temporary directory) with one ``type: openai`` backend entry, ``fast-openai``, pointing at it;
+- LiteLLM's proxy as its docs start it, ``litellm --config config.yaml --port P`` (plus ``--host
+  127.0.0.1``), with a ``model_list`` entry ``openai/fast`` whose ``api_base`` is the fast server. It is
+  installed on first use into its own venv, ``.bench/litellm-venv`` (``pip install 'litellm[proxy]'``).
+  Recent LiteLLM refuses to start without a master key, so one is set and sent as a Bearer token.
+
+Each server runs with its default log level (both print an access line per request, as users get).
+One async httpx client (uvloop when installed) drives every side with the same request:
+``POST /v1/chat/completions``, one user message, ``max_tokens`` = ``--chunks``, non-streaming and
+streaming (``stream_options.include_usage``); a request counts when the answer is complete (JSON
+with content, or an SSE stream up to ``[DONE]`` with every content chunk and a usage chunk).
+
+- concurrency 1: ``--rounds`` rounds, each sending one request per side and mode in an order rotated
+  every round, so the sides share the machine's noise; median latency per side, "added" = median
+  through a gateway - median direct, and the median of the per-round differences ("paired");
+- concurrency 32: ``--tput-rounds`` rounds of ``--tput-seconds`` per side and mode, alternated;
+  requests/s (median over rounds) and each server's CPU ms per request (from /proc/PID/stat).
+
+``--soak``: only the fast server and ``infer serve``; ``--soak-requests`` (10,000) streaming requests
+in waves of 1,000 from ``--soak-concurrency`` (500) concurrent clients; errors, the server's VmRSS
+after each wave, then SIGTERM and the number of ledger rows in its SQLite database (one per request).
+
+Goals (issue 11): added median latency at c=1 <= 1.0 ms; infer/LiteLLM req/s at c=32 >= 3x;
+soak: 0 errors, one ledger row per request, RSS after 10,000 within 10 % of RSS after 1,000.
+The machine may be shared: the script reports how many cores other processes used meanwhile.
+
+    .venv/bin/python bench/gateway_overhead.py [--rounds 250] [--chunks 16] [--tput-seconds 3]
+                                               [--no-litellm] [--soak] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".bench" / "gateway_overhead"
+LITELLM_VENV = ROOT / ".bench" / "litellm-venv"
+MASTER_KEY = "sk-bench-gateway-overhead-0123456789abcdef"
+MODES = ("nonstream", "stream")
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Side:
+    name: str
+    url: str
+    model: str
+    pid: int | None = None
+    headers: dict = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------- processes
+
+
+class Processes:
+    """Subprocesses started by this run; all stopped (SIGTERM, then SIGKILL) on exit."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], log: Path, ready_url: str, env: dict | None = None,
+              timeout: float = 180.0) -> subprocess.Popen:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
+        self.procs.append(proc)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{args[0]} exited early ({proc.returncode}):\n{_tail(log)}")
+            try:
+                if httpx.get(ready_url, timeout=1.0).status_code == 200:
+                    return proc
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{args[0]} did not answer {ready_url} in {timeout:.0f}s:\n{_tail(log)}")
+
+    def stop(self, proc: subprocess.Popen, timeout: float = 30.0) -> int:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.stop(proc, timeout=15)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_fast(procs: Processes, work: Path, chunks: int) -> Side:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = procs.start([sys.executable, str(ROOT / "bench" / "fast_openai_server.py"), "--port", str(port),
+                        "--chunks", str(chunks)], work / "fast-server.log", url + "/v1/models")
+    return Side("direct", url, "fast", proc.pid)
+
+
+def infer_command() -> list[str]:
+    exe = ROOT / ".venv" / "bin" / "infer"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
+
+
+def start_infer(procs: Processes, work: Path, fast: Side) -> tuple[Side, subprocess.Popen, Path]:
+    config = work / "infer-config.yaml"
+    config.write_text(yaml.safe_dump({"backends": [{"name": "fast-openai", "type": "openai",
+                                                    "base_url": fast.url + "/v1", "model": "fast"}]}))
+    home, db = work / "infer-home", work / "infer-home" / "usage.db"
+    (home / "models").mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
+    env.update(INFER_HOME=str(home), INFER_MODELS=str(home / "models"), INFER_DATABASE_URL=f"sqlite:///{db}")
+    proc = procs.start([*infer_command(), "serve", "--config", str(config), "--host", f"127.0.0.1:{port}"],
+                       work / "infer-serve.log", f"http://127.0.0.1:{port}/", env)
+    return Side("infer", f"http://127.0.0.1:{port}", "fast-openai", proc.pid), proc, db
+
+
+def ensure_litellm() -> Path | None:
+    """``.bench/litellm-venv/bin/litellm``, installed on first use; None (with the reason printed) if it cannot be."""
+    exe = LITELLM_VENV / "bin" / "litellm"
+    if exe.exists():
+        return exe
+    print(f"installing LiteLLM's proxy into {LITELLM_VENV.relative_to(ROOT)} (once) ...", flush=True)
+    log = LITELLM_VENV.parent / "litellm-venv-install.log"
+    LITELLM_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        ok = subprocess.call([sys.executable, "-m", "venv", "--clear", str(LITELLM_VENV)], stdout=out,
+                             stderr=subprocess.STDOUT) == 0 and subprocess.call(
+            [str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"], stdout=out,
+            stderr=subprocess.STDOUT) == 0
+    if ok and exe.exists():
+        return exe
+    print(f"LiteLLM could not be installed; its side is skipped (see {log}):\n{_tail(log, 10)}", flush=True)
+    return None
+
+
+def start_litellm(procs: Processes, work: Path, fast: Side, exe: Path) -> Side:
+    config = work / "litellm-config.yaml"
+    config.write_text(yaml.safe_dump({"model_list": [{"model_name": "fast", "litellm_params": {
+        "model": "openai/fast", "api_base": fast.url + "/v1", "api_key": "none"}}]}))
+    port = free_port()
+    env = {**os.environ, "LITELLM_MASTER_KEY": MASTER_KEY,
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # offline: no price-map download at start
+    proc = procs.start([str(exe), "--config", str(config), "--port", str(port), "--host", "127.0.0.1"],
+                       work / "litellm-proxy.log", f"http://127.0.0.1:{port}/health/liveliness", env, timeout=300)
+    return Side("litellm", f"http://127.0.0.1:{port}", "fast", proc.pid,
+                {"Authorization": f"Bearer {MASTER_KEY}"})
+
+
+# ---------------------------------------------------------------- /proc readings
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process (0 when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK
+    except (OSError, IndexError, TypeError):
+        return 0.0
+
+
+def machine_busy_seconds() -> float:
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLK
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+class Noise:
+    """Cores used by processes other than this client and its servers, between start() and stop()."""
+
+    def __init__(self, pids: list[int | None]) -> None:
+        self.pids = pids
+
+    def _ours(self) -> float:
+        return sum(cpu_seconds(p) for p in self.pids) + cpu_seconds(os.getpid())
+
+    def start(self) -> None:
+        self.t0, self.busy0, self.ours0 = time.perf_counter(), machine_busy_seconds(), self._ours()
+
+    def stop(self) -> dict:
+        wall = time.perf_counter() - self.t0
+        busy, ours = machine_busy_seconds() - self.busy0, self._ours() - self.ours0
+        return {"wall_s": wall, "others_cores": max(0.0, busy - ours) / wall, "ours_cores": ours / wall,
+                "cores": os.cpu_count()}
+
+
+# ---------------------------------------------------------------- one request
+
+
+def chat_body(side: Side, stream: bool, chunks: int) -> dict:
+    body = {"model": side.model, "messages": [{"role": "user", "content": "Say hello to the benchmark"}],
+            "max_tokens": chunks, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def request(client: httpx.AsyncClient, side: Side, stream: bool, chunks: int) -> float:
+    """One complete chat completion; its latency in seconds. Raises on any error or incomplete answer."""
+    body = chat_body(side, stream, chunks)
+    url = side.url + "/v1/chat/completions"
+    st = time.perf_counter()
+    if not stream:
+        resp = await client.post(url, json=body, headers=side.headers)
+        if resp.status_code != 200:
+            raise RuntimeError(f"{side.name}: HTTP {resp.status_code}: {resp.text[:200]}")
+        data = resp.json()
+        if not data["choices"][0]["message"]["content"] or not data.get("usage"):
+            raise RuntimeError(f"{side.name}: empty answer {data}")
+        return time.perf_counter() - st
+    contents, usage, done = 0, False, False
+    async with client.stream("POST", url, json=body, headers=side.headers) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"{side.name}: HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            event = json.loads(data)
+            usage = usage or bool(event.get("usage"))
+            contents += sum(1 for c in event.get("choices") or () if (c.get("delta") or {}).get("content"))
+    if not done or not usage or contents != chunks:
+        raise RuntimeError(f"{side.name}: incomplete stream (done={done}, usage={usage}, {contents}/{chunks} chunks)")
+    return time.perf_counter() - st
+
+
+# ---------------------------------------------------------------- the three measurements
+
+
+async def latency_c1(client, sides: list[Side], chunks: int, rounds: int, warmup: int) -> dict:
+    """{mode: {side: [seconds per round]}}; one request per side and mode per round, order rotated."""
+    for _ in range(warmup):
+        for side in sides:
+            for mode in MODES:
+                await request(client, side, mode == "stream", chunks)
+    pairs = [(s, m) for m in MODES for s in sides]
+    out: dict = {m: {s.name: [] for s in sides} for m in MODES}
+    for i in range(rounds):
+        k = i % len(pairs)
+        for side, mode in pairs[k:] + pairs[:k]:
+            out[mode][side.name].append(await request(client, side, mode == "stream", chunks))
+    return out
+
+
+async def throughput(client, side: Side, stream: bool, chunks: int, concurrency: int, seconds: float) -> dict:
+    """``concurrency`` workers send requests back to back for ``seconds``; completed requests per second."""
+    deadline = time.perf_counter() + seconds
+    done, errors, first_error = 0, 0, None
+
+    async def worker() -> None:
+        nonlocal done, errors, first_error
+        while time.perf_counter() < deadline:
+            try:
+                await request(client, side, stream, chunks)
+                done += 1
+            except Exception as exc:  # counted, the run goes on
+                errors += 1
+                first_error = first_error or repr(exc)[:300]
+
+    cpu0, st = cpu_seconds(side.pid), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall, cpu = time.perf_counter() - st, cpu_seconds(side.pid) - cpu0
+    return {"rps": done / wall, "requests": done, "errors": errors, "first_error": first_error,
+            "server_cpu_ms_per_request": cpu * 1e3 / done if done else None}
+
+
+async def throughput_rounds(client, sides: list[Side], chunks: int, concurrency: int, seconds: float,
+                            rounds: int) -> dict:
+    """{mode: {side: [per-round results]}}, sides alternated in a rotated order every round."""
+    out: dict = {m: {s.name: [] for s in sides} for m in MODES}
+    for i in range(rounds):
+        for mode in MODES:
+            order = sides[i % len(sides):] + sides[:i % len(sides)]
+            for side in order:
+                out[mode][side.name].append(await throughput(client, side, mode == "stream", chunks,
+                                                             concurrency, seconds))
+    return out
+
+
+# ---------------------------------------------------------------- summaries
+
+
+def summarize(lat: dict, tput: dict, sides: list[Side]) -> dict:
+    names = [s.name for s in sides]
+    out: dict = {}
+    for mode in MODES:
+        direct = lat[mode]["direct"]
+        row: dict = {}
+        for name in names:
+            xs = lat[mode][name]
+            row[name] = {"p50_ms": statistics.median(xs) * 1e3,
+                         "p90_ms": statistics.quantiles(xs, n=10)[8] * 1e3, "n": len(xs)}
+            if name != "direct":
+                row[name]["added_ms"] = row[name]["p50_ms"] - statistics.median(direct) * 1e3
+                row[name]["added_paired_ms"] = statistics.median(a - b for a, b in zip(xs, direct)) * 1e3
+            rounds = tput[mode][name]
+            row[name]["rps"] = statistics.median(r["rps"] for r in rounds)
+            row[name]["rps_rounds"] = [round(r["rps"], 1) for r in rounds]
+            row[name]["errors"] = sum(r["errors"] for r in rounds)
+            cpu = [r["server_cpu_ms_per_request"] for r in rounds if r["server_cpu_ms_per_request"]]
+            row[name]["server_cpu_ms_per_request"] = statistics.median(cpu) if cpu else None
+        if "litellm" in row and "infer" in row:
+            row["infer_over_litellm_rps"] = row["infer"]["rps"] / row["litellm"]["rps"]
+        out[mode] = row
+    return out
+
+
+def print_table(summary: dict, names: list[str], args) -> None:
+    print(f"\n{args.chunks} content chunks per answer; c=1: median over {args.rounds} rounds (sides alternated); "
+          f"c={args.concurrency}: median of {args.tput_rounds} rounds x {args.tput_seconds:g} s")
+    head = f"  {'mode':10s} {'side':8s} {'c=1 p50 ms':>11s} {'p90 ms':>8s} {'added ms':>9s} {'paired':>8s} " \
+           f"{'c=' + str(args.concurrency) + ' req/s':>11s} {'cpu ms/req':>10s} {'errors':>6s}"
+    print(head)
+    for mode in MODES:
+        for name in names:
+            r = summary[mode][name]
+            added = f"{r['added_ms']:+9.2f} {r['added_paired_ms']:+8.2f}" if "added_ms" in r else f"{'':9s} {'':8s}"
+            cpu = f"{r['server_cpu_ms_per_request']:10.2f}" if r["server_cpu_ms_per_request"] else f"{'':10s}"
+            print(f"  {mode:10s} {name:8s} {r['p50_ms']:11.2f} {r['p90_ms']:8.2f} {added} {r['rps']:11.0f} {cpu} "
+                  f"{r['errors']:6d}")
+    print("\n  goals:")
+    for mode in MODES:
+        row = summary[mode]
+        if "infer" in row:
+            added = row["infer"]["added_ms"]
+            print(f"    {mode:10s} infer added median latency {added:+.2f} ms (paired {row['infer']['added_paired_ms']:+.2f})"
+                  f" vs goal <= 1.0 ms: {'met' if added <= 1.0 else f'MISSED by {added - 1.0:.2f} ms'}")
+        if "infer_over_litellm_rps" in row:
+            ratio = row["infer_over_litellm_rps"]
+            print(f"    {mode:10s} infer/litellm req/s at c={args.concurrency}: {ratio:.2f}x vs goal >= 3x: "
+                  f"{'met' if ratio >= 3 else f'MISSED ({ratio / 3:.0%} of the goal)'}")
+
+
+# ---------------------------------------------------------------- runs
+
+
+def make_client(connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(timeout=httpx.Timeout(120.0, pool=600.0), limits=limits)
+
+
+async def overhead_run(args, sides: list[Side]) -> dict:
+    noise = Noise([s.pid for s in sides])
+    noise.start()
+    async with make_client(args.concurrency + 8) as client:
+        print(f"c=1: {args.rounds} rounds x {len(sides)} sides x 2 modes ...", flush=True)
+        lat = await latency_c1(client, sides, args.chunks, args.rounds, args.warmup)
+        print(f"c={args.concurrency}: {args.tput_rounds} rounds x {len(sides)} sides x 2 modes x "
+              f"{args.tput_seconds:g} s ...", flush=True)
+        tput = await throughput_rounds(client, sides, args.chunks, args.concurrency, args.tput_seconds,
+                                       args.tput_rounds)
+    return {"summary": summarize(lat, tput, sides), "noise": noise.stop(),
+            "latency_ms": {m: {k: [round(x * 1e3, 3) for x in v] for k, v in lat[m].items()} for m in MODES},
+            "throughput": tput}
+
+
+async def soak_run(args, infer: Side) -> dict:
+    """Streaming requests in waves of 1,000 (``--soak-concurrency`` at once); errors and RSS after each wave."""
+    errors, first_errors, rss, sent = 0, [], [], 0
+    noise = Noise([infer.pid])
+    noise.start()
+    async with make_client(args.soak_concurrency + 8) as client:
+        while sent < args.soak_requests:
+            wave = min(1000, args.soak_requests - sent)
+            queue = iter(range(wave))
+
+            async def worker() -> None:
+                nonlocal errors
+                for _ in queue:
+                    try:
+                        await request(client, infer, True, args.chunks)
+                    except Exception as exc:  # counted, the run goes on
+                        errors += 1
+                        if len(first_errors) < 5:
+                            first_errors.append(repr(exc)[:300])
+
+            st = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(min(args.soak_concurrency, wave))))
+            sent += wave
+            rss.append({"requests": sent, "rss_kib": rss_kib(infer.pid), "wave_s": time.perf_counter() - st})
+            print(f"  soak: {sent} requests, {errors} errors, infer RSS {rss[-1]['rss_kib'] / 1024:.1f} MiB, "
+                  f"wave {rss[-1]['wave_s']:.1f} s", flush=True)
+    return {"requests": sent, "errors": errors, "first_errors": first_errors, "rss": rss, "noise": noise.stop()}
+
+
+def count_ledger_rows(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT count(*) FROM requests").fetchone()[0]
+
+
+def soak(args, procs: Processes, work: Path, fast: Side) -> dict:
+    infer, proc, db = start_infer(procs, work, fast)
+    result = run_async(soak_run(args, infer))
+    st = time.perf_counter()
+    result["exit_code"] = procs.stop(proc, timeout=60)
+    result["shutdown_s"] = time.perf_counter() - st
+    result["ledger_rows"] = count_ledger_rows(db)
+    first = next((r["rss_kib"] for r in result["rss"] if r["requests"] >= 1000), None)
+    result["rss_growth"] = result["rss"][-1]["rss_kib"] / first - 1 if first else None
+    print(f"\nsoak ({result['requests']} streaming requests through infer serve, {args.soak_concurrency} concurrent, "
+          f"{args.chunks} chunks; others used {result['noise']['others_cores']:.2f} cores):")
+    print(f"  errors: {result['errors']} (goal 0){'  first: ' + result['first_errors'][0] if result['errors'] else ''}")
+    print(f"  ledger rows after SIGTERM: {result['ledger_rows']} for {result['requests']} requests "
+          f"(goal: equal); exit code {result['exit_code']}, shutdown {result['shutdown_s']:.1f} s")
+    if first:
+        print(f"  RSS after 1,000: {first / 1024:.1f} MiB, after {result['requests']:,}: "
+              f"{result['rss'][-1]['rss_kib'] / 1024:.1f} MiB ({result['rss_growth']:+.1%}; goal within 10 %)")
+    return result
+
+
+def run_async(coro):
+    try:
+        import uvloop
+        factory = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=250, help="c=1 rounds (one request per side and mode each)")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--chunks", type=int, default=16, help="content chunks (max_tokens) per answer")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--tput-seconds", type=float, default=3.0)
+    parser.add_argument("--tput-rounds", type=int, default=3)
+    parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
+    parser.add_argument("--soak", action="store_true", help="run the soak test instead")
+    parser.add_argument("--soak-requests", type=int, default=10_000)
+    parser.add_argument("--soak-concurrency", type=int, default=500)
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    procs = Processes()
+    report: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                    "loadavg_at_start": open("/proc/loadavg").read().split()[:3]}
+    work = WORK / "run"  # the last run's configs, logs and ledger, kept for a look afterwards
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        fast = start_fast(procs, work, args.chunks)
+        if args.soak:
+            report["soak"] = soak(args, procs, work, fast)
+        else:
+            sides = [fast, start_infer(procs, work, fast)[0]]
+            exe = None if args.no_litellm else ensure_litellm()
+            if exe:
+                sides.append(start_litellm(procs, work, fast, exe))
+            report["overhead"] = run_async(overhead_run(args, sides))
+            print_table(report["overhead"]["summary"], [s.name for s in sides], args)
+            n = report["overhead"]["noise"]
+            print(f"\n  noise: other processes used {n['others_cores']:.2f} of {n['cores']} cores during the "
+                  f"{n['wall_s']:.0f} s run (this client and its servers: {n['ours_cores']:.2f})")
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        procs.stop_all()
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
