@@ -1,0 +1,164 @@
+"""Streaming API clients that time one request the way vLLM's ``endpoint_request_func`` does.
+
+Four wire formats: ``openai-chat`` (/v1/chat/completions), ``openai-completions`` (/v1/completions),
+``ollama-chat`` (/api/chat) and ``ollama-generate`` (/api/generate). OpenAI requests always stream with
+``stream_options.include_usage``. A *content chunk* is an SSE event whose ``choices`` carry non-empty
+text, or an NDJSON line with non-empty ``message.content`` / ``response``; the first sets TTFT, each
+next one adds a gap to ITL, the last ends E2EL. The usage chunk (OpenAI) or the ``done`` line (Ollama)
+sets the token counts and never moves a timestamp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .http import HTTPError, Response, StreamingClient
+from .records import BenchRequest, RequestRecord
+
+APIS = ("openai-chat", "openai-completions", "ollama-chat", "ollama-generate")
+_PATHS = {"openai-chat": "/v1/chat/completions", "openai-completions": "/v1/completions",
+          "ollama-chat": "/api/chat", "ollama-generate": "/api/generate"}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to send: base URL, model name, wire format, extra body fields merged in."""
+
+    base_url: str
+    model: str
+    api: str = "openai-chat"
+    extra_body: dict | None = None
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise ValueError(f"unknown --api {self.api!r}; choose one of {', '.join(APIS)}")
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + _PATHS[self.api]
+
+    def payload(self, request: BenchRequest) -> dict:
+        n = request.output_len
+        if self.api == "openai-chat":
+            body = {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
+                    "max_tokens": n, "temperature": 0.0}
+        elif self.api == "openai-completions":
+            body = {"model": self.model, "prompt": request.prompt, "max_tokens": n, "temperature": 0.0}
+        elif self.api == "ollama-chat":
+            body = {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
+                    "options": {"num_predict": n, "temperature": 0.0}}
+        else:
+            body = {"model": self.model, "prompt": request.prompt, "options": {"num_predict": n, "temperature": 0.0}}
+        body["stream"] = True
+        if self.api.startswith("openai"):
+            body["stream_options"] = {"include_usage": True}
+        return {**body, **(self.extra_body or {})}
+
+
+Counter = Callable[[str], int]
+
+
+async def send_request(client: StreamingClient, endpoint: Endpoint, request: BenchRequest,
+                       request_id: str, count_tokens: Counter | None = None) -> RequestRecord:
+    """POST one streaming request and time it; failures come back as a record with ``error`` set."""
+    record = RequestRecord(request_id=request_id, prompt_len=request.prompt_len,
+                           expected_output_len=request.output_len)
+    headers = {"x-request-id": request_id}
+    if endpoint.api_key:
+        headers["authorization"] = f"Bearer {endpoint.api_key}"
+    body = json.dumps(endpoint.payload(request)).encode()
+    timer = _Timer(record)
+    try:
+        record.start_time = time.perf_counter()
+        async with client.post(endpoint.url, body, headers) as resp:
+            if resp.status != 200:
+                text = (await resp.read()).decode("utf-8", "replace")[:300]
+                record.error = f"HTTP {resp.status} {resp.reason}: {text}"
+                return record
+            read = _read_sse if endpoint.api.startswith("openai") else _read_ndjson
+            await read(resp, timer, chat=endpoint.api.endswith("chat"))
+    except (HTTPError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+        return record
+    return _finish(record, timer, count_tokens)
+
+
+class _Timer:
+    """Stamps content chunks onto a record."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record, self.last = record, 0.0
+        self.chunks = 0
+        self.parts: list[str] = []
+
+    def content(self, text: str) -> None:
+        now = time.perf_counter()
+        if self.chunks == 0:
+            self.record.ttft = now - self.record.start_time
+        else:
+            self.record.itl.append(now - self.last)
+        self.last, self.chunks = now, self.chunks + 1
+        self.parts.append(text)
+
+    def usage(self, prompt_tokens: object, completion_tokens: object) -> None:
+        if isinstance(completion_tokens, int):
+            self.record.output_tokens = completion_tokens
+        if isinstance(prompt_tokens, int):
+            self.record.server_prompt_tokens = prompt_tokens
+
+
+async def _read_sse(resp: Response, timer: _Timer, *, chat: bool) -> None:
+    done = False
+    async for line in resp.iter_lines():
+        if done or not line.startswith("data:"):
+            continue  # blank separators, ": ping" comments, event: lines; after [DONE], drain
+        data = line[5:].strip()
+        if data == "[DONE]":
+            done = True
+            continue
+        event = json.loads(data)
+        if "error" in event:
+            raise ValueError(f"stream error: {json.dumps(event['error'])[:200]}")
+        choices = event.get("choices") or []
+        if choices:
+            text = (choices[0].get("delta") or {}).get("content") if chat else choices[0].get("text")
+            if text:
+                timer.content(text)
+        if usage := event.get("usage"):
+            timer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+
+
+async def _read_ndjson(resp: Response, timer: _Timer, *, chat: bool) -> None:
+    done = False
+    async for line in resp.iter_lines():
+        if done or not line.strip():
+            continue
+        event = json.loads(line)
+        if "error" in event:
+            raise ValueError(f"stream error: {str(event['error'])[:200]}")
+        text = (event.get("message") or {}).get("content") if chat else event.get("response")
+        if text:
+            timer.content(text)
+        if event.get("done"):
+            timer.usage(event.get("prompt_eval_count"), event.get("eval_count"))
+            done = True
+
+
+def _finish(record: RequestRecord, timer: _Timer, count_tokens: Counter | None) -> RequestRecord:
+    if timer.chunks == 0:
+        record.error = "no content chunk in the stream"
+        return record
+    record.generated_text = "".join(timer.parts)
+    record.latency = timer.last - record.start_time
+    if record.server_prompt_tokens is not None:
+        record.prompt_len = record.server_prompt_tokens
+    if record.output_tokens is None:
+        record.usage_source = "estimated"
+        record.output_tokens = count_tokens(record.generated_text) if count_tokens else timer.chunks
+    record.success = True
+    return record

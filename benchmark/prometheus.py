@@ -1,0 +1,49 @@
+"""Scrape a target's Prometheus ``/metrics`` before and after a run and report the token counters' deltas.
+
+Known counters: vLLM ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``, TGI
+``tgi_request_input_length_sum`` / ``tgi_request_generated_tokens_sum``, ``infer serve``
+``infer_input_tokens_total`` / ``infer_output_tokens_total`` (summed over labels). A target without
+``/metrics`` gives ``None``.
+"""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+_COUNTERS = {
+    "input_tokens": ("vllm:prompt_tokens_total", "tgi_request_input_length_sum", "infer_input_tokens_total"),
+    "output_tokens": ("vllm:generation_tokens_total", "tgi_request_generated_tokens_sum", "infer_output_tokens_total"),
+}
+
+
+def scrape(base_url: str, *, timeout: float = 5.0) -> dict[str, float] | None:
+    """Sample name -> value summed over label sets, or None when there is no usable /metrics."""
+    try:
+        resp = httpx.get(base_url.rstrip("/") + "/metrics", timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    totals: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(resp.text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    except ValueError:
+        return None
+    return totals
+
+
+def server_token_deltas(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """{"input_tokens": Δ, "output_tokens": Δ, "source": metric names} from the first counters present."""
+    if not before or not after:
+        return None
+    out: dict = {}
+    for key, names in _COUNTERS.items():
+        for name in names:
+            if name in after:
+                out[key] = int(round(after[name] - before.get(name, 0.0)))
+                out[f"{key}_metric"] = name
+                break
+    return out or None

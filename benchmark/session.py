@@ -1,0 +1,103 @@
+"""One ``infer bench`` run end to end: prompts, warm-up, the profile's load points, per-point
+summaries (vLLM metrics + goodput + cost + server-side token counts)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .clients import Counter
+from .config import BenchConfig
+from .cost import cost_fields
+from .http import StreamingClient
+from .metrics import calculate_metrics
+from .prometheus import scrape, server_token_deltas
+from .profiles import run_profile
+from .prompts import dataset_requests, synthetic_requests
+from .records import BenchRequest, RequestRecord
+from .runner import LoadPoint, PointRun, run_point
+from .tokenizer import TokenCounter
+
+
+class Progress(Protocol):
+    def start_point(self, label: str, total: int | None) -> None: ...
+    def advance(self, record: RequestRecord) -> None: ...
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    runs: list[PointRun] = field(default_factory=list)
+    points: list[dict] = field(default_factory=list)
+    prompts_exact: bool = True
+    tokenizer: str | None = None
+
+
+def build_requests(config: BenchConfig, counter: TokenCounter | None) -> list[BenchRequest]:
+    n = config.num_requests
+    if config.dataset:
+        out = config.output_tokens if config.output_tokens_given else None
+        return dataset_requests(config.dataset, counter, n, out, seed=config.seed)
+    return synthetic_requests(counter, n, config.input_tokens, config.output_tokens, seed=config.seed)
+
+
+def summarize(config: BenchConfig, run: PointRun, server: dict | None) -> dict:
+    point = run.point
+    summary = {"profile": point.profile, "load_point": point.label,
+               "request_rate": "inf" if math.isinf(point.rate) else point.rate,
+               "burstiness": point.burstiness, "max_concurrency": point.max_concurrency,
+               "num_prompts": len(run.records)}
+    summary.update(calculate_metrics(run.records, run.duration, goodput_slos=config.goodput_slos,
+                                     percentiles=config.percentiles))
+    if config.pricing:
+        summary.update(cost_fields(config.pricing, run.records, run.duration))
+    if server:
+        summary["server_tokens"] = server
+    return summary
+
+
+async def run_bench(config: BenchConfig, counter: TokenCounter | None = None,
+                    progress: Progress | None = None) -> BenchResult:
+    requests = build_requests(config, counter)
+    count: Counter | None = counter.count if counter else None
+    result = BenchResult(config, prompts_exact=all(r.is_prompt_len_exact for r in requests),
+                         tokenizer=counter.source if counter else None)
+    async with StreamingClient() as client:
+        await _run_points(config, requests, result, client, count, progress)
+    return result
+
+
+async def _run_points(config: BenchConfig, requests: list[BenchRequest], result: BenchResult,
+                      client: StreamingClient, count: Counter | None, progress: Progress | None) -> None:
+    if config.warmup:  # all at once, so they also open the connections the first load point reuses
+        warm = LoadPoint("warmup", max_concurrency=config.warmup)
+        await run_point(config.endpoint, (requests * config.warmup)[:config.warmup], warm, count_tokens=count,
+                        id_prefix="warmup", client=client)
+
+    async def one(point: LoadPoint) -> PointRun:
+        total = None if config.duration else len(requests)
+        if progress:
+            progress.start_point(point.label, total)
+        before = await _scrape(config)
+        run = await run_point(config.endpoint, requests, point, time_limit=config.duration, count_tokens=count,
+                              on_done=progress.advance if progress else None, seed=config.seed,
+                              id_prefix=f"bench-p{len(result.runs)}", client=client)
+        after = await _scrape(config)
+        result.runs.append(run)
+        result.points.append(summarize(config, run, server_token_deltas(before, after)))
+        return run
+
+    await run_profile(config.profile, one, config.search)
+
+
+async def _scrape(config: BenchConfig) -> dict | None:
+    if not config.scrape_metrics:
+        return None
+    return await asyncio.to_thread(scrape, config.endpoint.base_url)
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
