@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from .base import LoadedModel, LocalBackend
 from .errors import InvalidRequest
+from .settings import LocalSettings
 
 ENGINES = ("llamacpp", "native")
 
@@ -55,19 +55,17 @@ class LocalEngines:
         self._started.clear()
 
 
-def in_process_engines(store, *, default: str, defaults: dict[str, Any], keep_alive: float,
-                       pool_settings=None, native_settings=None) -> LocalEngines:
-    """Both engines over ``store``; ``defaults`` are option defaults (``num_ctx``)."""
+def in_process_engines(store, settings: LocalSettings) -> LocalEngines:
+    """Both engines over ``store``, configured by ``settings``; ``settings.engine`` is the default."""
 
     def llamacpp() -> LocalBackend:
-        from .llamacpp import LlamaCppBackend, PoolSettings
+        from .llamacpp import LlamaCppBackend
 
-        return LlamaCppBackend(store=store, pool_settings=pool_settings or PoolSettings(), defaults=defaults)
+        return LlamaCppBackend(store=store, settings=settings)
 
     def native() -> LocalBackend:
-        from .native import NativeBackend, NativeSettings
+        from .native import NativeBackend
 
-        return NativeBackend(store=store, settings=native_settings or NativeSettings(), defaults=defaults,
-                             keep_alive=keep_alive)
+        return NativeBackend(store=store, settings=settings)
 
-    return LocalEngines({"llamacpp": llamacpp, "native": native}, default=check_engine(default))
+    return LocalEngines({"llamacpp": llamacpp, "native": native}, default=check_engine(settings.engine))

@@ -24,7 +24,8 @@ from .base import (Done, EmbedResult, GenerationRequest, Health, LoadedModel, Mo
 from .chat_format import PromptSpec
 from .errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from .llamacpp_job import GenerationJob
-from .llamacpp_pool import ModelPool, PoolSettings
+from .llamacpp_pool import ModelPool
+from .settings import DEFAULTS, LocalSettings
 from .options import resolve_options
 from .store_models import gguf_path, model_details, store_models
 
@@ -32,19 +33,19 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LlamaCppBackend:
-    """Serves every GGUF model in ``store``. ``defaults`` override built-in option defaults."""
+    """Serves every GGUF model in ``store`` with the pool limits and option defaults of ``settings``."""
 
     store: Store
-    pool_settings: PoolSettings = field(default_factory=PoolSettings)
-    defaults: dict[str, Any] = field(default_factory=dict)
+    settings: LocalSettings = field(default_factory=lambda: DEFAULTS)
     name: str = "llamacpp"
     can_stream: bool = True
     supports_embeddings: bool = True
 
     def __post_init__(self) -> None:
-        workers = max(4, self.pool_settings.num_parallel * max(1, self.pool_settings.max_loaded_models) + 2)
+        workers = max(4, self.settings.num_parallel * max(1, self.settings.max_loaded_models) + 2)
+        self.defaults = self.settings.option_defaults
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llamacpp")
-        self._pool = ModelPool(self.pool_settings, self._executor)
+        self._pool = ModelPool(self.settings, self._executor)
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -167,4 +168,4 @@ def _embed(slot, inputs: list[str], truncate: bool) -> tuple[list[list[float]], 
     return vectors, count
 
 
-__all__ = ["LlamaCppBackend", "PoolSettings"]
+__all__ = ["LlamaCppBackend"]

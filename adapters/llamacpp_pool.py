@@ -20,16 +20,9 @@ import llama_cpp
 
 from .errors import BackendUnavailable, QueueFull
 from .options import Options
+from .settings import LocalSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PoolSettings:
-    num_parallel: int = 1
-    max_queue: int = 512
-    max_loaded_models: int = 3
-    keep_alive: float = 300.0  # seconds; < 0 keeps models loaded forever, 0 unloads when idle
 
 
 @dataclass(eq=False)
@@ -57,7 +50,7 @@ class LoadedEntry:
 
 
 class ModelPool:
-    def __init__(self, settings: PoolSettings, executor: ThreadPoolExecutor):
+    def __init__(self, settings: LocalSettings, executor: ThreadPoolExecutor):
         self.settings = settings
         self._executor = executor
         self._entries: dict[tuple, LoadedEntry] = {}

@@ -22,30 +22,10 @@ from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedMo
 from .chat_format import PromptSpec, render_request
 from .errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from .options import Options, check_room, resolve_options
+from .settings import DEFAULTS, LocalSettings
 from .store_models import gguf_path, model_details, store_models
 
 _ids = itertools.count()
-
-
-@dataclass(frozen=True)
-class NativeSettings:
-    """Engine knobs (`native_engine.EngineConfig` fields) used for every model this backend loads."""
-
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    block_size: int = 16
-    kv_cache_memory_bytes: int | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    enable_prefix_caching: bool = True
-
-    def engine_config(self, model_path: str, max_model_len: int):
-        from native_engine import EngineConfig
-
-        return EngineConfig(model=model_path, max_model_len=max_model_len, max_num_seqs=self.max_num_seqs,
-                            max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size,
-                            kv_cache_memory_bytes=self.kv_cache_memory_bytes, dtype=self.dtype, device=self.device,
-                            enable_prefix_caching=self.enable_prefix_caching)
 
 
 @dataclass
@@ -63,9 +43,7 @@ class _Loaded:
 @dataclass
 class NativeBackend:
     store: Store
-    settings: NativeSettings = field(default_factory=NativeSettings)
-    defaults: dict[str, Any] = field(default_factory=dict)
-    keep_alive: float = 300.0
+    settings: LocalSettings = field(default_factory=lambda: DEFAULTS)
     name: str = "native"
     can_stream: bool = True
     supports_embeddings: bool = False
@@ -78,7 +56,7 @@ class NativeBackend:
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
-        options = resolve_options(details.parameters, request.options, defaults=self.defaults)
+        options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)
         if request.format:
             raise InvalidRequest("the native engine does not support \"format\" (JSON grammars) yet; "
                                  "use the llama.cpp engine for structured output", param="format")
@@ -131,7 +109,7 @@ class NativeBackend:
 
         context = min(options.num_ctx, details.gguf.context_length or options.num_ctx)
         try:
-            llm = LLMEngine(self.settings.engine_config(str(model_path), context))
+            llm = LLMEngine(self.settings.native.engine_config(str(model_path), context))
         except (ValueError, NotImplementedError) as exc:
             raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
         tok = llm.tokenizer
@@ -143,7 +121,7 @@ class NativeBackend:
 
     def _release(self, entry: _Loaded, keep_alive: float | None) -> None:
         entry.active -= 1
-        seconds = self.keep_alive if keep_alive is None else keep_alive
+        seconds = self.settings.keep_alive if keep_alive is None else keep_alive
         if seconds < 0:
             entry.expires_at = None
             return
@@ -165,7 +143,7 @@ class NativeBackend:
 
     async def load(self, model: str, options: dict[str, Any] | None = None, keep_alive: float | None = None) -> None:
         details = self.details(model)
-        entry, _ = await self._acquire(details, resolve_options(details.parameters, options, defaults=self.defaults))
+        entry, _ = await self._acquire(details, resolve_options(details.parameters, options, defaults=self.settings.option_defaults))
         self._release(entry, keep_alive)
 
     # -- models ---------------------------------------------------------------------------------
@@ -263,4 +241,4 @@ def _done(out, prompt: list[int], output: list[int], timings: Timings, request: 
                 output_tokens=output, truncated_messages=dropped)
 
 
-__all__ = ["NativeBackend", "NativeSettings"]
+__all__ = ["NativeBackend"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .settings import DEFAULTS
 from .errors import ContextLengthExceeded, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ class Options(BaseModel):
     stop: tuple[str, ...] = Field(default=(), description="Stop strings; generation ends before them.")
     ignore_eos: bool = Field(default=False, description="Keep generating past end-of-sequence tokens "
                              "(vLLM's flag, for benchmarks and tests that need an exact length).")
-    num_ctx: int = Field(default=2048, ge=16, le=1 << 20, description="Context window in tokens (load time).")
+    num_ctx: int = Field(default=DEFAULTS.context_length, ge=16, le=1 << 20,
+                         description="Context window in tokens (load time).")
     num_batch: int = Field(default=512, ge=1)
     num_thread: int = Field(default=0, ge=0, description="0 = llama.cpp's choice.")
     num_gpu: int = Field(default=-1)

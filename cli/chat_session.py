@@ -19,35 +19,29 @@ from adapters.base import Chunk, Done, GenerationRequest
 from adapters.errors import BackendError
 from adapters.engines import in_process_engines
 from adapters.options import Options, resolve_options
+from adapters.settings import LocalSettings
 from ledger.db import open_db
-from gateway.durations import format_duration
+from adapters.durations import format_duration
 from gateway.recorder import Recorder
 from gateway.settings import SettingsError
 from ledger.writer import LedgerWriter
 from registry.details import ModelDetails
 from registry.store import Store
 
-DEFAULT_CONTEXT_LENGTH = 2048
 
-
-def context_length_from_env() -> int:
-    text = os.environ.get("INFER_CONTEXT_LENGTH", "").strip()
-    if not text:
-        return DEFAULT_CONTEXT_LENGTH
+def local_settings_from_env(engine: str | None = None) -> LocalSettings:
+    """The engine settings ``infer serve`` would use (``INFER_*``), with ``--engine`` on top."""
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 16:
-        raise SettingsError(f"INFER_CONTEXT_LENGTH must be an integer >= 16, got {text!r}")
-    return value
+        return LocalSettings.from_env(os.environ, engine=engine)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 class ChatSession:
     """The state ``/set`` and ``/clear`` change, and the backend, recorder and ledger behind it."""
 
-    def __init__(self, store: Store, model: str, *, db_url: str, num_ctx: int, verbose: bool = False,
-                 format: str | dict | None = None, keep_alive: float | None = None, engine: str = "llamacpp",
+    def __init__(self, store: Store, model: str, *, db_url: str, settings: LocalSettings, verbose: bool = False,
+                 format: str | dict | None = None, keep_alive: float | None = None,
                  out: TextIO | None = None, err: TextIO | None = None) -> None:
         self.store, self.model = store, model
         self.verbose, self.format, self.keep_alive = verbose, format, keep_alive
@@ -59,7 +53,7 @@ class ChatSession:
             self.db = open_db(db_url)
         except (ValueError, OSError, SQLAlchemyError) as exc:
             raise SettingsError(f"cannot open the usage database: {exc}") from None
-        self.engines = in_process_engines(store, default=engine, defaults={"num_ctx": num_ctx}, keep_alive=300.0)
+        self.engines = in_process_engines(store, settings)
         self.backend = self.engines.get()
         self.ledger = LedgerWriter(self.db)
         self.recorder = Recorder(self.ledger, None)

@@ -9,7 +9,7 @@ import typer
 
 from adapters.engines import check_engine
 from ledger.db import database_url_from_env
-from gateway.durations import parse_duration
+from adapters.durations import parse_duration
 from gateway.settings import SettingsError
 from registry.errors import RegistryError
 from registry.store import Store
@@ -32,20 +32,22 @@ def run_cmd(
     keepalive: str = typer.Option(None, "--keepalive", help="How long the model stays loaded (e.g. 5m)."),
     format: str = typer.Option(None, "--format", help="Response format: json, or a JSON schema."),
     nowordwrap: bool = typer.Option(False, "--nowordwrap", help="Don't wrap words (accepted; output is raw)."),
-    engine: str = typer.Option("llamacpp", "--engine", help="In-process engine: llamacpp or native (PyTorch)."),
+    engine: str = typer.Option(None, "--engine", help="In-process engine: llamacpp or native (PyTorch); "
+                               "default INFER_ENGINE, else llamacpp."),
     insecure: bool = pull.INSECURE,
     db: str = typer.Option(None, "--db", metavar="URL", help="Usage ledger URL (default: INFER_DATABASE_URL "
                            "or $INFER_HOME/usage.db)."),
 ) -> None:
     """Run a model: answer a prompt, or chat interactively (/? for help)."""
-    from .chat_session import ChatSession, context_length_from_env  # llama.cpp: imported only when running
+    from .chat_session import ChatSession, local_settings_from_env  # llama.cpp: imported only when running
 
-    options = {"num_ctx": context_length_from_env(), "format": _format(format), "keep_alive": _keep_alive(keepalive)}
+    options = {"format": _format(format), "keep_alive": _keep_alive(keepalive),
+               "settings": local_settings_from_env(check_engine(engine) if engine else None)}
     store = get_store()
     model = _ensure_model(store, model, insecure)
     text = _prompt_text(prompt or [])
     session = ChatSession(store, model, db_url=db or database_url_from_env(settings().home), verbose=verbose,
-                          engine=check_engine(engine), **options)
+                          **options)
     if text is None:
         from .repl import run_repl
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from gateway.backends_config import load_config
-from gateway.durations import parse_duration
+from adapters.durations import parse_duration
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
 

@@ -17,7 +17,6 @@ from fastapi import FastAPI
 
 from adapters.base import Backend
 from adapters.engines import in_process_engines
-from adapters.llamacpp_pool import PoolSettings
 from adapters.remote_registry import create_remote
 from adapters.router import Router
 from ledger.db import open_db
@@ -72,10 +71,7 @@ def _router(backend: Backend | Router) -> Router:
 
 def default_router(settings: ServerSettings, store: Store) -> Router:
     """The store's in-process engines, behind the remote backends of ``settings.config`` when there is one."""
-    pool = PoolSettings(num_parallel=settings.num_parallel, max_queue=settings.max_queue,
-                        max_loaded_models=settings.max_loaded_models, keep_alive=settings.keep_alive)
-    local = in_process_engines(store, default=settings.engine, defaults={"num_ctx": settings.context_length},
-                               keep_alive=settings.keep_alive, pool_settings=pool)
+    local = in_process_engines(store, settings.local)
     remotes = {}
     if settings.config is not None:
         remotes = {s.name: create_remote(s) for s in load_config(settings.config).remote_settings()}

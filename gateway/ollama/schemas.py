@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator
 
-from gateway.durations import parse_duration
+from adapters.durations import parse_duration
 from gateway.http.errors import APIError
 
 __all__ = ["ChatMessage", "ChatRequest", "CopyRequest", "CreateRequest", "EmbedRequest", "EmbeddingsRequest",

@@ -6,7 +6,7 @@ import asyncio
 
 from adapters.base import Chunk, Done, GenerationRequest
 from adapters.llamacpp import LlamaCppBackend
-from adapters.llamacpp_pool import PoolSettings
+from adapters.settings import LocalSettings
 
 
 def run(coro):
@@ -21,7 +21,7 @@ def chat(model: str, n: int, **kw) -> GenerationRequest:
 
 def test_models_unload_after_keep_alive(tiny_store):
     async def go():
-        backend = LlamaCppBackend(store=tiny_store, pool_settings=PoolSettings(keep_alive=0.3))
+        backend = LlamaCppBackend(store=tiny_store, settings=LocalSettings(keep_alive=0.3))
         try:
             [e async for e in backend.stream(chat("tiny", 2))]
             assert [m.name for m in await backend.loaded_models()] == ["tiny:latest"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.durations import format_duration, parse_duration
+from adapters.durations import format_duration, parse_duration
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
 
@@ -38,7 +38,8 @@ def test_values_from_env(tmp_path):
 @pytest.mark.parametrize("env,word", [({"INFER_NUM_PARALLEL": "many"}, "INFER_NUM_PARALLEL"),
                                       ({"INFER_KEEP_ALIVE": "soon"}, "INFER_KEEP_ALIVE"),
                                       ({"INFER_HOST": "host:port"}, "INFER_HOST"),
-                                      ({"INFER_NUM_PARALLEL": "0"}, "num_parallel")])
+                                      ({"INFER_NUM_PARALLEL": "0"}, "INFER_NUM_PARALLEL: Input should be greater"),
+                                      ({"INFER_ENGINE": "vllm"}, "INFER_ENGINE")])
 def test_bad_settings_fail_at_start_with_the_name(env, word, tmp_path):
     with pytest.raises(SettingsError, match=word):
         ServerSettings.from_env({"INFER_HOME": str(tmp_path), **env})
