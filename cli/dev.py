@@ -1,4 +1,4 @@
-"""`infer dev`: developer tools (deterministic test models)."""
+"""`infer dev`: developer tools (deterministic test models, the cached real model)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,18 @@ def make_model(
         typer.echo(f"{f}  {_human(f.stat().st_size)}")
     if len(files) > 1:
         typer.echo(f"total  {_human(sum(f.stat().st_size for f in files))}")
+
+
+@app.command("fetch-model")
+def fetch_model(
+    offline: bool = typer.Option(False, "--offline", help="Only report the cached file; never download."),
+) -> None:
+    """Download SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) once and print its cached path."""
+    from registry.realmodels import FetchError, fetch_smollm2
+
+    try:
+        path = fetch_smollm2(offline=offline)
+    except (FetchError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{path}  {_human(path.stat().st_size)}")
