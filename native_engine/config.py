@@ -43,6 +43,7 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0
     cpu_fp16_small_batch: bool = True  # bf16 on CPU: fp16 weight copies for 1-2 row batches (faster GEMV)
+    cpu_int4_matmul: bool = True  # f32 on CPU: weights that are exactly 4/8-bit GGUF blocks run as int4 matmuls
 
     def __post_init__(self) -> None:
         model = self.model

@@ -11,7 +11,8 @@ import torch
 from .config import EngineConfig
 from .cuda_graph import DecodeGraphs
 from .layers.attention import Attention
-from .layers.linear import use_small_batch_weights
+from .layers.embed_head import LMHead
+from .layers.linear import use_int4_weights, use_small_batch_weights
 from .layers.sampler import SampledToken, Sampler, SamplingRow
 from .models import model_class
 from .forward_context import Context, PrefillChunk
@@ -50,6 +51,8 @@ class ModelRunner:
         self.extra_weight_bytes = 0
         if device.type == "cpu" and dtype == torch.bfloat16 and config.cpu_fp16_small_batch:
             self.extra_weight_bytes = use_small_batch_weights(self.model)
+        if device.type == "cpu" and dtype == torch.float32 and config.cpu_int4_matmul:
+            self.extra_weight_bytes = self._use_int4()
         self.block_bytes = config.block_size * bytes_per_token(model_config, dtype)
         self.num_kvcache_blocks = 0
         self.kv_cache = torch.empty(0)
@@ -57,6 +60,13 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.generators: dict[tuple[str, int], torch.Generator] = {}
         self.seed_rng = torch.Generator().manual_seed(config.seed)  # seeds for requests that bring none
+
+    def _use_int4(self) -> int:
+        """Packed int4 copies: the decoder's linears lose their dense weights, the LM head keeps its own
+        (usually the token embedding)."""
+        added = use_int4_weights(self.model, skip=(LMHead,))
+        head = next((m for m in self.model.modules() if isinstance(m, LMHead)), None)
+        return added + (head.use_packed_weights() if head is not None else 0)
 
     def allocate_kv_cache(self, num_bytes: int) -> int:
         """One tensor [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets its K and V views."""

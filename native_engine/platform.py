@@ -18,12 +18,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device, source_dtype: str | None) -> torch.dtype:
-    """`auto`: bf16 on GPU; on CPU f32 weights stay f32 and everything else computes in bf16."""
+    """`auto`: bf16 on GPU; on CPU f32 and quantized weights compute in f32 (quantized ones through int4
+    matmuls, see `layers/quant.py`), f16/bf16 ones in bf16."""
     if name != "auto":
         return _DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32 if source_dtype == "float32" else torch.bfloat16
+    return torch.float32 if source_dtype in ("float32", "quantized") else torch.bfloat16
 
 
 def available_cpu_memory() -> int:

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .quant import Int4Weight, pack_int4
+
 SMALL_BATCH = 2
 
 
@@ -34,11 +36,15 @@ class Linear(nn.Module):
             self.bias.weight_loader = self.weight_loader
         self.small_batch_weight: torch.Tensor | None = None
         self.small_batch_bias: torch.Tensor | None = None
+        self.int4: Int4Weight | None = None  # set by `use_int4_weights`; the dense weight is then dropped
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in]
+        if self.int4 is not None:
+            out = self.int4.matmul(x)
+            return out if self.bias is None else out.add_(self.bias)
         if self.small_batch_weight is not None and x.shape[0] <= SMALL_BATCH:
             return F.linear(x.to(torch.float16), self.small_batch_weight, self.small_batch_bias).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
@@ -81,3 +87,15 @@ def use_small_batch_weights(model: nn.Module) -> int:
                 module.small_batch_bias = module.bias.data.to(torch.float16)
             added += module.small_batch_weight.numel() * 2
     return added
+
+
+def use_int4_weights(model: nn.Module, skip: tuple[type, ...] = ()) -> int:
+    """Pack every float32 `Linear` whose weight is exactly 4-bit groups (see `quant.pack_int4`) and drop
+    its dense copy; returns the bytes the packed weights take."""
+    packed_bytes = 0
+    for module in model.modules():
+        if isinstance(module, Linear) and not isinstance(module, skip) and (int4 := pack_int4(module.weight.data)):
+            module.int4 = int4
+            module.weight = nn.Parameter(torch.empty(0, module.weight.shape[1]), requires_grad=False)
+            packed_bytes += int4.nbytes
+    return packed_bytes

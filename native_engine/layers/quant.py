@@ -1,0 +1,95 @@
+"""Weight-only int4 matmuls on CPU for weights that came from 4-bit GGUF blocks.
+
+A Q4_1 block is 32 weights `w = d * q + m` with `q` in 0..15, and llama.cpp's quantizer always
+uses both ends of the range (the block's min is `q = 0`, its max `q = 15`). So the dequantized
+float32 matrix gives the blocks back exactly: per group of 32, `m = min`, `d = (max - min) / 15`.
+`pack_int4` does that and keeps the result only when it reproduces the matrix (otherwise the
+layer stays dense: no quantization error is ever added here).
+
+The packed weights feed PyTorch's CPU kernel `aten._weight_int4pack_mm_for_cpu` (as gpt-fast and
+torchao use it), whose fast path takes bfloat16 activations, scales and zeros, and computes
+`w = (q - 8) * scale + zero`: 0.5 byte per weight read instead of 4. bf16 keeps 8 bits of
+mantissa, so both the activations and the (scale, zero) pairs are split into a bf16 head and a
+bf16 tail: `[x_hi; x_lo] @ W_hi` in one call (the rows share one pass over the weights) plus
+`x_hi @ W_lo`, which makes the weights exact and the activations good to ~16 bits. Only the
+product's rounding to bf16 remains. The residual stream, norms, attention and KV cache stay f32.
+
+The tied LM head of SmolLM-style files is Q8_0 (int8 blocks `w = d * q8`); `pack_int8_as_int4`
+splits each `q8 + 128 = 16 * h + l` into two nibbles, so two int4 matmuls give `d * q8` exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GROUP_SIZE = 32
+_EXACT_RTOL = 1e-5  # reconstruction error allowed, relative to the group's scale
+
+
+@dataclass(slots=True)
+class Int4Weight:
+    """One [out, in] matrix as packed nibbles plus bf16 (scale, zero) per group of `group_size`."""
+
+    packed: torch.Tensor  # [out, in / 2] uint8, the kernel's layout
+    scales_zeros: torch.Tensor  # [in / group_size, out, 2] bfloat16, the head of the float32 values
+    scales_zeros_tail: torch.Tensor  # the same, float32 values minus their bf16 head
+    group_size: int = GROUP_SIZE
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] float32 -> [T, out] float32
+        mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+        head = x.to(torch.bfloat16)
+        rows = torch.cat([head, (x - head.float()).to(torch.bfloat16)])
+        both = mm(rows, self.packed, self.group_size, self.scales_zeros).float()
+        n = x.shape[0]
+        return both[:n].add_(both[n:]).add_(mm(head, self.packed, self.group_size, self.scales_zeros_tail).float())
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scales_zeros.numel() * 4
+
+
+def _pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Int4Weight:
+    # q: [out, in] int32 in 0..15; scale, zero: [out, groups] float32 for w = (q - 8) * scale + zero
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+    exact = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()
+    head = exact.to(torch.bfloat16)
+    return Int4Weight(packed, head, (exact - head.float()).to(torch.bfloat16))
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    return weight.dim() == 2 and weight.shape[1] % (2 * GROUP_SIZE) == 0 and weight.dtype == torch.float32
+
+
+def pack_int4(weight: torch.Tensor) -> Int4Weight | None:
+    """Q4_1-style groups recovered from a float32 matrix, or None when it is not one."""
+    if not can_pack(weight):
+        return None
+    out_features, in_features = weight.shape
+    groups = weight.view(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
+    low, high = groups.amin(-1), groups.amax(-1)
+    d = (high - low) / 15
+    safe_d = torch.where(d == 0, torch.ones_like(d), d)
+    q = ((groups - low[..., None]) / safe_d[..., None]).round().clamp(0, 15)
+    error = (q * d[..., None] + low[..., None] - groups).abs().amax(-1)
+    if bool((error > _EXACT_RTOL * safe_d.abs() + 1e-12).any()):
+        return None
+    return _pack(q.view(out_features, in_features).to(torch.int32), d, low + 8 * d)
+
+
+def pack_int8_as_int4(weight: torch.Tensor) -> tuple[Int4Weight, Int4Weight] | None:
+    """Q8_0-style groups (w = d * q8, |q8| <= 127, max |q8| = 127) as a high and a low nibble matrix."""
+    if not can_pack(weight):
+        return None
+    out_features, in_features = weight.shape
+    groups = weight.view(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
+    d = groups.abs().amax(-1) / 127
+    safe_d = torch.where(d == 0, torch.ones_like(d), d)
+    q8 = (groups / safe_d[..., None]).round().clamp(-128, 127)
+    if bool(((q8 * d[..., None] - groups).abs().amax(-1) > _EXACT_RTOL * safe_d + 1e-12).any()):
+        return None
+    u = (q8 + 128).to(torch.int32).view(out_features, in_features)  # 0..255 = 16 * high + low
+    high = _pack(u // 16, 16 * d, torch.zeros_like(d))  # (h - 8) * 16d
+    low = _pack(u % 16, d, 8 * d)  # (l - 8) * d + 8d; the two sum to d * (16h + l - 128)
+    return high, low
