@@ -1,5 +1,8 @@
 """Run one load point: send requests on their arrival schedule under an optional concurrency cap.
 
+The cyclic garbage collector is paused while a point runs (as ``timeit`` does): a full collection
+in a long-lived process takes milliseconds, which would land inside some request's TTFT or ITL.
+
 ``duration`` (s) is vLLM's: from the first dispatch to the last completion. With a time limit the
 requests are cycled and dispatching stops at the limit; requests in flight then finish and count.
 """
@@ -7,6 +10,7 @@ requests are cycled and dispatching stops at the limit; requests in flight then 
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import math
 import time
@@ -69,6 +73,15 @@ async def run_point(endpoint: Endpoint, requests: Sequence[BenchRequest], point:
             on_done(record)
         return record
 
+    gc.disable()
+    try:
+        return await _dispatch(requests, point, time_limit, seed, semaphore, one)
+    finally:
+        gc.enable()
+
+
+async def _dispatch(requests: Sequence[BenchRequest], point: LoadPoint, time_limit: float | None, seed: int,
+                    semaphore: asyncio.Semaphore | None, one) -> PointRun:
     start = time.perf_counter()
     tasks = []
     for i, (request, offset) in enumerate(_schedule(requests, point, time_limit, seed)):
