@@ -1,7 +1,9 @@
 """HTTP failures -> the project's error tree, shared by every remote adapter.
 
 Two functions: :func:`map_transport_error` for anything httpx raises (every exception class it
-exports is covered; ``tests/adapters/test_http_errors.py`` walks them all) and
+exports is covered; ``tests/adapters/test_http_errors.py`` walks them all), or aiohttp underneath
+it (the remote backends' connection pool, ``httpx-aiohttp``, whose own translation into httpx
+classes loses what happened: a refused connection arrives as a connect timeout), and
 :func:`error_from_status` for an error status with the backend's message. A backend's 400/422 is
 the client's fault and passes through with the backend's own words; everything else names the
 backend, so an operator can tell which server failed.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import aiohttp
 import httpx
 
 from .errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, BackendUnavailable,
@@ -22,6 +25,9 @@ if TYPE_CHECKING:
 
 def map_transport_error(exc: BaseException, where: str, timeouts: "Timeouts | None" = None) -> BackendError:
     """An httpx exception (transport, protocol, stream misuse, bad URL) as a BackendError."""
+    cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
+    if isinstance(cause, aiohttp.ClientError):
+        return _from_aiohttp(cause, where, timeouts)
     detail = str(exc) or type(exc).__name__
     if isinstance(exc, httpx.ConnectTimeout):
         limit = f" within {timeouts.connect:g} s" if timeouts else ""
@@ -49,6 +55,26 @@ def map_transport_error(exc: BaseException, where: str, timeouts: "Timeouts | No
                         httpx.RequestError, httpx.StreamError, httpx.CookieConflict, httpx.HTTPError)):
         return BackendProtocolError(f"{where} broke the HTTP protocol ({type(exc).__name__}: {detail})")
     return BackendProtocolError(f"{where}: {type(exc).__name__}: {detail}")
+
+
+def _from_aiohttp(exc: aiohttp.ClientError, where: str, timeouts: "Timeouts | None") -> BackendError:
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        limit = f" within {timeouts.connect:g} s" if timeouts else ""
+        return BackendTimeout(f"{where} did not accept a connection{limit} (connect timeout)")
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        limit = f" for {timeouts.read:g} s" if timeouts else ""
+        return BackendTimeout(f"{where} sent nothing{limit} (read timeout)")
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return BackendTimeout(f"{where} timed out: {detail}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return BackendUnavailable(f"{where} is unreachable ({detail}); is the server running?")
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
+                        aiohttp.ClientConnectionError)):
+        return BackendUnavailable(f"{where} dropped the connection ({type(exc).__name__}: {detail})")
+    if isinstance(exc, aiohttp.InvalidURL):
+        return BackendUnavailable(f"{where}: invalid base_url ({detail}); use http://host:port")
+    return BackendProtocolError(f"{where} broke the HTTP protocol ({type(exc).__name__}: {detail})")
 
 
 def error_from_status(where: str, status: int, message: str, headers: httpx.Headers | None = None) -> BackendError:

@@ -28,7 +28,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import aiohttp
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
 from .base import Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings, Usage
 from .errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
@@ -68,10 +70,16 @@ class RemoteSettings:
 
 
 def make_client(settings: RemoteSettings) -> httpx.AsyncClient:
-    """A pooled client for one backend: keep-alive connections up to ``max_inflight``."""
+    """A pooled client for one backend: keep-alive connections up to ``max_inflight``.
+
+    The httpx API over aiohttp's connection pool (``httpx-aiohttp``, the transport the OpenAI SDK
+    offers): httpcore's pool scans every connection, with a ``poll`` syscall each, on every request,
+    which costs milliseconds per request at a few dozen connections.
+    """
     size = settings.max_inflight or 64
     limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
-    return httpx.AsyncClient(base_url=settings.base_url, timeout=settings.timeouts.for_httpx(), limits=limits)
+    return httpx.AsyncClient(base_url=settings.base_url, timeout=settings.timeouts.for_httpx(),
+                             transport=AiohttpTransport(limits=limits))
 
 
 class Turn:
@@ -201,7 +209,8 @@ class RemoteBackend:
             return exc
         if isinstance(exc, httpx.HTTPStatusError):
             return self.error_from_response(exc.response.status_code, b"", exc.response.headers)
-        if isinstance(exc, (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, httpx.CookieConflict)):
+        if isinstance(exc, (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, httpx.CookieConflict,
+                            aiohttp.ClientError)):
             return map_transport_error(exc, self.where, self.settings.timeouts)
         return BackendProtocolError(f"{self.where} sent a reply we cannot read ({type(exc).__name__}: {exc})")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 
+import aiohttp
 import httpx
 import pytest
 
@@ -93,3 +94,23 @@ def test_retry_after_is_kept():
 ])
 def test_error_bodies_of_every_shape(body, message):
     assert error_message(body) == message
+
+
+@pytest.mark.parametrize("make,expected,words", [
+    (lambda: aiohttp.ServerDisconnectedError(), BackendUnavailable, "dropped the connection"),
+    (lambda: aiohttp.ClientOSError(104, "Connection reset by peer"), BackendUnavailable, "dropped the connection"),
+    (lambda: aiohttp.ClientPayloadError("Response payload is not completed"), BackendUnavailable, "dropped"),
+    (lambda: aiohttp.SocketTimeoutError("read"), BackendTimeout, "read timeout"),
+    (lambda: aiohttp.ConnectionTimeoutError("connect"), BackendTimeout, "connect timeout"),
+    (lambda: aiohttp.ServerTimeoutError("slow"), BackendTimeout, "timed out"),
+    (lambda: aiohttp.InvalidURL("nope://x"), BackendUnavailable, "invalid base_url"),
+    (lambda: aiohttp.ClientError("odd"), BackendProtocolError, "broke the HTTP protocol"),
+])
+def test_aiohttp_errors_under_httpx_map_by_what_happened(make, expected, words):
+    """The pool is aiohttp's (httpx-aiohttp); its translation into httpx classes is lossy, so the cause decides."""
+    cause = make()
+    wrapped = httpx.ConnectTimeout("lossy translation")
+    wrapped.__cause__ = cause
+    for exc in (wrapped, cause):
+        error = map_transport_error(exc, WHERE, Timeouts())
+        assert type(error) is expected and words in error.message and WHERE in error.message
