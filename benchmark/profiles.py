@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -101,11 +100,11 @@ async def _slo_search(run: RunPoint, settings: SearchSettings) -> list[PointRun]
 
     good, bad = 0, None
     concurrency = 1
-    while concurrency <= settings.max_concurrency:
-        if not await passes(concurrency):
+    while bad is None and good < settings.max_concurrency:
+        if await passes(concurrency):
+            good, concurrency = concurrency, min(concurrency * 2, settings.max_concurrency)
+        else:
             bad = concurrency
-            break
-        good, concurrency = concurrency, concurrency * 2
     while bad is not None and bad - good > 1:
         middle = (good + bad) // 2
         good, bad = (middle, bad) if await passes(middle) else (good, middle)
@@ -115,7 +114,3 @@ async def _slo_search(run: RunPoint, settings: SearchSettings) -> list[PointRun]
 def best_passing_concurrency(runs: list[PointRun], slos: dict[str, float], target: float) -> int | None:
     passing = [r.point.max_concurrency or 0 for r in runs if attainment(r, slos) >= target]
     return max(passing) if passing else None
-
-
-def is_open_rate(point: LoadPoint) -> bool:
-    return math.isinf(point.rate)

@@ -3,7 +3,8 @@
 Run as ``python -m tests.benchmark.scripted_server SCRIPT.json LOG.jsonl``; it prints its port on the
 first stdout line. The script maps a request's ``x-request-id`` suffix (``bench-7`` -> 7, taken modulo
 the number of entries) to ``{"ttft": s, "gaps": [s, ...], "chunk_tokens": [n, ...], "prompt_tokens": n,
-"status": 200}`` (``warmup-*`` ids get a one-token answer): the first content chunk leaves ``ttft`` after the request arrived, each next one after
+"status": 200}`` (optional ``"ttft_per_inflight": s`` adds that much TTFT per other request in flight,
+a server that slows under load; ``warmup-*`` ids get a one-token answer): the first content chunk leaves ``ttft`` after the request arrived, each next one after
 its gap (``len(gaps) == len(chunk_tokens) - 1``). Sleeps aim at absolute deadlines, so errors never add
 up; the LOG gets one line per request with the arrival and the actual send time of every content chunk
 (``time.perf_counter``, the system-wide monotonic clock), which the tests take as the truth.
@@ -21,7 +22,7 @@ import sys
 import time
 
 _WARMUP = {"ttft": 0.01, "gaps": [], "chunk_tokens": [1], "prompt_tokens": 1}
-_STATE = {"prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
+_STATE = {"inflight": 0, "prompt_tokens": 0, "generation_tokens": 0, "requests": 0}
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, dict, bytes]:
@@ -108,7 +109,8 @@ async def _stream(writer, path: str, body: dict, entry: dict, arrival: float, ri
     kind = "application/x-ndjson" if path.startswith("/api/") else "text/event-stream"
     writer.write(f"HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ntransfer-encoding: chunked\r\n\r\n".encode())
     await writer.drain()
-    deadlines = [entry["ttft"]]
+    _STATE["inflight"] += 1
+    deadlines = [entry["ttft"] + entry.get("ttft_per_inflight", 0.0) * (_STATE["inflight"] - 1)]
     for gap in entry["gaps"]:
         deadlines.append(deadlines[-1] + gap)
     sends = []
@@ -119,6 +121,7 @@ async def _stream(writer, path: str, body: dict, entry: dict, arrival: float, ri
         await writer.drain()
         sends.append(time.perf_counter())
     writer.write(b"0\r\n\r\n")
+    _STATE["inflight"] -= 1
     _STATE["prompt_tokens"] += entry["prompt_tokens"]
     _STATE["generation_tokens"] += sum(entry["chunk_tokens"])
     _STATE["requests"] += 1
