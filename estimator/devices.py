@@ -1,0 +1,111 @@
+"""Accelerator specs (dense, no sparsity) and a measured profile of this machine's CPU.
+
+Peaks are per device. ``fp8`` is ``None`` where the device has no FP8 tensor cores; int8/int4
+*weights* still compute in bf16 (weight-only quantization), so only ``fp8`` uses the fp8 peak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float | None
+    memory_gb: float
+    bandwidth_gbs: float
+
+    def peak_flops(self, dtype: str) -> float:
+        tflops = self.fp8_tflops if dtype == "fp8" and self.fp8_tflops else self.bf16_tflops
+        return tflops * 1e12
+
+
+DEVICES = {
+    # NVIDIA H100 SXM5 datasheet: BF16 1,979 TFLOPS and FP8 3,958 "with sparsity" -> halved; 80 GB HBM3, 3.35 TB/s.
+    "h100": Device("h100", 989.4, 1978.9, 80, 3350),
+    # NVIDIA H200 datasheet: same Hopper compute as H100 SXM; 141 GB HBM3e, 4.8 TB/s.
+    "h200": Device("h200", 989.4, 1978.9, 141, 4800),
+    # NVIDIA A100 datasheet (SXM): BF16 312 TFLOPS dense, no FP8; 80 GB HBM2e 2,039 GB/s; 40 GB HBM2 1,555 GB/s.
+    "a100-80g": Device("a100-80g", 312, None, 80, 2039),
+    "a100-40g": Device("a100-40g", 312, None, 40, 1555),
+    # NVIDIA L40S datasheet: BF16 733 / FP8 1,466 TFLOPS with sparsity -> 362 / 733 dense; 48 GB GDDR6, 864 GB/s.
+    "l40s": Device("l40s", 362.05, 733, 48, 864),
+    # NVIDIA L4 datasheet: BF16 242 / FP8 485 TFLOPS with sparsity -> 121 / 242.5 dense; 24 GB, 300 GB/s.
+    "l4": Device("l4", 121, 242.5, 24, 300),
+    # NVIDIA Ada whitepaper (RTX 4090): FP16/BF16 tensor with FP32 accumulate 165.2 TFLOPS dense, FP8 330.3;
+    # 24 GB GDDR6X, 1,008 GB/s.
+    "rtx4090": Device("rtx4090", 165.2, 330.3, 24, 1008),
+    # AMD Instinct MI300X datasheet: BF16 1,307.4 / FP8 2,614.9 TFLOPS dense; 192 GB HBM3, 5.3 TB/s.
+    "mi300x": Device("mi300x", 1307.4, 2614.9, 192, 5300),
+}
+DEVICE_NAMES = (*DEVICES, "cpu")
+
+
+def cpu_cache_path() -> Path:
+    home = Path(os.environ.get("INFER_HOME") or "~/.infer").expanduser()
+    return home / "estimate" / "cpu.json"
+
+
+def probe_cpu(*, size_mb: int = 256, matmul_n: int = 1024, repeats: int = 5) -> Device:
+    """Best-of-``repeats`` copy bandwidth (read + write bytes) and float32 matmul FLOP/s."""
+    src = np.ones(size_mb * (1 << 20) // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    best_copy = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    a = np.random.default_rng(0).standard_normal((matmul_n, matmul_n), dtype=np.float32)
+    best_mm = min(_timed(lambda: a @ a) for _ in range(repeats))
+    return Device("cpu", 2 * matmul_n**3 / best_mm / 1e12, None, _memory_gb(), 2 * src.nbytes / best_copy / 1e9)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _memory_gb() -> float:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 1e6
+    except OSError:
+        pass
+    return 0.0
+
+
+def cpu_device(*, refresh: bool = False) -> Device:
+    """This machine's CPU, measured once and cached under ``$INFER_HOME/estimate/cpu.json``."""
+    path = cpu_cache_path()
+    if path.exists() and not refresh:
+        try:
+            return Device(**json.loads(path.read_text()))
+        except (TypeError, ValueError):
+            pass
+    device = probe_cpu()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(device), indent=2) + "\n")
+    return device
+
+
+def get_device(name: str, *, peak_tflops: float | None = None, bandwidth_gbs: float | None = None,
+               memory_gb: float | None = None) -> Device:
+    """A named device with optional overrides; an unknown name needs all three overrides."""
+    if name == "cpu":
+        base = cpu_device()
+    elif name in DEVICES:
+        base = DEVICES[name]
+    elif None not in (peak_tflops, bandwidth_gbs, memory_gb):
+        base = Device(name, 0, None, 0, 0)
+    else:
+        raise ValueError(f"unknown --device {name!r}: choose {', '.join(DEVICE_NAMES)}, "
+                         "or give --peak-tflops, --bandwidth-gbs and --memory-gb")
+    return Device(base.name, peak_tflops or base.bf16_tflops, None if peak_tflops else base.fp8_tflops,
+                  memory_gb or base.memory_gb, bandwidth_gbs or base.bandwidth_gbs)

@@ -1,0 +1,103 @@
+"""The bandwidth roofline of estimate.md §2 on top of the §1 FLOPs, with efficiency factors.
+
+- decode step at batch ``b``: ``TPOT = max(bytes / (bandwidth · MBU), decode FLOPs / (F · MFU))`` where
+  bytes = weight bytes + ``b`` × KV bytes per token × the average cached length ``p + (1+o)/2``;
+  the larger term is the one that *binds*.
+- ``TTFT = prefill FLOPs / (F · MFU)`` for one prompt (no queueing).
+- KV capacity = ``(memory · utilisation − weights − workspace) / KV bytes per token``; max concurrent
+  sequences = capacity ÷ (p + o).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .devices import Device
+from .flops import decode_flops_per_token, prefill_flops
+from .shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of peak achieved: MFU for FLOPs, MBU for bytes (defaults: the documents' ~60 %, a mid MBU)."""
+
+    mfu: float = 0.6
+    mbu: float = 0.7
+    source: str = "default"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: ModelShape
+    device: Device
+    gpus: int = 1
+    dtype: str | None = None  # None: the file's own weights; else bf16 | fp8 | int8 | int4
+    kv_dtype: str = "bf16"
+    memory_utilisation: float = 0.9
+    workspace_gb: float = 1.0
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.model.weight_bytes(self.dtype)
+
+    @property
+    def peak_flops(self) -> float:
+        return self.device.peak_flops(self.dtype or "bf16") * self.gpus
+
+    @property
+    def bandwidth(self) -> float:
+        return self.device.bandwidth_gbs * 1e9 * self.gpus
+
+    def kv_capacity_tokens(self) -> int:
+        free = self.device.memory_gb * 1e9 * self.gpus * self.memory_utilisation - self.weight_bytes \
+            - self.workspace_gb * 1e9
+        return max(0, int(free // self.model.kv_bytes_per_token(self.kv_dtype)))
+
+    def max_sequences(self, prompt: int, output: int) -> int:
+        return self.kv_capacity_tokens() // (prompt + output)
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    batch: int
+    memory_s: float
+    compute_s: float
+
+    @property
+    def tpot_s(self) -> float:
+        return max(self.memory_s, self.compute_s)
+
+    @property
+    def binds(self) -> str:
+        return "bandwidth" if self.memory_s >= self.compute_s else "compute"
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch / self.tpot_s
+
+
+def step_bytes(dep: Deployment, prompt: int, output: int, batch: int) -> float:
+    cached = prompt + (1 + output) / 2
+    return dep.weight_bytes + batch * cached * dep.model.kv_bytes_per_token(dep.kv_dtype)
+
+
+def decode_step(dep: Deployment, eff: Efficiency, prompt: int, output: int, batch: int) -> DecodeStep:
+    memory = step_bytes(dep, prompt, output, batch) / (dep.bandwidth * eff.mbu)
+    compute = decode_flops_per_token(dep.model, prompt, output, batch) / (dep.peak_flops * eff.mfu)
+    return DecodeStep(batch, memory, compute)
+
+
+def ttft_s(dep: Deployment, eff: Efficiency, prompt: int) -> float:
+    return prefill_flops(dep.model, prompt) / (dep.peak_flops * eff.mfu)
+
+
+def largest_batch_meeting(dep: Deployment, eff: Efficiency, prompt: int, output: int, tpot_slo_s: float) -> int:
+    """Largest batch (≤ the KV limit) whose TPOT meets the SLO; 0 if even batch 1 misses it."""
+    low, high = 0, max(1, dep.max_sequences(prompt, output))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if decode_step(dep, eff, prompt, output, middle).tpot_s <= tpot_slo_s:
+            low = middle
+        else:
+            high = middle - 1
+    return low
