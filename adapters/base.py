@@ -10,6 +10,8 @@ A backend streams a request as :class:`Chunk` events followed by exactly one :cl
 - ``request.cancel.cancel()`` (the client went away) makes the backend stop generating, free its
   slot and end the stream with ``Done(finish_reason="cancelled")`` counting what it generated.
 - Closing the iterator early also stops generation and frees the slot, but reports nothing.
+- Consumers read events without awaiting anything else in between (the gateway's pump task does):
+  a backend may keep one deadline running across its yields.
 
     router = Router(local=LocalEngines(...), remotes={...})
     backend = router.resolve(request)            # once per request

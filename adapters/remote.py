@@ -173,28 +173,24 @@ class RemoteBackend:
         turn = Turn(request, self.counter, time.perf_counter())
         deadline = request.arrival + self.settings.timeouts.total
         first_byte = request.arrival + self.settings.timeouts.first_byte
-        waiting: list[asyncio.Timeout] = []  # the deadline of the read in progress; cancel moves it to now
-        request.cancel.on_cancel(lambda: [t.reschedule(asyncio.get_running_loop().time()) for t in waiting])
+        # A one-reply call (client not streaming) has only the total deadline.
+        limit = min(first_byte, deadline) if request.stream else deadline
         async with self._slot(first_byte, turn):
             events = self.generate(request, turn)
             try:
-                while not request.cancel.cancelled:
-                    # A one-reply call (client not streaming) has only the total deadline.
-                    limit = first_byte if request.stream and not turn.events else deadline
-                    try:
-                        async with asyncio.timeout_at(_loop_time(min(limit, deadline))) as timer:
-                            waiting.append(timer)
-                            chunk = await anext(events)
-                    except StopAsyncIteration:
-                        break
-                    except TimeoutError:
+                async with asyncio.timeout_at(_loop_time(limit)) as timer:
+                    # cancel: the read in progress ends now (a TimeoutError that the loop below tells apart)
+                    request.cancel.on_cancel(lambda: timer.reschedule(asyncio.get_running_loop().time()))
+                    async for chunk in events:
+                        if not turn.events and limit != deadline:
+                            timer.reschedule(_loop_time(deadline))
+                        turn.add(chunk)
+                        yield chunk
                         if request.cancel.cancelled:
                             break
-                        raise self._timeout(turn) from None
-                    finally:
-                        waiting.clear()
-                    turn.add(chunk)
-                    yield chunk
+            except TimeoutError:
+                if not request.cancel.cancelled:
+                    raise self._timeout(turn) from None
             except (asyncio.CancelledError, GeneratorExit):
                 raise
             except Exception as exc:

@@ -11,11 +11,11 @@ line still yields its last event (TGI and Triton close the connection after thei
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
 
 from .errors import BackendProtocolError
 
@@ -47,8 +47,8 @@ async def ndjson_objects(response: httpx.Response) -> AsyncIterator[dict[str, An
 
 def parse_json(text: str | bytes, what: str = "reply") -> Any:
     try:
-        return json.loads(text)
-    except (ValueError, UnicodeDecodeError):
+        return orjson.loads(text)
+    except (orjson.JSONDecodeError, UnicodeDecodeError):
         snippet = text[:200] if isinstance(text, str) else text[:200].decode("utf-8", "replace")
         raise BackendProtocolError(f"malformed {what} from the backend (not JSON): {snippet!r}") from None
 

@@ -77,6 +77,7 @@ class Generation:
         self.recorder, self.backend, self.request = recorder, backend, request
         self.route, self.stream = route, stream
         self.done: Done | None = None
+        self._ended = False
         self._queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
         self.finished: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -100,14 +101,20 @@ class Generation:
                 if isinstance(event, _Failure):
                     ended = True
                     raise event.exc
-                yield event
                 if isinstance(event, Done):
-                    ended = True
+                    ended = self._ended = True
+                    yield event
                     return
+                yield event
                 event = await self._queue.get()
         finally:
             if not ended:  # the consumer went away: the backend stops and reports a cancelled Done
                 self.request.cancel.cancel()
+
+    def more_ready(self) -> bool:
+        """Whether what the consumer reads next is already here (the final record was read, or the next
+        event has arrived): the response writer then holds its bytes to send them with the next."""
+        return self._ended or not self._queue.empty()
 
     async def collect(self) -> tuple[str, list[Chunk], Done]:
         """Non-streaming: the whole text, the chunks and the final record."""

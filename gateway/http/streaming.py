@@ -6,7 +6,7 @@ cancels its request (``request.cancel``), so the backend stops generating and fr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
 
@@ -17,19 +17,24 @@ NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
 
 
-def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200) -> StreamingResponse:
-    async def body():
+def _never() -> bool:
+    return False
+
+
+def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200,
+                   more_ready: Callable[[], bool] = _never) -> StreamingResponse:
+    async def lines() -> AsyncIterator[bytes]:
         try:
             async for obj in objects:
                 yield dumps(obj) + b"\n"
         except Exception as exc:  # headers are sent: the error becomes the last line
             yield dumps(_error(exc, "/api")) + b"\n"
-    return StreamingResponse(body(), status_code=status_code, media_type=NDJSON)
+    return StreamingResponse(_coalesced(lines(), more_ready), status_code=status_code, media_type=NDJSON)
 
 
-def sse_response(objects: AsyncIterator[dict]) -> StreamingResponse:
+def sse_response(objects: AsyncIterator[dict], more_ready: Callable[[], bool] = _never) -> StreamingResponse:
     """``data: <json>\\n\\n`` per object, then ``data: [DONE]\\n\\n``, always."""
-    async def body():
+    async def events() -> AsyncIterator[bytes]:
         try:
             async for obj in objects:
                 yield b"data: " + dumps(obj) + b"\n\n"
@@ -37,7 +42,20 @@ def sse_response(objects: AsyncIterator[dict]) -> StreamingResponse:
             yield b"data: " + dumps(_error(exc, "/v1")) + b"\n\n"
         yield b"data: [DONE]\n\n"
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(body(), media_type=SSE, headers=headers)
+    return StreamingResponse(_coalesced(events(), more_ready), media_type=SSE, headers=headers)
+
+
+async def _coalesced(pieces: AsyncIterator[bytes], more_ready: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """One write for the pieces that are ready together: a piece is held only while ``more_ready()``
+    says the next event has already arrived, so nothing ever waits to be batched."""
+    held: list[bytes] = []
+    async for piece in pieces:
+        held.append(piece)
+        if not more_ready():
+            yield b"".join(held)
+            held.clear()
+    if held:
+        yield b"".join(held)
 
 
 def _error(exc: Exception, path: str) -> dict:

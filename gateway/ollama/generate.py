@@ -44,7 +44,7 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
     backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
     if body.streaming:
-        return ndjson_response(_generate_stream(gen, body))
+        return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready)
     text, chunks, done = await gen.collect()
     return JSONBytes(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks)))
 
@@ -73,7 +73,7 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
     backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
-        return ndjson_response(_chat_stream(gen, body.model))
+        return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready)
     text, chunks, done = await gen.collect()
     return JSONBytes(view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks)))
 

@@ -30,8 +30,9 @@ async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, rec
     meta = ResponseMeta("chat.completion", body.model)
     logprobs = bool(body.logprobs)
     if body.stream:
-        events = await start_stream(recorder, backend, requests, CHAT_ROUTE)
-        return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage))
+        events, more_ready = await start_stream(recorder, backend, requests, CHAT_ROUTE)
+        return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage),
+                            more_ready)
     results = await run_all(recorder, backend, requests, CHAT_ROUTE)
     return JSONBytes(chat_completion(meta, results, logprobs=logprobs))
 
@@ -45,8 +46,8 @@ async def completions(body: CompletionRequest, backends: RouterDep, recorder: Re
     meta = ResponseMeta("text_completion", body.model)
     logprobs = body.logprobs is not None
     if body.stream:
-        events = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE)
+        events, more_ready = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE)
         return sse_response(completion_chunks(meta, events, prompt_of, logprobs=logprobs,
-                                              include_usage=body.include_usage))
+                                              include_usage=body.include_usage), more_ready)
     results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE)
     return JSONBytes(text_completion(meta, results, prompt_of, logprobs=logprobs))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
 from adapters.base import Backend, Done, GenerationRequest, StreamEvent, TokenLogprob
@@ -40,9 +40,15 @@ async def run_all(recorder: Recorder, backend: Backend, requests: Sequence[Gener
 
 
 async def start_stream(recorder: Recorder, backend: Backend, requests: Sequence[GenerationRequest],
-                       route: str) -> Events:
+                       route: str) -> tuple[Events, Callable[[], bool]]:
+    """The events of every choice by index, and whether the next one is already here."""
     first = await recorder.start(backend, requests[0], route=route, stream=True)
-    return _merge(first, recorder, backend, requests[1:], route)
+    more_ready = first.more_ready if len(requests) == 1 else _never
+    return _merge(first, recorder, backend, requests[1:], route), more_ready
+
+
+def _never() -> bool:
+    return False
 
 
 async def _merge(first: Generation, recorder: Recorder, backend: Backend,
