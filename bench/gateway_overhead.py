@@ -444,6 +444,7 @@ def soak(args, procs: Processes, work: Path, fast: Side) -> dict:
     st = time.perf_counter()
     result["exit_code"] = procs.stop(proc, timeout=60)
     result["shutdown_s"] = time.perf_counter() - st
+    result["graceful"] = "Application shutdown complete" in (work / "infer-serve.log").read_text(errors="replace")
     result["ledger_rows"] = count_ledger_rows(db)
     first = next((r["rss_kib"] for r in result["rss"] if r["requests"] >= 1000), None)
     result["rss_growth"] = result["rss"][-1]["rss_kib"] / first - 1 if first else None
@@ -451,7 +452,9 @@ def soak(args, procs: Processes, work: Path, fast: Side) -> dict:
           f"{args.chunks} chunks; others used {result['noise']['others_cores']:.2f} cores):")
     print(f"  errors: {result['errors']} (goal 0){'  first: ' + result['first_errors'][0] if result['errors'] else ''}")
     print(f"  ledger rows after SIGTERM: {result['ledger_rows']} for {result['requests']} requests "
-          f"(goal: equal); exit code {result['exit_code']}, shutdown {result['shutdown_s']:.1f} s")
+          f"(goal: equal); shutdown {result['shutdown_s']:.1f} s, "
+          f"{'graceful' if result['graceful'] else 'NOT graceful'} (exit code {result['exit_code']}: uvicorn re-raises "
+          f"the SIGTERM it handled)")
     if first:
         print(f"  RSS after 1,000: {first / 1024:.1f} MiB, after {result['requests']:,}: "
               f"{result['rss'][-1]['rss_kib'] / 1024:.1f} MiB ({result['rss_growth']:+.1%}; goal within 10 %)")
