@@ -82,7 +82,7 @@ def _cdf(result: BenchResult, metric: str, path: Path) -> Path:
     ax.set_xlabel(f"{metric.upper()} (ms)")
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"{metric.upper()} CDF")
-    if result.runs:
+    if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize=7)
     fig.savefig(path, dpi=100)
     return path

@@ -49,23 +49,30 @@ class PointRun:
 
 
 OnDone = Callable[[RequestRecord], None]
+WARMUP_POINT = 0xFFFFFFFF
+
+
+def request_id(point_index: int, i: int) -> str:
+    """The ``x-request-id`` sent: UUID-shaped (some servers reject anything else), with the load point
+    in the first group and the request's index in the last, so a server log can be matched back."""
+    return f"{point_index:08x}-0000-4000-8000-{i:012x}"
 
 
 async def run_point(endpoint: Endpoint, requests: Sequence[BenchRequest], point: LoadPoint, *,
                     time_limit: float | None = None, count_tokens: Counter | None = None,
-                    on_done: OnDone | None = None, seed: int = 0, id_prefix: str = "bench",
+                    on_done: OnDone | None = None, seed: int = 0, point_index: int = 0,
                     client: StreamingClient | None = None) -> PointRun:
     """Send ``requests`` as ``point`` says; ``client`` (shared to keep connections warm) or a fresh one."""
     if client is None:
         async with StreamingClient() as own:
             return await run_point(endpoint, requests, point, time_limit=time_limit, count_tokens=count_tokens,
-                                   on_done=on_done, seed=seed, id_prefix=id_prefix, client=own)
+                                   on_done=on_done, seed=seed, point_index=point_index, client=own)
     cap = point.max_concurrency
     semaphore = asyncio.Semaphore(cap) if cap else None
 
     async def one(i: int, request: BenchRequest) -> RequestRecord:
         try:
-            record = await send_request(client, endpoint, request, f"{id_prefix}-{i}", count_tokens)
+            record = await send_request(client, endpoint, request, request_id(point_index, i), count_tokens)
         finally:
             if semaphore:
                 semaphore.release()

@@ -18,7 +18,7 @@ from .prometheus import scrape, server_token_deltas
 from .profiles import run_profile
 from .prompts import dataset_requests, synthetic_requests
 from .records import BenchRequest, RequestRecord
-from .runner import LoadPoint, PointRun, run_point
+from .runner import WARMUP_POINT, LoadPoint, PointRun, run_point
 from .tokenizer import TokenCounter
 
 
@@ -75,7 +75,7 @@ async def _run_points(config: BenchConfig, requests: list[BenchRequest], result:
     if config.warmup:  # all at once, so they also open the connections the first load point reuses
         warm = LoadPoint("warmup", max_concurrency=config.warmup)
         await run_point(config.endpoint, (requests * config.warmup)[:config.warmup], warm, count_tokens=count,
-                        id_prefix="warmup", client=client)
+                        point_index=WARMUP_POINT, client=client)
 
     async def one(point: LoadPoint) -> PointRun:
         total = None if config.duration else len(requests)
@@ -84,7 +84,7 @@ async def _run_points(config: BenchConfig, requests: list[BenchRequest], result:
         before = await _scrape(config)
         run = await run_point(config.endpoint, requests, point, time_limit=config.duration, count_tokens=count,
                               on_done=progress.advance if progress else None, seed=config.seed,
-                              id_prefix=f"bench-p{len(result.runs)}", client=client)
+                              point_index=len(result.runs), client=client)
         after = await _scrape(config)
         result.runs.append(run)
         result.points.append(summarize(config, run, server_token_deltas(before, after)))

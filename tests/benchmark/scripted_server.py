@@ -1,10 +1,10 @@
 """A scripted streaming LLM server on 127.0.0.1 whose timings and token counts are known.
 
 Run as ``python -m tests.benchmark.scripted_server SCRIPT.json LOG.jsonl``; it prints its port on the
-first stdout line. The script maps a request's ``x-request-id`` suffix (``bench-7`` -> 7, taken modulo
-the number of entries) to ``{"ttft": s, "gaps": [s, ...], "chunk_tokens": [n, ...], "prompt_tokens": n,
+first stdout line. The script maps a request's index (the last group of its ``x-request-id``,
+``00000000-0000-4000-8000-000000000007`` -> 7, taken modulo the number of entries) to ``{"ttft": s, "gaps": [s, ...], "chunk_tokens": [n, ...], "prompt_tokens": n,
 "status": 200}`` (optional ``"ttft_per_inflight": s`` adds that much TTFT per other request in flight,
-a server that slows under load; ``warmup-*`` ids get a one-token answer): the first content chunk leaves ``ttft`` after the request arrived, each next one after
+a server that slows under load; warm-up ids, first group ``ffffffff``, get a one-token answer): the first content chunk leaves ``ttft`` after the request arrived, each next one after
 its gap (``len(gaps) == len(chunk_tokens) - 1``). Sleeps aim at absolute deadlines, so errors never add
 up; the LOG gets one line per request with the arrival and the actual send time of every content chunk
 (``time.perf_counter``, the system-wide monotonic clock), which the tests take as the truth.
@@ -93,8 +93,9 @@ async def _respond(writer, path: str, headers: dict, raw: bytes, arrival: float,
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n"
                      + f"content-length: {len(text)}\r\n\r\n".encode() + text)
         return
-    rid = headers.get("x-request-id", "bench-0")
-    entry = _WARMUP if rid.startswith("warmup") else script[int(rid.rsplit("-", 1)[-1]) % len(script)]
+    rid = headers.get("x-request-id", "00000000-0000-4000-8000-000000000000")
+    point, *_, index = rid.split("-")
+    entry = _WARMUP if point == "ffffffff" else script[int(index, 16) % len(script)]
     if entry.get("status", 200) != 200:
         msg = b'{"error":"scripted failure"}'
         writer.write(f"HTTP/1.1 {entry['status']} Internal Server Error\r\ncontent-length: {len(msg)}\r\n\r\n"

@@ -52,7 +52,7 @@ def test_every_metric_within_one_percent_of_the_server_truth(scripted, api):
     server = scripted(SCRIPT)
     result = asyncio.run(run_bench(_bench(server.url, api, profile=Profile.parse("concurrent:8"), warmup=8)))
     point = result.points[0]
-    truth_records, truth_duration = server.truth("bench-p0-")
+    truth_records, truth_duration = server.truth("00000000-")
     truth = calculate_metrics(truth_records, truth_duration, percentiles=DEFAULT_PERCENTILES)
     assert (point["completed"], point["failed"]) == (8, 0)
     assert point["total_output_tokens"] == 2 * (8 + 4 + 3 + 8)  # server-reported, not chunk counts
@@ -67,7 +67,7 @@ def test_tpot_is_vllms_definition_on_known_numbers(scripted):
     server = scripted([entry(0.5, [0.08] * 9, [3] + [2] * 9, prompt_tokens=10)])
     result = asyncio.run(run_bench(_bench(server.url, profile=Profile.parse("synchronous"), num_requests=1, warmup=1)))
     point = result.points[0]
-    (truth,), _ = server.truth("bench-p0-")
+    (truth,), _ = server.truth("00000000-")
     assert point["total_output_tokens"] == 21
     assert point["mean_ttft_ms"] == pytest.approx(1000 * truth.ttft, rel=0.01)
     assert point["mean_e2el_ms"] == pytest.approx(1000 * truth.latency, rel=0.01)
