@@ -1,9 +1,10 @@
 """One writer thread per process that batches ledger rows off the event loop.
 
 ``submit(record)`` stamps the row (ULID and time of the request's end) and queues it; it never
-blocks and never touches the database. The writer thread takes whatever is queued (up to
-``batch_rows``, waiting at most ``flush_s`` after the first row) and inserts it in one transaction
-with a SQLAlchemy Core ``insert`` (executemany). When the database is locked or unreachable the
+blocks, never touches the database and wakes the writer thread only for the first row of a batch
+(a wake-up per row costs the event loop a GIL hand-over each). The writer thread sleeps ``flush_s``
+after that first row, then inserts everything queued, ``batch_rows`` per transaction, with a
+SQLAlchemy Core ``insert`` (executemany). When the database is locked or unreachable the
 batch is kept and retried with exponential backoff; rows are only ever dropped when the queue
 holds ``max_pending`` rows (bounded memory), and then every dropped row is counted and logged as
 an error. ``close()`` flushes every queued row before it returns (graceful shutdown).
@@ -12,9 +13,9 @@ an error. ``close()`` flushes every queued row before it returns (graceful shutd
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
@@ -24,9 +25,6 @@ from .tables import UsageRecord
 from .usage import insert_rows, stamp
 
 log = logging.getLogger(__name__)
-
-_STOP = object()
-
 
 @dataclass(frozen=True)
 class WriterSettings:
@@ -41,7 +39,9 @@ class LedgerWriter:
     def __init__(self, db: Engine, settings: WriterSettings | None = None) -> None:
         self.db = db
         self.settings = settings or WriterSettings()
-        self._queue: queue.Queue = queue.Queue()
+        self._rows: deque[dict] = deque()
+        self._has_rows = threading.Event()  # set once per batch, not once per row: no thread wake-up per row
+        self._stopping = threading.Event()
         self._written = 0
         self.dropped = 0
         self.failed_attempts = 0
@@ -63,7 +63,9 @@ class LedgerWriter:
                           "(%d dropped so far)", self._pending, record.model, self.dropped)
                 return
             self._pending += 1
-        self._queue.put(stamp(record))
+        self._rows.append(stamp(record))
+        if not self._has_rows.is_set():
+            self._has_rows.set()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every row submitted so far is written (or dropped); False on timeout."""
@@ -80,7 +82,8 @@ class LedgerWriter:
         """Write everything queued, then stop the thread."""
         if not self._thread.is_alive():
             return
-        self._queue.put(_STOP)
+        self._stopping.set()
+        self._has_rows.set()
         self._thread.join(timeout)
         if self._thread.is_alive() or self._pending:
             log.error("usage ledger: %d row(s) could not be written before shutdown", self._pending)
@@ -88,39 +91,23 @@ class LedgerWriter:
     # -- the writer thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            batch, stopping = self._take()
-            if batch:
-                self._write(batch, stopping)
-
-    def _take(self) -> tuple[list[dict], bool]:
-        first = self._queue.get()
-        if first is _STOP:
-            return self._drain_now(), True
-        batch = [first]
-        deadline = time.monotonic() + self.settings.flush_s
-        while len(batch) < self.settings.batch_rows:
-            try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if item is _STOP:
-                return batch + self._drain_now(), True
-            batch.append(item)
-        return batch, False
-
-    def _drain_now(self) -> list[dict]:
-        rows = []
         while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return rows
-            if item is not _STOP:
-                rows.append(item)
+            self._has_rows.wait()
+            self._stopping.wait(self.settings.flush_s)  # let the batch fill; submitters do not wake us meanwhile
+            self._has_rows.clear()
+            batch = self._take_all()
+            if batch:
+                self._write(batch)
+            if self._stopping.is_set() and not self._rows:
+                return
 
-    def _write(self, batch: list[dict], stopping: bool) -> None:
+    def _take_all(self) -> list[dict]:
+        rows = []
+        while self._rows:
+            rows.append(self._rows.popleft())
+        return rows
+
+    def _write(self, batch: list[dict]) -> None:
         delay = self.settings.retry_initial_s
         for start in range(0, len(batch), self.settings.batch_rows):
             chunk = batch[start:start + self.settings.batch_rows]
