@@ -9,7 +9,9 @@ Starts on free 127.0.0.1 ports (all stopped at exit, also on errors and Ctrl-C):
 - LiteLLM's proxy as its docs start it, ``litellm --config config.yaml --port P`` (plus ``--host
   127.0.0.1``), with a ``model_list`` entry ``openai/fast`` whose ``api_base`` is the fast server. It is
   installed on first use into its own venv, ``.bench/litellm-venv`` (``pip install 'litellm[proxy]'``).
-  Recent LiteLLM refuses to start without a master key, so one is set and sent as a Bearer token.
+  Recent LiteLLM refuses to start without a master key, so one is set and sent as a Bearer token;
+- ``bench/minimal_proxy.py`` (side ``minimal``, ``--no-minimal`` to skip): a bare ASGI proxy on the same
+  uvicorn + aiohttp stack as ``infer serve``, the floor any gateway built on that stack starts from.
 
 Each server runs with its default log level (both print an access line per request, as users get).
 One async aiohttp client (uvloop when installed) drives every side with the same request:
@@ -134,6 +136,13 @@ def start_fast(procs: Processes, work: Path, chunks: int) -> Side:
     proc = procs.start([sys.executable, str(ROOT / "bench" / "fast_openai_server.py"), "--port", str(port),
                         "--chunks", str(chunks)], work / "fast-server.log", url + "/v1/models")
     return Side("direct", url, "fast", proc.pid)
+
+
+def start_minimal(procs: Processes, work: Path, fast: Side) -> Side:
+    port = free_port()
+    proc = procs.start([sys.executable, str(ROOT / "bench" / "minimal_proxy.py"), fast.url, str(port)],
+                       work / "minimal-proxy.log", f"http://127.0.0.1:{port}/")
+    return Side("minimal", f"http://127.0.0.1:{port}", "fast", proc.pid)
 
 
 def infer_command() -> list[str]:
@@ -349,6 +358,8 @@ def summarize(lat: dict, tput: dict, sides: list[Side]) -> dict:
             row[name]["server_cpu_ms_per_request"] = statistics.median(cpu) if cpu else None
         if "litellm" in row and "infer" in row:
             row["infer_over_litellm_rps"] = row["infer"]["rps"] / row["litellm"]["rps"]
+        if "minimal" in row and "infer" in row:  # the gateway's own work, beyond its stack's floor
+            row["infer_beyond_minimal_ms"] = row["infer"]["p50_ms"] - row["minimal"]["p50_ms"]
         out[mode] = row
     return out
 
@@ -373,6 +384,9 @@ def print_table(summary: dict, names: list[str], args) -> None:
             added = row["infer"]["added_ms"]
             print(f"    {mode:10s} infer added median latency {added:+.2f} ms (paired {row['infer']['added_paired_ms']:+.2f})"
                   f" vs goal <= 1.0 ms: {'met' if added <= 1.0 else f'MISSED by {added - 1.0:.2f} ms'}")
+        if "infer_beyond_minimal_ms" in row:
+            print(f"    {mode:10s} of which the bare uvicorn + aiohttp proxy adds {row['minimal']['added_ms']:+.2f} ms, "
+                  f"infer's own work {row['infer_beyond_minimal_ms']:+.2f} ms")
         if "infer_over_litellm_rps" in row:
             ratio = row["infer_over_litellm_rps"]
             print(f"    {mode:10s} infer/litellm req/s at c={args.concurrency}: {ratio:.2f}x vs goal >= 3x: "
@@ -480,6 +494,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tput-seconds", type=float, default=3.0)
     parser.add_argument("--tput-rounds", type=int, default=3)
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
+    parser.add_argument("--no-minimal", action="store_true", help="skip the bare uvicorn + aiohttp reference proxy")
     parser.add_argument("--soak", action="store_true", help="run the soak test instead")
     parser.add_argument("--soak-requests", type=int, default=10_000)
     parser.add_argument("--soak-concurrency", type=int, default=500)
@@ -500,7 +515,8 @@ def main() -> None:
         if args.soak:
             report["soak"] = soak(args, procs, work, fast)
         else:
-            sides = [fast, start_infer(procs, work, fast)[0]]
+            sides = [fast] + ([] if args.no_minimal else [start_minimal(procs, work, fast)])
+            sides.append(start_infer(procs, work, fast)[0])
             exe = None if args.no_litellm else ensure_litellm()
             if exe:
                 sides.append(start_litellm(procs, work, fast, exe))
