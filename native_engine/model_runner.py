@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 from .config import EngineConfig
 from .cuda_graph import DecodeGraphs
 from .layers.attention import Attention
-from .layers.embed_head import LMHead
-from .layers.linear import use_int4_weights, use_small_batch_weights
+from .layers.embed_head import LMHead, VocabEmbedding
+from .layers.linear import finish_loading, use_small_batch_weights
 from .layers.sampler import SampledToken, Sampler, SamplingRow
 from .models import model_class
 from .forward_context import Context, PrefillChunk
@@ -27,6 +28,14 @@ def _default_dtype(dtype: torch.dtype):
         yield
     finally:
         torch.set_default_dtype(previous)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """On CPU through numpy's calloc: the OS hands out zero pages as they are first touched, so a
+    large KV cache costs neither startup time nor memory until it is used."""
+    if device.type != "cpu" or dtype == torch.bfloat16:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.from_numpy(np.zeros(shape, dtype=torch.empty((), dtype=dtype).numpy().dtype))
 
 
 def bytes_per_token(model_config, dtype: torch.dtype) -> int:
@@ -51,8 +60,8 @@ class ModelRunner:
         self.extra_weight_bytes = 0
         if device.type == "cpu" and dtype == torch.bfloat16 and config.cpu_fp16_small_batch:
             self.extra_weight_bytes = use_small_batch_weights(self.model)
-        if device.type == "cpu" and dtype == torch.float32 and config.cpu_int4_matmul:
-            self.extra_weight_bytes = self._use_int4()
+        self.int4_weight_bytes = self._finish_loading(device.type == "cpu" and dtype == torch.float32
+                                                      and config.cpu_int4_matmul)
         self.block_bytes = config.block_size * bytes_per_token(model_config, dtype)
         self.num_kvcache_blocks = 0
         self.kv_cache = torch.empty(0)
@@ -61,19 +70,27 @@ class ModelRunner:
         self.generators: dict[tuple[str, int], torch.Generator] = {}
         self.seed_rng = torch.Generator().manual_seed(config.seed)  # seeds for requests that bring none
 
-    def _use_int4(self) -> int:
-        """Packed int4 copies: the decoder's linears lose their dense weights, the LM head keeps its own
-        (usually the token embedding)."""
-        added = use_int4_weights(self.model, skip=(LMHead,))
+    def _finish_loading(self, int4: bool) -> int:
+        """Q4_1 blocks become int4 weights (`int4`) or dense ones; the LM head keeps its dense weight
+        (usually the token embedding too) and gets packed copies. Returns the int4 bytes."""
+        packed = finish_loading(self.model, int4, skip=(LMHead,))
         head = next((m for m in self.model.modules() if isinstance(m, LMHead)), None)
-        return added + (head.use_packed_weights() if head is not None else 0)
+        if head is None:
+            return packed
+        head.finish_loading(int4=False)
+        tied = getattr(self.model_config, "tie_word_embeddings", False)
+        embed = next((m for m in self.model.modules() if isinstance(m, VocabEmbedding)), None)
+        source = embed.q8_blocks if tied and embed is not None else None
+        if embed is not None:
+            embed.q8_blocks = None
+        return packed + (head.use_packed_weights(source) if int4 else 0)
 
     def allocate_kv_cache(self, num_bytes: int) -> int:
         """One tensor [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets its K and V views."""
         mc = self.model_config
         self.num_kvcache_blocks = max(num_bytes // self.block_bytes, 0)
         shape = (2, mc.num_layers, self.num_kvcache_blocks, self.config.block_size, mc.num_kv_heads, mc.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = _zeros(shape, self.dtype, self.device)
         layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
@@ -93,7 +110,8 @@ class ModelRunner:
         self.score([0] * n)
 
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes of the weights as computed with: dense parameters plus int4 packed ones."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters()) + self.int4_weight_bytes
 
     # -- inputs -------------------------------------------------------------------------------
 

@@ -15,12 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .quant import Int4Weight, pack_int4
+from ..loader.gguf_loader import Q4Blocks, Q8Blocks
+from .quant import Int4Weight, from_blocks, pack_int4
 
 SMALL_BATCH = 2
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor | Q4Blocks | Q8Blocks) -> None:
+    if isinstance(loaded, (Q4Blocks, Q8Blocks)):
+        loaded = loaded.dequantize()
     assert param.shape == loaded.shape, f"shape mismatch: {tuple(param.shape)} vs {tuple(loaded.shape)}"
     param.data.copy_(loaded)
 
@@ -37,9 +40,46 @@ class Linear(nn.Module):
         self.small_batch_weight: torch.Tensor | None = None
         self.small_batch_bias: torch.Tensor | None = None
         self.int4: Int4Weight | None = None  # set by `use_int4_weights`; the dense weight is then dropped
+        self.blocks: Q4Blocks | None = None  # Q4_1 rows as loaded (`load_gguf(keep_q4_1=True)`)
+        self.block_ranges: list[tuple[int, int]] = []
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        default_weight_loader(param, loaded)
+        if isinstance(loaded, Q4Blocks):
+            self.load_blocks(0, loaded)
+        else:
+            default_weight_loader(param, loaded)
+
+    def load_blocks(self, offset: int, blocks: Q4Blocks) -> None:
+        """Keep Q4_1 rows [offset, offset + n) as blocks; `finish_loading` packs or dequantizes them."""
+        out_features, in_features = self.weight.shape
+        assert blocks.shape == (blocks.shape[0], in_features), f"shape mismatch: {tuple(blocks.shape)}"
+        if self.blocks is None:
+            groups = blocks.d.shape[1]
+            self.blocks = Q4Blocks(torch.empty(out_features, in_features, dtype=torch.uint8),
+                                   torch.empty(out_features, groups), torch.empty(out_features, groups))
+        n = blocks.shape[0]
+        for mine, theirs in zip((self.blocks.q, self.blocks.d, self.blocks.m), (blocks.q, blocks.d, blocks.m)):
+            mine[offset : offset + n] = theirs
+        self.block_ranges.append((offset, n))
+
+    def finish_loading(self, int4: bool) -> int:
+        """Pack the blocks as int4 when every row came as one (and `int4`), else write them into the
+        dense weight; returns the packed bytes (0 when dense)."""
+        blocks, self.blocks = self.blocks, None
+        rows = self.weight.shape[0]
+        if blocks is not None and int4 and sum(n for _, n in self.block_ranges) == rows and rows % 16 == 0:
+            self.use_int4(from_blocks(blocks.q, blocks.d, blocks.m))
+        elif blocks is not None:
+            dense = blocks.dequantize()
+            for offset, n in self.block_ranges:
+                self.weight.data[offset : offset + n] = dense[offset : offset + n]
+        if int4 and self.int4 is None and (packed := pack_int4(self.weight.data)) is not None:
+            self.use_int4(packed)
+        return self.int4.nbytes if self.int4 is not None else 0
+
+    def use_int4(self, int4: Int4Weight) -> None:
+        self.int4 = int4
+        self.weight = nn.Parameter(torch.empty(0, self.weight.shape[1]), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in]
         if self.int4 is not None:
@@ -63,7 +103,11 @@ class _PackedLinear(Linear):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         offset, size = self.shard_offsets[shard_id]
-        default_weight_loader(param.data.narrow(0, offset, size), loaded)
+        if isinstance(loaded, Q4Blocks):
+            assert loaded.shape[0] == size, f"shard {shard_id!r}: {loaded.shape[0]} rows, expected {size}"
+            self.load_blocks(offset, loaded)
+        else:
+            default_weight_loader(param.data.narrow(0, offset, size), loaded)
 
 
 class QKVLinear(_PackedLinear):
@@ -89,13 +133,6 @@ def use_small_batch_weights(model: nn.Module) -> int:
     return added
 
 
-def use_int4_weights(model: nn.Module, skip: tuple[type, ...] = ()) -> int:
-    """Pack every float32 `Linear` whose weight is exactly 4-bit groups (see `quant.pack_int4`) and drop
-    its dense copy; returns the bytes the packed weights take."""
-    packed_bytes = 0
-    for module in model.modules():
-        if isinstance(module, Linear) and not isinstance(module, skip) and (int4 := pack_int4(module.weight.data)):
-            module.int4 = int4
-            module.weight = nn.Parameter(torch.empty(0, module.weight.shape[1]), requires_grad=False)
-            packed_bytes += int4.nbytes
-    return packed_bytes
+def finish_loading(model: nn.Module, int4: bool, skip: tuple[type, ...] = ()) -> int:
+    """`Linear.finish_loading` for every linear but `skip`; returns the bytes of int4 weights."""
+    return sum(m.finish_loading(int4) for m in model.modules() if isinstance(m, Linear) and not isinstance(m, skip))

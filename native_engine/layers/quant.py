@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 GROUP_SIZE = 32
@@ -50,21 +51,51 @@ class Int4Weight:
         return self.packed.numel() + self.scales_zeros.numel() * 4
 
 
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """q: [out, in] integers in 0..15 -> the kernel's [out, in / 2] uint8 layout.
+
+    For each block of 64 output rows the kernel reads, for every input column k, 32 bytes whose low
+    nibbles are rows 0..31 and high nibbles rows 32..63 (checked against
+    `aten._convert_weight_to_int4pack_for_cpu` in the tests); other row counts go through that op."""
+    out_features, in_features = q.shape
+    if out_features % 64:
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+    v = q.to(torch.uint8).numpy().reshape(out_features // 64, 2, 32, in_features)
+    pairs = v[:, 0] | (v[:, 1] << 4)  # [blocks, 32, in]
+    return torch.from_numpy(np.ascontiguousarray(pairs.transpose(0, 2, 1)).reshape(out_features, in_features // 2))
+
+
+def from_blocks(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Int4Weight:
+    """Q4_1 blocks (w = d * q + m per group of 32; q: [out, in] uint8, d, m: [out, in / 32] float32)."""
+    return _pack(q, d, m + 8 * d)
+
+
+def from_q8_blocks(q8: torch.Tensor, d: torch.Tensor) -> tuple[Int4Weight, Int4Weight]:
+    """Q8_0 blocks (w = d * q8; q8: [out, in] int8, d: [out, in / 32]) as high and low nibble matrices."""
+    u = q8.view(torch.uint8) ^ 0x80  # q8 + 128 as an unsigned byte
+    high = _pack(u >> 4, 16 * d, torch.zeros_like(d))  # (h - 8) * 16d
+    low = _pack(u & 15, d, 8 * d)  # (l - 8) * d + 8d; the two sum to d * (16h + l - 128)
+    return high, low
+
+
 def _pack(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Int4Weight:
-    # q: [out, in] int32 in 0..15; scale, zero: [out, groups] float32 for w = (q - 8) * scale + zero
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+    # q: [out, in] in 0..15; scale, zero: [out, groups] float32 for w = (q - 8) * scale + zero
+    packed = pack_nibbles(q)
     exact = torch.stack([scale.t(), zero.t()], dim=-1).contiguous()
     head = exact.to(torch.bfloat16)
     return Int4Weight(packed, head, (exact - head.float()).to(torch.bfloat16))
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    return weight.dim() == 2 and weight.shape[1] % (2 * GROUP_SIZE) == 0 and weight.dtype == torch.float32
+    return (weight.dim() == 2 and weight.shape[1] % (2 * GROUP_SIZE) == 0 and weight.shape[0] % 16 == 0
+            and weight.dtype == torch.float32)  # the kernel's packing needs rows in multiples of 16
 
 
 def pack_int4(weight: torch.Tensor) -> Int4Weight | None:
     """Q4_1-style groups recovered from a float32 matrix, or None when it is not one."""
     if not can_pack(weight):
+        return None
+    if weight.shape[0] > 64 and pack_int4(weight[:64]) is None:  # most matrices fail on their first rows
         return None
     out_features, in_features = weight.shape
     groups = weight.view(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
@@ -82,6 +113,8 @@ def pack_int8_as_int4(weight: torch.Tensor) -> tuple[Int4Weight, Int4Weight] | N
     """Q8_0-style groups (w = d * q8, |q8| <= 127, max |q8| = 127) as a high and a low nibble matrix."""
     if not can_pack(weight):
         return None
+    if weight.shape[0] > 64 and pack_int8_as_int4(weight[:64]) is None:
+        return None
     out_features, in_features = weight.shape
     groups = weight.view(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
     d = groups.abs().amax(-1) / 127
@@ -89,7 +122,4 @@ def pack_int8_as_int4(weight: torch.Tensor) -> tuple[Int4Weight, Int4Weight] | N
     q8 = (groups / safe_d[..., None]).round().clamp(-128, 127)
     if bool(((q8 * d[..., None] - groups).abs().amax(-1) > _EXACT_RTOL * safe_d + 1e-12).any()):
         return None
-    u = (q8 + 128).to(torch.int32).view(out_features, in_features)  # 0..255 = 16 * high + low
-    high = _pack(u // 16, 16 * d, torch.zeros_like(d))  # (h - 8) * 16d
-    low = _pack(u % 16, d, 8 * d)  # (l - 8) * d + 8d; the two sum to d * (16h + l - 128)
-    return high, low
+    return from_q8_blocks(q8.to(torch.int8).view(out_features, in_features), d)

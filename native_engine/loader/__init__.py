@@ -7,15 +7,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
-from gguf import GGUFReader
 
-from .gguf_loader import load_gguf
+from .gguf_file import GGUFFile
+from .gguf_loader import Q4Blocks, load_gguf
 from .hf_loader import load_hf
 from .model_config import ModelConfig
 from .tokenizer import Tokenizer, load_tokenizer, tokenizer_from_gguf
 
 __all__ = [
     "ModelConfig",
+    "Q4Blocks",
     "Tokenizer",
     "load_checkpoint",
     "load_gguf",
@@ -34,15 +35,17 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32)
 
 
 def load_checkpoint(
-    path: str | os.PathLike[str], dtype: torch.dtype | Callable[[ModelConfig], torch.dtype] = torch.float32
+    path: str | os.PathLike[str], dtype: torch.dtype | Callable[[ModelConfig], torch.dtype] = torch.float32,
+    keep_q4_1: bool = False,
 ) -> tuple[ModelConfig, Weights, Tokenizer]:
     """Config, lazy weights and tokenizer; a GGUF file's metadata is parsed once for all three.
 
-    ``dtype`` may be a function of the config (to follow the checkpoint's own dtype)."""
+    ``dtype`` may be a function of the config (to follow the checkpoint's own dtype); ``keep_q4_1``:
+    see ``load_gguf``."""
     if Path(path).is_dir():
         config = ModelConfig.from_hf(path)
         return *load_hf(path, dtype(config) if callable(dtype) else dtype), Tokenizer.from_hf(path)
-    reader = GGUFReader(path)
+    reader = GGUFFile(path)
     if callable(dtype):
         dtype = dtype(ModelConfig.from_gguf(reader))
-    return *load_gguf(reader, dtype), Tokenizer.from_gguf(reader)
+    return *load_gguf(reader, dtype, keep_q4_1), Tokenizer.from_gguf(reader)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
+from .gguf_file import open_gguf
 from .model_config import ModelConfig
 
 QUANTIZED_TYPES = frozenset(
@@ -71,27 +73,88 @@ def hf_name(gguf_name: str) -> str:
 
 
 def load_gguf(
-    source: GGUFReader | str | os.PathLike[str], dtype: torch.dtype = torch.float32
-) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
+    source: GGUFReader | str | os.PathLike[str], dtype: torch.dtype = torch.float32, keep_q4_1: bool = False
+) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor | Q4Blocks | Q8Blocks]]]:
     """(config, lazy iterator of (HF name, tensor in ``dtype``, HF shape)); validated before iterating.
 
-    Parsing the metadata of a 150k-token vocabulary takes seconds: pass one GGUFReader to both
-    this and Tokenizer.from_gguf rather than a path to each.
+    With ``keep_q4_1`` (and ``dtype`` float32), Q4_1 and Q8_0 matrices come as their ``Q4Blocks`` /
+    ``Q8Blocks`` instead of dequantized, for the int4 matmuls (loaders dequantize what they cannot use). Pass one parsed file (``GGUFFile``) to both this and
+    Tokenizer.from_gguf rather than a path to each.
     """
-    reader = source if isinstance(source, GGUFReader) else GGUFReader(source)
+    reader = open_gguf(source)
     config = ModelConfig.from_gguf(reader)
     tensors = [t for t in reader.tensors if t.name not in _CONFIG_TENSORS]
     for t in tensors:
         _check_type(t)
     names = [hf_name(t.name) for t in tensors]
-    return config, _iter_tensors(tensors, names, config, dtype)
+    return config, _iter_tensors(tensors, names, config, dtype, keep_q4_1 and dtype == torch.float32)
 
 
 def _iter_tensors(
-    tensors: list[ReaderTensor], names: list[str], config: ModelConfig, dtype: torch.dtype
-) -> Iterator[tuple[str, torch.Tensor]]:
+    tensors: list[ReaderTensor], names: list[str], config: ModelConfig, dtype: torch.dtype, keep_q4_1: bool
+) -> Iterator[tuple[str, torch.Tensor | Q4Blocks]]:
     for t, name in zip(tensors, names):
-        yield name, unpermute_qk(config, name, tensor_to_torch(t, dtype))
+        if keep_q4_1 and t.tensor_type == QType.Q4_1 and len(t.data.shape) == 2:
+            blocks = q4_1_blocks(t.data)
+            yield name, Q4Blocks(*(unpermute_qk(config, name, part) for part in blocks))
+        elif keep_q4_1 and t.tensor_type == QType.Q8_0 and len(t.data.shape) == 2:
+            yield name, Q8Blocks(*(unpermute_qk(config, name, part) for part in q8_0_blocks(t.data)))
+        else:
+            yield name, unpermute_qk(config, name, tensor_to_torch(t, dtype))
+
+
+@dataclass(frozen=True, slots=True)
+class Q4Blocks:
+    """A Q4_1 matrix as its blocks: ``w = d * q + m`` for each group of 32 weights along a row."""
+
+    q: torch.Tensor  # [out, in] uint8 in 0..15
+    d: torch.Tensor  # [out, in / 32] float32
+    m: torch.Tensor  # [out, in / 32] float32
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def dequantize(self) -> torch.Tensor:
+        rows, groups = self.d.shape
+        return (self.q.view(rows, groups, -1) * self.d[..., None] + self.m[..., None]).view(self.q.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Q8Blocks:
+    """A Q8_0 matrix as its blocks: ``w = d * q`` for each group of 32 weights along a row."""
+
+    q: torch.Tensor  # [out, in] int8
+    d: torch.Tensor  # [out, in / 32] float32
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def dequantize(self) -> torch.Tensor:
+        rows, groups = self.d.shape
+        return (self.q.view(rows, groups, -1) * self.d[..., None]).view(self.q.shape)
+
+
+def q8_0_blocks(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, bytes_per_row] Q8_0 bytes (per block: f16 d, 32 int8) -> (q, d)."""
+    rows = data.shape[0]
+    raw = np.asarray(data).reshape(rows, -1, 34)
+    d = torch.from_numpy(raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    q = torch.from_numpy(np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, -1))
+    return q, d
+
+
+def q4_1_blocks(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[rows, bytes_per_row] Q4_1 bytes (per block: f16 d, f16 m, 16 bytes of nibbles; low nibbles are
+    weights 0..15, high nibbles 16..31) -> (q, d, m), vectorized over the whole matrix."""
+    rows = data.shape[0]
+    raw = np.asarray(data).reshape(rows, -1, 20)
+    d = torch.from_numpy(raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+    nibbles = raw[..., 4:]
+    q = torch.from_numpy(np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).reshape(rows, -1))
+    return q, d, m
 
 
 def _check_type(t: ReaderTensor) -> None:
@@ -147,5 +210,6 @@ def unpermute_qk(config: ModelConfig, name: str, tensor: torch.Tensor) -> torch.
 
 def _unpermute(tensor: torch.Tensor, n_head: int) -> torch.Tensor:
     # tensor: [n_head * head_dim, ...]; GGUF rows per head are (pair, half) -> HF (half, pair)
-    rows, rest = tensor.shape[0], tensor.shape[1:]
-    return tensor.reshape(n_head, rows // n_head // 2, 2, *rest).transpose(1, 2).reshape(tensor.shape).contiguous()
+    rows = tensor.shape[0]
+    order = torch.arange(rows).reshape(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(-1)
+    return tensor.index_select(0, order)  # a row gather: one pass, any dtype

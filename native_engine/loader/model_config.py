@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader
 
+from .gguf_file import open_gguf
+
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 # Token texts llama.cpp treats as end-of-generation whatever the metadata says (llama-vocab.cpp).
 EOG_TEXTS = frozenset(
@@ -53,7 +55,7 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, source: GGUFReader | str | os.PathLike[str]) -> ModelConfig:
-        reader = source if isinstance(source, GGUFReader) else GGUFReader(source)
+        reader = open_gguf(source)
         arch = gguf_value(reader, "general.architecture")
         if arch is None:
             raise ValueError("GGUF file has no general.architecture")

@@ -18,6 +18,7 @@ from gguf import GGUFReader, TokenType
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from .gguf_file import open_gguf
 from .model_config import gguf_eos_token_ids, gguf_value, hf_chat_template, hf_eos_token_ids, read_json
 
 
@@ -192,7 +193,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, source: GGUFReader | str | os.PathLike[str]) -> Tokenizer:
-        reader = source if isinstance(source, GGUFReader) else GGUFReader(source)
+        reader = open_gguf(source)
         tokens, types = _gguf_vocab(reader)
         pre = pre_tokenizer(gguf_value(reader, "tokenizer.ggml.pre"))
         return cls(

@@ -15,13 +15,13 @@ from ..layers.rotary_embedding import RotaryEmbedding
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         nh, nkv, hd = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size, self.kv_size = nh * hd, nkv * hd
         self.qkv_proj = QKVLinear(config.hidden_size, hd, nh, nkv, bias=config.qkv_bias)
         self.o_proj = Linear(nh * hd, config.hidden_size)
-        self.rotary_emb = RotaryEmbedding(hd, config.max_position_embeddings, config.rope_theta, config.rope_scaling)
+        self.rotary_emb = rotary_emb  # one cos/sin table shared by every layer
         self.attn = Attention(nh, hd, hd**-0.5, nkv)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:  # [T, H]
@@ -42,9 +42,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, rotary_emb)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -65,7 +65,9 @@ class LlamaModel(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta,
+                                     config.rope_scaling)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary_emb) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
