@@ -63,6 +63,10 @@ except ImportError:  # pragma: no cover
     raise SystemExit("bench/gateway_overhead.py needs aiohttp (in the dev extra): .venv/bin/pip install -e '.[dev]'")
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from noise import wait_idle  # noqa: E402  (bench/ is the script's directory)
+
 WORK = ROOT / ".bench" / "gateway_overhead"
 LITELLM_VENV = ROOT / ".bench" / "litellm-venv"
 MASTER_KEY = "sk-bench-gateway-overhead-0123456789abcdef"
@@ -292,10 +296,13 @@ async def latency_c1(client, sides: list[Side], chunks: int, rounds: int, warmup
                 await request(client, side, mode == "stream", chunks)
     pairs = [(s, m) for m in MODES for s in sides]
     out: dict = {m: {s.name: [] for s in sides} for m in MODES}
+    cpu0 = {s.name: cpu_seconds(s.pid) for s in sides}
     for i in range(rounds):
         k = i % len(pairs)
         for side, mode in pairs[k:] + pairs[:k]:
             out[mode][side.name].append(await request(client, side, mode == "stream", chunks))
+    out["cpu_ms_per_request"] = {s.name: (cpu_seconds(s.pid) - cpu0[s.name]) * 1e3 / (rounds * len(MODES))
+                                 for s in sides}
     return out
 
 
@@ -342,10 +349,10 @@ def summarize(lat: dict, tput: dict, sides: list[Side]) -> dict:
     out: dict = {}
     for mode in MODES:
         direct = lat[mode]["direct"]
-        row: dict = {}
+        row: dict = {"c1_cpu_ms_per_request": lat["cpu_ms_per_request"]}
         for name in names:
             xs = lat[mode][name]
-            row[name] = {"p50_ms": statistics.median(xs) * 1e3,
+            row[name] = {"p50_ms": statistics.median(xs) * 1e3, "c1_cpu_ms_per_request": lat["cpu_ms_per_request"][name],
                          "p90_ms": statistics.quantiles(xs, n=10)[8] * 1e3, "n": len(xs)}
             if name != "direct":
                 row[name]["added_ms"] = row[name]["p50_ms"] - statistics.median(direct) * 1e3
@@ -377,6 +384,8 @@ def print_table(summary: dict, names: list[str], args) -> None:
             cpu = f"{r['server_cpu_ms_per_request']:10.2f}" if r["server_cpu_ms_per_request"] else f"{'':10s}"
             print(f"  {mode:10s} {name:8s} {r['p50_ms']:11.2f} {r['p90_ms']:8.2f} {added} {r['rps']:11.0f} {cpu} "
                   f"{r['errors']:6d}")
+    c1 = summary[MODES[0]]["c1_cpu_ms_per_request"]
+    print("  server CPU ms per request at c=1 (both modes): " + ", ".join(f"{k} {v:.2f}" for k, v in c1.items()))
     print("\n  goals:")
     for mode in MODES:
         row = summary[mode]
@@ -498,6 +507,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--soak", action="store_true", help="run the soak test instead")
     parser.add_argument("--soak-requests", type=int, default=10_000)
     parser.add_argument("--soak-concurrency", type=int, default=500)
+    parser.add_argument("--wait-idle", type=float, default=60, help="wait up to this many s for a quiet machine")
     parser.add_argument("--json", type=Path, help="write every figure here")
     return parser.parse_args()
 
@@ -507,6 +517,8 @@ def main() -> None:
     procs = Processes()
     report: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                     "loadavg_at_start": open("/proc/loadavg").read().split()[:3]}
+    if args.wait_idle > 0:
+        report["others_cores_at_start"] = wait_idle(args.wait_idle)
     work = WORK / "run"  # the last run's configs, logs and ledger, kept for a look afterwards
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
