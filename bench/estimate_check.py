@@ -1,7 +1,7 @@
 """Does ``infer estimate --device cpu --calibrate`` predict another model's decode speed within 25 %?
 
 End to end on this machine, with real measurements:
-1. builds two random-weight f16 GGUF models of different sizes with the project's model builder
+1. builds two random-weight Q8_0 GGUF models of different sizes with the project's model builder
    (cached under .bench/estimate/),
 2. serves each with llama-cpp-python's server (``python -m llama_cpp.server``, llama.cpp inside) and runs
    ``infer bench --profile synchronous`` against it, alternating A, B, A, B, ... (``--rounds``),
@@ -28,6 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from noise import wait_idle  # noqa: E402  (bench/ is the script's directory)
 from registry.modelbuilder import ModelSpec, build_gguf  # noqa: E402
 
 WORK = ROOT / ".bench" / "estimate"
@@ -38,16 +39,16 @@ MODELS = {
     "large": ModelSpec(name="est-large", vocab_size=32_000, hidden_size=1536, intermediate_size=4096, num_layers=20,
                        num_heads=12, num_kv_heads=4, context_length=2048),
 }
-INPUT_TOKENS, OUTPUT_TOKENS = 16, 64
+INPUT_TOKENS, OUTPUT_TOKENS = 16, 32
 CLI = [sys.executable, "-m", "cli"]
 
 
 def build(name: str) -> Path:
-    path = WORK / f"{name}-f16.gguf"
+    path = WORK / f"{name}-q8_0.gguf"
     if not path.exists():
         WORK.mkdir(parents=True, exist_ok=True)
         print(f"building {path.name} ...", flush=True)
-        build_gguf(path, MODELS[name], dtype="f16", seed=0)
+        build_gguf(path, MODELS[name], dtype="q8_0", seed=0)
     return path
 
 
@@ -100,16 +101,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--wait", type=float, default=120, help="Seconds to wait for a quiet machine before each bench.")
     args = parser.parse_args()
     paths = {name: build(name) for name in MODELS}
     runs: dict[str, list[tuple[float, Path]]] = {name: [] for name in MODELS}
     for round_ in range(args.rounds):
         for name, path in paths.items():  # alternate both sides in every round
             out = WORK / f"bench-{name}-{round_}"
+            busy = wait_idle(args.wait)
             point = bench(path, out, args.requests)
             runs[name].append((point["median_tpot_ms"], out))
             print(f"round {round_ + 1}: {name:5s} median TPOT {point['median_tpot_ms']:.2f} ms "
-                  f"({1000 / point['median_tpot_ms']:.1f} tok/s per user), TTFT {point['median_ttft_ms']:.1f} ms",
+                  f"({1000 / point['median_tpot_ms']:.1f} tok/s per user), TTFT {point['median_ttft_ms']:.1f} ms "
+                  f"[others used {busy:.2f} cores just before]",
                   flush=True)
     measured = {name: 1000 / statistics.median(t for t, _ in r) for name, r in runs.items()}
     results = []

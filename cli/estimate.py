@@ -35,6 +35,8 @@ def estimate_cmd(
     peak_tflops: float = typer.Option(None, "--peak-tflops", help="Override the device's peak TFLOP/s."),
     bandwidth_gbs: float = typer.Option(None, "--bandwidth-gbs", help="Override the device's memory bandwidth."),
     memory_gb: float = typer.Option(None, "--memory-gb", help="Override the device's memory."),
+    mfu: float = typer.Option(None, "--mfu", help="Fraction of peak FLOP/s achieved (default 0.6, or calibrated)."),
+    mbu: float = typer.Option(None, "--mbu", help="Fraction of peak bandwidth achieved (default 0.7, or calibrated)."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
 ) -> None:
     """Parameters, memory, KV capacity, TTFT, TPOT (and which limit binds), batch curve, SLO sizing, $/Mtok."""
@@ -52,6 +54,8 @@ def estimate_cmd(
         if calibrate:
             bench_model = calibrate_model or _summary_model(calibrate)
             eff, basis = fit(Deployment(load_shape(bench_model, _store_gguf), dev, gpus, dtype, kv_dtype), calibrate)
+        if mfu is not None or mbu is not None:
+            eff = Efficiency(mfu=mfu or eff.mfu, mbu=mbu or eff.mbu, source="given")
         report = estimate(target, work, eff) | {"calibration": basis}
     except ValueError as exc:
         typer.echo(f"Error: {exc}", err=True)

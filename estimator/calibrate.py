@@ -33,10 +33,8 @@ def fit(dep: Deployment, summary_path) -> tuple[Efficiency, dict]:
         raise ValueError("the calibration point has no TPOT/TTFT (outputs of one token?)")
     ideal = decode_step(dep, Efficiency(mfu=1.0, mbu=1.0), prompt, output, batch)
     mfu = ttft_s(dep, Efficiency(mfu=1.0, mbu=1.0), prompt) / ttft
-    mbu = ideal.memory_s / tpot
-    if ideal.compute_s / mfu > tpot:  # compute-bound at the measured speed: TPOT says MFU
-        mfu = ideal.compute_s / tpot
+    decode = ideal.tpot_s / tpot
     basis = {"load_point": point["load_point"], "batch": batch, "prompt_tokens": prompt, "output_tokens": output,
              "median_ttft_ms": point["median_ttft_ms"], "median_tpot_ms": point["median_tpot_ms"],
-             "model": dep.model.name}
-    return Efficiency(mfu=mfu, mbu=mbu, source="calibrated"), basis
+             "model": dep.model.name, "binds": ideal.binds}
+    return Efficiency(mfu=mfu, mbu=decode, source="calibrated", decode_mfu=decode), basis

@@ -46,6 +46,7 @@ def estimate(dep: Deployment, work: Workload, eff: Efficiency) -> dict:
         "prefill_flops": prefill, "prefill_flops_rule_of_thumb": thumb_prefill,
         "ttft_ms": 1000 * ttft_s(dep, eff, p),
         "decode_flops_per_token": decode, "decode_flops_rule_of_thumb": thumb_decode,
+        "flops_method_tok_s": dep.peak_flops * eff.mfu * work.batch / decode,
         "tpot_ms": 1000 * step.tpot_s, "tpot_memory_ms": 1000 * step.memory_s, "tpot_compute_ms": 1000 * step.compute_s,
         "binds": step.binds, "decode_tok_s_per_user": 1 / step.tpot_s, "decode_tok_s": step.tokens_per_s,
         "throughput_vs_batch": _batch_curve(dep, eff, p, o),

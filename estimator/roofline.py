@@ -19,11 +19,24 @@ from .shape import ModelShape
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Fractions of peak achieved: MFU for FLOPs, MBU for bytes (defaults: the documents' ~60 %, a mid MBU)."""
+    """Fractions of peak achieved: MFU for FLOPs, MBU for bytes (defaults: the documents' ~60 %, a mid MBU).
+
+    ``mfu`` times prefill; decode steps use ``decode_mfu`` (``None``: the same ``mfu``), since a measured
+    TTFT carries per-request overheads that a decode step does not.
+    """
 
     mfu: float = 0.6
     mbu: float = 0.7
     source: str = "default"
+    decode_mfu: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.mfu > 0 and self.mbu > 0 and (self.decode_mfu is None or self.decode_mfu > 0)):
+            raise ValueError("MFU and MBU must be > 0")
+
+    @property
+    def decode_compute(self) -> float:
+        return self.decode_mfu or self.mfu
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,7 @@ def step_bytes(dep: Deployment, prompt: int, output: int, batch: int) -> float:
 
 def decode_step(dep: Deployment, eff: Efficiency, prompt: int, output: int, batch: int) -> DecodeStep:
     memory = step_bytes(dep, prompt, output, batch) / (dep.bandwidth * eff.mbu)
-    compute = decode_flops_per_token(dep.model, prompt, output, batch) / (dep.peak_flops * eff.mfu)
+    compute = decode_flops_per_token(dep.model, prompt, output, batch) / (dep.peak_flops * eff.decode_compute)
     return DecodeStep(batch, memory, compute)
 
 
