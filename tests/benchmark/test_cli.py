@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -31,7 +32,8 @@ def test_sweep_writes_every_load_point_plots_and_csv(scripted, tmp_path):
     # synchronous, throughput, then linspace(sync, max, 3)[1:] -> 2 rate points ending at the max rate
     assert [p["profile"] for p in points] == ["synchronous", "throughput", "sweep", "sweep"]
     sync_rate, max_rate = points[0]["request_throughput"], points[1]["request_throughput"]
-    assert points[2]["request_rate"] == (sync_rate + max_rate) / 2 and points[3]["request_rate"] == max_rate
+    assert points[2]["request_rate"] == pytest.approx((sync_rate + max_rate) / 2)
+    assert points[3]["request_rate"] == pytest.approx(max_rate)
     assert all(p["completed"] == 6 and p["slo_attainment"] == 1.0 for p in points)
     for p in points:  # the bill-conserving split adds back up to the bill
         total = (p["input_usd_per_mtok"] * p["total_input_tokens"] + p["output_usd_per_mtok"] * p["total_output_tokens"]) / 1e6
