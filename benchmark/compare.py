@@ -48,7 +48,7 @@ def compare_table(dirs: list[Path]) -> str:
             ["api", *(c[1].get("endpoint_type", "") for c in columns)]]
     for title, key, fmt in _ROWS:
         rows.append([title, *(_cell(c[2], key, fmt) for c in columns)])
-    rows.append(["met the SLO", *("yes" if c[3] else "no point met the SLO" if c[1].get("goodput") else "-"
+    rows.append(["met the SLO", *(("yes" if c[3] else "no point met the SLO") if c[1].get("goodput") else "-"
                                   for c in columns)])
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]

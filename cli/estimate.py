@@ -35,6 +35,7 @@ def estimate_cmd(
     peak_tflops: float = typer.Option(None, "--peak-tflops", help="Override the device's peak TFLOP/s."),
     bandwidth_gbs: float = typer.Option(None, "--bandwidth-gbs", help="Override the device's memory bandwidth."),
     memory_gb: float = typer.Option(None, "--memory-gb", help="Override the device's memory."),
+    reprobe: bool = typer.Option(False, "--reprobe", help="--device cpu: measure this machine again (else cached)."),
     mfu: float = typer.Option(None, "--mfu", help="Fraction of peak FLOP/s achieved (default 0.6, or calibrated)."),
     mbu: float = typer.Option(None, "--mbu", help="Fraction of peak bandwidth achieved (default 0.7, or calibrated)."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON."),
@@ -46,6 +47,10 @@ def estimate_cmd(
     try:
         if dtype is not None and dtype not in BYTES_PER_PARAM or kv_dtype not in BYTES_PER_PARAM:
             raise ValueError(f"--dtype/--kv-dtype must be one of {', '.join(BYTES_PER_PARAM)}")
+        if reprobe and device == "cpu":
+            from estimator.devices import cpu_device
+
+            cpu_device(refresh=True)
         dev = get_device(device, peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs, memory_gb=memory_gb)
         slos = _parse_slo(slo)
         work = Workload(input_tokens, output_tokens, batch, slos.get("ttft"), slos.get("tpot"), rate, price_per_hour)
