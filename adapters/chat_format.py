@@ -18,7 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from registry.templates import GoTemplate, TemplateError, to_go
 
-from .errors import InvalidRequest
+from .errors import BackendError, InvalidRequest
 
 __all__ = ["PromptSpec", "TemplateError", "conversation", "fit_messages", "render_chat", "render_generate",
            "render_request"]
@@ -46,7 +46,19 @@ class PromptSpec:
 
 
 def render_request(spec: PromptSpec, request, count_tokens: Callable[[str], int], limit: int) -> tuple[str, int]:
-    """The prompt text for a ``GenerationRequest`` and how many messages were dropped to fit ``limit``."""
+    """The prompt text for a ``GenerationRequest`` and how many messages were dropped to fit ``limit``.
+
+    A template that fails to render (the request's own ``template``, or a model's) is the request's
+    problem: InvalidRequest (400), never a backend failure."""
+    try:
+        return _render_request(spec, request, count_tokens, limit)
+    except BackendError:
+        raise
+    except Exception as exc:  # TemplateError, Jinja errors, evaluation errors inside either engine
+        raise InvalidRequest(f"the prompt template failed: {exc or type(exc).__name__}", param="template") from None
+
+
+def _render_request(spec: PromptSpec, request, count_tokens: Callable[[str], int], limit: int) -> tuple[str, int]:
     if request.raw:
         return request.prompt or "", 0
     if not request.is_chat:

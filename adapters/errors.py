@@ -7,6 +7,7 @@
     ├── QueueFull                     503: too many requests waiting for a slot
     ├── BackendOverloaded             429: a remote backend is saturated; ``retry_after`` seconds
     ├── BackendUnavailable            502: the backend cannot be reached or failed to load
+    ├── ShuttingDown                  503: the server stopped this request to shut down
     ├── BackendTimeout                504: the backend did not answer in time
     └── BackendProtocolError          502: the backend answered something we cannot parse
 
@@ -43,9 +44,10 @@ class InvalidRequest(BackendError):
 
 
 class ContextLengthExceeded(InvalidRequest):
-    def __init__(self, prompt_tokens: int, num_ctx: int):
+    def __init__(self, prompt_tokens: int, num_ctx: int, *, estimated: bool = False):
+        size = f"at least {prompt_tokens} tokens (by its length)" if estimated else f"{prompt_tokens} tokens"
         super().__init__(
-            f"the prompt is {prompt_tokens} tokens but the context window is {num_ctx} tokens; "
+            f"the prompt is {size} but the context window is {num_ctx} tokens; "
             "shorten the input, raise num_ctx, or set \"truncate\": true to drop the oldest messages",
             param="messages",
         )
@@ -82,6 +84,13 @@ class BackendOverloaded(BackendError):
 
 class BackendUnavailable(BackendError):
     status = 502
+
+
+class ShuttingDown(BackendError):
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down; retry on another instance or after it restarts")
 
 
 class BackendTimeout(BackendError):

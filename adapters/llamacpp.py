@@ -30,6 +30,7 @@ from .options import resolve_options
 from .store_models import gguf_path, model_details, store_models
 
 log = logging.getLogger(__name__)
+_BROKEN = object()  # what a worker returns after llama.cpp itself failed
 
 @dataclass
 class LlamaCppBackend:
@@ -60,7 +61,7 @@ class LlamaCppBackend:
         request.cancel.on_cancel(job.cancel.set)
         events: asyncio.Queue = asyncio.Queue()
         future = self._start(job, slot, events)
-        future.add_done_callback(lambda f: self._finish(entry, slot, request))
+        future.add_done_callback(lambda f: self._finish(entry, slot, request, broken=_broke(f)))
         try:
             while True:
                 kind, item = await events.get()
@@ -82,18 +83,20 @@ class LlamaCppBackend:
             except BackendError as exc:
                 put("error", exc)
                 return None
-            except Exception as exc:  # a llama.cpp failure mid-request
+            except Exception as exc:  # a llama.cpp failure mid-request: the context may be broken
                 log.exception("generation failed")
                 put("error", BackendUnavailable(f"llama.cpp failed: {exc}"))
-                return None
+                return _BROKEN
             done.timings.total = time.perf_counter() - job.request.arrival
             put("done", done)
             return done
 
         return loop.run_in_executor(self._executor, work)
 
-    def _finish(self, entry, slot, request: GenerationRequest) -> None:
-        asyncio.get_running_loop().create_task(self._pool.release(entry, slot, request.keep_alive))
+    def _finish(self, entry, slot, request: GenerationRequest, *, broken: bool) -> None:
+        pool = self._pool
+        done = pool.discard(entry, slot) if broken else pool.release(entry, slot, request.keep_alive)
+        asyncio.get_running_loop().create_task(done)
 
     async def load(self, model: str, options: dict[str, Any] | None = None,
                    keep_alive: float | None = None) -> None:
@@ -107,6 +110,8 @@ class LlamaCppBackend:
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
         t0 = time.perf_counter()
+        if not inputs or any(not text for text in inputs):
+            raise InvalidRequest("'input' must not contain empty strings", param="input")
         details = self.details(model)
         options = resolve_options(details.parameters, defaults=self.defaults)
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
@@ -114,8 +119,13 @@ class LlamaCppBackend:
         try:
             loop = asyncio.get_running_loop()
             vectors, count = await loop.run_in_executor(self._executor, _embed, slot, inputs, truncate)
-        finally:
+        except BackendError:
             await self._pool.release(entry, slot, keep_alive)
+            raise
+        except Exception as exc:  # llama.cpp failed: the context may be broken, never use it again
+            await self._pool.discard(entry, slot)
+            raise BackendUnavailable(f"llama.cpp failed to embed: {exc}") from None
+        await self._pool.release(entry, slot, keep_alive)
         return EmbedResult(vectors, count, load=load_s, total=time.perf_counter() - t0)
 
     # -- models ---------------------------------------------------------------------------------
@@ -144,6 +154,10 @@ class LlamaCppBackend:
     async def aclose(self) -> None:
         await self._pool.aclose()
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _broke(future: asyncio.Future) -> bool:
+    return not future.cancelled() and future.exception() is None and future.result() is _BROKEN
 
 
 def _prompt_spec(details: ModelDetails, slot) -> PromptSpec:

@@ -21,7 +21,7 @@ import numpy as np
 from .base import Chunk, Done, GenerationRequest, Timings, TokenLogprob, Usage
 from .chat_format import PromptSpec, render_request
 from .errors import InvalidRequest
-from .options import check_room
+from .options import check_prompt_bytes, check_room
 from .options import Options
 from .textstream import TextStream
 
@@ -36,8 +36,10 @@ class GenerationJob:
 
     def run(self, llm: llama_cpp.Llama, emit: Callable[[Chunk], None]) -> Done:
         prompt, dropped = self._render(llm)
-        tokens = self._tokenize(llm, prompt)
         n_ctx = context_size(llm)
+        if len(prompt) > n_ctx * _CHEAP_BYTES_PER_TOKEN:  # long enough to be worth the vocabulary scan
+            check_prompt_bytes(prompt, n_ctx, max_token_bytes(llm))
+        tokens = self._tokenize(llm, prompt)
         check_room(len(tokens), n_ctx, self.options.num_predict, strict=self.request.strict_max_tokens)
         t0 = time.perf_counter()
         cached = _reuse_prefix(llm, tokens)
@@ -52,12 +54,21 @@ class GenerationJob:
     # -- prompt ---------------------------------------------------------------------------------
 
     def _render(self, llm: llama_cpp.Llama) -> tuple[str, int]:
-        count = lambda text: len(self._tokenize(llm, text))  # noqa: E731
+        n_ctx = context_size(llm)
+
+        def count(text: str) -> int:  # past the byte bound it cannot fit: no need to tokenize it all
+            if len(text) > n_ctx * _CHEAP_BYTES_PER_TOKEN and len(text) > n_ctx * max_token_bytes(llm):
+                return n_ctx + 1
+            return len(self._tokenize(llm, text))
         return render_request(self.spec, self.request, count, context_size(llm) - 1)
 
     def _tokenize(self, llm: llama_cpp.Llama, text: str) -> list[int]:
         add_bos = llm._model.add_bos_token() and not (self.spec.bos_token and text.startswith(self.spec.bos_token))
-        return llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800") that reached us: the request's fault
+            raise InvalidRequest(f"the prompt is not valid Unicode ({exc.reason} at position {exc.start})") from None
+        return llm.tokenize(data, add_bos=add_bos, special=True)
 
     # -- sampling -------------------------------------------------------------------------------
 
@@ -94,6 +105,18 @@ class GenerationJob:
         if tail:
             emit(Chunk(text=tail))
         return output, reason
+
+
+_CHEAP_BYTES_PER_TOKEN = 8  # below n_ctx * 8 characters a prompt tokenizes in milliseconds: no bound needed
+
+
+def max_token_bytes(llm: llama_cpp.Llama) -> int:
+    """The longest vocabulary entry in bytes, measured once per loaded context."""
+    cached = getattr(llm, "_infer_max_token_bytes", None)
+    if cached is None:
+        cached = max((len(llm.detokenize([t], special=True)) for t in range(llm.n_vocab())), default=1)
+        llm._infer_max_token_bytes = cached  # noqa: SLF001
+    return cached
 
 
 def context_size(llm: llama_cpp.Llama) -> int:

@@ -55,6 +55,8 @@ class ModelPool:
         self._executor = executor
         self._entries: dict[tuple, LoadedEntry] = {}
         self._lock = asyncio.Lock()
+        self.poisoned = 0  # slots retired after a failed llama.cpp call
+        self._retired: list[llama_cpp.Llama] = []  # kept, never freed
 
     def entries(self) -> list[LoadedEntry]:
         return [e for e in self._entries.values() if e.slots]
@@ -131,6 +133,23 @@ class ModelPool:
                     keep_alive = 0
                 self._schedule_expiry(entry, self.settings.keep_alive if keep_alive is None else keep_alive)
 
+    async def discard(self, entry: LoadedEntry, slot: llama_cpp.Llama) -> None:
+        """Take a slot whose llama.cpp call failed out of service for good: never reused, and never
+        freed either (freeing a context that llama_decode left broken crashes the process), so its
+        memory is the price of staying up. The next request opens a fresh slot."""
+        _disarm(slot)
+        self._retired.append(slot)
+        self.poisoned += 1
+        log.error("llama.cpp context of %s failed; it is retired (%d retired so far) and a fresh one "
+                  "will be loaded", entry.name, self.poisoned)
+        async with entry.cond:
+            if slot in entry.slots:
+                entry.slots.remove(slot)
+            entry.active -= 1
+            entry.cond.notify()
+            if not entry.slots and not entry.active and not entry.waiters and not entry.reserved:
+                self._entries.pop(_key_of(self._entries, entry), None)
+
     def _schedule_expiry(self, entry: LoadedEntry, keep_alive: float) -> None:
         if keep_alive < 0:
             entry.expires_at = None
@@ -201,6 +220,17 @@ def _load(path: Path, options: Options, embedding: bool) -> llama_cpp.Llama:
         )
     except (ValueError, RuntimeError, OSError) as exc:
         raise BackendUnavailable(f"llama.cpp could not load {path.name}: {exc}") from None
+
+
+def _disarm(slot: llama_cpp.Llama) -> None:
+    """Forget the native frees that a Llama and its model, context and batch run on close/__del__
+    (llama-cpp-python keeps them as ExitStack callbacks), so neither an unload nor garbage
+    collection at exit frees the broken context."""
+    for owner in (slot, getattr(slot, "_model", None), getattr(slot, "_ctx", None), getattr(slot, "_batch", None)):
+        for name in ("_stack", "_exit_stack"):
+            stack = getattr(owner, name, None)
+            if stack is not None:
+                stack.pop_all()
 
 
 def _close_all(slots: list[llama_cpp.Llama]) -> None:

@@ -21,7 +21,7 @@ from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedMo
                    Timings, TokenLogprob, Usage, until_cancelled)
 from .chat_format import PromptSpec, render_request
 from .errors import BackendUnavailable, InvalidRequest, ModelNotFound
-from .options import Options, check_room, resolve_options
+from .options import Options, check_prompt_bytes, check_room, resolve_options
 from .settings import DEFAULTS, LocalSettings
 from .store_models import gguf_path, model_details, store_models
 
@@ -38,6 +38,7 @@ class _Loaded:
     active: int = 0
     expires_at: float | None = None
     timer: asyncio.TimerHandle | None = None
+    max_token_bytes: int | None = None  # the longest vocabulary entry, measured on first use
 
 
 @dataclass
@@ -71,8 +72,11 @@ class NativeBackend:
                         timings: Timings) -> AsyncIterator[StreamEvent]:
         llm = entry.engine.engine
         limit = min(options.num_ctx, llm.max_model_len)
+        longest = _max_token_bytes(entry, llm.tokenizer)
         encode = lambda text: _encode(llm.tokenizer, entry.spec, text)  # noqa: E731
-        prompt, dropped = render_request(entry.spec, request, lambda text: len(encode(text)), limit - 1)
+        count = lambda text: limit + 1 if len(text) > limit * longest else len(encode(text))  # noqa: E731
+        prompt, dropped = render_request(entry.spec, request, count, limit - 1)
+        check_prompt_bytes(prompt, limit, longest)  # bounded work before tokenizing a huge prompt
         token_ids = encode(prompt)
         check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
         params = sampling_params(options, request, room=limit - len(token_ids))
@@ -191,6 +195,13 @@ async def _engine_outputs(engine, token_ids: list[int], params, arrival: float) 
         raise InvalidRequest(str(exc)) from None
     except RuntimeError as exc:
         raise BackendUnavailable(f"the native engine failed: {exc}") from None
+
+
+def _max_token_bytes(entry: _Loaded, tokenizer) -> int:
+    """The longest vocabulary entry in bytes, measured once per loaded model."""
+    if entry.max_token_bytes is None:
+        entry.max_token_bytes = max((len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), default=1)
+    return entry.max_token_bytes
 
 
 def _encode(tokenizer, spec: PromptSpec, text: str) -> list[int]:

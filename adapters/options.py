@@ -90,8 +90,22 @@ def resolve_options(*layers: dict[str, Any] | None, defaults: dict[str, Any] | N
         raise InvalidRequest(f"invalid option '{name}': {err['msg']}", param=f"options.{name}") from None
 
 
+def check_prompt_bytes(text: str, n_ctx: int, max_token_bytes: int) -> None:
+    """Refuse at once a prompt too long to fit however it tokenizes: each token covers at most
+    ``max_token_bytes`` bytes (the model's longest vocabulary entry), so a prompt of more than
+    ``n_ctx * max_token_bytes`` bytes has more than ``n_ctx`` tokens. Bounded work before the
+    tokenizer sees a megabyte-sized prompt."""
+    limit = n_ctx * max(1, max_token_bytes)
+    if len(text) > limit and len(text.encode("utf-8", "replace")) > limit:
+        raise ContextLengthExceeded(len(text.encode("utf-8", "replace")) // max(1, max_token_bytes), n_ctx,
+                                    estimated=True)
+
+
 def check_room(n_prompt: int, n_ctx: int, num_predict: int, *, strict: bool) -> None:
     """A prompt must leave room in the window; ``strict`` (OpenAI's max_tokens) also checks the answer's room."""
+    if n_prompt == 0:  # nothing to decode (llama.cpp fails on it): e.g. a template that rendered nothing
+        raise InvalidRequest("the prompt is empty after applying the template; send text, or a template "
+                             "that renders the prompt", param="prompt")
     if n_prompt >= n_ctx:
         raise ContextLengthExceeded(n_prompt, n_ctx)
     if strict and num_predict > 0 and n_prompt + num_predict > n_ctx:

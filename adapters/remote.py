@@ -46,7 +46,7 @@ class Timeouts:
 
     connect: float = 5.0
     first_byte: float = 120.0
-    read: float = 60.0
+    read: float = 120.0  # a silent gap inside a reply; as long as first_byte, so a long prefill is not cut
     total: float = 600.0
 
     def for_httpx(self) -> httpx.Timeout:
@@ -70,14 +70,16 @@ class RemoteSettings:
 
 
 def make_client(settings: RemoteSettings) -> httpx.AsyncClient:
-    """A pooled client for one backend: keep-alive connections up to ``max_inflight``.
+    """A pooled client for one backend: keep-alive connections up to ``max_inflight`` (unlimited when
+    unset), so requests never wait for a connection: past ``max_inflight`` they queue for a slot
+    until their first-byte deadline and then get 429 with Retry-After, never a pool timeout.
 
     The httpx API over aiohttp's connection pool (``httpx-aiohttp``, the transport the OpenAI SDK
     offers): httpcore's pool scans every connection, with a ``poll`` syscall each, on every request,
     which costs milliseconds per request at a few dozen connections.
     """
-    size = settings.max_inflight or 64
-    limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+    size = settings.max_inflight or 0  # 0: no cap of its own; max_inflight (a queue, then 429) is the one limit
+    limits = httpx.Limits(max_connections=size, max_keepalive_connections=size or None)
     return httpx.AsyncClient(base_url=settings.base_url, timeout=settings.timeouts.for_httpx(),
                              transport=AiohttpTransport(limits=limits))
 

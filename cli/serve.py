@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from pathlib import Path
 
 import typer
@@ -29,10 +31,12 @@ def serve(
                                 "(INFER_CONFIG)."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
-    """Start the API server (Ollama /api/* and OpenAI /v1/*)."""
-    import uvicorn
+    """Start the API server (Ollama /api/* and OpenAI /v1/*).
 
+    Requests need `Authorization: Bearer KEY` when INFER_API_KEYS (comma-separated keys) is set;
+    without it, only this machine should reach the server (the default 127.0.0.1)."""
     from gateway.app import create_app
+    from gateway.server import GatewayServer
 
     overrides = {"database_url": db, "num_parallel": num_parallel, "context_length": context_length,
                  "engine": engine, "config": config}
@@ -46,8 +50,30 @@ def serve(
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    typer.echo(f"infer serve listening on {settings.base_url} (models: {settings.registry.models})", err=True)
+    sock = listen_socket(settings.host, settings.port)  # a port in use fails here, before "listening"
+    if not settings.is_loopback and not settings.api_key_hashes:
+        typer.echo(f"warning: listening on {settings.host}, beyond this machine, and no INFER_API_KEYS are set: "
+                   "anyone who can reach this port can use every model (Host checks are off for a "
+                   "wildcard address)", err=True)
+    typer.echo(f"infer serve listening on {settings.bind_url} (models: {settings.registry.models})", err=True)
     for entry in backends:
         typer.echo(f"  {entry.name} -> {entry.type} {entry.base_url} ({entry.model})", err=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level.lower(),
-                timeout_graceful_shutdown=5)
+    GatewayServer(create_app(settings), settings, log_level.lower()).run(sockets=[sock])
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a busy port is one clear line and exit code 1."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise SettingsError(f"port {port} on {host} is already in use (another infer serve, or Ollama?); "
+                                "stop it or choose another with --host / INFER_HOST") from None
+        raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

@@ -10,6 +10,7 @@ stream (Chunk…, Done) → the response → one ledger row through the writer t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 
@@ -48,6 +49,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.ledger = LedgerWriter(app.state.db)
         app.state.metrics = GatewayMetrics()
         app.state.recorder = Recorder(app.state.ledger, app.state.metrics)
+        app.state.loop = asyncio.get_running_loop()
         try:
             yield
         finally:
@@ -63,6 +65,15 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     for module in (openai_generate, ollama_generate, openai_models, ollama_models, health):  # hot routes first
         app.include_router(module.router)
     return app
+
+
+def begin_shutdown(app: FastAPI, grace: float) -> None:
+    """From a signal handler: running requests get ``grace`` seconds (less one, so their error events
+    leave before the server's own cut), then end with an error event and their ledger row."""
+    loop = getattr(app.state, "loop", None)
+    if loop is not None and not loop.is_closed():
+        recorder = app.state.recorder
+        loop.call_soon_threadsafe(lambda: loop.create_task(recorder.stop_after(max(0.0, grace - 1.0))))
 
 
 def _router(backend: Backend | Router) -> Router:

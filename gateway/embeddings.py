@@ -20,6 +20,8 @@ async def embed(backend: Backend, recorder: Recorder, *, route: str, model: str,
                 client: str | None, truncate: bool = True, keep_alive: float | None = None,
                 dimensions: int | None = None) -> EmbedResult:
     """Embed ``inputs`` on ``backend`` (the router's pick); the ledger gets a row also when the request fails."""
+    if any(not text for text in inputs):  # llama.cpp cannot decode an empty input (and must not be asked to)
+        raise APIError(400, "'input' must not contain empty strings", param="input")
     if not backend.supports_embeddings:
         raise APIError(400, f"the {backend.name} backend does not serve embeddings", param="model")
     record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client)

@@ -20,7 +20,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from adapters.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
-from adapters.errors import BackendError, BackendProtocolError
+from adapters.errors import BackendError, BackendProtocolError, ShuttingDown
 from adapters.router import Router
 from ledger.tables import UsageRecord
 from ledger.writer import LedgerWriter
@@ -59,6 +59,23 @@ class Recorder:
         if self.writer is not None:
             self.writer.submit(record)
 
+    def stop_all(self) -> int:
+        """Shutdown: every live generation ends now with a ShuttingDown error for its client (an
+        error event, then the stream's normal end) and a ledger row with what it generated."""
+        live = list(self.live)
+        for gen in live:
+            gen.abort(ShuttingDown())
+        return len(live)
+
+    async def stop_after(self, delay: float) -> None:
+        """Let live generations finish for ``delay`` seconds, then stop the rest (SIGTERM)."""
+        deadline = asyncio.get_running_loop().time() + delay
+        while self.live and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        stopped = self.stop_all()
+        if stopped:
+            log.warning("shutting down: stopped %d request(s) still running after %.1f s", stopped, delay)
+
     async def settle(self) -> None:
         """Wait until every generation started so far has recorded its row (tests, shutdown)."""
         while self.live:
@@ -78,6 +95,7 @@ class Generation:
         self.route, self.stream = route, stream
         self.done: Done | None = None
         self._ended = False
+        self._aborted: BackendError | None = None
         self._queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
         self.finished: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -111,6 +129,15 @@ class Generation:
             if not ended:  # the consumer went away: the backend stops and reports a cancelled Done
                 self.request.cancel.cancel()
 
+    def abort(self, error: BackendError) -> None:
+        """End this generation for its consumer with ``error`` now; the backend stops (the request is
+        cancelled) and the ledger row records ``error`` with the tokens generated."""
+        if self._aborted is not None or self.finished.done():
+            return
+        self._aborted = error
+        self._queue.put_nowait(_Failure(error))
+        self.request.cancel.cancel()
+
     def more_ready(self) -> bool:
         """Whether what the consumer reads next is already here (the final record was read, or the next
         event has arrived): the response writer then holds its bytes to send them with the next."""
@@ -141,8 +168,12 @@ class Generation:
             self._queue.put_nowait(_Failure(exc))
             self._finish(self._error_record(exc))
         else:
-            status = "cancelled" if self.done.finish_reason == "cancelled" else "ok"
-            self._finish(_record(self, self.done, status))
+            if self._aborted is not None:
+                record = _record(self, self.done, "error")
+                record.error = self._aborted.message
+            else:
+                record = _record(self, self.done, "cancelled" if self.done.finish_reason == "cancelled" else "ok")
+            self._finish(record)
 
     def _error_record(self, exc: BaseException) -> UsageRecord:
         message = "cancelled at shutdown" if isinstance(exc, asyncio.CancelledError) else to_status_message(exc)[1]

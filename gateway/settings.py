@@ -51,6 +51,10 @@ class ServerSettings(BaseModel):
     local: LocalSettings = Field(default_factory=lambda: DEFAULTS, description="The in-process engines.")
     config: Path | None = Field(default=None, description="Remote backends file (INFER_CONFIG / --config).")
     max_body_bytes: int = Field(default=32 << 20, ge=1024, description="Largest accepted request body.")
+    max_blob_bytes: int = Field(default=256 << 30, ge=1, description="Largest model file /api/blobs accepts "
+                                "(INFER_MAX_BLOB_BYTES); free disk space less a GiB caps it too.")
+    shutdown_grace: float = Field(default=5.0, ge=0.0, description="Seconds running requests get to finish "
+                                  "after SIGTERM/SIGINT; the rest then end with an error event and their row.")
     database_url: str = Field(description="Usage ledger URL (INFER_DATABASE_URL).")
     registry: RegistrySettings
 
@@ -64,6 +68,12 @@ class ServerSettings(BaseModel):
     num_parallel = property(lambda self: self.local.num_parallel)
     context_length = property(lambda self: self.local.context_length)
     engine = property(lambda self: self.local.engine)
+
+    @property
+    def bind_url(self) -> str:
+        """Where the server listens, as given (``http://0.0.0.0:11434`` for every interface)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -127,6 +137,8 @@ def _from_env(env: dict[str, str]) -> dict[str, Any]:
         out["origins"] = tuple(env["INFER_ORIGINS"].split(","))
     if env.get("INFER_API_KEYS"):
         out["api_key_hashes"] = frozenset(hash_key(k.strip()) for k in env["INFER_API_KEYS"].split(",") if k.strip())
+    if env.get("INFER_MAX_BLOB_BYTES"):
+        out["max_blob_bytes"] = env["INFER_MAX_BLOB_BYTES"].strip()
     if env.get("INFER_CONFIG"):
         out["config"] = Path(env["INFER_CONFIG"].strip()).expanduser()
     return out

@@ -22,6 +22,7 @@ from .modelfile import Modelfile
 from .names import ModelName
 from .progress import ProgressCallback, ProgressEvent, ignore
 from .store import Store
+from .templates import GoTemplate, TemplateError, to_go
 
 _GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 _INHERITED_WEIGHTS = (MEDIA_MODEL, MEDIA_ADAPTER, MEDIA_PROJECTOR)
@@ -116,6 +117,8 @@ def _add_text_layers(b: _Builder, mf: Modelfile, inherited: dict) -> None:
     licenses = mf.licenses or inherited.get("licenses") or []
     params = {**(inherited.get("parameters") or {}), **mf.parameters}
     messages = mf.messages or inherited.get("messages") or []
+    if mf.template:
+        check_template(mf.template)
     if template:
         b.add_bytes(MEDIA_TEMPLATE, template.encode())
     if system:
@@ -126,6 +129,21 @@ def _add_text_layers(b: _Builder, mf: Modelfile, inherited: dict) -> None:
         b.add_bytes(MEDIA_PARAMS, json.dumps(params, separators=(",", ":")).encode())
     if messages:
         b.add_bytes(MEDIA_MESSAGES, json.dumps(messages, separators=(",", ":")).encode())
+
+
+def check_template(source: str) -> None:
+    """Refuse a TEMPLATE that cannot render a simple conversation (unsupported actions such as
+    ``{{define}}``, fields of missing values), so a bad template fails here and not on every request."""
+    try:
+        template = GoTemplate(source)
+    except TemplateError as exc:
+        raise ModelfileError(f"TEMPLATE: {exc}") from None
+    turn = {"System": "", "Prompt": "hi", "Response": "", "Tools": None,
+            "Messages": to_go([{"role": "user", "content": "hi"}])}
+    try:
+        template.render(turn)
+    except Exception as exc:  # evaluation errors of every kind: the template is the user's input
+        raise ModelfileError(f"TEMPLATE cannot render a conversation: {exc or type(exc).__name__}") from None
 
 
 def _config_blob(info: GGUFInfo | None, diff_ids: list[str]) -> bytes:

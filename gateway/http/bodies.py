@@ -8,6 +8,8 @@ blob uploads), any Content-Type that is not already JSON becomes ``application/j
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class JSONBodies:
     def __init__(self, app):
@@ -33,3 +35,23 @@ def _as_json(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         return headers
     kept = [(k, v) for k, v in headers if k.lower() != b"content-type"]
     return [*kept, (b"content-type", b"application/json")]
+
+
+def check_text(value: Any) -> Any:
+    """Refuse a JSON body whose strings hold lone UTF-16 surrogates (``"\\ud800"``): valid JSON, but no
+    Unicode text, so no tokenizer can take it. Request models call this before validation (400)."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"text must be valid Unicode: a lone surrogate {value[exc.start]!r} "
+                                 f"at position {exc.start}") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key)
+            check_text(item)
+    elif isinstance(value, list):
+        for item in value:
+            check_text(item)
+    return value

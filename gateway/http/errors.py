@@ -107,7 +107,7 @@ def validation_message(errors) -> str:
 
 
 def _param(errors) -> str | None:
-    if not errors:
+    if not errors or errors[0].get("type") == "json_invalid":  # its loc is a byte offset, not a field
         return None
     loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
     return ".".join(loc) or None

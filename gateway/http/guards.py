@@ -30,10 +30,6 @@ ALLOWED_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
 OPEN_PATHS = frozenset({"/", "/api/version"})
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class GuardMiddleware:
     def __init__(self, app, settings: ServerSettings):
         self.app = app
@@ -58,10 +54,14 @@ class GuardMiddleware:
         if limited and _content_length(headers) > self.settings.max_body_bytes:
             return await self._too_large(scope, send)
         send = self._with_cors(send, origin)
+        if not limited:
+            return await self.app(scope, receive, send)
+        state = _BodyLimit()
         try:
-            await self.app(scope, self._limited(receive) if limited else receive, send)
-        except BodyTooLarge:
-            await self._too_large(scope, send)
+            await self.app(scope, self._limited(receive, state, scope, send), state.guard(send))
+        except Exception:
+            if not state.answered:
+                raise
 
     def _host_allowed(self, host: str) -> bool:
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
@@ -99,17 +99,23 @@ class GuardMiddleware:
             await send(message)
         return wrapped
 
-    def _limited(self, receive):
+    def _limited(self, receive, state: "_BodyLimit", scope, send):
+        """Count the body as it arrives (chunked bodies have no Content-Length): past the limit, answer
+        413 at once and tell the app the client is gone, so it stops reading and answers nothing."""
         seen = 0
         limit = self.settings.max_body_bytes
 
         async def wrapped():
             nonlocal seen
+            if state.answered:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise BodyTooLarge()
+                    await self._too_large(scope, send)
+                    state.answered = True
+                    return {"type": "http.disconnect"}
             return message
         return wrapped
 
@@ -117,6 +123,19 @@ class GuardMiddleware:
         limit_mib = self.settings.max_body_bytes / (1 << 20)
         body = error_body(scope["path"], 413, f"request body too large (limit {limit_mib:g} MiB)")
         await _send(send, 413, json.dumps(body).encode(), [(b"content-type", b"application/json")])
+
+
+class _BodyLimit:
+    """Whether the guard has answered 413 itself; the app's own messages are then dropped."""
+
+    def __init__(self) -> None:
+        self.answered = False
+
+    def guard(self, send):
+        async def wrapped(message):
+            if not self.answered:
+                await send(message)
+        return wrapped
 
 
 def _content_length(headers: dict[str, str]) -> int:

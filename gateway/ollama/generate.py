@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from adapters.base import Chunk, GenerationRequest, TokenLogprob
 
 from gateway.ollama import views as view
 from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.http.disconnect import on_disconnect
 from gateway.http.errors import APIError
 from gateway.http.jsonwire import JSONBytes
 from gateway.ollama.local import load_or_unload
@@ -29,7 +30,8 @@ router = APIRouter(tags=["ollama"])
 
 
 @router.post("/api/generate")
-async def generate(body: GenerateRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> Response:
+async def generate(body: GenerateRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
+                   http: Request) -> Response:
     if body.images:
         raise APIError(400, "images are not supported", param="images")
     keep_alive = keep_alive_seconds(body.keep_alive)
@@ -45,7 +47,8 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
     gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
     if body.streaming:
         return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready)
-    text, chunks, done = await gen.collect()
+    async with on_disconnect(http.receive, req.cancel.cancel):
+        text, chunks, done = await gen.collect()
     return JSONBytes(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks)))
 
 
@@ -58,7 +61,8 @@ async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncItera
 
 
 @router.post("/api/chat")
-async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> Response:
+async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
+               http: Request) -> Response:
     messages = body.messages or []
     if any(m.images for m in messages):
         raise APIError(400, "images are not supported", param="messages.images")
@@ -74,7 +78,8 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
     gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
         return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready)
-    text, chunks, done = await gen.collect()
+    async with on_disconnect(http.receive, req.cancel.cancel):
+        text, chunks, done = await gen.collect()
     return JSONBytes(view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks)))
 
 

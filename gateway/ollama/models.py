@@ -97,6 +97,6 @@ async def blob_exists(digest: str, store: StoreDep) -> Response:
 
 
 @router.post("/api/blobs/{digest}")
-async def blob_upload(digest: str, request: Request, store: StoreDep) -> Response:
-    created = await receive_blob(store, digest, request)
+async def blob_upload(digest: str, request: Request, store: StoreDep, settings: SettingsDep) -> Response:
+    created = await receive_blob(store, digest, request, settings.max_blob_bytes)
     return Response(status_code=201 if created else 200)

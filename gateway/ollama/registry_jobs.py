@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -146,16 +147,25 @@ def _parameters(params: dict[str, Any]) -> dict[str, Any]:
 
 # -- blobs ----------------------------------------------------------------------------------------
 
-async def receive_blob(store: Store, digest: str, request: Request) -> bool:
-    """Store the request body as blob ``digest``; False if it was already there. 400 on a mismatch."""
+async def receive_blob(store: Store, digest: str, request: Request, max_bytes: int) -> bool:
+    """Store the request body as blob ``digest``; False if it was already there. 400 on a mismatch;
+    413 past ``max_bytes`` or past the store's free disk space (less a reserve), checked as it arrives."""
     digest = parse_digest(digest)
     if store.has_blob(digest):
         return False
+    limit = min(max_bytes, _free_bytes(store) - DISK_RESERVE)
+    declared = int(request.headers.get("content-length") or 0)
+    if declared > limit:
+        raise APIError(413, _too_big(declared, max_bytes, limit))
     tmp = store.new_temp_blob()
     sha = hashlib.sha256()
+    seen = 0
     try:
         with open(tmp, "wb") as fh:
             async for chunk in request.stream():
+                seen += len(chunk)
+                if seen > limit:
+                    raise APIError(413, _too_big(seen, max_bytes, limit))
                 sha.update(chunk)
                 fh.write(chunk)
         got = "sha256:" + sha.hexdigest()
@@ -165,6 +175,20 @@ async def receive_blob(store: Store, digest: str, request: Request) -> bool:
     finally:
         tmp.unlink(missing_ok=True)
     return True
+
+
+DISK_RESERVE = 1 << 30  # keep a GiB free for the ledger and everything else
+
+
+def _free_bytes(store: Store) -> int:
+    store.blobs_dir.mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(store.blobs_dir).free
+
+
+def _too_big(size: int, max_bytes: int, limit: int) -> str:
+    if limit < max_bytes:
+        return f"blob too large: {size} bytes, and only {max(0, limit)} bytes can be stored (disk space)"
+    return f"blob too large: {size} bytes (limit {max_bytes} bytes, INFER_MAX_BLOB_BYTES)"
 
 
 def _commit(store: Store, tmp: Path, digest: str) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from adapters.durations import parse_duration
+from gateway.http.bodies import check_text
 from gateway.http.errors import APIError
 
 __all__ = ["ChatMessage", "ChatRequest", "CopyRequest", "CreateRequest", "EmbedRequest", "EmbeddingsRequest",
@@ -23,6 +24,8 @@ _MODEL = Field(min_length=1, validation_alias=AliasChoices("model", "name"))
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    _text = model_validator(mode="before")(classmethod(lambda cls, value: check_text(value)))
 
 
 def _no_bool(value: Any) -> Any:

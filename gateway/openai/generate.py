@@ -7,9 +7,10 @@ ledger row each). Streams are SSE (``data: {json}\\n\\n`` … ``data: [DONE]``).
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.http.disconnect import on_disconnect
 from gateway.http.jsonwire import JSONBytes
 from gateway.http.streaming import sse_response
 from gateway.openai.responses import ResponseMeta, chat_completion, text_completion
@@ -24,7 +25,7 @@ COMPLETIONS_ROUTE = "/v1/completions"
 
 @router.post(CHAT_ROUTE)
 async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, recorder: RecorderDep,
-                           client: ClientDep):
+                           client: ClientDep, http: Request):
     requests = body.generation_requests(client)
     backend = recorder.resolve(backends, requests[0], route=CHAT_ROUTE, stream=bool(body.stream))
     meta = ResponseMeta("chat.completion", body.model)
@@ -33,12 +34,14 @@ async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, rec
         events, more_ready = await start_stream(recorder, backend, requests, CHAT_ROUTE)
         return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage),
                             more_ready)
-    results = await run_all(recorder, backend, requests, CHAT_ROUTE)
+    async with on_disconnect(http.receive, lambda: [r.cancel.cancel() for r in requests]):
+        results = await run_all(recorder, backend, requests, CHAT_ROUTE)
     return JSONBytes(chat_completion(meta, results, logprobs=logprobs))
 
 
 @router.post(COMPLETIONS_ROUTE)
-async def completions(body: CompletionRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep):
+async def completions(body: CompletionRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
+                      http: Request):
     pairs = body.generation_requests(client)
     prompt_of = [p for p, _ in pairs]
     requests = [req for _, req in pairs]
@@ -49,5 +52,6 @@ async def completions(body: CompletionRequest, backends: RouterDep, recorder: Re
         events, more_ready = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE)
         return sse_response(completion_chunks(meta, events, prompt_of, logprobs=logprobs,
                                               include_usage=body.include_usage), more_ready)
-    results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE)
+    async with on_disconnect(http.receive, lambda: [r.cancel.cancel() for r in requests]):
+        results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE)
     return JSONBytes(text_completion(meta, results, prompt_of, logprobs=logprobs))

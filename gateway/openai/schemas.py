@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import GenerationRequest
 
+from gateway.http.bodies import check_text
 from gateway.http.errors import APIError
 
 T = TypeVar("T", bound=BaseModel)
@@ -50,7 +51,13 @@ class ResponseFormat(_Wire):
     json_schema: JSONSchemaSpec | None = None
 
 
-class _Sampling(_Wire):
+class _Request(_Wire):
+    """A whole request body: its text is checked once, before field validation."""
+
+    _text = model_validator(mode="before")(classmethod(lambda cls, value: check_text(value)))
+
+
+class _Sampling(_Request):
     """Fields shared by chat and legacy completions."""
 
     model: str = Field(min_length=1)
@@ -138,7 +145,7 @@ class CompletionRequest(_Sampling):
                 for p, text in enumerate(self.prompts()) for i in range(n)]
 
 
-class EmbeddingRequest(_Wire):
+class EmbeddingRequest(_Request):
     model: str = Field(min_length=1)
     input: str | list[Any]
     encoding_format: Literal["float", "base64"] | None = "float"
