@@ -29,6 +29,7 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/gateway.py --runs 5
 	$(BIN)/python bench/native.py --json .bench/native/results.json
 	$(BIN)/python bench/remote.py --json .bench/remote/results.json
+	$(BIN)/python bench/estimate_check.py --json .bench/estimate/results.json
 	$(BIN)/python bench/gateway_overhead.py --json .bench/gateway_overhead/results.json
 	$(BIN)/python bench/gateway_overhead.py --soak --json .bench/gateway_overhead/soak.json
 
