@@ -94,3 +94,24 @@ def test_slo_search_tries_the_cap_when_doubling_overshoots_it(scripted, tmp_path
     assert result.exit_code == 0, result.output
     points = json.loads((out / "summary.json").read_text())["load_points"]
     assert [p["max_concurrency"] for p in points] == [1, 2, 4, 5]
+
+
+def test_rate_profile_with_a_time_limit(scripted, tmp_path):
+    """Poisson arrivals at 40 req/s for 0.5 s: dispatching stops at the limit, requests in flight finish."""
+    server = scripted([entry(0.01, [0.005])])
+    out = tmp_path / "rate"
+    result = _bench(server.url, out, "--profile", "rate:40", "--duration", "0.5")
+    assert result.exit_code == 0, result.output
+    point = json.loads((out / "summary.json").read_text())["load_points"][0]
+    assert point["request_rate"] == 40 and point["profile"] == "rate" and point["failed"] == 0
+    assert 8 <= point["completed"] <= 35  # ~20 expected; Poisson
+    starts = sorted(json.loads(line)["start_time"] for line in (out / "requests.jsonl").read_text().splitlines())
+    assert starts[-1] - starts[0] < 0.5
+
+
+def test_packages_export_their_public_names():
+    import benchmark
+    import estimator
+
+    for package in (benchmark, estimator):
+        assert all(hasattr(package, name) for name in package.__all__)
