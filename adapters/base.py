@@ -126,6 +126,11 @@ class GenerationRequest:
     client: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
     cancel: CancelToken = field(default_factory=CancelToken, repr=False, compare=False)
+    # Routes with SLOs (``routing/``): a client may tighten the route's SLO and set a priority
+    # (headers x-slo-ttft-ms, x-slo-tpot-ms, x-priority); negative priorities are shed first.
+    priority: int = 0
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
 
     @property
     def is_chat(self) -> bool:
@@ -196,6 +201,12 @@ class Done:
     prompt_tokens: list[int] | None = None  # the prompt as tokenized (Ollama's "context")
     output_tokens: list[int] | None = None
     truncated_messages: int = 0  # messages dropped because the request allowed truncation
+    # Set by a route (``routing/``): which of its backends served, after how many attempts, and the
+    # SLO parts missed (None: no SLO; empty: met).
+    route: str | None = None
+    served_by: str | None = None
+    attempts: int = 1
+    slo_missed: tuple[str, ...] | None = None
 
 
 StreamEvent = Chunk | Done

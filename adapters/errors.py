@@ -6,6 +6,8 @@
     ├── ModelNotFound                 404: the model is not in the store / not served
     ├── QueueFull                     503: too many requests waiting for a slot
     ├── BackendOverloaded             429: a remote backend is saturated; ``retry_after`` seconds
+    │   ├── RouteShed                 429: a route refused a request no backend can serve within its SLO
+    │   └── RouteUnavailable          503: every backend of a route is out (breakers open, no first token)
     ├── BackendUnavailable            502: the backend cannot be reached or failed to load
     ├── ShuttingDown                  503: the server stopped this request to shut down
     ├── BackendTimeout                504: the backend did not answer in time
@@ -80,6 +82,14 @@ class BackendOverloaded(BackendError):
     def __init__(self, message: str, *, retry_after: float | None = None):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RouteShed(BackendOverloaded):
+    """Admission control refused the request before any backend saw it (its ledger row says ``shed``)."""
+
+
+class RouteUnavailable(BackendOverloaded):
+    status = 503
 
 
 class BackendUnavailable(BackendError):

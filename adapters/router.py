@@ -22,6 +22,7 @@ class Router:
     local: LocalEngines | None
     remotes: dict[str, Backend] = field(default_factory=dict)
     fixed: Backend | None = None  # one backend for every model (tests, embedding a custom backend)
+    routes: dict[str, Backend] = field(default_factory=dict)  # routing.route.Route by public name
 
     @classmethod
     def single(cls, backend: Backend) -> "Router":
@@ -36,13 +37,13 @@ class Router:
     def resolve_model(self, model: str, engine: str | None = None) -> Backend:
         if self.fixed is not None:
             return self.fixed
-        remote = self.remotes.get(model)
-        if remote is not None:
-            return remote
+        named = self.routes.get(model) or self.remotes.get(model)
+        if named is not None:
+            return named
         return self.local_engine(model, engine)
 
     def resolve_embedding(self, model: str) -> Backend:
-        if self.fixed is not None or model in self.remotes:
+        if self.fixed is not None or model in self.remotes or model in self.routes:
             return self.resolve_model(model)
         return self._engines(model).for_embedding()
 
@@ -50,7 +51,7 @@ class Router:
         return self._engines(model).get(engine)
 
     def is_remote(self, model: str) -> bool:
-        return model in self.remotes
+        return model in self.remotes or model in self.routes
 
     def _engines(self, model: str) -> LocalEngines:
         if self.local is None:
@@ -75,12 +76,14 @@ class Router:
     async def unload(self, model: str) -> bool:
         if self.fixed is not None:
             return await self.fixed.unload(model)
-        if model in self.remotes:
-            return await self.remotes[model].unload(model)
+        if model in self.remotes or model in self.routes:
+            return False
         return await self.local.unload(model) if self.local is not None else False
 
     async def remote_models(self) -> list[ModelInfo]:
-        return [m for b in self.remotes.values() for m in await b.list_models()]
+        """The models of the remote backends and the routes (everything not in the local store)."""
+        named = [*self.remotes.values(), *self.routes.values()]
+        return [m for b in named for m in await b.list_models()]
 
     async def list_models(self) -> list[ModelInfo]:
         local = await self.local.get().list_models() if self.local is not None else []

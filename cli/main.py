@@ -11,7 +11,7 @@ from adapters.errors import BackendError
 from gateway.settings import SettingsError
 from registry.errors import RegistryError
 
-from . import backends, bench, dev, estimate, models, pull, registry_server, run, serve, usage
+from . import backends, bench, dev, estimate, models, pull, registry_server, routes, run, serve, usage
 
 
 class _InferGroup(TyperGroup):
@@ -46,6 +46,7 @@ serve.register(app)
 usage.register(app)
 run.register(app)
 backends.register(app)
+routes.register(app)
 estimate.register(app)
 app.add_typer(registry_server.app, name="registry")
 app.add_typer(dev.app, name="dev")

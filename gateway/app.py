@@ -20,6 +20,8 @@ from adapters.base import Backend
 from adapters.engines import in_process_engines
 from adapters.remote_registry import create_remote
 from adapters.router import Router
+from routing.build import build_routes
+from routing.metrics import RouteMetrics
 from ledger.db import open_db
 from ledger.writer import LedgerWriter
 from registry.store import Store
@@ -50,9 +52,17 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.metrics = GatewayMetrics()
         app.state.recorder = Recorder(app.state.ledger, app.state.metrics)
         app.state.loop = asyncio.get_running_loop()
+        routes = list(app.state.router.routes.values())
+        pollers = [asyncio.create_task(route.poll_health()) for route in routes]
+        if routes:
+            app.state.metrics.routes = RouteMetrics(app.state.metrics.registry, routes)
+            for route in routes:
+                route.on_outcome.append(app.state.metrics.routes.outcome)
         try:
             yield
         finally:
+            for task in pollers:
+                task.cancel()
             await app.state.recorder.settle()
             await app.state.router.aclose()
             app.state.ledger.close()
@@ -83,7 +93,9 @@ def _router(backend: Backend | Router) -> Router:
 def default_router(settings: ServerSettings, store: Store) -> Router:
     """The store's in-process engines, behind the remote backends of ``settings.config`` when there is one."""
     local = in_process_engines(store, settings.local)
-    remotes = {}
-    if settings.config is not None:
-        remotes = {s.name: create_remote(s) for s in load_config(settings.config).remote_settings()}
-    return Router(local, remotes)
+    if settings.config is None:
+        return Router(local)
+    config = load_config(settings.config)
+    remotes = {s.name: create_remote(s) for s in config.remote_settings()}
+    routes = build_routes(config.routes, remotes, lambda name: local.get())
+    return Router(local, remotes, routes=routes)

@@ -148,12 +148,45 @@ class BackendEntry(BaseModel):
                         read=min(default.read, total), total=total)
 
 
+class SLOEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_ms: PositiveFloat | None = None
+    tpot_ms: PositiveFloat | None = None
+    e2e_ms: PositiveFloat | None = None
+    target: float = Field(default=0.95, gt=0, le=1)
+    window_s: PositiveFloat = 300.0
+
+
+class RouteEntry(BaseModel):
+    """A public model name in front of several backends, with a latency SLO (``routing/``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    backends: list[str] = Field(min_length=1)
+    strategy: Literal["slo", "least_inflight", "round_robin", "weighted"] = "slo"
+    slo: SLOEntry | None = None
+    shed: bool = False
+    first_token_timeout_ms: PositiveFloat | None = None
+    retries: int = Field(default=1, ge=0, le=10)
+    fallbacks: list[str] = Field(default_factory=list)
+    weights: dict[str, PositiveFloat] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value):
+            raise ValueError("must be a non-empty name without spaces")
+        return value
+
+
 class GatewayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backends: list[BackendEntry] = Field(min_length=1)
-    # Reserved for the router (next issue): accepted so configs can carry them, not read yet.
-    routes: Any = None
+    backends: list[BackendEntry] = Field(default_factory=list)
+    routes: list[RouteEntry] = Field(default_factory=list)
+    # Reserved for the pricing issue: accepted so configs can carry it, not read yet.
     slos: Any = None
     pricing: Any = None
 
@@ -201,6 +234,7 @@ def load_config(path: str | os.PathLike[str]) -> GatewayConfig:
         raise ConfigError(f"{source}:{line_of(root, err['loc'])}: {field_path(err['loc'])}: {_reason(err)}") from None
     config._source, config._root = source, root
     _check_unique_names(config)
+    _check_routes(config)
     return config
 
 
@@ -228,6 +262,28 @@ def _check_unique_names(config: GatewayConfig) -> None:
         seen[entry.name] = i
 
 
+def _check_routes(config: GatewayConfig) -> None:
+    """Route names are new model names; fallbacks name routes; weights name the route's backends.
+    A backend name that is not in ``backends:`` is taken as a model of the local store."""
+    if not config.backends and not config.routes:
+        raise ConfigError(f"{config._source}: the file needs a 'backends:' or a 'routes:' list")
+    backends = {entry.name for entry in config.backends}
+    routes = {route.name: i for i, route in enumerate(config.routes)}
+    for i, route in enumerate(config.routes):
+        if route.name in backends:
+            raise ConfigError(config.where(("routes", i, "name")) + f"'{route.name}' is already a backend's name")
+        if routes[route.name] != i:
+            raise ConfigError(config.where(("routes", i, "name")) + f"duplicate route '{route.name}'")
+        for j, name in enumerate(route.fallbacks):
+            if name not in routes or name == route.name:
+                raise ConfigError(config.where(("routes", i, "fallbacks", j))
+                                  + f"'{name}' is not another route of this file")
+        for name in route.weights:
+            if name not in route.backends:
+                raise ConfigError(config.where(("routes", i, "weights", name))
+                                  + f"'{name}' is not one of this route's backends")
+
+
 def _reason(err: dict[str, Any]) -> str:
     kind = err["type"]
     if kind == "value_error":
@@ -235,7 +291,8 @@ def _reason(err: dict[str, Any]) -> str:
     if kind in ("model_type", "dict_type"):
         return "expected a mapping of key: value lines"
     if kind == "extra_forbidden":
-        known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields]
+        known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields,
+                 *RouteEntry.model_fields, *SLOEntry.model_fields]
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         return "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")
     if kind == "missing":

@@ -13,6 +13,7 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.routes = None  # routing.metrics.RouteMetrics when the config has routes
         r = self.registry
         self.requests = Counter("infer_requests", "Requests finished, by outcome.",
                                 ["model", "route", "status"], registry=r)
@@ -29,4 +30,6 @@ class GatewayMetrics:
         self.in_flight = Gauge("infer_requests_in_flight", "Requests being served now.", ["model"], registry=r)
 
     def render(self) -> bytes:
+        if self.routes is not None:
+            self.routes.refresh()
         return generate_latest(self.registry)

@@ -20,7 +20,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from adapters.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
-from adapters.errors import BackendError, BackendProtocolError, ShuttingDown
+from adapters.errors import BackendError, BackendProtocolError, RouteShed, ShuttingDown
 from adapters.router import Router
 from ledger.tables import UsageRecord
 from ledger.writer import LedgerWriter
@@ -179,7 +179,7 @@ class Generation:
         message = "cancelled at shutdown" if isinstance(exc, asyncio.CancelledError) else to_status_message(exc)[1]
         partial = exc.partial if isinstance(exc, BackendError) else None
         if partial is not None:
-            record = _record(self, partial, "error")
+            record = _record(self, partial, "shed" if isinstance(exc, RouteShed) else "error")
         else:
             record = UsageRecord(source=self.request.source, route=self.route, model=self.request.model,
                                  backend=self.backend.name, stream=self.stream, client=self.request.client,
@@ -204,8 +204,12 @@ class Generation:
 def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
     t = done.timings
     ms = lambda s: None if s is None else round(s * 1000, 3)  # noqa: E731
+    missed = done.slo_missed
     return UsageRecord(
-        source=gen.request.source, route=gen.route, model=gen.request.model, backend=gen.backend.name,
+        route_name=done.route, attempts=done.attempts if done.route else None,
+        slo_met=None if missed is None else not missed, slo_missed=",".join(missed) if missed else None,
+        source=gen.request.source, route=gen.route, model=gen.request.model,
+        backend=done.served_by or gen.backend.name,
         stream=gen.stream, status=status, client=gen.request.client, finish_reason=done.finish_reason,
         input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
         cached_input_tokens=done.usage.cached_input_tokens, usage_source=done.usage.source,

@@ -56,7 +56,14 @@ def m002_usage_source(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE requests ADD COLUMN usage_source VARCHAR(16)"))
 
 
-MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source]
+def m003_routes(conn: Connection) -> None:
+    """Routes with SLOs: the route a request named, the attempts it took, whether it met its SLO
+    (NULL without one) and the parts it missed (``ttft,tpot,e2e``); shed requests have status ``shed``."""
+    for column in ("route_name VARCHAR(255)", "attempts INTEGER", "slo_met BOOLEAN", "slo_missed VARCHAR(32)"):
+        conn.execute(sa.text(f"ALTER TABLE requests ADD COLUMN {column}"))
+
+
+MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes]
 
 
 def migrate(engine: Engine) -> list[str]:

@@ -26,7 +26,7 @@ class UsageRecord(SQLModel):
     model: str = Field(index=True)
     backend: str = Field(description="Adapter name: llamacpp, vllm, native, ...")
     stream: bool = False
-    status: str = Field(default="ok", description="ok | error | cancelled")
+    status: str = Field(default="ok", description="ok | error | cancelled | shed")
     client: str | None = Field(default=None, description="User agent or client host.")
     finish_reason: str | None = None
     input_tokens: int = 0
@@ -39,6 +39,10 @@ class UsageRecord(SQLModel):
     tpot_ms: float | None = None
     total_ms: float | None = None
     error: str | None = None
+    route_name: str | None = Field(default=None, description="The SLO route the request named (routes:).")
+    attempts: int | None = Field(default=None, description="Backends tried (retries and hedges included).")
+    slo_met: bool | None = Field(default=None, description="Whether it met every SLO part; NULL without an SLO.")
+    slo_missed: str | None = Field(default=None, description="The SLO parts missed: ttft, tpot, e2e.")
 
 
 class RequestLog(UsageRecord, table=True):

@@ -30,7 +30,17 @@ backends:
   - name: trt
     type: triton
     base_url: http://triton:8000
-routes: [{match: "*", backends: [qwen-vllm]}]   # reserved for the router: accepted, ignored
+routes:
+  - name: chat
+    backends: [qwen-vllm, llama-tgi, tiny]    # tiny: a model of the local store
+    strategy: slo
+    slo: {ttft_ms: 500, tpot_ms: 50, e2e_ms: 20000, target: 0.9, window_s: 60}
+    shed: true
+    first_token_timeout_ms: 1500
+    retries: 2
+    fallbacks: [cheap]
+  - name: cheap
+    backends: [trt]
 slos: {}
 pricing: {}
 """
@@ -58,6 +68,11 @@ def test_valid_config_maps_onto_remote_settings(valid, tmp_path):
     assert (vllm.max_inflight, vllm.context_length) == (8, 32768)
     assert vllm.tokenizer == str(tmp_path / "tok" / "tokenizer.json")  # relative to the config file
     assert tgi.base_url == "https://tgi.example:8080" and tgi.mode == "messages" and tgi.api_key is None
+    chat, cheap = load_config(valid).routes
+    assert (chat.name, chat.backends, chat.strategy, chat.shed, chat.retries, chat.fallbacks) == (
+        "chat", ["qwen-vllm", "llama-tgi", "tiny"], "slo", True, 2, ["cheap"])
+    assert (chat.slo.ttft_ms, chat.slo.tpot_ms, chat.slo.target, chat.first_token_timeout_ms) == (500, 50, 0.9, 1500)
+    assert (cheap.strategy, cheap.slo, cheap.retries) == ("slo", None, 1)  # every key but name/backends optional
     assert tgi.timeouts == Timeouts(connect=2, first_byte=20, read=10, total=300)
     assert (triton.model, triton.timeouts, triton.max_inflight, triton.mode) == ("ensemble", Timeouts(), None, None)
 
@@ -117,8 +132,18 @@ ERRORS = {
                           "backends.yaml:2: backends[0].name: must be a non-empty name without spaces"),
     "missing tokenizer": (ENTRY + "    tokenizer: nope.json\n",
                           "backends.yaml:6: backends[0].tokenizer: tokenizer file "),
-    "no backends": ("routes: []\n", "backends.yaml:1: backends: required field is missing"),
-    "empty backends": ("backends: []\n", "backends.yaml:1: backends: the list is empty"),
+    "no backends": ("routes: []\n", "backends.yaml: the file needs a 'backends:' or a 'routes:' list"),
+    "empty backends": ("backends: []\n", "backends.yaml: the file needs a 'backends:' or a 'routes:' list"),
+    "unknown strategy": (ENTRY + "routes:\n  - name: r\n    backends: [a]\n    strategy: fastest\n",
+                         "backends.yaml:9: routes[0].strategy: Input should be 'slo', 'least_inflight'"),
+    "slo typo": (ENTRY + "routes:\n  - name: r\n    backends: [a]\n    slo: {ttft: 500}\n",
+                 "backends.yaml:9: routes[0].slo.ttft: unknown key (did you mean 'ttft_ms'?)"),
+    "route named like a backend": (ENTRY + "routes:\n  - name: a\n    backends: [a]\n",
+                                   "backends.yaml:7: routes[0].name: 'a' is already a backend's name"),
+    "unknown fallback": (ENTRY + "routes:\n  - name: r\n    backends: [a]\n    fallbacks: [nope]\n",
+                         "backends.yaml:9: routes[0].fallbacks[0]: 'nope' is not another route of this file"),
+    "route without backends": (ENTRY + "routes:\n  - name: r\n    backends: []\n",
+                               "backends.yaml:8: routes[0].backends: List should have at least 1 item"),
     "empty file": ("", "backends.yaml: the file is empty; it needs a 'backends:' list"),
     "top level list": ("- name: a\n", "backends.yaml:1: the top level must be a mapping"),
 }

@@ -1,0 +1,67 @@
+"""``infer routes``: the live SLO view of a running ``infer serve`` (``GET /infer/routes``) as a table."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+import typer
+
+from gateway.settings import DEFAULT_PORT, SettingsError, parse_host
+
+
+def register(app: typer.Typer) -> None:
+    app.command("routes")(routes)
+
+
+def routes(
+    url: str = typer.Option(None, "--url", help="The server (default: INFER_HOST, else http://127.0.0.1:11434)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON as served."),
+) -> None:
+    """Per route and backend: attainment, goodput, shed, errors, latency percentiles, predictions."""
+    base = url or _default_url()
+    try:
+        response = httpx.get(base.rstrip("/") + "/infer/routes", timeout=10)
+    except httpx.HTTPError as exc:
+        raise SettingsError(f"cannot reach infer serve at {base}: {exc}; is it running?") from None
+    if response.status_code != 200:
+        raise SettingsError(f"{base}/infer/routes answered {response.status_code}: {response.text[:200]}")
+    data = response.json()
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    if not data["routes"]:
+        typer.echo("no routes: add a 'routes:' list to the --config file of infer serve")
+        return
+    for route in data["routes"]:
+        typer.echo(_route_table(route))
+
+
+def _default_url() -> str:
+    host, port = parse_host(os.environ.get("INFER_HOST") or f"127.0.0.1:{DEFAULT_PORT}")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{host}:{port}"
+
+
+def _route_table(route: dict) -> str:
+    slo = route["slo"]
+    parts = ", ".join(f"{k.removesuffix('_ms')} {v:g} ms" for k, v in slo.items() if k.endswith("_ms") and v)
+    head = (f"route {route['name']} ({route['strategy']}{', shed' if route['shed'] else ''}; SLO {parts or 'none'}, "
+            f"target {slo['target']:.0%}, window {slo['window_s']:g} s)")
+    header = ("", "requests", "good", "shed", "errors", "attain", "goodput/s", "ttft p50", "ttft p99",
+              "tpot p50", "tpot p99", "pred ttft", "pred err", "in flight", "breaker")
+    rows = [_row("(route)", route, None)] + [_row(b["name"], b, b) for b in route["backends"]]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in [header, *rows]]
+    return "\n".join([head, *lines, ""])
+
+
+def _row(name: str, s: dict, backend: dict | None) -> tuple:
+    fmt = lambda v, spec="{:.1f}": "-" if v is None else spec.format(v)  # noqa: E731
+    return (name, s["requests"], s["good"], s["shed"], s["errors"], fmt(s["attainment"], "{:.1%}"),
+            fmt(s["goodput_rps"], "{:.2f}"), fmt(s["ttft"]["p50"]), fmt(s["ttft"]["p99"]), fmt(s["tpot"]["p50"]),
+            fmt(s["tpot"]["p99"]), fmt(backend and backend["predicted_ttft_ms"]),
+            fmt(s.get("prediction_error"), "{:.0%}"), "-" if backend is None else backend["in_flight"],
+            "-" if backend is None else backend["breaker"])

@@ -1,0 +1,53 @@
+"""What a client may say about one request in headers, on both APIs: ``x-slo-ttft-ms`` and
+``x-slo-tpot-ms`` tighten the SLO of the route it names (never loosen it), ``x-priority`` is an
+integer (negative: shed first). A malformed value is a 400 naming the header."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from adapters.base import GenerationRequest
+
+from gateway.http.errors import APIError
+
+
+@dataclass(frozen=True)
+class RequestHints:
+    priority: int = 0
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+
+    def apply(self, request: GenerationRequest) -> GenerationRequest:
+        request.priority, request.slo_ttft_ms, request.slo_tpot_ms = self.priority, self.slo_ttft_ms, self.slo_tpot_ms
+        return request
+
+
+NONE = RequestHints()
+
+
+async def hints_of(request: Request) -> RequestHints:
+    headers = request.headers
+    if "x-priority" not in headers and "x-slo-ttft-ms" not in headers and "x-slo-tpot-ms" not in headers:
+        return NONE
+    return RequestHints(priority=int(_number(headers, "x-priority", integer=True) or 0),
+                        slo_ttft_ms=_number(headers, "x-slo-ttft-ms"), slo_tpot_ms=_number(headers, "x-slo-tpot-ms"))
+
+
+def _number(headers, name: str, *, integer: bool = False) -> float | None:
+    text = headers.get(name)
+    if text is None:
+        return None
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        kind = "an integer" if integer else "a number of milliseconds"
+        raise APIError(400, f"header {name} must be {kind}, got {text!r}", param=name) from None
+    if not integer and not value > 0:
+        raise APIError(400, f"header {name} must be a positive number of milliseconds", param=name)
+    return value
+
+
+HintsDep = Annotated[RequestHints, Depends(hints_of)]

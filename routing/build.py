@@ -1,0 +1,27 @@
+"""Routes from the config file's ``routes:`` entries, over the backends the router already has."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from adapters.base import Backend
+
+from .route import Route, RoutePolicy
+from .slo import SLO
+from .strategies import Member
+
+
+def build_routes(entries: list, remote: dict[str, Backend], local: Callable[[str], Backend]) -> dict[str, Route]:
+    """``entries``: ``gateway.backends_config.RouteEntry``; a member named in ``remote`` is that
+    backend, any other name a model of the local store served by ``local(name)``."""
+    routes: dict[str, Route] = {}
+    for entry in entries:
+        members = [Member(name=name, backend=remote[name] if name in remote else local(name), model=name,
+                          weight=entry.weights.get(name, 1.0)) for name in entry.backends]
+        slo = SLO(**entry.slo.model_dump()) if entry.slo is not None else SLO()
+        policy = RoutePolicy(strategy=entry.strategy, slo=slo, shed=entry.shed, retries=entry.retries,
+                             first_token_timeout_s=(entry.first_token_timeout_ms / 1000
+                                                    if entry.first_token_timeout_ms else None),
+                             fallbacks=tuple(entry.fallbacks))
+        routes[entry.name] = Route(entry.name, members, policy, resolve_route=routes.get)
+    return routes

@@ -1,0 +1,280 @@
+"""A route: one public model name in front of several backends, keeping a latency SLO.
+
+``Route.stream(request)`` is a Backend stream (Chunk…, Done) whose steps are:
+
+1. the SLO: the route's, tightened by the client's ``x-slo-*`` headers;
+2. predictions for every backend whose breaker admits a request (``predictor.py``);
+3. admission: with ``shed``, a request no backend is predicted to start within its TTFT SLO is
+   refused at once (``RouteShed``, 429, Retry-After: when the best backend's queue should have
+   drained); a negative priority is held to a tighter TTFT (each step of −1 takes 25 % off), so low
+   priority goes first; nothing is shed once a byte has been sent;
+4. the order of the backends (``strategies.py``); the request goes to the first;
+5. first-token deadline: no first event within ``first_token_timeout_ms`` cancels that attempt
+   (the backend ends it with a cancelled Done) and resubmits to the next backend, unseen by the client;
+6. retries: a connection error, 5xx or 429 from a backend before any byte goes to the next
+   backend, ``retries`` times; when every backend is out, the ``fallbacks`` routes are tried in turn;
+7. accounting: the final Done names the route, the backend that served, the attempts and the SLO
+   parts missed; the route's window and the backend's latency model learn from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+
+from adapters.base import CancelToken, Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
+from adapters.base import Timings, Usage
+from adapters.errors import BackendError, InvalidRequest, RouteShed, RouteUnavailable
+from adapters.token_count import TokenCounter, load_counter
+
+from .predictor import Prediction
+from .slo import SLO, vllm_tpot
+from .stats import Outcome, Window
+from .strategies import Member, Orderer
+
+RETRYABLE = frozenset({429, 500, 502, 503, 504})
+_keys = itertools.count()
+
+
+@dataclass
+class RoutePolicy:
+    strategy: str = "slo"
+    slo: SLO = field(default_factory=SLO)
+    shed: bool = False
+    first_token_timeout_s: float | None = None
+    retries: int = 1
+    fallbacks: tuple[str, ...] = ()
+
+
+class Route:
+    can_stream = True
+    supports_embeddings = False
+
+    def __init__(self, name: str, members: list[Member], policy: RoutePolicy,
+                 resolve_route: Callable[[str], "Route | None"] = lambda name: None,
+                 counter: TokenCounter | None = None) -> None:
+        self.name, self.members, self.policy = name, members, policy
+        self.orderer = Orderer(policy.strategy)
+        self.window = Window(policy.slo.window_s)
+        self.resolve_route = resolve_route
+        self.counter = counter or load_counter(None)
+        self.on_outcome: list[Callable[[str, Outcome], None]] = []  # metrics hooks
+
+    # -- the Backend protocol -------------------------------------------------------------------
+
+    async def stream(self, request: GenerationRequest, _visited: frozenset[str] = frozenset()) -> AsyncIterator[StreamEvent]:
+        slo = self.policy.slo.tightened(request.slo_ttft_ms, request.slo_tpot_ms)
+        prompt_tokens = self.counter.prompt_tokens(request)
+        max_tokens = int(request.options.get("num_predict") or 256)
+        members = [m for m in self.members if m.breaker.allows()]
+        predictions = {m.name: m.latency.predict(prompt_tokens) for m in members}
+        self._admit(request, slo, members, predictions)
+        ordered = self.orderer.order(members, predictions, slo, max_tokens)
+        retries = self.policy.retries
+        last_error: BackendError | None = None
+        attempts = 0
+        for member in ordered:
+            attempts += 1
+            outcome = _Attempt(self, member, request, prompt_tokens, slo)
+            try:
+                async for event in outcome.run(attempts):
+                    yield event
+                if not outcome.hedged:
+                    return
+            except BackendError as exc:
+                if outcome.started or exc.status not in RETRYABLE:
+                    raise
+                last_error = exc
+                if retries <= 0:
+                    break  # this route is out of tries: its fallbacks, or this error
+                retries -= 1
+        async for event in self._fall_back(request, _visited | {self.name}, last_error, attempts):
+            yield event
+
+    async def _fall_back(self, request: GenerationRequest, visited: frozenset[str], last_error: BackendError | None,
+                         attempts: int) -> AsyncIterator[StreamEvent]:
+        for name in self.policy.fallbacks:
+            route = self.resolve_route(name)
+            if route is not None and name not in visited:
+                async for event in route.stream(request, visited):
+                    yield event
+                return
+        if last_error is not None:
+            raise last_error
+        error = RouteUnavailable(f"route '{self.name}': every backend is out (circuit breakers open, or no "
+                                 f"first token in time after {attempts} attempt(s)); retry later",
+                                 retry_after=self._breaker_wait())
+        error.partial = _annotated(_empty_done(), self.name, "none", attempts, None)
+        self._record(Outcome(time.monotonic(), None, "error"))
+        raise error
+
+    def _admit(self, request: GenerationRequest, slo: SLO, members: list[Member],
+               predictions: dict[str, Prediction]) -> None:
+        if not self.policy.shed or slo.ttft_ms is None or not members:
+            return
+        limit_ms = slo.ttft_ms * max(0.25, 1.0 + 0.25 * min(0, request.priority))
+        best = min(members, key=lambda m: predictions[m.name].ttft_s)
+        predicted_ms = predictions[best.name].ttft_s * 1000
+        if predicted_ms <= limit_ms:
+            return
+        self._record(Outcome(time.monotonic(), None, "shed"))
+        wait = max(1, math.ceil((predicted_ms - limit_ms) / 1000))
+        error = RouteShed(f"route '{self.name}': no backend is predicted to start within the TTFT SLO of "
+                          f"{limit_ms:.0f} ms (best: {best.name}, predicted {predicted_ms:.0f} ms); retry in "
+                          f"{wait} s", retry_after=float(wait))
+        error.partial = _annotated(_empty_done(), self.name, "none", 0, None)
+        raise error
+
+    def _breaker_wait(self) -> float:
+        waits = [m.breaker.retry_after() for m in self.members]
+        return max(1.0, min(waits)) if waits else 1.0
+
+    def _record(self, outcome: Outcome) -> None:
+        self.window.add(outcome)
+        for hook in self.on_outcome:
+            hook(self.name, outcome)
+
+    async def embed(self, model: str, inputs: list[str], *, truncate: bool = True, keep_alive: float | None = None):
+        raise InvalidRequest(f"route '{self.name}' serves generation, not embeddings", param="model")
+
+    async def health(self) -> Health:
+        up = [m.name for m in self.members if m.breaker.state != "open" and m.up]
+        return Health(ok=bool(up), detail=f"{len(up)}/{len(self.members)} backends up")
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [ModelInfo(name=self.name, backend="route", family="route", owned_by="route")]
+
+    async def loaded_models(self) -> list[LoadedModel]:
+        return []
+
+    async def unload(self, model: str) -> bool:
+        return False
+
+    async def aclose(self) -> None:
+        return None
+
+    async def poll_health(self, every_s: float = 2.0) -> None:
+        """Forever: each backend's health and its own queue figures (vLLM/TGI/TRT-LLM /metrics)."""
+        while True:
+            for member in self.members:
+                try:
+                    health = await member.backend.health()
+                except Exception:  # a health check must never take the route down
+                    member.up = False
+                    continue
+                member.up = health.ok
+                member.latency.reported_waiting = float(health.metrics.get("requests_waiting", 0.0))
+            await asyncio.sleep(every_s)
+
+    def snapshot(self, prompt_tokens: int = 256) -> dict:
+        """The live view of ``GET /infer/routes``: the route's window, and per backend its window,
+        in flight, predictions now, prediction error and breaker state."""
+        slo = self.policy.slo
+        backends = []
+        for m in self.members:
+            prediction = m.latency.predict(prompt_tokens)
+            backends.append({
+                "name": m.name, "model": m.model, "up": m.up, "breaker": m.breaker.state,
+                "in_flight": m.in_flight, "queued": sum(1 for r in m.latency.in_flight.values() if not r.first_token),
+                "reported_waiting": m.latency.reported_waiting,
+                "predicted_ttft_ms": round(prediction.ttft_s * 1000, 3),
+                "predicted_tpot_ms": round(prediction.tpot_s * 1000, 3),
+                "prediction_error": m.latency.median_error(), "observations": m.latency.ttft.observations,
+                **self.window.summary(m.name),
+            })
+        errors = sorted(e for m in self.members for e in m.latency.errors)
+        return {"name": self.name, "strategy": self.policy.strategy, "shed": self.policy.shed,
+                "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms, "target": slo.target,
+                        "window_s": slo.window_s},
+                "prediction_error": errors[len(errors) // 2] if errors else None,
+                **self.window.summary(), "backends": backends}
+
+
+class _Attempt:
+    """One try of one backend: its own cancel token (the client's cancel reaches it), the
+    first-token deadline, and the bookkeeping of the backend's latency model and the route's window."""
+
+    def __init__(self, route: Route, member: Member, request: GenerationRequest, prompt_tokens: int, slo: SLO):
+        self.route, self.member, self.slo = route, member, slo
+        self.request = replace(request, model=member.model, cancel=CancelToken())
+        request.cancel.on_cancel(self.request.cancel.cancel)
+        self.client_cancel = request.cancel
+        self.prompt_tokens = prompt_tokens
+        self.started = False  # a byte went to the client: no retry, no hedge after this
+        self.hedged = False
+        self.timed_out = False
+
+    async def run(self, attempt: int) -> AsyncIterator[StreamEvent]:
+        member, key = self.member, next(_keys)
+        features, predicted = member.latency.started(key, self.prompt_tokens)
+        member.breaker.attempt()
+        timer = self._first_token_timer()
+        decoding_at_first = 0
+        try:
+            async for event in member.backend.stream(self.request):
+                if isinstance(event, Done):
+                    self._finish(event, key, decoding_at_first, attempt)
+                    if self.hedged:
+                        return
+                    yield event
+                    return
+                if not self.started:
+                    self.started = True
+                    if timer is not None:
+                        timer.cancel()
+                    ttft = time.perf_counter() - self.request.arrival
+                    decoding_at_first = member.latency.decoding() + 1
+                    member.latency.first_token(key, features, predicted, ttft)
+                yield event
+        except BackendError as exc:
+            member.latency.finished(key, None, 0)
+            if exc.status in RETRYABLE:
+                member.breaker.failed()
+            self.route._record(Outcome(time.monotonic(), member.name, "error"))
+            exc.partial = _annotated(exc.partial or _empty_done(), self.route.name, member.name, attempt, None)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _first_token_timer(self) -> asyncio.TimerHandle | None:
+        limit = self.route.policy.first_token_timeout_s
+        if limit is None:
+            return None
+
+        def expire() -> None:
+            if not self.started and not self.client_cancel.cancelled:
+                self.timed_out = True
+                self.request.cancel.cancel()
+        return asyncio.get_running_loop().call_later(limit, expire)
+
+    def _finish(self, done: Done, key: int, decoding_at_first: int, attempt: int) -> None:
+        member, timings = self.member, done.timings
+        if self.timed_out and not self.started:  # hedge: the client never sees this attempt
+            self.hedged = True
+            member.latency.finished(key, None, 0)
+            member.breaker.failed()
+            return
+        member.breaker.succeeded()
+        e2e = timings.total or (time.perf_counter() - self.request.arrival)
+        tpot = vllm_tpot(timings.ttft, e2e, done.usage.output_tokens)
+        member.latency.finished(key, tpot, decoding_at_first)
+        cancelled = done.finish_reason == "cancelled"
+        missed = self.slo.missed(timings.ttft, e2e, done.usage.output_tokens) if self.slo.is_set else ()
+        self.route._record(Outcome(time.monotonic(), member.name, "cancelled" if cancelled else "ok",
+                                   good=not cancelled and not missed, ttft_s=timings.ttft, tpot_s=tpot,
+                                   e2e_s=e2e, missed=missed))
+        _annotated(done, self.route.name, member.name, attempt, missed if self.slo.is_set else None)
+
+
+def _annotated(done: Done, route: str, backend: str, attempts: int, missed: tuple[str, ...] | None) -> Done:
+    done.route, done.served_by, done.attempts, done.slo_missed = route, backend, attempts, missed
+    return done
+
+
+def _empty_done() -> Done:
+    return Done(finish_reason="error", usage=Usage(), timings=Timings())
