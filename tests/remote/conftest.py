@@ -74,13 +74,15 @@ def llama_server(tiny_store, tmp_path_factory) -> Iterator[LlamaServer]:
 
 @pytest.fixture(scope="module")
 def gateway_for(tiny_store, tmp_path_factory):
-    """``gateway_for(backends) -> LiveServer``: an infer serve with that ``backends:`` list."""
+    """``gateway_for(backends, routes=None) -> LiveServer``: an infer serve with that ``backends:`` list
+    (and ``routes:``)."""
     started: list[LiveServer] = []
 
-    def start(backends: list[dict]) -> LiveServer:
+    def start(backends: list[dict], routes: list[dict] | None = None) -> LiveServer:
         tmp = tmp_path_factory.mktemp("gateway")
         config = tmp / "backends.yaml"
-        config.write_text(yaml.safe_dump({"backends": backends}, sort_keys=False))
+        body = {"backends": backends, **({"routes": routes} if routes else {})}
+        config.write_text(yaml.safe_dump(body, sort_keys=False))
         server = start_server(tmp, tiny_store.root, INFER_CONFIG=str(config))
         started.append(server)
         return server

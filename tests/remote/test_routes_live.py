@@ -1,0 +1,131 @@
+"""Routes through a live `infer serve --config`, in front of fake vLLM servers: what clients of both
+APIs see (429 with Retry-After on a shed, the OpenAI and Ollama error shapes), the ledger rows
+(shed included), `GET /infer/routes`, `infer routes` and the Prometheus series."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from tests.remote.servers import start_server as start_fake
+from tests.remote.servers.behaviour import Behaviour
+
+CHAT = [{"role": "user", "content": "name four letters"}]
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    fast, slow = start_fake("vllm", Behaviour()), start_fake("vllm", Behaviour(first_byte_delay=0.4))
+    stalled = start_fake("vllm", Behaviour(first_byte_delay=5.0))
+    try:
+        yield fast, slow, stalled
+    finally:
+        for fake in (fast, slow, stalled):
+            fake.stop()
+
+
+@pytest.fixture(scope="module")
+def server(fakes, gateway_for):
+    fast, slow, stalled = fakes
+    model = fast.behaviour.models[0]
+    return gateway_for([{"name": "fast", "type": "vllm", "base_url": fast.url, "model": model},
+                        {"name": "slow", "type": "vllm", "base_url": slow.url, "model": model},
+                        {"name": "stalled", "type": "vllm", "base_url": stalled.url, "model": model}],
+                       routes=[{"name": "chat", "backends": ["slow", "fast"], "strategy": "round_robin",
+                                "slo": {"ttft_ms": 250, "window_s": 60}},
+                               {"name": "strict", "backends": ["slow"], "slo": {"ttft_ms": 100}, "shed": True},
+                               {"name": "hedged", "backends": ["stalled", "fast"], "strategy": "round_robin",
+                                "first_token_timeout_ms": 300}])
+
+
+def rows(server, where: str) -> list:
+    db = sa.create_engine(server.db_url)
+    try:
+        with db.connect() as conn:
+            return list(conn.execute(sa.text(
+                f"SELECT route_name, backend, status, slo_met, slo_missed, attempts FROM requests WHERE {where}")))
+    finally:
+        db.dispose()
+
+
+def settle(server, where: str, count: int) -> list:
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = rows(server, where)
+        if len(found) >= count:
+            return found
+        time.sleep(0.1)
+    return rows(server, where)
+
+
+def test_round_robin_attainment_goodput_and_the_rows_say_which_backend_met_the_slo(server):
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for _ in range(4):
+            r = http.post("/v1/chat/completions", json={"model": "chat", "messages": CHAT, "max_tokens": 4})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+        view = http.get("/infer/routes").json()["routes"]
+        metrics = http.get("/metrics").text
+    chat = next(r for r in view if r["name"] == "chat")
+    assert (chat["requests"], chat["good"], chat["attainment"], chat["missed"]["ttft"]) == (4, 2, 0.5, 2)
+    by_name = {b["name"]: b for b in chat["backends"]}
+    assert by_name["fast"]["good"] == 2 and by_name["slow"]["good"] == 0
+    assert by_name["slow"]["ttft"]["p50"] > 250 > by_name["fast"]["ttft"]["p50"]
+    assert chat["goodput_rps"] > 0 and by_name["fast"]["breaker"] == "closed"
+    found = settle(server, "route_name = 'chat'", 4)
+    assert sorted((r.backend, r.slo_met, r.slo_missed) for r in found) == [
+        ("fast", True, None), ("fast", True, None), ("slow", False, "ttft"), ("slow", False, "ttft")]
+    assert 'infer_slo_violations_total{backend="slow",kind="ttft",route="chat"} 2.0' in metrics
+    assert 'le="0.25"' in metrics  # a bucket edge at the SLO
+
+
+def test_a_route_sheds_on_both_apis_once_it_has_learned_the_backend_is_too_slow(server):
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        statuses = []
+        for _ in range(12):  # the slow backend takes ~400 ms to a first token against a 100 ms SLO
+            r = http.post("/v1/chat/completions", json={"model": "strict", "messages": CHAT, "max_tokens": 2})
+            statuses.append(r.status_code)
+            if r.status_code == 429:
+                break
+        assert statuses[-1] == 429 and statuses[0] == 200
+        error = r.json()["error"]
+        assert error["type"] == "rate_limit_error" and "route 'strict'" in error["message"]
+        assert "TTFT SLO of 100 ms" in error["message"] and float(r.headers["retry-after"]) >= 1
+        ollama = http.post("/api/chat", json={"model": "strict", "messages": CHAT})
+        assert ollama.status_code == 429 and "route 'strict'" in ollama.json()["error"]
+        assert float(ollama.headers["retry-after"]) >= 1
+        low = http.post("/api/chat", json={"model": "strict", "messages": CHAT}, headers={"x-priority": "-2"})
+        assert low.status_code == 429
+        bad = http.post("/api/chat", json={"model": "strict", "messages": CHAT}, headers={"x-slo-ttft-ms": "soon"})
+        assert bad.status_code == 400 and "x-slo-ttft-ms" in bad.json()["error"]
+    shed = settle(server, "route_name = 'strict' AND status = 'shed'", 3)
+    assert len(shed) >= 3 and all(r.backend == "none" and r.attempts == 0 for r in shed)
+
+
+def test_infer_routes_prints_the_table(server):
+    done = subprocess.run([sys.executable, "-m", "cli", "routes", "--url", server.url], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "route chat (round_robin; SLO ttft 250 ms, target 95%, window 60 s)" in done.stdout
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("fast ") for line in lines) and any(line.startswith("(route)") for line in lines)
+
+
+def test_a_backend_with_no_first_token_in_time_is_cancelled_and_the_next_one_answers(server, fakes):
+    import time
+
+    stalled = fakes[2]
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        t0 = time.monotonic()
+        r = http.post("/v1/chat/completions", json={"model": "hedged", "messages": CHAT, "max_tokens": 4,
+                                                    "stream": True})
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") and '"error"' not in r.text
+        assert time.monotonic() - t0 < 3.0  # not the stalled backend's 5 s
+    assert stalled.behaviour.wait_for(lambda b: b.disconnects >= 1, timeout=5.0)  # we hung up on it
+    [row] = settle(server, "route_name = 'hedged'", 1)
+    assert (row.backend, row.attempts, row.status) == ("fast", 2, "ok")

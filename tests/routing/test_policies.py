@@ -1,0 +1,93 @@
+"""The routing policies' pieces: the SLO check (vLLM's TPOT), the breaker's states, the window's
+figures, the orders, and the latency model learning a backend's costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from routing.breaker import CircuitBreaker
+from routing.predictor import LatencyModel, Prediction, RecursiveLeastSquares
+from routing.slo import SLO, vllm_tpot
+from routing.stats import Outcome, Window, percentiles
+from routing.strategies import Member, Orderer, headroom
+
+
+def test_slo_parts_and_vllms_tpot():
+    slo = SLO(ttft_ms=500, tpot_ms=50, e2e_ms=2000)
+    assert slo.missed(0.4, 1.4, 21) == ()                       # tpot = (1.4 − 0.4) / 20 = 50 ms: met
+    assert slo.missed(0.6, 1.6, 21) == ("ttft",)
+    assert slo.missed(0.4, 2.5, 21) == ("tpot", "e2e")           # 105 ms per token
+    assert slo.missed(0.1, 1.9, 1) == ()                        # one token meets any TPOT SLO
+    assert slo.missed(None, 0.2, 0) == ("ttft",)                 # no first token: missed
+    assert vllm_tpot(0.5, 1.5, 11) == pytest.approx(0.1) and vllm_tpot(0.5, 1.5, 1) is None
+    assert SLO(ttft_ms=500).tightened(ttft_ms=200, tpot_ms=30) == SLO(ttft_ms=200, tpot_ms=30)
+    assert SLO(ttft_ms=500).tightened(ttft_ms=900).ttft_ms == 500
+
+
+def test_breaker_closed_open_half_open_closed():
+    now = [0.0]
+    b = CircuitBreaker(threshold=2, cooldown_s=5, clock=lambda: now[0])
+    b.failed()
+    assert b.state == "closed" and b.allows()
+    b.failed()
+    assert b.state == "open" and not b.allows() and b.retry_after() == 5
+    now[0] = 5.0
+    assert b.state == "half_open" and b.allows()
+    b.attempt()
+    assert not b.allows()  # one probe at a time
+    b.failed()
+    assert b.state == "open"  # the probe failed: open again
+    now[0] = 10.0
+    b.attempt()
+    b.succeeded()
+    assert b.state == "closed" and b.failures == 0
+
+
+def test_window_figures_are_exact_and_old_outcomes_leave():
+    w = Window(window_s=10, started=0.0)
+    w.add(Outcome(1.0, "a", "ok", good=True, ttft_s=0.1, tpot_s=0.01, e2e_s=1.0))
+    w.add(Outcome(2.0, "a", "ok", good=False, ttft_s=0.9, tpot_s=0.02, e2e_s=2.0, missed=("ttft",)))
+    w.add(Outcome(3.0, None, "shed"))
+    w.add(Outcome(4.0, "b", "error"))
+    w.add(Outcome(5.0, "b", "cancelled"))
+    s = w.summary(now=8.0)
+    assert (s["requests"], s["good"], s["shed"], s["errors"], s["cancelled"]) == (5, 1, 1, 1, 1)
+    assert s["attainment"] == 0.25 and s["admitted_attainment"] == pytest.approx(1 / 3)
+    assert s["goodput_rps"] == pytest.approx(1 / 8) and s["ttft"] == {"p50": 100.0, "p95": 900.0, "p99": 900.0}
+    assert w.summary(now=12.5)["requests"] == 3  # the first two left the 10 s window
+    assert percentiles([]) == {"p50": None, "p95": None, "p99": None}
+
+
+def test_orders_of_each_strategy():
+    a, b, c = (Member(name=n, backend=None, model=n) for n in "abc")
+    preds = {"a": Prediction(0.4, 0.05), "b": Prediction(0.1, 0.08), "c": Prediction(0.2, 0.01)}
+    slo = SLO(ttft_ms=500, tpot_ms=100)
+    assert headroom(slo, preds["a"], 10) == pytest.approx(0.2)
+    assert [m.name for m in Orderer("slo").order([a, b, c], preds, slo, 10)] == ["c", "a", "b"]
+    a.latency.in_flight = {1: None, 2: None}
+    assert [m.name for m in Orderer("least_inflight").order([a, b, c], preds, slo, 10)][0] in ("b", "c")
+    rr = Orderer("round_robin")
+    assert [rr.order([a, b, c], preds, slo, 10)[0].name for _ in range(4)] == ["a", "b", "c", "a"]
+    a.weight, b.weight, c.weight = 3, 1, 1
+    wrr = Orderer("weighted")
+    picks = [wrr.order([a, b, c], preds, slo, 10)[0].name for _ in range(5)]
+    assert sorted(picks) == ["a", "a", "a", "b", "c"]
+
+
+def test_least_squares_recovers_a_linear_backend():
+    rls = RecursiveLeastSquares([0.0, 0.0, 0.0], forgetting=1.0, confidence=1e-4)
+    for i in range(200):
+        x = [1.0, float(i % 17), float((i * 7) % 5)]
+        rls.update(x, 0.05 + 0.002 * x[1] + 0.03 * x[2])
+    assert rls.w == pytest.approx([0.05, 0.002, 0.03], abs=1e-6)
+
+
+def test_latency_model_counts_what_is_in_flight_and_scores_its_predictions():
+    m = LatencyModel()
+    f1, p1 = m.started(1, 100)
+    f2, _ = m.started(2, 50)
+    assert f2 == [1.0, 50.0, 100.0, 1.0, 0.0]  # 100 prompt tokens and one request queued ahead
+    m.first_token(1, f1, p1, 0.2)
+    assert m.ttft_features(10)[3:] == [1.0, 1.0]  # one waiting, one decoding
+    m.finished(1, 0.02, 1)
+    assert list(m.in_flight) == [2] and m.median_error() == pytest.approx(abs(p1.ttft_s - 0.2) / 0.2)
