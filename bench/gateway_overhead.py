@@ -173,7 +173,7 @@ def ensure_litellm() -> Path | None:
     exe = LITELLM_VENV / "bin" / "litellm"
     if exe.exists():
         return exe
-    print(f"installing LiteLLM's proxy into {LITELLM_VENV.relative_to(ROOT)} (once) ...", flush=True)
+    print(f"installing LiteLLM's proxy into {LITELLM_VENV} (once) ...", flush=True)
     log = LITELLM_VENV.parent / "litellm-venv-install.log"
     LITELLM_VENV.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
