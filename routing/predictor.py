@@ -24,15 +24,23 @@ from dataclasses import dataclass, field
 class RecursiveLeastSquares:
     """y ≈ w·x, updated one observation at a time; ``forgetting`` < 1 weights recent ones more."""
 
-    def __init__(self, prior: list[float], *, forgetting: float = 0.98, confidence: float = 1e-2):
+    def __init__(self, prior: list[float], *, forgetting: float = 0.98, variance: list[float] | None = None,
+                 confidence: float = 1e-2):
+        """``variance``: how far each weight may be from its prior, squared (in the units of y per unit
+        of that feature); small for per-token slopes, so early errors go to the intercept first."""
         n = len(prior)
         self.w = list(prior)
-        self.p = [[(1.0 / confidence) if i == j else 0.0 for j in range(n)] for i in range(n)]
+        spread = variance if variance is not None else [1.0 / confidence] * n
+        self.p = [[spread[i] if i == j else 0.0 for j in range(n)] for i in range(n)]
         self.forgetting = forgetting
         self.observations = 0
 
     def predict(self, x: list[float]) -> float:
         return sum(wi * xi for wi, xi in zip(self.w, x))
+
+    def predict_monotone(self, x: list[float]) -> float:
+        """As ``predict``, with negative slopes read as 0: more work ahead never makes a request faster."""
+        return self.w[0] * x[0] + sum(max(0.0, wi) * xi for wi, xi in zip(self.w[1:], x[1:]))
 
     def update(self, x: list[float], y: float) -> None:
         n, lam = len(x), self.forgetting
@@ -65,10 +73,12 @@ class Prediction:
 class LatencyModel:
     """What one backend has in flight and how fast it has been; see the module docstring."""
 
+    # Priors: 50 ms to a first token, 0.1 ms per prompt token, nothing for a queue; the variances let
+    # the intercept move by seconds, a per-token cost by ~1 ms and a per-request cost by ~0.3 s.
     ttft: RecursiveLeastSquares = field(default_factory=lambda: RecursiveLeastSquares(
-        [0.05, 1e-4, 1e-4, 0.0, 0.0], confidence=1e-3))
-    tpot: RecursiveLeastSquares = field(default_factory=lambda: RecursiveLeastSquares([0.02, 0.0],
-                                                                                       confidence=1e-3))
+        [0.05, 1e-4, 1e-4, 0.0, 0.0], variance=[1.0, 1e-6, 1e-6, 0.1, 0.1]))
+    tpot: RecursiveLeastSquares = field(default_factory=lambda: RecursiveLeastSquares(
+        [0.02, 0.0], variance=[1e-2, 1e-4]))
     in_flight: dict[int, InFlight] = field(default_factory=dict)
     reported_waiting: float = 0.0  # the backend's own queue (its /metrics), other clients included
     errors: list[float] = field(default_factory=list)  # |predicted − actual| / actual of recent TTFTs
@@ -85,8 +95,8 @@ class LatencyModel:
         return sum(1 for r in self.in_flight.values() if r.first_token)
 
     def predict(self, prompt_tokens: int) -> Prediction:
-        ttft = max(0.0, self.ttft.predict(self.ttft_features(prompt_tokens)))
-        tpot = max(0.0, self.tpot.predict([1.0, float(self.decoding() + 1)]))
+        ttft = max(0.0, self.ttft.predict_monotone(self.ttft_features(prompt_tokens)))
+        tpot = max(0.0, self.tpot.predict_monotone([1.0, float(self.decoding() + 1)]))
         return Prediction(ttft, tpot)
 
     def started(self, key: int, prompt_tokens: int) -> tuple[list[float], Prediction]:
