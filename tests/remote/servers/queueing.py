@@ -118,6 +118,7 @@ class Record:
     produced: int = 0
     aborted: bool = False
     batch_at_admit: int = 0           # sequences in the batch just after it entered
+    finish_reason: str = "length"     # for vllm:request_success_total
 
 
 @dataclass(eq=False)
@@ -143,6 +144,7 @@ class Engine:
         self.arrivals = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.success: dict[str, int] = {}  # finish reason: finished requests (not aborted)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._clock = 0.0  # scheduled end of the last step
@@ -151,8 +153,10 @@ class Engine:
     def kv_usage(self) -> float:
         return min(1.0, sum(s.context for s in self.running) / self.model.kv_tokens)
 
-    def submit(self, prompt_tokens: int, max_output: int, request_id: str | None = None) -> Sequence:
-        record = Record(self.arrivals, request_id, prompt_tokens, max_output, time.monotonic())
+    def submit(self, prompt_tokens: int, max_output: int, request_id: str | None = None,
+               finish_reason: str = "length") -> Sequence:
+        record = Record(self.arrivals, request_id, prompt_tokens, max_output, time.monotonic(),
+                        finish_reason=finish_reason)
         self.arrivals += 1
         seq = Sequence(record)
         self.waiting.append(seq)
@@ -232,6 +236,9 @@ class Engine:
         seq.record.finished = time.monotonic()
         seq.tokens.put_nowait(None)
         self.records.append(seq.record)
+        if not seq.record.aborted:
+            reason = seq.record.finish_reason
+            self.success[reason] = self.success.get(reason, 0) + 1
 
     async def tokens(self, seq: Sequence) -> AsyncIterator[int]:
         """Token indices as the engine produces them; aborts the sequence if the consumer stops early."""
@@ -273,7 +280,8 @@ class QueueingApp:
             style = Style(chat, body.get("model") or self.model.model)
             if self.model.take_stall():
                 return Reply(self.behaviour, 200, {"content-type": vllm.SSE}, _stall())
-            seq = self.engine.submit(gen.prompt_tokens, len(gen.tokens), request.headers.get("x-request-id"))
+            seq = self.engine.submit(gen.prompt_tokens, len(gen.tokens), request.headers.get("x-request-id"),
+                                     gen.finish_reason)
             if body.get("stream"):
                 return self.stream(style, gen, seq, body)
             return await self.whole(style, gen, seq)
@@ -312,6 +320,11 @@ class QueueingApp:
         for name, kind, help_text, value in gauges:
             sample = f"{name}_total" if kind == "counter" else name
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{sample}{labels} {float(value)}"]
+        lines += ["# HELP vllm:request_success Count of successfully processed requests.",
+                  "# TYPE vllm:request_success counter"]
+        for reason, count in sorted(self.engine.success.items()):
+            lines.append(f'vllm:request_success_total{{engine="0",finished_reason="{reason}",'
+                         f'model_name="{self.model.model}"}} {float(count)}')
         return "\n".join(lines) + "\n"
 
     def routes(self) -> list[Route]:

@@ -129,6 +129,7 @@ def test_metrics_page_shows_running_waiting_and_kv():
     assert 0.2 < kv < 0.3  # two sequences of 100 prompt + ~12 generated tokens in 1000
     assert f"vllm:num_requests_running{labels} 0.0" in idle
     assert f"vllm:generation_tokens_total{labels} 90.0" in idle
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="queueing"} 3.0' in idle
     assert "# TYPE vllm:kv_cache_usage_perc gauge" in idle
 
 
