@@ -21,7 +21,11 @@ starts with its own token, so no prefix cache (ours or llama.cpp's) is hit.
 The machine may be shared: before each side the script waits (``--wait-idle`` s at most) for other
 processes to go quiet, and the table reports how many cores others used while each side ran.
 
-    .venv/bin/python bench/native.py [--quick] [--runs 3] [--threads N] [--wait-idle 120] [--json PATH]
+Then the same on a real model, SmolLM2-135M-Instruct (Q4_1) against llama-cpp-python on the same
+file, with load time and accuracy: see bench/native_smollm2.py (``--model smollm2`` runs only that).
+
+    .venv/bin/python bench/native.py [--model all|qwen2-0.5b|smollm2] [--quick] [--runs 3] [--threads N]
+                                     [--wait-idle 120] [--json PATH]
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from tokenizers import Tokenizer
 
 from native_engine import LLMEngine, SamplingParams
 from noise import cpu_ticks, others_cores, wait_idle  # noqa: E402  (bench/ is the script's directory)
+import native_smollm2  # noqa: E402
 from registry.modelbuilder import PRESETS, build_gguf, build_hf
 
 WORK = ROOT / ".bench" / "native"
@@ -279,8 +284,25 @@ def main() -> None:
     parser.add_argument("--wait-idle", type=float, default=120.0,
                         help="before each side, wait up to this many seconds for other processes to go quiet")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--model", choices=("all", PRESET, "smollm2"), default="all")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    out: dict = {}
+    if args.model in ("all", PRESET):
+        out[PRESET] = run_random_model(args)
+    if args.model in ("all", "smollm2"):
+        idle = wait_idle(args.wait_idle)
+        t, a = time.perf_counter(), cpu_ticks()
+        out["smollm2"] = native_smollm2.run(args.runs, args.threads, args.quick)
+        out["smollm2"]["others_cores"] = others_cores(a, cpu_ticks(), time.perf_counter() - t)
+        native_smollm2.report(out["smollm2"])
+        print(f"  others' CPU while it ran: {out['smollm2']['others_cores']:.2f} cores (before: {idle:.2f})")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2, default=str))
+
+
+def run_random_model(args) -> dict:
     gguf, hf = build_models()
     w = make_workload(hf, args.quick, args.runs)
     res: dict[str, Result] = {}
@@ -289,9 +311,7 @@ def main() -> None:
                      ("transformers", lambda: run_hf(hf, w))):
         res[name] = measure(name, fn, args.wait_idle)
     report(res, w, args, torch.get_num_threads())
-    if args.json:
-        args.json.write_text(json.dumps({k: {f: getattr(v, f) for f in Result.__slots__} for k, v in res.items()},
-                                        indent=2, default=str))
+    return {k: {f: getattr(v, f) for f in Result.__slots__} for k, v in res.items()}
 
 
 if __name__ == "__main__":
