@@ -21,8 +21,8 @@ from ledger.usage import ModelTotals, UsageRecord, log_usage, recent, totals_by_
 
 COLUMNS = ["id", "datetime_utc", "source", "client", "route", "model", "backend", "stream", "status",
            "finish_reason", "input_tokens", "output_tokens", "cached_input_tokens", "queue_ms", "ttft_ms",
-           "tpot_ms", "total_ms", "error", "usage_source"]
-APPLIED = ["m001_requests", "m002_usage_source"]
+           "tpot_ms", "total_ms", "error", "usage_source", "route_name", "attempts", "slo_met", "slo_missed"]
+APPLIED = ["m001_requests", "m002_usage_source", "m003_routes"]
 
 
 @pytest.fixture
@@ -81,22 +81,22 @@ def test_migrating_twice_is_a_no_op(engine, reopen):
 def test_an_old_db_upgrades_when_a_migration_is_added(engine, monkeypatch):
     log_usage(engine, record())
 
-    def m003_cost(conn):
+    def m999_cost(conn):
         conn.execute(sa.text("ALTER TABLE requests ADD COLUMN cost_usd FLOAT"))
 
-    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, m003_cost])
-    assert migrations.migrate(engine) == ["m003_cost"]
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, m999_cost])
+    assert migrations.migrate(engine) == ["m999_cost"]
     assert [c["name"] for c in sa.inspect(engine).get_columns("requests")] == [*COLUMNS, "cost_usd"]
-    assert [name for name, _ in migration_rows(engine)] == [*APPLIED, "m003_cost"]
+    assert [name for name, _ in migration_rows(engine)] == [*APPLIED, "m999_cost"]
     assert count(engine) == 1 and recent(engine)[0].model == "qwen2:0.5b"
 
 
 def test_a_failing_migration_leaves_no_trace(engine, monkeypatch):
-    def m003_broken(conn):
+    def m999_broken(conn):
         conn.execute(sa.text("ALTER TABLE requests ADD COLUMN half_done TEXT"))
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, m003_broken])
+    monkeypatch.setattr(migrations, "MIGRATIONS", [*migrations.MIGRATIONS, m999_broken])
     with pytest.raises(RuntimeError):
         migrations.migrate(engine)
     assert "half_done" not in [c["name"] for c in sa.inspect(engine).get_columns("requests")]
