@@ -6,6 +6,10 @@ Four wire formats: ``openai-chat`` (/v1/chat/completions), ``openai-completions`
 text, or an NDJSON line with non-empty ``message.content`` / ``response``; the first sets TTFT, each
 next one adds a gap to ITL, the last ends E2EL. The usage chunk (OpenAI) or the ``done`` line (Ollama)
 sets the token counts and never moves a timestamp.
+
+Differences from vLLM's payloads, for servers beyond vLLM: chat sends ``max_tokens`` (every
+OpenAI-compatible server reads it; vLLM's ``max_completion_tokens`` is newer) and no ``ignore_eos``
+(pass ``--extra-body '{"ignore_eos": true}'`` to a server that has it).
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ from .runner import WARMUP_POINT, LoadPoint, PointRun, run_point
 from .tokenizer import TokenCounter
 
 
+DURATION_POOL = 500
+
+
 class Progress(Protocol):
     def start_point(self, label: str, total: int | None) -> None: ...
     def advance(self, record: RequestRecord) -> None: ...
@@ -36,12 +39,16 @@ class BenchResult:
     tokenizer: str | None = None
 
 
-def build_requests(config: BenchConfig, counter: TokenCounter | None) -> list[BenchRequest]:
-    n = config.num_requests
+def build_requests(config: BenchConfig, counter: TokenCounter | None, *, seed_offset: int = 0,
+                   num: int | None = None) -> list[BenchRequest]:
+    """The prompts of a run. A time-limited run gets at least ``DURATION_POOL`` synthetic prompts, so
+    it repeats none (and a prefix cache serves none) unless it sends more than that."""
+    n = num or (max(config.num_requests, DURATION_POOL) if config.duration and not config.dataset else config.num_requests)
+    seed = config.seed + seed_offset
     if config.dataset:
         out = config.output_tokens if config.output_tokens_given else None
-        return dataset_requests(config.dataset, counter, n, out, seed=config.seed)
-    return synthetic_requests(counter, n, config.input_tokens, config.output_tokens, seed=config.seed)
+        return dataset_requests(config.dataset, counter, n, out, seed=seed)
+    return synthetic_requests(counter, n, config.input_tokens, config.output_tokens, seed=seed)
 
 
 def summarize(config: BenchConfig, run: PointRun, server: dict | None) -> dict:
@@ -62,20 +69,20 @@ def summarize(config: BenchConfig, run: PointRun, server: dict | None) -> dict:
 async def run_bench(config: BenchConfig, counter: TokenCounter | None = None,
                     progress: Progress | None = None) -> BenchResult:
     requests = build_requests(config, counter)
-    count: Counter | None = counter.count if counter else None
     result = BenchResult(config, prompts_exact=all(r.is_prompt_len_exact for r in requests),
                          tokenizer=counter.source if counter else None)
     async with StreamingClient() as client:
-        await _run_points(config, requests, result, client, count, progress)
+        await _run_points(config, requests, result, client, counter, progress)
     return result
 
 
 async def _run_points(config: BenchConfig, requests: list[BenchRequest], result: BenchResult,
-                      client: StreamingClient, count: Counter | None, progress: Progress | None) -> None:
+                      client: StreamingClient, counter: TokenCounter | None, progress: Progress | None) -> None:
+    count: Counter | None = counter.count if counter else None
     if config.warmup:  # all at once, so they also open the connections the first load point reuses
-        warm = LoadPoint("warmup", max_concurrency=config.warmup)
-        await run_point(config.endpoint, (requests * config.warmup)[:config.warmup], warm, count_tokens=count,
-                        point_index=WARMUP_POINT, client=client)
+        warm = LoadPoint("warmup", max_concurrency=config.warmup)  # other prompts: no cache warmed for the run
+        await run_point(config.endpoint, build_requests(config, counter, seed_offset=1, num=config.warmup), warm,
+                        count_tokens=count, point_index=WARMUP_POINT, client=client)
 
     async def one(point: LoadPoint) -> PointRun:
         total = None if config.duration else len(requests)

@@ -81,7 +81,7 @@ def _memory_gb() -> float:
     return 0.0
 
 
-def cpu_device(*, refresh: bool = False) -> Device:
+def cpu_device(*, refresh: bool = False, size_mb: int = 256) -> Device:
     """This machine's CPU, measured once and cached under ``$INFER_HOME/estimate/cpu.json``."""
     path = cpu_cache_path()
     if path.exists() and not refresh:
@@ -89,7 +89,7 @@ def cpu_device(*, refresh: bool = False) -> Device:
             return Device(**json.loads(path.read_text()))
         except (TypeError, ValueError):
             pass
-    device = probe_cpu()
+    device = probe_cpu(size_mb=size_mb)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(device), indent=2) + "\n")
     return device

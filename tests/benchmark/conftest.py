@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,33 @@ import pytest
 from benchmark.records import RequestRecord
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ticks(pid: int | str) -> int:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def machine_ticks() -> int:
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    return user + nice + system + irq + softirq + steal
+
+
+class OthersLoad:
+    """Cores kept busy by processes other than this test and its scripted servers, over a block."""
+
+    def __init__(self, server_pids: list[int]) -> None:
+        self.pids = ["self", *server_pids]
+
+    def __enter__(self) -> OthersLoad:
+        self.start = (machine_ticks(), sum(map(_ticks, self.pids)), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        machine, ours, t0 = self.start
+        spent = (machine_ticks() - machine) - (sum(map(_ticks, self.pids)) - ours)
+        self.cores = max(0, spent) / os.sysconf("SC_CLK_TCK") / (time.perf_counter() - t0)
 
 
 class Scripted:

@@ -15,17 +15,19 @@ from benchmark.profiles import Profile, SearchSettings
 from benchmark.prompts import LengthSpec
 from benchmark.report import write_outputs
 
-from .conftest import entry
+from .conftest import OthersLoad, entry
 
-# Four shapes with widely spread TTFTs, gaps and TPOTs, chunks carrying 1-4 tokens. The client on
-# this shared 2-core machine is sometimes descheduled for ~3 ms, which must stay below 1 % of every
-# statistic (standard deviations included), hence gaps of a quarter second and more, and 8 requests per wire format.
+# Four shapes with widely spread TTFTs, gaps and TPOTs, chunks carrying 1-4 tokens. On this shared
+# 2-core machine the client is sometimes descheduled for a few ms (up to ~30 ms seen while the whole
+# suite ran), which must stay below 1 % of every statistic, standard deviations and the run's duration
+# included: hence gaps of half a second and more, and 8 requests per wire format.
 SCRIPT = [
-    entry(0.30, [0.25, 0.45, 0.30, 0.55], [1, 2, 1, 3, 1], prompt_tokens=100),
-    entry(1.00, [0.50, 0.28, 0.40], [1, 1, 1, 1], prompt_tokens=250),
-    entry(0.50, [0.32, 0.32], None, prompt_tokens=64),
-    entry(1.40, [0.26, 0.60, 0.50], [2, 1, 4, 1], prompt_tokens=512),
+    entry(0.60, [0.50, 0.90, 0.60], [1, 2, 1, 3], prompt_tokens=100),
+    entry(1.20, [1.00, 0.56], [1, 1, 1], prompt_tokens=250),
+    entry(0.90, [0.64, 0.64], None, prompt_tokens=64),
+    entry(1.60, [0.52, 1.20], [2, 1, 4], prompt_tokens=512),
 ]
+FAST = [entry(0.01, [0.005] * 2, [1, 2, 1], prompt_tokens=p) for p in (100, 250, 64, 512)]
 SKIP = {"output_tokens_estimated", "good_completed", "request_goodput", "slo_attainment", "max_output_tokens_per_s"}
 
 
@@ -36,43 +38,56 @@ def _bench(url: str, api: str = "openai-chat", **overrides) -> BenchConfig:
     return BenchConfig(endpoint=Endpoint(url, "scripted", api), **fields)
 
 
-def _assert_close(measured: dict, truth: dict) -> None:
-    for key, want in truth.items():
-        if key in SKIP or not isinstance(want, int | float):
-            continue
-        got = measured[key]
-        assert got == pytest.approx(want, rel=0.01), f"{measured['load_point']} {key}: measured {got}, truth {want}"
+def _misses(measured: dict, truth: dict) -> list[str]:
+    """Metrics further than 1 % from the truth."""
+    misses = [f"{key}: measured {measured[key]}, truth {want}" for key, want in truth.items()
+              if key not in SKIP and isinstance(want, int | float) and measured[key] != pytest.approx(want, rel=0.01)]
     # A count of chunks per 1-s bucket: a chunk within a fraction of a ms of a bucket edge may land
     # on either side of it, client or server clock.
-    assert abs(measured["max_output_tokens_per_s"] - truth["max_output_tokens_per_s"]) <= 1
+    if abs(measured["max_output_tokens_per_s"] - truth["max_output_tokens_per_s"]) > 1:
+        misses.append("max_output_tokens_per_s")
+    return misses
 
 
 @pytest.mark.parametrize("api", ["openai-chat", "openai-completions", "ollama-chat", "ollama-generate"])
 def test_every_metric_within_one_percent_of_the_server_truth(scripted, api):
-    server = scripted(SCRIPT)
-    result = asyncio.run(run_bench(_bench(server.url, api, profile=Profile.parse("concurrent:8"), warmup=8)))
-    point = result.points[0]
-    truth_records, truth_duration = server.truth("00000000-")
-    truth = calculate_metrics(truth_records, truth_duration, percentiles=DEFAULT_PERCENTILES)
-    assert (point["completed"], point["failed"]) == (8, 0)
-    assert point["total_output_tokens"] == 2 * (8 + 4 + 3 + 8)  # server-reported, not chunk counts
-    assert point["total_input_tokens"] == 2 * (100 + 250 + 64 + 512)
-    assert point["max_concurrent_requests"] == 8
-    assert len([gap for r in result.runs[0].records for gap in r.itl]) == 2 * (4 + 3 + 2 + 3)
-    _assert_close(point, truth)
+    """On an overloaded machine (other processes keeping > 0.5 of our 2 cores busy during the run) the
+    client itself runs late, so a miss is measured again, up to three runs; a quiet run must pass."""
+    for attempt in range(3):
+        server = scripted(SCRIPT)
+        with OthersLoad([server.proc.pid]) as load:
+            result = asyncio.run(run_bench(_bench(server.url, api, profile=Profile.parse("concurrent:8"), warmup=8)))
+        point = result.points[0]
+        truth_records, truth_duration = server.truth("00000000-")
+        truth = calculate_metrics(truth_records, truth_duration, percentiles=DEFAULT_PERCENTILES)
+        assert (point["completed"], point["failed"]) == (8, 0)
+        assert point["total_output_tokens"] == 2 * (7 + 3 + 3 + 7)  # server-reported, not chunk counts
+        assert point["total_input_tokens"] == 2 * (100 + 250 + 64 + 512)
+        assert point["max_concurrent_requests"] == 8
+        assert len([gap for r in result.runs[0].records for gap in r.itl]) == 2 * (3 + 2 + 2 + 2)
+        misses = _misses(point, truth)
+        if not misses or load.cores <= 0.5 or attempt == 2:
+            break
+    assert not misses, f"{misses} (others kept {load.cores:.2f} cores busy)"
 
 
 def test_tpot_is_vllms_definition_on_known_numbers(scripted):
     """One request: TTFT ~0.5 s, then 9 gaps of ~0.08 s; 10 chunks carry 21 tokens: TPOT = 0.72 / 20 = 36 ms."""
-    server = scripted([entry(0.5, [0.08] * 9, [3] + [2] * 9, prompt_tokens=10)])
-    result = asyncio.run(run_bench(_bench(server.url, profile=Profile.parse("synchronous"), num_requests=1, warmup=1)))
-    point = result.points[0]
-    (truth,), _ = server.truth("00000000-")
-    assert point["total_output_tokens"] == 21
-    assert point["mean_ttft_ms"] == pytest.approx(1000 * truth.ttft, rel=0.01)
-    assert point["mean_e2el_ms"] == pytest.approx(1000 * truth.latency, rel=0.01)
-    assert point["mean_tpot_ms"] == pytest.approx(1000 * (truth.latency - truth.ttft) / 20, rel=0.01)
-    assert point["mean_itl_ms"] == pytest.approx(1000 * (truth.latency - truth.ttft) / 9, rel=0.01)
+    for attempt in range(3):  # measured again only while other processes overload the machine
+        server = scripted([entry(0.5, [0.08] * 9, [3] + [2] * 9, prompt_tokens=10)])
+        with OthersLoad([server.proc.pid]) as load:
+            result = asyncio.run(run_bench(_bench(server.url, profile=Profile.parse("synchronous"), num_requests=1,
+                                                  warmup=1)))
+        point = result.points[0]
+        (truth,), _ = server.truth("00000000-")
+        assert point["total_output_tokens"] == 21
+        expected = {"mean_ttft_ms": 1000 * truth.ttft, "mean_e2el_ms": 1000 * truth.latency,
+                    "mean_tpot_ms": 1000 * (truth.latency - truth.ttft) / 20,
+                    "mean_itl_ms": 1000 * (truth.latency - truth.ttft) / 9}
+        misses = [key for key, want in expected.items() if point[key] != pytest.approx(want, rel=0.01)]
+        if not misses or load.cores <= 0.5 or attempt == 2:
+            break
+    assert not misses, f"{misses}: {point} (others kept {load.cores:.2f} cores busy)"
     assert point["mean_tpot_ms"] == pytest.approx(36, rel=0.05)  # the script's nominal numbers
 
 
@@ -109,10 +124,10 @@ def test_goodput_and_attainment_are_exact_for_a_scripted_mix(scripted, tmp_path)
 
 
 def test_server_side_token_counts_come_from_metrics(scripted):
-    server = scripted(SCRIPT)
+    server = scripted(FAST)
     result = asyncio.run(run_bench(_bench(server.url, warmup=0, num_requests=4)))
     server_tokens = result.points[0]["server_tokens"]
     assert server_tokens["input_tokens"] == 100 + 250 + 64 + 512
-    assert server_tokens["output_tokens"] == 8 + 4 + 3 + 8
+    assert server_tokens["output_tokens"] == 4 * 4
     assert server_tokens["output_tokens_metric"] == "vllm:generation_tokens_total"
     assert not math.isnan(result.points[0]["duration"])

@@ -27,7 +27,7 @@ def test_overrides_and_unknown_devices():
 
 
 def test_cpu_probe_measures_once_then_reads_the_cache(infer_home):
-    first = cpu_device()
+    first = cpu_device(size_mb=32)
     assert cpu_cache_path() == infer_home / "estimate" / "cpu.json"
     assert first.bf16_tflops > 0 and first.bandwidth_gbs > 0 and first.memory_gb > 0
     cached = json.loads(cpu_cache_path().read_text())
