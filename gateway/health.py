@@ -8,6 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from gateway.ollama.wire_models import VersionResponse, errors
+
 try:
     VERSION = version("infer")
 except PackageNotFoundError:  # running from a source tree that was not installed
@@ -16,16 +18,20 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 router = APIRouter(tags=["health"])
 
 
-@router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+@router.get("/", response_class=PlainTextResponse, responses=errors(guarded=False))
+@router.head("/", response_class=PlainTextResponse, responses=errors(guarded=False))
 async def root() -> str:
     return "Ollama is running"
 
 
-@router.api_route("/api/version", methods=["GET", "HEAD"])
+@router.get("/api/version", responses={200: {"model": VersionResponse}, **errors(guarded=False)}, response_model=None)
+@router.head("/api/version", responses=errors(guarded=False), response_model=None)
 async def api_version() -> dict:
     return {"version": VERSION}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses={
+    200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+    **errors()})
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

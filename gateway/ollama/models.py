@@ -21,11 +21,13 @@ from gateway.ollama.registry_jobs import (Job, copy_model, create_job, progress_
                                run_quietly)
 from gateway.ollama.schemas import CopyRequest, CreateRequest, ModelRequest, PullRequest, ShowRequest
 from gateway.http.streaming import ndjson_response
+from gateway.ollama import wire_models as wire
 
 router = APIRouter(tags=["ollama"])
 
 
-@router.api_route("/api/tags", methods=["GET", "HEAD"])
+@router.get("/api/tags", responses={200: {"model": wire.ListResponse}, **wire.errors()}, response_model=None)
+@router.head("/api/tags", responses=wire.errors(), response_model=None)
 async def tags(store: StoreDep, backends: RouterDep) -> dict:
     def listing() -> list[dict]:
         return [view.tag_entry(m, listing_details(store, m.name)) for m in store.list_models()]
@@ -33,7 +35,8 @@ async def tags(store: StoreDep, backends: RouterDep) -> dict:
     return {"models": await asyncio.to_thread(listing) + remote}
 
 
-@router.post("/api/show")
+@router.post("/api/show", responses={200: {"model": wire.ShowResponse}, **wire.errors(400, 404)},
+             response_model=None)
 async def show(body: ShowRequest, store: StoreDep, backends: RouterDep) -> dict:
     for remote in await backends.remote_models():
         if remote.name == body.model:
@@ -42,7 +45,7 @@ async def show(body: ShowRequest, store: StoreDep, backends: RouterDep) -> dict:
     return view.show_body(details)
 
 
-@router.get("/api/ps")
+@router.get("/api/ps", responses={200: {"model": wire.ProcessResponse}, **wire.errors()}, response_model=None)
 async def ps(backends: RouterDep, store: StoreDep) -> dict:
     loaded = await backends.loaded_models()
 
@@ -55,17 +58,17 @@ async def ps(backends: RouterDep, store: StoreDep) -> dict:
     return {"models": entries}
 
 
-@router.post("/api/pull")
+@router.post("/api/pull", responses=wire.progress_responses(401, 404, 502, 507))
 async def pull(body: PullRequest, store: StoreDep, settings: SettingsDep) -> Response:
     return await _progress(pull_job(store, settings, body.model, body.insecure), body.stream)
 
 
-@router.post("/api/push")
+@router.post("/api/push", responses=wire.progress_responses(401, 404, 502))
 async def push(body: PullRequest, store: StoreDep, settings: SettingsDep) -> Response:
     return await _progress(push_job(store, settings, body.model, body.insecure), body.stream)
 
 
-@router.post("/api/create")
+@router.post("/api/create", responses=wire.progress_responses(404, 507))
 async def create(body: CreateRequest, store: StoreDep) -> Response:
     return await _progress(create_job(store, body), body.stream)
 
@@ -77,7 +80,7 @@ async def _progress(job: Job, stream: bool | None) -> Response:
     return ndjson_response(progress_stream(job))
 
 
-@router.delete("/api/delete")
+@router.delete("/api/delete", response_class=Response, responses=wire.empty("deleted", 404))
 async def delete(body: ModelRequest, store: StoreDep, backends: RouterDep) -> Response:
     name = resolve_local(store, body.model)
     await backends.unload(body.model)
@@ -85,18 +88,18 @@ async def delete(body: ModelRequest, store: StoreDep, backends: RouterDep) -> Re
     return Response(status_code=200)
 
 
-@router.post("/api/copy")
+@router.post("/api/copy", response_class=Response, responses=wire.empty("copied", 404))
 async def copy(body: CopyRequest, store: StoreDep) -> Response:
     await asyncio.to_thread(copy_model, store, body.source, body.destination)
     return Response(status_code=200)
 
 
-@router.head("/api/blobs/{digest}")
+@router.head("/api/blobs/{digest}", response_class=Response, responses=wire.blob_exists_responses())
 async def blob_exists(digest: str, store: StoreDep) -> Response:
     return Response(status_code=200 if store.has_blob(parse_digest(digest)) else 404)
 
 
-@router.post("/api/blobs/{digest}")
+@router.post("/api/blobs/{digest}", response_class=Response, responses=wire.blob_upload_responses())
 async def blob_upload(digest: str, request: Request, store: StoreDep, settings: SettingsDep) -> Response:
     created = await receive_blob(store, digest, request, settings.max_blob_bytes)
     return Response(status_code=201 if created else 200)

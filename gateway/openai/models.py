@@ -19,6 +19,7 @@ from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.embeddings import embed as embed_inputs
 from gateway.http.errors import APIError
 from gateway.openai.schemas import EmbeddingRequest
+from gateway.openai.wire_models import embedding_responses, model_responses, models_responses
 
 router = APIRouter(tags=["openai"])
 
@@ -43,12 +44,12 @@ def _model_object(info: ModelInfo) -> dict:
     return {"id": name, "object": "model", "created": int(info.modified), "owned_by": owner}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=models_responses(), response_model=None)
 async def list_models(backends: RouterDep) -> dict:
     return {"object": "list", "data": [_model_object(m) for m in await backends.list_models()]}
 
 
-@router.get("/v1/models/{model:path}")
+@router.get("/v1/models/{model:path}", responses=model_responses(), response_model=None)
 async def get_model(model: str, backends: RouterDep) -> dict:
     wanted = _canonical(model)
     for info in await backends.list_models():
@@ -57,7 +58,7 @@ async def get_model(model: str, backends: RouterDep) -> dict:
     raise APIError(404, f"model '{model}' not found", param="model", code="model_not_found")
 
 
-@router.post(EMBEDDINGS_ROUTE)
+@router.post(EMBEDDINGS_ROUTE, responses=embedding_responses(), response_model=None)
 async def embeddings(body: EmbeddingRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> dict:
     inputs = body.inputs()
     result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route=EMBEDDINGS_ROUTE, model=body.model, inputs=inputs,

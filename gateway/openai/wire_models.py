@@ -1,0 +1,196 @@
+"""What the OpenAI routes answer, declared for the OpenAPI schema only.
+
+The routes build their bodies as dicts (``gateway/openai/responses.py``, ``stream.py``) and send
+them as orjson bytes; these models are never instantiated on the request path. They are used in
+the route decorators' ``responses=`` (documentation, no ``response_model`` re-serialization), so
+``/openapi.json`` states every status a route answers and the body of each, and the fuzz tier
+(``tests/gateway/test_fuzz.py``) checks real answers against them.
+
+Streams (``"stream": true``) are ``text/event-stream``: one event per chunk whose ``data`` is a
+:class:`ChatCompletionChunk` (or :class:`TextCompletionChunk`), an error event
+(:class:`OpenAIError`) if the backend fails after the stream started, then ``data: [DONE]``.
+They are declared with OpenAPI 3.2's ``itemSchema`` (one event), as FastAPI declares its own SSE routes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from gateway.wire_docs import AssistantMessage, TokenLogprob, error_responses, sse_content
+
+__all__ = ["ChatCompletion", "ChatCompletionChunk", "Embedding", "EmbeddingList", "OpenAIError", "Model",
+           "ModelList", "TextCompletion", "TextCompletionChunk", "Usage", "chat_responses", "completion_responses",
+           "embedding_responses", "model_responses", "models_responses"]
+
+FinishReason = Literal["stop", "length"]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, not_found_error, rate_limit_error, api_error, …")
+    param: str | None = Field(description="the request field at fault, when there is one")
+    code: str | None = Field(description="e.g. model_not_found, context_length_exceeded")
+
+
+class OpenAIError(BaseModel):
+    """Every error of a ``/v1`` route."""
+
+    error: ErrorDetail
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(ge=0)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+    prompt_tokens_details: PromptTokensDetails | None = Field(
+        default=None, description="present when the backend reports prompt-cache hits")
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class LegacyLogprobs(BaseModel):
+    """``/v1/completions``' logprobs: parallel lists, ``text_offset`` in characters of the completion."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class _Envelope(BaseModel):
+    id: str
+    created: int = Field(description="Unix time (seconds)")
+    model: str = Field(description="the model name as the request gave it")
+    system_fingerprint: str
+
+
+class ChatChoice(BaseModel):
+    index: int = Field(ge=0)
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(_Envelope):
+    """``POST /v1/chat/completions`` without ``stream``."""
+
+    object: Literal["chat.completion"]
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = Field(default=None, description="in the first chunk of each choice")
+    content: str | None = Field(default=None, description="never empty; absent in a choice's last chunk")
+
+
+class ChunkChoice(BaseModel):
+    index: int = Field(ge=0)
+    delta: Delta
+    logprobs: ChoiceLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionChunk(_Envelope):
+    """One event of a chat stream; with ``stream_options.include_usage`` every chunk has ``usage: null``
+    and one last chunk with ``choices: []`` carries the usage."""
+
+    object: Literal["chat.completion.chunk"]
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class TextChoice(BaseModel):
+    index: int = Field(ge=0)
+    text: str
+    logprobs: LegacyLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class TextCompletion(_Envelope):
+    """``POST /v1/completions`` without ``stream`` (``finish_reason`` is never null here)."""
+
+    object: Literal["text_completion"]
+    choices: list[TextChoice]
+    usage: Usage
+
+
+class TextCompletionChunk(_Envelope):
+    object: Literal["text_completion"]
+    choices: list[TextChoice]
+    usage: Usage | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    embedding: list[float] | str = Field(description="floats, or little-endian float32 in base64 "
+                                                     "with \"encoding_format\": \"base64\"")
+    index: int = Field(ge=0)
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"]
+    model: str
+    data: list[Embedding]
+    usage: EmbeddingUsage
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int = Field(description="the manifest's mtime (Unix seconds)")
+    owned_by: str = Field(description="the model's namespace (library for tiny:latest) or its backend")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[Model]
+
+
+# -- the ``responses=`` of each route -------------------------------------------------------------
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return error_responses(OpenAIError, statuses)
+
+
+_BACKEND = (400, 404, 429, 502, 503, 504)  # a model answers: bad request, unknown model, backend failures
+
+
+def _generation(model: type[BaseModel], chunk: type[BaseModel], what: str) -> dict[int | str, dict[str, Any]]:
+    return {200: {"model": model, "description": f"the {what}; with \"stream\": true an SSE stream of chunks "
+                                                 "ending with data: [DONE]",
+                  "content": sse_content(chunk, OpenAIError)},
+            **_errors(*_BACKEND)}
+
+
+def chat_responses() -> dict[int | str, dict[str, Any]]:
+    return _generation(ChatCompletion, ChatCompletionChunk, "chat completion")
+
+
+def completion_responses() -> dict[int | str, dict[str, Any]]:
+    return _generation(TextCompletion, TextCompletionChunk, "text completion")
+
+
+def embedding_responses() -> dict[int | str, dict[str, Any]]:
+    return {200: {"model": EmbeddingList, "description": "one embedding per input, in order"}, **_errors(*_BACKEND)}
+
+
+def models_responses() -> dict[int | str, dict[str, Any]]:
+    return {200: {"model": ModelList, "description": "the models this server answers for"}, **_errors()}
+
+
+def model_responses() -> dict[int | str, dict[str, Any]]:
+    return {200: {"model": Model, "description": "the model"}, **_errors(404)}
