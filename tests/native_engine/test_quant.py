@@ -25,7 +25,8 @@ def dense(weights) -> torch.Tensor:
 
 
 def assert_same_up_to_bf16_rounding(ours: torch.Tensor, w: torch.Tensor) -> None:
-    assert ((ours - w).abs() <= w.abs().amax(1, keepdim=True) * 2**-8).all()
+    """bf16 scales and output: within 2^-6 of the row's largest weight (one wrong nibble is ~2^-4)."""
+    assert ((ours - w).abs() <= w.abs().amax(1, keepdim=True) * 2**-6).all()
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ def test_product_is_close_to_float32(weight):
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(1))
     ours, ref = pack_int4(w).matmul(x), x.double() @ w.double().t()
     assert ours.dtype == torch.float32 and ours.shape == (5, 96)
-    assert ((ours.double() - ref).norm() / ref.norm()) < 2e-3  # one bf16 rounding of the output
+    assert ((ours.double() - ref).norm() / ref.norm()) < 4e-3  # bf16 activations, scales and output
 
 
 @pytest.mark.parametrize("rows", [64, 960, 80])
