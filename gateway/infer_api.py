@@ -4,14 +4,31 @@ percentiles, in flight, predictions now and their error, breaker state (``routin
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
+from pydantic import BaseModel
 
 from gateway.deps import RouterDep
 from gateway.http.jsonwire import JSONBytes
+from gateway.ollama.wire_models import errors
 
 router = APIRouter(tags=["infer"])
 
 
-@router.get("/infer/routes")
+class RouteView(BaseModel):
+    """One route of ``GET /infer/routes`` (documentation only; the window's fields vary with the route)."""
+
+    name: str
+    strategy: str
+    slo: dict[str, Any]
+    backends: list[dict[str, Any]]
+
+
+class RoutesResponse(BaseModel):
+    routes: list[RouteView]
+
+
+@router.get("/infer/routes", responses={200: {"model": RoutesResponse}, **errors()})
 async def routes(backends: RouterDep) -> JSONBytes:
     return JSONBytes({"routes": [route.snapshot() for route in backends.routes.values()]})
