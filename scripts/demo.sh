@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Offline end-to-end demo: everything printed is the real output of the commands shown.
-#   1. build a small deterministic model (random weights, trained BPE tokenizer) as GGUF
-#   2. import it with `infer create` (a publisher's store)
+#   1. fetch SmolLM2-135M-Instruct (a real, trained Apache-2.0 model, Q4_1 GGUF) once into ~/.cache/infer
+#   2. import it with `infer create` as smollm2:135m (a publisher's store)
 #   3. start `infer registry serve` on a free loopback port and `infer push` the model to it
 #   4. `infer pull` it into a fresh INFER_HOME, then `infer list` and `infer show`
-#   5. `infer run --verbose` answers one prompt; `infer serve` starts on a free port; the official
+#   5. `infer run --verbose` answers one prompt on each engine; `infer serve` starts on a free port; the official
 #      `openai` client streams a chat; curl calls /api/chat; `infer usage` shows the ledger
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,16 +16,16 @@ REG="127.0.0.1:$PORT"
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
 
 export INFER_HOME="$WORK/publisher"
-step infer dev make-model --preset tiny-qwen2 --format gguf --dtype f16 --out "$WORK/tiny-qwen2.gguf"
-cat > "$WORK/Modelfile" <<'EOF'
-FROM ./tiny-qwen2.gguf
-PARAMETER temperature 0.7
-PARAMETER num_ctx 512
-PARAMETER stop "<|im_end|>"
-SYSTEM """You are a concise assistant."""
-LICENSE """Apache License 2.0 (demo model with random weights)"""
+step infer dev fetch-model
+GGUF=$(infer dev fetch-model | cut -d' ' -f1)
+cat > "$WORK/Modelfile" <<EOF
+FROM $GGUF
+PARAMETER temperature 0
+PARAMETER num_ctx 2048
+PARAMETER num_predict 96
+LICENSE """Apache License 2.0 (SmolLM2-135M-Instruct, Hugging Face)"""
 EOF
-step infer create tiny-qwen2 -f "$WORK/Modelfile"
+step infer create smollm2:135m -f "$WORK/Modelfile"
 
 infer registry serve --root "$WORK/registry" --port "$PORT" > "$WORK/registry.log" 2>&1 &
 SERVER=$!
@@ -33,22 +33,22 @@ trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 100); do curl -fs "http://$REG/v2/" >/dev/null && break; sleep 0.1; done
 printf '\n(registry serving %s at http://%s, pid %s)\n' "$WORK/registry" "$REG" "$SERVER"
 
-step infer cp tiny-qwen2 "$REG/library/tiny-qwen2:latest"
-step infer push "$REG/library/tiny-qwen2:latest" --insecure
+step infer cp smollm2:135m "$REG/library/smollm2:135m"
+step infer push "$REG/library/smollm2:135m" --insecure
 
 export INFER_HOME="$WORK/consumer"
-step infer pull "$REG/library/tiny-qwen2" --insecure
+step infer pull "$REG/library/smollm2:135m" --insecure
 step infer list
-step infer show "$REG/library/tiny-qwen2"
-step infer show "$REG/library/tiny-qwen2" --modelfile
+step infer show "$REG/library/smollm2:135m"
+step infer show "$REG/library/smollm2:135m" --modelfile
 
 kill "$SERVER" && wait "$SERVER" 2>/dev/null || true
 trap - EXIT
 printf '\n(registry stopped)\n'
 
-MODEL="$REG/library/tiny-qwen2"
-step infer run "$MODEL" "Say hello in five words." --verbose
-step infer run "$MODEL" "Say hello in five words." --verbose --engine native
+MODEL="$REG/library/smollm2:135m"
+step infer run "$MODEL" "What is the capital of France?" --verbose --engine native
+step infer run "$MODEL" "What is the capital of France?" --verbose
 
 API_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 export INFER_HOST="127.0.0.1:$API_PORT"
@@ -67,7 +67,7 @@ host, model = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=f"http://{host}/v1", api_key="infer")
 stream = client.chat.completions.create(
     model=model, messages=[{"role": "user", "content": "Tell me a joke."}],
-    max_tokens=24, seed=7, stream=True, stream_options={"include_usage": True})
+    max_tokens=48, seed=7, stream=True, stream_options={"include_usage": True})
 for chunk in stream:
     if chunk.choices and chunk.choices[0].delta.content:
         print(chunk.choices[0].delta.content, end="", flush=True)
@@ -75,7 +75,7 @@ for chunk in stream:
         print(f"\n[usage: {chunk.usage.prompt_tokens} prompt + {chunk.usage.completion_tokens} completion tokens]")
 PY
 
-step curl -s "http://$INFER_HOST/api/chat" -d "{\"model\": \"$MODEL\", \"messages\": [{\"role\": \"user\", \"content\": \"Why is the sky blue?\"}], \"options\": {\"num_predict\": 6, \"seed\": 1}}"
+step curl -s "http://$INFER_HOST/api/chat" -d "{\"model\": \"$MODEL\", \"messages\": [{\"role\": \"user\", \"content\": \"Why is the sky blue?\"}], \"options\": {\"num_predict\": 48}, \"stream\": false}"
 
 step infer usage
 
