@@ -50,6 +50,7 @@ def serve(
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # no line per backend call
     sock = listen_socket(settings.host, settings.port)  # a port in use fails here, before "listening"
     if not settings.is_loopback and not settings.api_key_hashes:
         typer.echo(f"warning: listening on {settings.host}, beyond this machine, and no INFER_API_KEYS are set: "

@@ -35,12 +35,13 @@ class GuardMiddleware:
         self.app = app
         self.settings = settings
         self._hostname = socket.gethostname().lower()
+        self._hosts: dict[str, bool] = {}  # Host header -> allowed (a client sends the same one every time)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.settings.is_loopback and not self._host_allowed(headers.get("host", "")):
+        if self.settings.is_loopback and not self._host_ok(headers.get("host", "")):
             return await _send(send, 403, b"")
         origin = headers.get("origin")
         if origin is not None and not self.settings.origin_allowed(origin):
@@ -62,6 +63,14 @@ class GuardMiddleware:
         except Exception:
             if not state.answered:
                 raise
+
+    def _host_ok(self, host: str) -> bool:
+        allowed = self._hosts.get(host)
+        if allowed is None:
+            allowed = self._host_allowed(host)
+            if len(self._hosts) < 1024:  # bounded: a client cycling Host values gains nothing
+                self._hosts[host] = allowed
+        return allowed
 
     def _host_allowed(self, host: str) -> bool:
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host

@@ -18,10 +18,12 @@ from adapters.base import Chunk, GenerationRequest, TokenLogprob
 from gateway.ollama import views as view
 from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.http.disconnect import on_disconnect
+from gateway.http.hints import HintsDep
 from gateway.http.errors import APIError
 from gateway.http.jsonwire import JSONBytes
 from gateway.ollama.local import load_or_unload
 from gateway.embeddings import embed as embed_inputs
+from gateway.ollama.wire_models import chat_responses, embed_responses, embeddings_responses, generate_responses
 from gateway.ollama.schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, keep_alive_seconds
 from gateway.recorder import Generation
 from gateway.http.streaming import ndjson_response
@@ -29,9 +31,9 @@ from gateway.http.streaming import ndjson_response
 router = APIRouter(tags=["ollama"])
 
 
-@router.post("/api/generate")
+@router.post("/api/generate", responses=generate_responses())
 async def generate(body: GenerateRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
-                   http: Request) -> Response:
+                   hints: HintsDep, http: Request) -> Response:
     if body.images:
         raise APIError(400, "images are not supported", param="images")
     keep_alive = keep_alive_seconds(body.keep_alive)
@@ -43,6 +45,7 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
         raw=body.raw, suffix=body.suffix, options=body.sampling_options, format=body.format,
         logprobs=body.logprobs, top_logprobs=body.top_logprobs, truncate=bool(body.truncate),
         keep_alive=keep_alive, client=client)
+    hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
     if body.streaming:
@@ -60,9 +63,9 @@ async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncItera
             yield view.generate_final(body.model, done, raw=body.raw, logprobs=logprobs)
 
 
-@router.post("/api/chat")
+@router.post("/api/chat", responses=chat_responses())
 async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
-               http: Request) -> Response:
+               hints: HintsDep, http: Request) -> Response:
     messages = body.messages or []
     if any(m.images for m in messages):
         raise APIError(400, "images are not supported", param="messages.images")
@@ -74,6 +77,7 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
         model=body.model, engine=body.engine, messages=[m.for_backend() for m in messages],
         options=body.sampling_options, format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
         truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools)
+    hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
@@ -113,7 +117,7 @@ def _logprobs(chunks: list[Chunk]) -> list[TokenLogprob]:
 
 # -- embeddings -----------------------------------------------------------------------------------
 
-@router.post("/api/embed")
+@router.post("/api/embed", responses=embed_responses(), response_model=None)
 async def embed(body: EmbedRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> dict:
     keep_alive = keep_alive_seconds(body.keep_alive)
     inputs = ([body.input] if body.input else []) if isinstance(body.input, str) else list(body.input)
@@ -127,7 +131,7 @@ async def embed(body: EmbedRequest, backends: RouterDep, recorder: RecorderDep, 
             "load_duration": view.ns(result.load), "prompt_eval_count": result.input_tokens}
 
 
-@router.post("/api/embeddings")
+@router.post("/api/embeddings", responses=embeddings_responses(), response_model=None)
 async def embeddings(body: EmbeddingsRequest, backends: RouterDep, recorder: RecorderDep,
                      client: ClientDep) -> dict:
     keep_alive = keep_alive_seconds(body.keep_alive)

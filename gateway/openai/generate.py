@@ -11,11 +11,13 @@ from fastapi import APIRouter, Request
 
 from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.http.disconnect import on_disconnect
+from gateway.http.hints import HintsDep
 from gateway.http.jsonwire import JSONBytes
 from gateway.http.streaming import sse_response
 from gateway.openai.responses import ResponseMeta, chat_completion, text_completion
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.openai.stream import chat_chunks, completion_chunks, run_all, start_stream
+from gateway.openai.wire_models import chat_responses, completion_responses
 
 router = APIRouter(tags=["openai"])
 
@@ -23,10 +25,10 @@ CHAT_ROUTE = "/v1/chat/completions"
 COMPLETIONS_ROUTE = "/v1/completions"
 
 
-@router.post(CHAT_ROUTE)
+@router.post(CHAT_ROUTE, responses=chat_responses())
 async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, recorder: RecorderDep,
-                           client: ClientDep, http: Request):
-    requests = body.generation_requests(client)
+                           client: ClientDep, hints: HintsDep, http: Request):
+    requests = [hints.apply(r) for r in body.generation_requests(client)]
     backend = recorder.resolve(backends, requests[0], route=CHAT_ROUTE, stream=bool(body.stream))
     meta = ResponseMeta("chat.completion", body.model)
     logprobs = bool(body.logprobs)
@@ -39,12 +41,12 @@ async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, rec
     return JSONBytes(chat_completion(meta, results, logprobs=logprobs))
 
 
-@router.post(COMPLETIONS_ROUTE)
+@router.post(COMPLETIONS_ROUTE, responses=completion_responses())
 async def completions(body: CompletionRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
-                      http: Request):
+                      hints: HintsDep, http: Request):
     pairs = body.generation_requests(client)
     prompt_of = [p for p, _ in pairs]
-    requests = [req for _, req in pairs]
+    requests = [hints.apply(req) for _, req in pairs]
     backend = recorder.resolve(backends, requests[0], route=COMPLETIONS_ROUTE, stream=bool(body.stream))
     meta = ResponseMeta("text_completion", body.model)
     logprobs = body.logprobs is not None
