@@ -82,3 +82,20 @@ step infer usage
 kill "$API" && wait "$API" 2>/dev/null || true
 trap - EXIT
 printf '\nservers stopped; demo files in %s\n' "$WORK"
+
+# ---------------------------------------------------------------------------------------------------------------
+# infer bench and infer estimate: load-test `infer serve` with vLLM's metrics, then predict a bigger deployment
+# from that measurement (MFU/MBU calibrated on this machine's CPU).
+# ---------------------------------------------------------------------------------------------------------------
+BENCH_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+INFER_HOST="127.0.0.1:$BENCH_PORT" infer serve > "$WORK/serve-bench.log" 2>&1 &
+API=$!
+trap 'kill $API 2>/dev/null || true' EXIT
+for _ in $(seq 200); do curl -fs "http://127.0.0.1:$BENCH_PORT/" >/dev/null && break; sleep 0.1; done
+step infer bench --url "http://127.0.0.1:$BENCH_PORT" --model "$MODEL" --profile synchronous --num-requests 5 \
+  --input-tokens 64 --output-tokens 32 --goodput "ttft:2000 tpot:200" --price-per-hour 0.50 --out "$WORK/bench"
+step infer estimate "$MODEL" --device cpu --calibrate "$WORK/bench" --input-tokens 512 --output-tokens 128 \
+  --slo ttft:2000,tpot:200 --rate 1 --price-per-hour 0.50
+kill "$API" && wait "$API" 2>/dev/null || true
+trap - EXIT
+printf '\nbench outputs (requests.jsonl, summary.json, summary.csv, PNG plots) in %s\n' "$WORK/bench"
