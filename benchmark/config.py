@@ -82,6 +82,8 @@ class BenchConfig:
             raise ValueError("--max-concurrency must be >= 1 and --sweep-size >= 3")
         if not 0 < self.search.target_attainment <= 1:
             raise ValueError("--target-attainment must be in (0, 1]")
+        if self.profile.kind == "slo-search" and not self.search.goodput_slos:
+            raise ValueError("--profile slo-search needs --goodput, e.g. --goodput \"ttft:500 tpot:50\"")
 
     @property
     def goodput_slos(self) -> dict[str, float] | None:

@@ -91,7 +91,7 @@ def attainment(point: PointRun, slos: dict[str, float]) -> float:
 async def _slo_search(run: RunPoint, settings: SearchSettings) -> list[PointRun]:
     slos = settings.goodput_slos
     if not slos:
-        raise ValueError("--profile slo-search needs --goodput (e.g. --goodput ttft:500 tpot:50)")
+        raise ValueError("--profile slo-search needs --goodput, e.g. --goodput \"ttft:500 tpot:50\"")
     runs: list[PointRun] = []
 
     async def passes(concurrency: int) -> bool:

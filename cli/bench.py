@@ -129,8 +129,11 @@ def _counter(tokenizer: Path | None, model: str):
 def _print_and_write(result, out: Path | None) -> None:
     from benchmark.report import format_point, write_outputs
 
-    for point in result.points:
+    for point, run in zip(result.points, result.runs):
         typer.echo(format_point(point))
+        errors = [r.error for r in run.records if not r.success]
+        if errors:
+            typer.echo(f"{len(errors)} request(s) failed; the first: {errors[0]}")
     if result.config.profile.kind == "slo-search":
         from benchmark.profiles import best_passing_concurrency
 

@@ -115,3 +115,13 @@ def test_packages_export_their_public_names():
 
     for package in (benchmark, estimator):
         assert all(hasattr(package, name) for name in package.__all__)
+
+
+def test_a_server_that_is_down_gives_failed_requests_and_the_first_error():
+    result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--num-requests", "2",
+                                      "--warmup", "0", "--input-tokens", "4", "--output-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert "Failed requests:                         2" in result.output
+    assert "2 request(s) failed; the first: HTTPError: cannot connect to 127.0.0.1:9" in result.output
+    result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--profile", "slo-search"])
+    assert result.exit_code == 2 and "slo-search needs --goodput" in result.output
