@@ -11,7 +11,7 @@ from adapters.errors import BackendError
 from gateway.settings import SettingsError
 from registry.errors import RegistryError
 
-from . import backends, bench, dev, estimate, models, pull, registry_server, routes, run, serve, usage
+from . import backends, bench, cost, dev, estimate, models, pull, registry_server, routes, run, serve, usage
 
 
 class _InferGroup(TyperGroup):
@@ -51,6 +51,7 @@ estimate.register(app)
 app.add_typer(registry_server.app, name="registry")
 app.add_typer(dev.app, name="dev")
 app.add_typer(bench.app, name="bench")
+app.add_typer(cost.app, name="cost")
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from adapters.base import Backend
 from adapters.engines import in_process_engines
 from adapters.remote_registry import create_remote
 from adapters.router import Router
+from pricing.book import PriceBook
 from routing.build import build_routes
 from routing.metrics import RouteMetrics
 from ledger.db import open_db
@@ -27,7 +28,7 @@ from ledger.writer import LedgerWriter
 from registry.store import Store
 
 from gateway import health, infer_api, wire_docs
-from gateway.backends_config import load_config
+from gateway.backends_config import GatewayConfig, load_config
 from gateway.http import errors
 from gateway.http.bodies import JSONBodies
 from gateway.http.guards import GuardMiddleware
@@ -44,13 +45,15 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store = Store(settings.registry.models)
+        config = load_config(settings.config) if settings.config is not None else None
         app.state.settings = settings
         app.state.store = store
-        app.state.router = _router(backend) if backend is not None else default_router(settings, store)
+        app.state.router = _router(backend) if backend is not None else default_router(settings, store, config)
+        app.state.prices = PriceBook(config.prices()) if config is not None else None
         app.state.db = open_db(settings.database_url)
         app.state.ledger = LedgerWriter(app.state.db)
         app.state.metrics = GatewayMetrics()
-        app.state.recorder = Recorder(app.state.ledger, app.state.metrics)
+        app.state.recorder = Recorder(app.state.ledger, app.state.metrics, prices=app.state.prices)
         app.state.loop = asyncio.get_running_loop()
         routes = list(app.state.router.routes.values())
         pollers = [asyncio.create_task(route.poll_health()) for route in routes]
@@ -91,12 +94,11 @@ def _router(backend: Backend | Router) -> Router:
     return backend if isinstance(backend, Router) else Router.single(backend)
 
 
-def default_router(settings: ServerSettings, store: Store) -> Router:
-    """The store's in-process engines, behind the remote backends of ``settings.config`` when there is one."""
+def default_router(settings: ServerSettings, store: Store, config: GatewayConfig | None = None) -> Router:
+    """The store's in-process engines, behind the remote backends and routes of the config file."""
     local = in_process_engines(store, settings.local)
-    if settings.config is None:
+    if config is None:
         return Router(local)
-    config = load_config(settings.config)
     remotes = {s.name: create_remote(s) for s in config.remote_settings()}
     routes = build_routes(config.routes, remotes, lambda name: local.get())
     return Router(local, remotes, routes=routes)

@@ -56,6 +56,45 @@ TimeoutField = Annotated[Annotated[PositiveFloat, Tag("seconds")] | Annotated[Ti
 _UNION_TAGS = {"seconds", "mapping"}
 
 
+class PricingEntry(BaseModel):
+    """List prices per million tokens (an API), or a self-hosted bill per hour divided over the
+    tokens that used it (``pricing/``): one of the two forms."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_per_mtok: float | None = Field(default=None, ge=0)
+    output_per_mtok: float | None = Field(default=None, ge=0)
+    cached_input_per_mtok: float | None = Field(default=None, ge=0)
+    gpu_hourly_usd: float | None = Field(default=None, ge=0)
+    gpus: float = Field(default=1.0, gt=0)
+    output_weight: float | Literal["measured"] = 5.0
+    cached_input_weight: float = Field(default=0.1, ge=0)
+    window_s: PositiveFloat = 3600.0
+
+    @field_validator("output_weight")
+    @classmethod
+    def _weight(cls, value: float | str) -> float | str:
+        if not isinstance(value, str) and value <= 0:
+            raise ValueError("must be > 0, or 'measured'")
+        return value
+
+    def model_post_init(self, _context: Any) -> None:
+        listed = self.input_per_mtok is not None or self.output_per_mtok is not None
+        if listed == (self.gpu_hourly_usd is not None):
+            raise ValueError("give list prices (input_per_mtok, output_per_mtok) or a self-hosted bill "
+                             "(gpu_hourly_usd, gpus), one of the two")
+        if listed and (self.input_per_mtok is None or self.output_per_mtok is None):
+            raise ValueError("list prices need both input_per_mtok and output_per_mtok")
+
+
+class LocalEntry(BaseModel):
+    """The in-process engines on this machine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pricing: PricingEntry | None = None
+
+
 class BackendEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,6 +108,7 @@ class BackendEntry(BaseModel):
     tokenizer: str | None = None
     mode: Literal["generate", "messages"] | None = None
     context_length: int | None = Field(default=None, gt=0)
+    pricing: PricingEntry | None = None
 
     @field_validator("name")
     @classmethod
@@ -186,9 +226,14 @@ class GatewayConfig(BaseModel):
 
     backends: list[BackendEntry] = Field(default_factory=list)
     routes: list[RouteEntry] = Field(default_factory=list)
-    # Reserved for the pricing issue: accepted so configs can carry it, not read yet.
-    slos: Any = None
-    pricing: Any = None
+    local: LocalEntry | None = None
+
+    def prices(self) -> dict[str, PricingEntry]:
+        """Pricing by backend name; ``local`` prices the in-process engines (llamacpp, native)."""
+        out = {entry.name: entry.pricing for entry in self.backends if entry.pricing is not None}
+        if self.local is not None and self.local.pricing is not None:
+            out.update({"llamacpp": self.local.pricing, "native": self.local.pricing})
+        return out
 
     _source: str | None = PrivateAttr(default=None)
     _root: yaml.Node | None = PrivateAttr(default=None)
@@ -292,7 +337,7 @@ def _reason(err: dict[str, Any]) -> str:
         return "expected a mapping of key: value lines"
     if kind == "extra_forbidden":
         known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields,
-                 *RouteEntry.model_fields, *SLOEntry.model_fields]
+                 *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields]
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         return "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")
     if kind == "missing":

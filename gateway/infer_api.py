@@ -4,12 +4,17 @@ percentiles, in flight, predictions now and their error, breaker state (``routin
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from gateway.deps import RouterDep
+from adapters.durations import parse_duration
+from gateway.deps import DbDep, RouterDep
+from gateway.http.errors import APIError
+from pricing.settle import cost_report
 from gateway.http.jsonwire import JSONBytes
 from gateway.ollama.wire_models import errors
 
@@ -32,3 +37,20 @@ class RoutesResponse(BaseModel):
 @router.get("/infer/routes", responses={200: {"model": RoutesResponse}, **errors()})
 async def routes(backends: RouterDep) -> JSONBytes:
     return JSONBytes({"routes": [route.snapshot() for route in backends.routes.values()]})
+
+
+@router.get("/infer/cost")
+async def cost(request: Request, db: DbDep, since: str = "24h", by: str = "backend") -> JSONBytes:
+    """What ``infer cost --json`` prints: requests since ``since`` grouped ``by`` backend, route,
+    model or day, settled against each hour-priced backend's bill."""
+    try:
+        seconds = parse_duration(since)
+    except ValueError as exc:
+        raise APIError(400, f"since: {exc}", param="since") from None
+    config_prices = getattr(request.app.state, "prices", None)
+    prices = config_prices.entries if config_prices is not None else {}
+    try:
+        report = await asyncio.to_thread(cost_report, db, prices, since=time.time() - seconds, by=by)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="by") from None
+    return JSONBytes(report)

@@ -27,6 +27,8 @@ class GatewayMetrics:
                               ["model"], buckets=TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("infer_request_duration_seconds", "End-to-end request latency.", ["model"],
                              buckets=E2E_BUCKETS, registry=r)
+        self.cost = Counter("infer_cost_usd", "What requests cost, by token kind (provisional for hour-priced "
+                            "backends).", ["route", "backend", "kind"], registry=r)
         self.in_flight = Gauge("infer_requests_in_flight", "Requests being served now.", ["model"], registry=r)
 
     def render(self) -> bytes:

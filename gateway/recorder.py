@@ -24,6 +24,8 @@ from adapters.errors import BackendError, BackendProtocolError, RouteShed, Shutt
 from adapters.router import Router
 from ledger.tables import UsageRecord
 from ledger.writer import LedgerWriter
+from pricing.book import PriceBook
+from pricing.method import Tokens
 
 from gateway.http.errors import to_status_message
 from gateway.metrics import GatewayMetrics
@@ -36,6 +38,24 @@ class Recorder:
     writer: LedgerWriter | None
     metrics: GatewayMetrics | None = None
     live: set["Generation"] = field(default_factory=set)
+    prices: PriceBook | None = None
+
+    def priced(self, record: UsageRecord) -> UsageRecord:
+        """``record`` with its cost, when its backend has pricing (tokens generated are billed,
+        also for a cancelled or failed request). Pricing is keyed by the config's backend names:
+        a route's member (``backend``), a remote backend (its public ``model`` name), or an
+        in-process engine (``llamacpp``/``native``, priced by ``local:``)."""
+        if self.prices is None:
+            return record
+        cached = record.cached_input_tokens or 0
+        tokens = Tokens(max(0, record.input_tokens - cached), cached, record.output_tokens)
+        key = next((k for k in (record.backend, record.model) if k in self.prices.entries), None)
+        found = self.prices.cost(key, tokens) if key is not None else None
+        if found is not None:
+            cost, version = found
+            record.input_cost_usd, record.cached_input_cost_usd = cost.input, cost.cached_input
+            record.output_cost_usd, record.total_cost_usd, record.pricing_version = cost.output, cost.total, version
+        return record
 
     def resolve(self, router: Router, request: GenerationRequest, *, route: str, stream: bool) -> Backend:
         """``router.resolve(request)``, once per request; a request nothing serves still gets its row."""
@@ -94,6 +114,7 @@ class Generation:
         self.recorder, self.backend, self.request = recorder, backend, request
         self.route, self.stream = route, stream
         self.done: Done | None = None
+        self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
         self._ended = False
         self._aborted: BackendError | None = None
         self._queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
@@ -138,6 +159,10 @@ class Generation:
         self._queue.put_nowait(_Failure(error))
         self.request.cancel.cancel()
 
+    @property
+    def cost_usd(self) -> float | None:
+        return None if self.record is None else self.record.total_cost_usd
+
     def more_ready(self) -> bool:
         """Whether what the consumer reads next is already here (the final record was read, or the next
         event has arrived): the response writer then holds its bytes to send them with the next."""
@@ -156,7 +181,8 @@ class Generation:
             async with aclosing(self.backend.stream(self.request)) as events:
                 async for event in events:
                     if self.done is None:
-                        self.done = event if isinstance(event, Done) else None
+                        if isinstance(event, Done):
+                            self.done, self.record = event, self._done_record(event)
                         self._queue.put_nowait(event)
             if self.done is None:
                 raise BackendProtocolError(f"the {self.backend.name} backend ended a stream without its final record")
@@ -168,18 +194,21 @@ class Generation:
             self._queue.put_nowait(_Failure(exc))
             self._finish(self._error_record(exc))
         else:
-            if self._aborted is not None:
-                record = _record(self, self.done, "error")
-                record.error = self._aborted.message
-            else:
-                record = _record(self, self.done, "cancelled" if self.done.finish_reason == "cancelled" else "ok")
-            self._finish(record)
+            self._finish(self.record)
+
+    def _done_record(self, done: Done) -> UsageRecord:
+        if self._aborted is not None:
+            record = _record(self, done, "error")
+            record.error = self._aborted.message
+        else:
+            record = _record(self, done, "cancelled" if done.finish_reason == "cancelled" else "ok")
+        return self.recorder.priced(record)
 
     def _error_record(self, exc: BaseException) -> UsageRecord:
         message = "cancelled at shutdown" if isinstance(exc, asyncio.CancelledError) else to_status_message(exc)[1]
         partial = exc.partial if isinstance(exc, BackendError) else None
         if partial is not None:
-            record = _record(self, partial, "shed" if isinstance(exc, RouteShed) else "error")
+            record = self.recorder.priced(_record(self, partial, "shed" if isinstance(exc, RouteShed) else "error"))
         else:
             record = UsageRecord(source=self.request.source, route=self.route, model=self.request.model,
                                  backend=self.backend.name, stream=self.stream, client=self.request.client,
@@ -230,3 +259,9 @@ def _observe(m: GatewayMetrics, r: UsageRecord) -> None:
         m.tpot.labels(r.model).observe(r.tpot_ms / 1000)
     if r.total_ms is not None:
         m.e2e.labels(r.model).observe(r.total_ms / 1000)
+    if r.total_cost_usd:
+        route = r.route_name or r.model
+        for kind, value in (("input", r.input_cost_usd), ("cached_input", r.cached_input_cost_usd),
+                            ("output", r.output_cost_usd)):
+            if value:
+                m.cost.labels(route, r.backend, kind).inc(value)

@@ -63,7 +63,14 @@ def m003_routes(conn: Connection) -> None:
         conn.execute(sa.text(f"ALTER TABLE requests ADD COLUMN {column}"))
 
 
-MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes]
+def m004_costs(conn: Connection) -> None:
+    """What each request cost, split by token kind, and the pricing entry it was costed with."""
+    for column in ("input_cost_usd FLOAT", "cached_input_cost_usd FLOAT", "output_cost_usd FLOAT",
+                   "total_cost_usd FLOAT", "pricing_version VARCHAR(32)"):
+        conn.execute(sa.text(f"ALTER TABLE requests ADD COLUMN {column}"))
+
+
+MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs]
 
 
 def migrate(engine: Engine) -> list[str]:

@@ -43,6 +43,12 @@ class UsageRecord(SQLModel):
     attempts: int | None = Field(default=None, description="Backends tried (retries and hedges included).")
     slo_met: bool | None = Field(default=None, description="Whether it met every SLO part; NULL without an SLO.")
     slo_missed: str | None = Field(default=None, description="The SLO parts missed: ttft, tpot, e2e.")
+    input_cost_usd: float | None = Field(default=None, description="Uncached prompt tokens' cost (NULL: unpriced).")
+    cached_input_cost_usd: float | None = None
+    output_cost_usd: float | None = None
+    total_cost_usd: float | None = None
+    pricing_version: str | None = Field(default=None, description="Hash of the pricing entry used; hour-priced "
+                                        "backends' costs are provisional until `infer cost` settles them.")
 
 
 class RequestLog(UsageRecord, table=True):

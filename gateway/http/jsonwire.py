@@ -22,3 +22,8 @@ class JSONBytes(Response):
 
     def render(self, content: Any) -> bytes:
         return dumps(content)
+
+
+def cost_header(cost_usd: float | None) -> dict[str, str] | None:
+    """``x-infer-cost-usd`` on a non-streaming answer whose backend is priced."""
+    return None if cost_usd is None else {"x-infer-cost-usd": f"{cost_usd:.12f}".rstrip("0").rstrip(".") or "0"}

@@ -20,7 +20,7 @@ from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.http.disconnect import on_disconnect
 from gateway.http.hints import HintsDep
 from gateway.http.errors import APIError
-from gateway.http.jsonwire import JSONBytes
+from gateway.http.jsonwire import JSONBytes, cost_header
 from gateway.ollama.local import load_or_unload
 from gateway.embeddings import embed as embed_inputs
 from gateway.ollama.wire_models import chat_responses, embed_responses, embeddings_responses, generate_responses
@@ -52,7 +52,8 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
         return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready)
     async with on_disconnect(http.receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
-    return JSONBytes(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks)))
+    final = with_cost(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks)), gen)
+    return JSONBytes(final, headers=cost_header(gen.cost_usd))
 
 
 async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncIterator[dict]:
@@ -60,7 +61,7 @@ async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncItera
         if kind == "chunk":
             yield view.generate_chunk(body.model, text, logprobs)
         else:
-            yield view.generate_final(body.model, done, raw=body.raw, logprobs=logprobs)
+            yield with_cost(view.generate_final(body.model, done, raw=body.raw, logprobs=logprobs), gen)
 
 
 @router.post("/api/chat", responses=chat_responses())
@@ -84,7 +85,8 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
         return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready)
     async with on_disconnect(http.receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
-    return JSONBytes(view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks)))
+    return JSONBytes(with_cost(view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks)), gen),
+                     headers=cost_header(gen.cost_usd))
 
 
 async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:
@@ -92,7 +94,7 @@ async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:
         if kind == "chunk":
             yield view.chat_chunk(model, text, logprobs)
         else:
-            yield view.chat_final(model, done, logprobs=logprobs)
+            yield with_cost(view.chat_final(model, done, logprobs=logprobs), gen)
 
 
 async def _pieces(gen: Generation):
@@ -109,6 +111,11 @@ async def _pieces(gen: Generation):
                 pending = []
         else:
             yield "done", "", pending, event
+
+
+def with_cost(final: dict, gen: Generation) -> dict:
+    """The final record with ``cost_usd`` (an extra field clients ignore) when the backend is priced."""
+    return final if gen.cost_usd is None else {**final, "cost_usd": round(gen.cost_usd, 12)}
 
 
 def _logprobs(chunks: list[Chunk]) -> list[TokenLogprob]:

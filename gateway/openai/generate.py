@@ -12,11 +12,11 @@ from fastapi import APIRouter, Request
 from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.http.disconnect import on_disconnect
 from gateway.http.hints import HintsDep
-from gateway.http.jsonwire import JSONBytes
+from gateway.http.jsonwire import JSONBytes, cost_header
 from gateway.http.streaming import sse_response
 from gateway.openai.responses import ResponseMeta, chat_completion, text_completion
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.openai.stream import chat_chunks, completion_chunks, run_all, start_stream
+from gateway.openai.stream import chat_chunks, completion_chunks, run_all, start_stream, total_cost
 from gateway.openai.wire_models import chat_responses, completion_responses
 
 router = APIRouter(tags=["openai"])
@@ -33,12 +33,14 @@ async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, rec
     meta = ResponseMeta("chat.completion", body.model)
     logprobs = bool(body.logprobs)
     if body.stream:
-        events, more_ready = await start_stream(recorder, backend, requests, CHAT_ROUTE)
-        return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage),
-                            more_ready)
+        gens: list = []
+        events, more_ready = await start_stream(recorder, backend, requests, CHAT_ROUTE, gens)
+        return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage,
+                                        cost=lambda: total_cost(gens)), more_ready)
+    gens = []
     async with on_disconnect(http.receive, lambda: [r.cancel.cancel() for r in requests]):
-        results = await run_all(recorder, backend, requests, CHAT_ROUTE)
-    return JSONBytes(chat_completion(meta, results, logprobs=logprobs))
+        results = await run_all(recorder, backend, requests, CHAT_ROUTE, gens)
+    return JSONBytes(chat_completion(meta, results, logprobs=logprobs), headers=cost_header(total_cost(gens)))
 
 
 @router.post(COMPLETIONS_ROUTE, responses=completion_responses())
@@ -51,9 +53,13 @@ async def completions(body: CompletionRequest, backends: RouterDep, recorder: Re
     meta = ResponseMeta("text_completion", body.model)
     logprobs = body.logprobs is not None
     if body.stream:
-        events, more_ready = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE)
+        gens: list = []
+        events, more_ready = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE, gens)
         return sse_response(completion_chunks(meta, events, prompt_of, logprobs=logprobs,
-                                              include_usage=body.include_usage), more_ready)
+                                              include_usage=body.include_usage, cost=lambda: total_cost(gens)),
+                            more_ready)
+    gens = []
     async with on_disconnect(http.receive, lambda: [r.cancel.cancel() for r in requests]):
-        results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE)
-    return JSONBytes(text_completion(meta, results, prompt_of, logprobs=logprobs))
+        results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE, gens)
+    return JSONBytes(text_completion(meta, results, prompt_of, logprobs=logprobs),
+                     headers=cost_header(total_cost(gens)))

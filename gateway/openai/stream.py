@@ -26,10 +26,13 @@ Events = AsyncIterator[tuple[int, StreamEvent]]
 
 
 async def run_all(recorder: Recorder, backend: Backend, requests: Sequence[GenerationRequest],
-                  route: str) -> list[Result]:
-    """Non-streaming: every generation to the end; the first error (if any) is raised after all finish."""
+                  route: str, gens: list[Generation] | None = None) -> list[Result]:
+    """Non-streaming: every generation to the end; the first error (if any) is raised after all finish.
+    ``gens`` collects the generations (their costs)."""
     async def one(req: GenerationRequest) -> Result:
         gen = await recorder.start(backend, req, route=route, stream=False)
+        if gens is not None:
+            gens.append(gen)
         return await gen.collect()
 
     results = await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
@@ -40,11 +43,20 @@ async def run_all(recorder: Recorder, backend: Backend, requests: Sequence[Gener
 
 
 async def start_stream(recorder: Recorder, backend: Backend, requests: Sequence[GenerationRequest],
-                       route: str) -> tuple[Events, Callable[[], bool]]:
-    """The events of every choice by index, and whether the next one is already here."""
+                       route: str, gens: list[Generation] | None = None) -> tuple[Events, Callable[[], bool]]:
+    """The events of every choice by index, and whether the next one is already here; ``gens``
+    collects the generations as they start."""
+    gens = [] if gens is None else gens
     first = await recorder.start(backend, requests[0], route=route, stream=True)
+    gens.append(first)
     more_ready = first.more_ready if len(requests) == 1 else _never
-    return _merge(first, recorder, backend, requests[1:], route), more_ready
+    return _merge(first, recorder, backend, requests[1:], route, gens), more_ready
+
+
+def total_cost(gens: Sequence[Generation]) -> float | None:
+    """What the generations cost together; None when their backend has no pricing."""
+    costs = [g.cost_usd for g in gens if g.cost_usd is not None]
+    return sum(costs) if costs else None
 
 
 def _never() -> bool:
@@ -52,7 +64,7 @@ def _never() -> bool:
 
 
 async def _merge(first: Generation, recorder: Recorder, backend: Backend,
-                 rest: Sequence[GenerationRequest], route: str) -> Events:
+                 rest: Sequence[GenerationRequest], route: str, gens: list[Generation]) -> Events:
     if not rest:
         async for event in first:
             yield 0, event
@@ -62,6 +74,8 @@ async def _merge(first: Generation, recorder: Recorder, backend: Backend,
     async def pump(index: int, req: GenerationRequest | None) -> None:
         try:
             gen = first if req is None else await recorder.start(backend, req, route=route, stream=True)
+            if req is not None:
+                gens.append(gen)
             async with aclosing(gen.__aiter__()) as events:
                 async for event in events:
                     queue.put_nowait(("event", index, event))
@@ -87,12 +101,17 @@ async def _merge(first: Generation, recorder: Recorder, backend: Backend,
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def with_cost(usage: dict, cost: float | None) -> dict:
+    """The usage object with ``cost_usd`` (an extra field clients may ignore) when the backend is priced."""
+    return usage if cost is None else {**usage, "cost_usd": round(cost, 12)}
+
+
 def _take(pending: dict[int, list[TokenLogprob]], index: int) -> list[TokenLogprob]:
     return pending.pop(index, [])
 
 
 async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
-                      include_usage: bool) -> AsyncIterator[dict]:
+                      include_usage: bool, cost: Callable[[], float | None] = lambda: None) -> AsyncIterator[dict]:
     started: set[int] = set()
     pending: dict[int, list[TokenLogprob]] = defaultdict(list)
     dones: dict[int, Done] = {}
@@ -121,11 +140,11 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
             delta = {"role": "assistant", **delta}
         yield chunk(index, delta, None, _take(pending, index))
     if include_usage:
-        yield {**meta.envelope([], stream=True), "usage": usage([dones[i] for i in sorted(dones)])}
+        yield {**meta.envelope([], stream=True), "usage": with_cost(usage([dones[i] for i in sorted(dones)]), cost())}
 
 
 async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Sequence[int], *, logprobs: bool,
-                            include_usage: bool) -> AsyncIterator[dict]:
+                            include_usage: bool, cost: Callable[[], float | None] = lambda: None) -> AsyncIterator[dict]:
     pending: dict[int, list[TokenLogprob]] = defaultdict(list)
     offsets: dict[int, int] = defaultdict(int)
     dones: dict[int, Done] = {}
@@ -151,5 +170,6 @@ async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Seque
             yield chunk(index, event.text)
     if include_usage:
         body = meta.envelope([], stream=True)
-        body["usage"] = usage([dones[i] for i in sorted(dones)], [prompt_of[i] for i in sorted(dones)])
+        body["usage"] = with_cost(usage([dones[i] for i in sorted(dones)], [prompt_of[i] for i in sorted(dones)]),
+                                  cost())
         yield body

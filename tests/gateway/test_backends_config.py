@@ -41,8 +41,8 @@ routes:
     fallbacks: [cheap]
   - name: cheap
     backends: [trt]
-slos: {}
-pricing: {}
+local:
+  pricing: {gpu_hourly_usd: 0.10, gpus: 1, output_weight: 4}
 """
 
 
@@ -73,6 +73,8 @@ def test_valid_config_maps_onto_remote_settings(valid, tmp_path):
         "chat", ["qwen-vllm", "llama-tgi", "tiny"], "slo", True, 2, ["cheap"])
     assert (chat.slo.ttft_ms, chat.slo.tpot_ms, chat.slo.target, chat.first_token_timeout_ms) == (500, 50, 0.9, 1500)
     assert (cheap.strategy, cheap.slo, cheap.retries) == ("slo", None, 1)  # every key but name/backends optional
+    prices = load_config(valid).prices()
+    assert set(prices) == {"llamacpp", "native"} and prices["native"].gpu_hourly_usd == 0.10
     assert tgi.timeouts == Timeouts(connect=2, first_byte=20, read=10, total=300)
     assert (triton.model, triton.timeouts, triton.max_inflight, triton.mode) == ("ensemble", Timeouts(), None, None)
 
@@ -142,6 +144,10 @@ ERRORS = {
                                    "backends.yaml:7: routes[0].name: 'a' is already a backend's name"),
     "unknown fallback": (ENTRY + "routes:\n  - name: r\n    backends: [a]\n    fallbacks: [nope]\n",
                          "backends.yaml:9: routes[0].fallbacks[0]: 'nope' is not another route of this file"),
+    "half a list price": (ENTRY + "    pricing: {input_per_mtok: 0.15}\n",
+                          "backends.yaml:6: backends[0].pricing: list prices need both input_per_mtok and output_per_mtok"),
+    "both pricing forms": (ENTRY + "    pricing: {input_per_mtok: 1, output_per_mtok: 2, gpu_hourly_usd: 2}\n",
+                           "backends.yaml:6: backends[0].pricing: give list prices (input_per_mtok, output_per_mtok)"),
     "route without backends": (ENTRY + "routes:\n  - name: r\n    backends: []\n",
                                "backends.yaml:8: routes[0].backends: List should have at least 1 item"),
     "empty file": ("", "backends.yaml: the file is empty; it needs a 'backends:' list"),
