@@ -72,12 +72,16 @@ class StreamingClient:
     def post(self, url: str, body: bytes, headers: dict[str, str]) -> _Exchange:
         return _Exchange(self, url, body, headers)
 
-    async def _connect(self, key: tuple) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        idle = self._idle.get(key)
+    async def _connect(self, key: tuple, *, fresh: bool = False) -> tuple[tuple, bool]:
+        """(connection, reused): an idle one still open, else a new one."""
+        idle = [] if fresh else self._idle.get(key)
         while idle:
             reader, writer = idle.pop()
             if not writer.is_closing() and not reader.at_eof():
-                return reader, writer
+                return (reader, writer), True
+        return await self._open(key), False
+
+    async def _open(self, key: tuple) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         scheme, host, port = key
         context = ssl.create_default_context() if scheme == "https" else None
         try:
@@ -119,7 +123,18 @@ class _Exchange:
         self.response: Response | None = None
 
     async def __aenter__(self) -> Response:
-        self.conn = await self.client._connect(self.key)
+        self.conn, reused = await self.client._connect(self.key)
+        try:
+            self.response = await self._exchange()
+        except HTTPError:
+            if not reused:
+                raise
+            # the server closed an idle keep-alive connection as we reused it: once more on a new one
+            self.conn, _ = await self.client._connect(self.key, fresh=True)
+            self.response = await self._exchange()
+        return self.response
+
+    async def _exchange(self) -> Response:
         reader, writer = self.conn
         try:
             writer.write(self.raw)
@@ -132,11 +147,10 @@ class _Exchange:
             while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
                 key, _, value = line.decode("latin-1").partition(":")
                 headers[key.strip().lower()] = value.strip()
-        except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
+            return Response(int(status), reason[0] if reason else "", headers, reader)
+        except (OSError, ValueError, asyncio.IncompleteReadError, HTTPError) as exc:
             writer.close()
-            raise HTTPError(f"{type(exc).__name__}: {exc}") from None
-        self.response = Response(int(status), reason[0] if reason else "", headers, reader)
-        return self.response
+            raise exc if isinstance(exc, HTTPError) else HTTPError(f"{type(exc).__name__}: {exc}") from None
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         response = self.response
