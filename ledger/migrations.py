@@ -70,7 +70,30 @@ def m004_costs(conn: Connection) -> None:
         conn.execute(sa.text(f"ALTER TABLE requests ADD COLUMN {column}"))
 
 
-MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs]
+def m005_api_keys(conn: Connection) -> None:
+    """API keys (hash only), their budgets (spent and reserved per period) and limits; the key
+    a request used."""
+    metadata = sa.MetaData()
+    sa.Table(
+        "api_keys", metadata,
+        sa.Column("name", sa.String(255), primary_key=True),
+        sa.Column("key_hash", sa.String(64), nullable=False, unique=True),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("revoked_at", sa.Float),
+        sa.Column("budget_usd", sa.Float),
+        sa.Column("period_s", sa.Float),
+        sa.Column("period_start", sa.Float, nullable=False),
+        sa.Column("spent_usd", sa.Float, nullable=False),
+        sa.Column("reserved_usd", sa.Float, nullable=False),
+        sa.Column("rpm", sa.Integer),
+        sa.Column("tpm", sa.Integer),
+        sa.Column("routes", sa.Text),
+    )
+    metadata.create_all(conn)
+    conn.execute(sa.text("ALTER TABLE requests ADD COLUMN key_name VARCHAR(255)"))
+
+
+MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs, m005_api_keys]
 
 
 def migrate(engine: Engine) -> list[str]:

@@ -47,6 +47,7 @@ class UsageRecord(SQLModel):
     cached_input_cost_usd: float | None = None
     output_cost_usd: float | None = None
     total_cost_usd: float | None = None
+    key_name: str | None = Field(default=None, description="The API key the request used (its name).")
     pricing_version: str | None = Field(default=None, description="Hash of the pricing entry used; hour-priced "
                                         "backends' costs are provisional until `infer cost` settles them.")
 
