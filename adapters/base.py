@@ -131,6 +131,9 @@ class GenerationRequest:
     priority: int = 0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    # API keys (``gateway/keys.py``): the bearer a client sent (dropped once checked) and the key's name.
+    credential: str | None = field(default=None, repr=False)
+    key_name: str | None = None
 
     @property
     def is_chat(self) -> bool:

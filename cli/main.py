@@ -11,7 +11,7 @@ from adapters.errors import BackendError
 from gateway.settings import SettingsError
 from registry.errors import RegistryError
 
-from . import backends, bench, cost, dev, estimate, models, pull, registry_server, routes, run, serve, usage
+from . import backends, bench, cost, dev, estimate, keys, models, pull, registry_server, routes, run, serve, usage
 
 
 class _InferGroup(TyperGroup):
@@ -52,6 +52,7 @@ app.add_typer(registry_server.app, name="registry")
 app.add_typer(dev.app, name="dev")
 app.add_typer(bench.app, name="bench")
 app.add_typer(cost.app, name="cost")
+app.add_typer(keys.app, name="keys")
 
 
 def main() -> None:

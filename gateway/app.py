@@ -35,6 +35,7 @@ from gateway.http.guards import GuardMiddleware
 from gateway.metrics import GatewayMetrics
 from gateway.ollama import generate as ollama_generate, models as ollama_models
 from gateway.openai import generate as openai_generate, models as openai_models
+from gateway.keys import KeyBook
 from gateway.recorder import Recorder
 from gateway.settings import ServerSettings
 
@@ -53,7 +54,9 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.db = open_db(settings.database_url)
         app.state.ledger = LedgerWriter(app.state.db)
         app.state.metrics = GatewayMetrics()
-        app.state.recorder = Recorder(app.state.ledger, app.state.metrics, prices=app.state.prices)
+        app.state.keys = KeyBook(app.state.db, required=config is not None and config.auth.required)
+        app.state.recorder = Recorder(app.state.ledger, app.state.metrics, prices=app.state.prices,
+                                      keys=app.state.keys)
         app.state.loop = asyncio.get_running_loop()
         routes = list(app.state.router.routes.values())
         pollers = [asyncio.create_task(route.poll_health()) for route in routes]

@@ -221,12 +221,19 @@ class RouteEntry(BaseModel):
         return value
 
 
+class AuthEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    required: bool = False  # every API request needs an API key (infer keys create); loopback included
+
+
 class GatewayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backends: list[BackendEntry] = Field(default_factory=list)
     routes: list[RouteEntry] = Field(default_factory=list)
     local: LocalEntry | None = None
+    auth: AuthEntry = Field(default_factory=AuthEntry)
 
     def prices(self) -> dict[str, PricingEntry]:
         """Pricing by backend name; ``local`` prices the in-process engines (llamacpp, native)."""
@@ -337,7 +344,8 @@ def _reason(err: dict[str, Any]) -> str:
         return "expected a mapping of key: value lines"
     if kind == "extra_forbidden":
         known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields,
-                 *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields]
+                 *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields,
+                 *AuthEntry.model_fields]
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         return "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")
     if kind == "missing":

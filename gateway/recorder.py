@@ -23,14 +23,18 @@ from adapters.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
 from adapters.errors import BackendError, BackendProtocolError, RouteShed, ShuttingDown
 from adapters.router import Router
 from ledger.tables import UsageRecord
+from adapters.token_count import ByteEstimate
+from ledger.keys import reserve, settle
 from ledger.writer import LedgerWriter
 from pricing.book import PriceBook
 from pricing.method import Tokens
 
-from gateway.http.errors import to_status_message
+from gateway.http.errors import APIError, to_status_message
+from gateway.keys import KeyBook, OverBudget
 from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
+_BYTES = ByteEstimate()  # prompt tokens before any tokenizer ran: about 4 bytes a token
 
 
 @dataclass
@@ -39,6 +43,8 @@ class Recorder:
     metrics: GatewayMetrics | None = None
     live: set["Generation"] = field(default_factory=set)
     prices: PriceBook | None = None
+    keys: KeyBook | None = None
+    _settling: set[asyncio.Task] = field(default_factory=set)
 
     def priced(self, record: UsageRecord) -> UsageRecord:
         """``record`` with its cost, when its backend has pricing (tokens generated are billed,
@@ -69,9 +75,50 @@ class Recorder:
     async def start(self, backend: Backend, request: GenerationRequest, *, route: str,
                     stream: bool) -> "Generation":
         request.stream = stream  # a remote adapter asks its backend for one reply when the client wants one
+        try:
+            reserved = await self._admit_key(backend, request)
+        except (BackendError, APIError) as exc:
+            self.record(UsageRecord(source=request.source, route=route, model=request.model, backend=backend.name,
+                                    stream=stream, client=request.client, status="error", error=exc.message,
+                                    key_name=request.key_name))
+            raise
         gen = Generation(self, backend, request, route, stream)
+        gen.reserved = reserved
         await gen.prime()
         return gen
+
+    async def _admit_key(self, backend: Backend, request: GenerationRequest) -> float:
+        """Who asks (an API key), within its per-minute limits and its budget: the budget reserved."""
+        credential, request.credential = request.credential, None
+        if self.keys is None:
+            return 0.0
+        key = await self.keys.authenticate(credential, request.model)
+        if key is None:
+            return 0.0
+        request.key_name = key.name
+        prompt = _BYTES.prompt_tokens(request)
+        most = int(request.options.get("num_predict") or 0)
+        most = most if most > 0 else 2048  # no max_tokens: a context's worth
+        self.keys.admit(key, prompt + most)
+        if key.budget_usd is None or self.prices is None:
+            return 0.0
+        amount = self.prices.estimate((backend.name, request.model), Tokens(prompt, 0, most))
+        if not await asyncio.to_thread(reserve, self.keys.db, key.name, amount):
+            raise OverBudget(f"key '{key.name}' is over budget: spent ${key.spent_usd:.6f} of ${key.budget_usd:.6f} "
+                             f"(${key.reserved_usd:.6f} reserved by requests in flight); this request may cost up "
+                             f"to ${amount:.6f}", retry_after=60.0)
+        return amount
+
+    def settle_key(self, request: GenerationRequest, reserved: float, record: UsageRecord) -> None:
+        """A finished request's key: its tokens per minute, and its reservation turned into its cost."""
+        if self.keys is None or request.key_name is None:
+            return
+        self.keys.used(request.key_name, record.input_tokens + record.output_tokens)
+        if reserved or record.total_cost_usd:
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(
+                settle, self.keys.db, request.key_name, reserved, record.total_cost_usd or 0.0))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
 
     def record(self, record: UsageRecord) -> None:
         if self.metrics is not None:
@@ -98,8 +145,8 @@ class Recorder:
 
     async def settle(self) -> None:
         """Wait until every generation started so far has recorded its row (tests, shutdown)."""
-        while self.live:
-            await asyncio.gather(*(g.finished for g in list(self.live)), return_exceptions=True)
+        while self.live or self._settling:
+            await asyncio.gather(*(g.finished for g in list(self.live)), *self._settling, return_exceptions=True)
 
 
 @dataclass
@@ -115,6 +162,7 @@ class Generation:
         self.route, self.stream = route, stream
         self.done: Done | None = None
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
+        self.reserved = 0.0  # of its key's budget
         self._ended = False
         self._aborted: BackendError | None = None
         self._queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
@@ -219,7 +267,9 @@ class Generation:
     def _finish(self, record: UsageRecord) -> None:
         self._in_flight(-1)
         self.recorder.live.discard(self)
+        record.key_name = self.request.key_name
         try:
+            self.recorder.settle_key(self.request, self.reserved, record)
             self.recorder.record(record)
         finally:
             if not self.finished.done():

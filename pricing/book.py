@@ -86,6 +86,20 @@ class PriceBook:
         return cost, self.versions[backend]
 
 
+    def estimate(self, names: tuple[str, ...], tokens: Tokens) -> float:
+        """What ``tokens`` would cost on the first of ``names`` that has pricing, at today's rates,
+        without counting them (a budget reservation); 0 when none is priced."""
+        name = next((n for n in names if n in self.entries), None)
+        if name is None:
+            return 0.0
+        entry, hourly = self.entries[name], self.hourly.get(name)
+        if hourly is None:
+            rates = Rates.per_mtok(entry.input_per_mtok, entry.output_per_mtok, entry.cached_input_per_mtok)
+        else:
+            rates = hourly.rates(time.time())
+        return rates.cost(tokens).total if rates is not None else 0.0
+
+
 def output_weight(name: str, entry: Any) -> float:
     if entry.output_weight != "measured":
         return float(entry.output_weight)

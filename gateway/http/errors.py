@@ -73,6 +73,9 @@ def install(app: FastAPI) -> None:
         retry_after = getattr(exc, "retry_after", None)
         if retry_after is not None:  # an overloaded backend: tell clients when to come back
             response.headers["Retry-After"] = str(max(1, round(retry_after)))
+        for kind, left in (getattr(exc, "remaining", None) or {}).items():  # a key's per-minute limits
+            if left >= 0:
+                response.headers[f"x-ratelimit-remaining-{kind}"] = str(left)
         return response
 
     async def handle_validation(request: Request, exc: RequestValidationError) -> JSONResponse:

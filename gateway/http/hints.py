@@ -4,7 +4,7 @@ integer (negative: shed first). A malformed value is a 400 naming the header."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -19,9 +19,11 @@ class RequestHints:
     priority: int = 0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    credential: str | None = field(default=None, repr=False)  # the bearer, for the recorder's key check
 
     def apply(self, request: GenerationRequest) -> GenerationRequest:
         request.priority, request.slo_ttft_ms, request.slo_tpot_ms = self.priority, self.slo_ttft_ms, self.slo_tpot_ms
+        request.credential = self.credential
         return request
 
 
@@ -30,10 +32,13 @@ NONE = RequestHints()
 
 async def hints_of(request: Request) -> RequestHints:
     headers = request.headers
+    scheme, _, bearer = headers.get("authorization", "").partition(" ")
+    credential = bearer.strip() if scheme.lower() == "bearer" and bearer.strip() else None
     if "x-priority" not in headers and "x-slo-ttft-ms" not in headers and "x-slo-tpot-ms" not in headers:
-        return NONE
+        return NONE if credential is None else RequestHints(credential=credential)
     return RequestHints(priority=int(_number(headers, "x-priority", integer=True) or 0),
-                        slo_ttft_ms=_number(headers, "x-slo-ttft-ms"), slo_tpot_ms=_number(headers, "x-slo-tpot-ms"))
+                        slo_ttft_ms=_number(headers, "x-slo-ttft-ms"), slo_tpot_ms=_number(headers, "x-slo-tpot-ms"),
+                        credential=credential)
 
 
 def _number(headers, name: str, *, integer: bool = False) -> float | None:

@@ -78,10 +78,10 @@ def gateway_for(tiny_store, tmp_path_factory):
     (and ``routes:``)."""
     started: list[LiveServer] = []
 
-    def start(backends: list[dict], routes: list[dict] | None = None) -> LiveServer:
+    def start(backends: list[dict], routes: list[dict] | None = None, **more: dict) -> LiveServer:
         tmp = tmp_path_factory.mktemp("gateway")
         config = tmp / "backends.yaml"
-        body = {"backends": backends, **({"routes": routes} if routes else {})}
+        body = {"backends": backends, **({"routes": routes} if routes else {}), **more}
         config.write_text(yaml.safe_dump(body, sort_keys=False))
         server = start_server(tmp, tiny_store.root, INFER_CONFIG=str(config))
         started.append(server)

@@ -1,0 +1,105 @@
+"""API keys on the request path: who is asking, within which limits, and within which budget.
+
+- ``authenticate``: ``Authorization: Bearer sk-infer-…`` names a key of the ledger (looked up off
+  the event loop, cached for a few seconds); a revoked or unknown key is 401, a model outside the
+  key's routes 403. With ``auth: {required: true}`` in the config every API request needs one.
+- ``Limits``: requests and tokens per minute per key, in this process (a sliding minute): 429
+  with ``Retry-After`` and ``x-ratelimit-remaining-requests`` / ``-tokens``.
+- budgets: the recorder reserves a request's maximum cost before it starts and settles it to the
+  actual cost when it ends (``ledger.keys``), so concurrent requests cannot overrun a budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+
+from adapters.errors import BackendOverloaded
+from ledger.keys import ApiKey, find_key
+
+from gateway.http.errors import APIError
+
+CACHE_S = 2.0
+
+
+class OverBudget(BackendOverloaded):
+    """A key's budget cannot cover this request's maximum cost (429)."""
+
+
+class RateLimited(BackendOverloaded):
+    def __init__(self, message: str, *, retry_after: float, remaining: dict[str, int]):
+        super().__init__(message, retry_after=retry_after)
+        self.remaining = remaining
+
+
+@dataclass
+class KeyBook:
+    db: Engine
+    required: bool = False
+    _cache: dict[str, tuple[float, ApiKey | None]] = field(default_factory=dict)
+    _minutes: dict[str, "Minute"] = field(default_factory=dict)
+
+    async def authenticate(self, bearer: str | None, model: str) -> ApiKey | None:
+        if not bearer or not bearer.startswith("sk-infer-"):
+            if self.required:
+                raise APIError(401, "this server requires an API key: send 'Authorization: Bearer sk-infer-…' "
+                                    "(infer keys create NAME)")
+            return None
+        key = await self._lookup(bearer)
+        if key is None or key.revoked:
+            raise APIError(401, "invalid or revoked API key")
+        if not key.allows(model):
+            raise APIError(403, f"key '{key.name}' may not use '{model}' (its routes: {', '.join(key.routes)})")
+        return key
+
+    async def _lookup(self, bearer: str) -> ApiKey | None:
+        now = time.monotonic()
+        cached = self._cache.get(bearer)
+        if cached is not None and now - cached[0] < CACHE_S:
+            return cached[1]
+        key = await asyncio.to_thread(find_key, self.db, bearer)
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[bearer] = (now, key)
+        return key
+
+    def admit(self, key: ApiKey, tokens: int) -> None:
+        """Count one request against the key's per-minute limits, or raise RateLimited."""
+        if key.rpm is None and key.tpm is None:
+            return
+        self._minutes.setdefault(key.name, Minute()).admit(key, tokens)
+
+    def used(self, key_name: str, tokens: int) -> None:
+        minute = self._minutes.get(key_name)
+        if minute is not None:
+            minute.tokens.append((time.monotonic(), tokens))
+
+
+@dataclass
+class Minute:
+    requests: deque = field(default_factory=deque)  # admission times
+    tokens: deque = field(default_factory=deque)    # (time, tokens) of finished requests
+
+    def admit(self, key: ApiKey, tokens: int) -> None:
+        now = time.monotonic()
+        while self.requests and self.requests[0] <= now - 60:
+            self.requests.popleft()
+        while self.tokens and self.tokens[0][0] <= now - 60:
+            self.tokens.popleft()
+        used = sum(n for _, n in self.tokens)
+        remaining = {"requests": (key.rpm - len(self.requests)) if key.rpm else -1,
+                     "tokens": (key.tpm - used) if key.tpm else -1}
+        if key.rpm is not None and len(self.requests) >= key.rpm:
+            wait = self.requests[0] + 60 - now
+            raise RateLimited(f"key '{key.name}' reached its {key.rpm} requests per minute; retry in "
+                              f"{math.ceil(wait)} s", retry_after=max(1.0, math.ceil(wait)), remaining=remaining)
+        if key.tpm is not None and used + tokens > key.tpm:
+            wait = self.tokens[0][0] + 60 - now if self.tokens else 60.0
+            raise RateLimited(f"key '{key.name}' reached its {key.tpm} tokens per minute; retry in "
+                              f"{math.ceil(wait)} s", retry_after=max(1.0, math.ceil(wait)), remaining=remaining)
+        self.requests.append(now)

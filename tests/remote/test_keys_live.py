@@ -1,0 +1,133 @@
+"""API keys through a live `infer serve`: 100 concurrent requests against a budget that fits 10 never
+overspend it, per-minute limits answer 429 with Retry-After and the remaining counts, unknown and
+revoked keys are 401, a key's routes are enforced, `auth: {required: true}` closes the door, and
+rows carry the key's name."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from tests.remote.servers import start_server as start_fake
+from tests.remote.servers.behaviour import Behaviour
+
+CHAT = [{"role": "user", "content": "name four letters"}]
+PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # a request of ~10 + 8 tokens: ~$0.018
+
+
+@pytest.fixture(scope="module")
+def fake():
+    server = start_fake("vllm", Behaviour(token_delay=0.01))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def new_key(server, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "cli", "keys", "create", *args, "--db", server.db_url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def post(server, key: str | None, model: str = "priced", **extra) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": model, "messages": CHAT, "max_tokens": 8, **extra}
+    return httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(fake, gateway_for):
+    model = fake.behaviour.models[0]
+    return gateway_for([{"name": "priced", "type": "vllm", "base_url": fake.url, "model": model, "pricing": PRICE},
+                        {"name": "other", "type": "vllm", "base_url": fake.url, "model": model}])
+
+
+def spent(server, name: str) -> tuple[float, float, float]:
+    db = sa.create_engine(server.db_url)
+    try:
+        with db.connect() as conn:
+            row = conn.execute(sa.text("SELECT spent_usd, reserved_usd, budget_usd FROM api_keys WHERE name = :n"),
+                               {"n": name}).one()
+    finally:
+        db.dispose()
+    return tuple(row)
+
+
+def test_100_concurrent_requests_never_overspend_a_budget_that_fits_10(server):
+    one = post(server, None)
+    assert one.status_code == 200
+    cost = float(one.headers["x-infer-cost-usd"])  # what such a request costs
+    key = new_key(server, "team", "--budget-usd", f"{cost * 10 * 2.2:.6f}")  # reservations count max_tokens
+
+    async def run() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=100)
+        async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+            body = {"model": "priced", "messages": CHAT, "max_tokens": 8}
+            return await asyncio.gather(*(client.post(server.url + "/v1/chat/completions", json=body,
+                                                      headers={"Authorization": f"Bearer {key}"})
+                                          for _ in range(100)))
+    answers = asyncio.run(run())
+    ok = [r for r in answers if r.status_code == 200]
+    refused = [r for r in answers if r.status_code == 429]
+    assert len(ok) + len(refused) == 100 and 0 < len(ok) < 100
+    assert "over budget" in refused[0].json()["error"]["message"]
+    deadline = time.monotonic() + 10
+    while spent(server, "team")[1] > 1e-12 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    used, reserved, budget = spent(server, "team")
+    assert used <= budget + 1e-9 and reserved == pytest.approx(0, abs=1e-12)
+    assert used == pytest.approx(sum(float(r.headers["x-infer-cost-usd"]) for r in ok), rel=1e-6)
+
+
+def test_requests_per_minute(server):
+    key = new_key(server, "burst", "--rpm", "3")
+    codes = [post(server, key).status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    r = post(server, key)
+    assert 1 <= float(r.headers["retry-after"]) <= 60 and r.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_unknown_revoked_and_out_of_route_keys(server):
+    assert post(server, "sk-infer-nope").status_code == 401
+    key = new_key(server, "narrow", "--routes", "priced")
+    assert post(server, key).status_code == 200
+    assert post(server, key, model="other").status_code == 403
+    done = subprocess.run([sys.executable, "-m", "cli", "keys", "revoke", "narrow", "--db", server.db_url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    time.sleep(2.5)  # the server caches a key for 2 s
+    assert post(server, key).status_code == 401
+
+
+def test_rows_carry_the_key_name(server):
+    key = new_key(server, "tagged")
+    assert post(server, key).status_code == 200
+    db = sa.create_engine(server.db_url)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with db.connect() as conn:
+                names = [r[0] for r in conn.execute(sa.text("SELECT key_name FROM requests WHERE key_name = 'tagged'"))]
+            if names:
+                break
+            time.sleep(0.1)
+    finally:
+        db.dispose()
+    assert names == ["tagged"]
+
+
+def test_auth_required_needs_a_key_even_on_loopback(fake, gateway_for):
+    model = fake.behaviour.models[0]
+    server = gateway_for([{"name": "m", "type": "vllm", "base_url": fake.url, "model": model}], auth={"required": True})
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "m", "messages": CHAT, "max_tokens": 2})
+    assert r.status_code == 401 and "requires an API key" in r.json()["error"]["message"]
+    key = new_key(server, "door")
+    assert post(server, key, model="m").status_code == 200
