@@ -27,3 +27,18 @@ def tiny_store(tmp_path_factory):
     from tests.models import install_tiny_models
 
     return install_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL cluster (``tests/servers.py``); skips when the server is not installed."""
+    from tests.servers import Postgres
+
+    try:
+        server = Postgres()
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc} (CI installs it in .ci/run)")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -55,7 +55,8 @@ def start_server(tmp: Path, models: Path, **extra_env: str) -> LiveServer:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = LiveServer(f"http://127.0.0.1:{port}", port, home, f"sqlite:///{home / 'usage.db'}", proc, log_path,
+    db_url = extra_env.get("INFER_DATABASE_URL") or f"sqlite:///{home / 'usage.db'}"
+    server = LiveServer(f"http://127.0.0.1:{port}", port, home, db_url, proc, log_path,
                         engine=extra_env.get("INFER_ENGINE", "llamacpp"))
     _wait_ready(server)
     return server

@@ -78,12 +78,13 @@ def gateway_for(tiny_store, tmp_path_factory):
     (and ``routes:``)."""
     started: list[LiveServer] = []
 
-    def start(backends: list[dict], routes: list[dict] | None = None, **more: dict) -> LiveServer:
+    def start(backends: list[dict], routes: list[dict] | None = None, env: dict | None = None,
+              **more: dict) -> LiveServer:
         tmp = tmp_path_factory.mktemp("gateway")
         config = tmp / "backends.yaml"
         body = {"backends": backends, **({"routes": routes} if routes else {}), **more}
         config.write_text(yaml.safe_dump(body, sort_keys=False))
-        server = start_server(tmp, tiny_store.root, INFER_CONFIG=str(config))
+        server = start_server(tmp, tiny_store.root, INFER_CONFIG=str(config), **(env or {}))
         started.append(server)
         return server
 

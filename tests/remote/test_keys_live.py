@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from tests.remote.servers import start_server as start_fake
 from tests.remote.servers.behaviour import Behaviour
+from tests.servers import wait_for
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # a request of ~10 + 8 tokens: ~$0.018
@@ -131,3 +132,27 @@ def test_auth_required_needs_a_key_even_on_loopback(fake, gateway_for):
     assert r.status_code == 401 and "requires an API key" in r.json()["error"]["message"]
     key = new_key(server, "door")
     assert post(server, key, model="m").status_code == 200
+
+
+def test_two_replicas_on_one_postgres_keep_one_budget(fake, gateway_for, postgres):
+    model = fake.behaviour.models[0]
+    env = {"INFER_DATABASE_URL": postgres.url}
+    replicas = [gateway_for([{"name": "priced", "type": "vllm", "base_url": fake.url, "model": model,
+                              "pricing": PRICE}], env=env) for _ in range(2)]
+    cost = float(post(replicas[0], None).headers["x-infer-cost-usd"])
+    key = new_key(replicas[0], "shared", "--budget-usd", f"{cost * 10 * 2.2:.6f}")
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=100), timeout=60) as client:
+            body = {"model": "priced", "messages": CHAT, "max_tokens": 8}
+            return await asyncio.gather(*(client.post(replicas[i % 2].url + "/v1/chat/completions", json=body,
+                                                      headers={"Authorization": f"Bearer {key}"})
+                                          for i in range(100)))
+    answers = asyncio.run(run())
+    ok = [r for r in answers if r.status_code == 200]
+    assert 0 < len(ok) < 100 and all(r.status_code in (200, 429) for r in answers)
+    assert {r.url.port for r in ok} == {replicas[0].port, replicas[1].port}  # both served some
+    assert wait_for(lambda: spent(replicas[0], "shared")[1] < 1e-12)
+    used, _, budget = spent(replicas[0], "shared")
+    assert used <= budget + 1e-9
+    assert used == pytest.approx(sum(float(r.headers["x-infer-cost-usd"]) for r in ok), rel=1e-6)

@@ -1,0 +1,59 @@
+"""The same ledger on PostgreSQL: migrations, the batching writer, and budgets that concurrent
+reservations cannot overrun (the test CI runs against a real server, ``tests/servers.py``)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+from ledger.db import open_db
+from ledger.keys import create_key, list_keys, reserve, settle
+from ledger.migrations import MIGRATIONS
+from ledger.tables import UsageRecord
+from ledger.writer import LedgerWriter
+
+
+@pytest.fixture
+def pg(postgres):
+    db = open_db(postgres.url)
+    with db.begin() as conn:
+        conn.execute(sa.text("DELETE FROM api_keys"))
+        conn.execute(sa.text("DELETE FROM requests"))
+    yield db
+    db.dispose()
+
+
+def test_migrations_and_the_writer_on_postgres(pg):
+    with pg.connect() as conn:
+        applied = {r[0] for r in conn.execute(sa.text("SELECT name FROM _infer_migrations"))}
+    assert applied == {m.__name__ for m in MIGRATIONS}
+    writer = LedgerWriter(pg)
+    for i in range(200):
+        writer.submit(UsageRecord(source="gateway", route="/v1/chat/completions", model=f"m{i % 3}", backend="vllm",
+                                  input_tokens=i, output_tokens=1, total_cost_usd=0.001))
+    writer.close()
+    with pg.connect() as conn:
+        assert conn.scalar(sa.text("SELECT count(*), sum(input_tokens) FROM requests")) == 200
+
+
+def test_100_concurrent_reservations_on_postgres(pg):
+    create_key(pg, "k", budget_usd=1.0)
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        ok = reserve(pg, "k", 0.1)
+        with lock:
+            results.append(ok)
+    threads = [threading.Thread(target=one) for _ in range(100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(True) == 10
+    for _ in range(10):
+        settle(pg, "k", 0.1, 0.05)
+    key = list_keys(pg)[0]
+    assert key.spent_usd == pytest.approx(0.5) and key.reserved_usd == pytest.approx(0.0, abs=1e-12)
