@@ -29,6 +29,8 @@ def serve(
     config: Path = typer.Option(None, "--config", help="YAML file listing remote backends (vLLM, TGI, "
                                 "TensorRT-LLM, Triton, Ollama, llama.cpp, OpenAI) served next to the store's models "
                                 "(INFER_CONFIG)."),
+    redis_url: str = typer.Option(None, "--redis-url", help="Redis URL for per-key rate limits shared by "
+                                  "replicas (INFER_REDIS_URL); in process memory without it."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Start the API server (Ollama /api/* and OpenAI /v1/*).
@@ -39,7 +41,7 @@ def serve(
     from gateway.server import GatewayServer
 
     overrides = {"database_url": db, "num_parallel": num_parallel, "context_length": context_length,
-                 "engine": engine, "config": config}
+                 "engine": engine, "config": config, "redis_url": redis_url}
     try:
         if host:
             overrides["host"], overrides["port"] = parse_host(host)

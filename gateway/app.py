@@ -54,7 +54,8 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.db = open_db(settings.database_url)
         app.state.ledger = LedgerWriter(app.state.db)
         app.state.metrics = GatewayMetrics()
-        app.state.keys = KeyBook(app.state.db, required=config is not None and config.auth.required)
+        app.state.keys = KeyBook(app.state.db, required=config is not None and config.auth.required,
+                                 redis=_redis(settings.redis_url))
         app.state.recorder = Recorder(app.state.ledger, app.state.metrics, prices=app.state.prices,
                                       keys=app.state.keys)
         app.state.loop = asyncio.get_running_loop()
@@ -73,6 +74,8 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
             await app.state.router.aclose()
             app.state.ledger.close()
             app.state.db.dispose()
+            if app.state.keys.redis is not None:
+                await app.state.keys.redis.aclose()
 
     app = FastAPI(title="infer", version=health.VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)
@@ -91,6 +94,14 @@ def begin_shutdown(app: FastAPI, grace: float) -> None:
     if loop is not None and not loop.is_closed():
         recorder = app.state.recorder
         loop.call_soon_threadsafe(lambda: loop.create_task(recorder.stop_after(max(0.0, grace - 1.0))))
+
+
+def _redis(url: str | None):
+    if url is None:
+        return None
+    import redis.asyncio
+
+    return redis.asyncio.Redis.from_url(url)
 
 
 def _router(backend: Backend | Router) -> Router:

@@ -3,8 +3,10 @@
 - ``authenticate``: ``Authorization: Bearer sk-infer-…`` names a key of the ledger (looked up off
   the event loop, cached for a few seconds); a revoked or unknown key is 401, a model outside the
   key's routes 403. With ``auth: {required: true}`` in the config every API request needs one.
-- ``Limits``: requests and tokens per minute per key, in this process (a sliding minute): 429
-  with ``Retry-After`` and ``x-ratelimit-remaining-requests`` / ``-tokens``.
+- limits: requests and tokens per minute per key: 429 with ``Retry-After`` and
+  ``x-ratelimit-remaining-requests`` / ``-tokens``. In this process (a sliding minute), or shared
+  by every replica in Redis with ``--redis-url`` (a counter per key and minute: atomic INCR with an
+  expiry).
 - budgets: the recorder reserves a request's maximum cost before it starts and settles it to the
   actual cost when it ends (``ledger.keys``), so concurrent requests cannot overrun a budget.
 """
@@ -16,6 +18,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -41,6 +44,7 @@ class RateLimited(BackendOverloaded):
 class KeyBook:
     db: Engine
     required: bool = False
+    redis: Any = None  # redis.asyncio.Redis when the limits are shared between replicas
     _cache: dict[str, tuple[float, ApiKey | None]] = field(default_factory=dict)
     _minutes: dict[str, "Minute"] = field(default_factory=dict)
 
@@ -68,16 +72,43 @@ class KeyBook:
         self._cache[bearer] = (now, key)
         return key
 
-    def admit(self, key: ApiKey, tokens: int) -> None:
+    async def admit(self, key: ApiKey, tokens: int) -> None:
         """Count one request against the key's per-minute limits, or raise RateLimited."""
         if key.rpm is None and key.tpm is None:
             return
-        self._minutes.setdefault(key.name, Minute()).admit(key, tokens)
+        if self.redis is not None:
+            await _redis_admit(self.redis, key, tokens)
+        else:
+            self._minutes.setdefault(key.name, Minute()).admit(key, tokens)
 
-    def used(self, key_name: str, tokens: int) -> None:
+    async def used(self, key_name: str, tokens: int) -> None:
+        if self.redis is not None:
+            counter = f"infer:tpm:{key_name}:{int(time.time() // 60)}"
+            async with self.redis.pipeline(transaction=True) as pipe:
+                await pipe.incrby(counter, tokens).expire(counter, 120).execute()
+            return
         minute = self._minutes.get(key_name)
         if minute is not None:
             minute.tokens.append((time.monotonic(), tokens))
+
+
+async def _redis_admit(redis: Any, key: ApiKey, tokens: int) -> None:
+    """Fixed one-minute windows shared by every replica: one INCR of the request counter (with an
+    expiry), one read of the token counter."""
+    now = time.time()
+    minute, wait = int(now // 60), math.ceil(60 - now % 60)
+    requests, tokens_key = f"infer:rpm:{key.name}:{minute}", f"infer:tpm:{key.name}:{minute}"
+    async with redis.pipeline(transaction=True) as pipe:
+        count, _, used = await pipe.incr(requests).expire(requests, 120).get(tokens_key).execute()
+    used = int(used or 0)
+    remaining = {"requests": max(0, key.rpm - count) if key.rpm else -1,
+                 "tokens": max(0, key.tpm - used) if key.tpm else -1}
+    if key.rpm is not None and count > key.rpm:
+        raise RateLimited(f"key '{key.name}' reached its {key.rpm} requests per minute; retry in {wait} s",
+                          retry_after=float(max(1, wait)), remaining=remaining)
+    if key.tpm is not None and used + tokens > key.tpm:
+        raise RateLimited(f"key '{key.name}' reached its {key.tpm} tokens per minute; retry in {wait} s",
+                          retry_after=float(max(1, wait)), remaining=remaining)
 
 
 @dataclass

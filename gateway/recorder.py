@@ -99,7 +99,7 @@ class Recorder:
         prompt = _BYTES.prompt_tokens(request)
         most = int(request.options.get("num_predict") or 0)
         most = most if most > 0 else 2048  # no max_tokens: a context's worth
-        self.keys.admit(key, prompt + most)
+        await self.keys.admit(key, prompt + most)
         if key.budget_usd is None or self.prices is None:
             return 0.0
         amount = self.prices.estimate((backend.name, request.model), Tokens(prompt, 0, most))
@@ -113,10 +113,12 @@ class Recorder:
         """A finished request's key: its tokens per minute, and its reservation turned into its cost."""
         if self.keys is None or request.key_name is None:
             return
-        self.keys.used(request.key_name, record.input_tokens + record.output_tokens)
+        work = [self.keys.used(request.key_name, record.input_tokens + record.output_tokens)]
         if reserved or record.total_cost_usd:
-            task = asyncio.get_running_loop().create_task(asyncio.to_thread(
-                settle, self.keys.db, request.key_name, reserved, record.total_cost_usd or 0.0))
+            work.append(asyncio.to_thread(settle, self.keys.db, request.key_name, reserved,
+                                          record.total_cost_usd or 0.0))
+        for job in work:
+            task = asyncio.get_running_loop().create_task(job)
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
 

@@ -53,6 +53,8 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = Field(default=32 << 20, ge=1024, description="Largest accepted request body.")
     max_blob_bytes: int = Field(default=256 << 30, ge=1, description="Largest model file /api/blobs accepts "
                                 "(INFER_MAX_BLOB_BYTES); free disk space less a GiB caps it too.")
+    redis_url: str | None = Field(default=None, description="Redis for per-key rate limits shared by replicas "
+                                  "(INFER_REDIS_URL / --redis-url); in process memory without it.")
     shutdown_grace: float = Field(default=5.0, ge=0.0, description="Seconds running requests get to finish "
                                   "after SIGTERM/SIGINT; the rest then end with an error event and their row.")
     database_url: str = Field(description="Usage ledger URL (INFER_DATABASE_URL).")
@@ -137,6 +139,8 @@ def _from_env(env: dict[str, str]) -> dict[str, Any]:
         out["origins"] = tuple(env["INFER_ORIGINS"].split(","))
     if env.get("INFER_API_KEYS"):
         out["api_key_hashes"] = frozenset(hash_key(k.strip()) for k in env["INFER_API_KEYS"].split(",") if k.strip())
+    if env.get("INFER_REDIS_URL"):
+        out["redis_url"] = env["INFER_REDIS_URL"].strip()
     if env.get("INFER_MAX_BLOB_BYTES"):
         out["max_blob_bytes"] = env["INFER_MAX_BLOB_BYTES"].strip()
     if env.get("INFER_CONFIG"):

@@ -42,3 +42,18 @@ def postgres():
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A throwaway redis-server (``tests/servers.py``); skips when it is not installed."""
+    from tests.servers import Redis
+
+    try:
+        server = Redis()
+    except FileNotFoundError as exc:
+        pytest.skip(f"{exc} (CI installs it in .ci/run)")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -71,3 +71,37 @@ def wait_for(predicate, timeout: float = 10.0, step: float = 0.1) -> bool:
             return True
         time.sleep(step)
     return predicate()
+
+
+class Redis:
+    """A throwaway ``redis-server`` on a free loopback port (Debian's ``redis-server`` package)."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise FileNotFoundError("redis-server not found: apt-get install redis-server")
+        self.port = _free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="infer-redis-"))
+        self.process = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                         "--appendonly", "no", "--dir", str(self.dir)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        if not wait_for(self._up, timeout=15):
+            self.stop()
+            raise RuntimeError("redis-server did not start")
+
+    def _up(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)

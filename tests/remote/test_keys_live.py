@@ -156,3 +156,18 @@ def test_two_replicas_on_one_postgres_keep_one_budget(fake, gateway_for, postgre
     used, _, budget = spent(replicas[0], "shared")
     assert used <= budget + 1e-9
     assert used == pytest.approx(sum(float(r.headers["x-infer-cost-usd"]) for r in ok), rel=1e-6)
+
+
+def test_two_replicas_share_requests_per_minute_through_redis(fake, gateway_for, redis_server, tmp_path):
+    model = fake.behaviour.models[0]
+    db_url = f"sqlite:///{tmp_path / 'shared.db'}"
+    env = {"INFER_REDIS_URL": redis_server.url, "INFER_DATABASE_URL": db_url}
+    replicas = [gateway_for([{"name": "priced", "type": "vllm", "base_url": fake.url, "model": model}], env=env)
+                for _ in range(2)]
+    key = new_key(replicas[0], "shared-rpm", "--rpm", "5")
+    if time.time() % 60 > 50:  # the counters are per minute: start a fresh one
+        time.sleep(61 - time.time() % 60)
+    codes = [post(replicas[i % 2], key).status_code for i in range(8)]
+    assert codes.count(200) == 5 and codes.count(429) == 3, codes
+    refused = post(replicas[1], key)
+    assert refused.status_code == 429 and refused.headers["x-ratelimit-remaining-requests"] == "0"
