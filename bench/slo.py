@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 import gateway_overhead as go  # noqa: E402  (bench/ is the script's directory)
+from noise import wait_idle  # noqa: E402
 from tests.remote.servers.queueing import QueueModel  # noqa: E402
 
 WORK = ROOT / ".bench" / "slo"
@@ -126,6 +127,7 @@ class Side:
     model: str
     headers: dict = field(default_factory=dict)
     route: str | None = None  # the infer route whose /infer/routes view to read
+    pid: int | None = None    # the gateway process, for its CPU use
 
 
 def start_fleet(procs: go.Processes, work: Path) -> dict[str, str]:
@@ -159,9 +161,9 @@ def start_infer(procs: go.Processes, work: Path, fleet: dict[str, str]) -> list[
                INFER_DATABASE_URL=f"sqlite:///{home / 'usage.db'}")
     port = go.free_port()
     url = f"http://127.0.0.1:{port}"
-    procs.start([*go.infer_command(), "serve", "--config", str(config), "--host", f"127.0.0.1:{port}"],
-                work / "infer-serve.log", url + "/", env, timeout=120)
-    return [Side(s, url, f"chat-{s}", route=f"chat-{s}") for s in STRATEGIES]
+    proc = procs.start([*go.infer_command(), "serve", "--config", str(config), "--host", f"127.0.0.1:{port}"],
+                       work / "infer-serve.log", url + "/", env, timeout=120)
+    return [Side(s, url, f"chat-{s}", route=f"chat-{s}", pid=proc.pid) for s in STRATEGIES]
 
 
 def start_litellm(procs: go.Processes, work: Path, fleet: dict[str, str], exe: Path) -> Side:
@@ -173,9 +175,10 @@ def start_litellm(procs: go.Processes, work: Path, fleet: dict[str, str], exe: P
                                       "router_settings": {"routing_strategy": "latency-based-routing"}}))
     port = go.free_port()
     env = {**os.environ, "LITELLM_MASTER_KEY": go.MASTER_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    procs.start([str(exe), "--config", str(config), "--port", str(port), "--host", "127.0.0.1"],
-                work / "litellm-proxy.log", f"http://127.0.0.1:{port}/health/liveliness", env, timeout=300)
-    return Side("litellm", f"http://127.0.0.1:{port}", "chat", {"Authorization": f"Bearer {go.MASTER_KEY}"})
+    proc = procs.start([str(exe), "--config", str(config), "--port", str(port), "--host", "127.0.0.1"],
+                       work / "litellm-proxy.log", f"http://127.0.0.1:{port}/health/liveliness", env, timeout=300)
+    return Side("litellm", f"http://127.0.0.1:{port}", "chat", {"Authorization": f"Bearer {go.MASTER_KEY}"},
+                pid=proc.pid)
 
 
 # ---------------------------------------------------------------- one request
@@ -314,7 +317,7 @@ async def drain(client, fleet: dict[str, str], limit: float = 120.0) -> float:
     return time.perf_counter() - st
 
 
-async def bench(args, sides: list[Side], fleet: dict[str, str], capacity: float) -> list[dict]:
+async def bench(args, sides: list[Side], fleet: dict[str, str], capacity: float, fleet_pids: list[int]) -> list[dict]:
     runs = []
     async with go.make_client(1024) as client:
         if args.warmup > 0:
@@ -328,9 +331,12 @@ async def bench(args, sides: list[Side], fleet: dict[str, str], capacity: float)
             for side in sides[i % len(sides):] + sides[:i % len(sides)]:
                 print(f"load {load:g}x ({load * capacity:.2f} req/s, {len(calls)} requests): {side.name} ...",
                       flush=True)
-                before = await served(client, fleet)
+                before, noise, cpu0 = await served(client, fleet), go.Noise([side.pid, *fleet_pids]), go.cpu_seconds(side.pid)
+                noise.start()
                 results, duration = await run_load(client, side, calls, args.grace)
                 row = {"load": load, "rate_rps": load * capacity, "side": side.name, **summarize(results, duration)}
+                row["noise"] = noise.stop()
+                row["gateway_cores"] = (go.cpu_seconds(side.pid) - cpu0) / row["noise"]["wall_s"]
                 view = await route_view(client, side)
                 row["prediction_error"] = view.get("prediction_error") if view else None
                 row["route_view"] = view
@@ -348,15 +354,15 @@ def fmt(value, spec: str = ".0f", width: int = 6) -> str:
 
 HEADER = (f"  {'load':>4s} {'side':15s} {'reqs':>5s} {'good':>5s} {'shed':>5s} {'err':>4s} {'attain':>6s} "
           f"{'adm.at':>6s} {'goodput':>7s} {'ttft50':>6s} {'ttft99':>6s} {'tpot50':>6s} {'tpot99':>6s} {'pred.err':>8s} "
-          f"{'served f/m/s':>12s}")
+          f"{'served f/m/s':>12s} {'gw cpu':>6s} {'others':>6s}")
 
 
 def print_row(r: dict) -> None:
     print(f"  {r['load']:4.1f} {r['side']:15s} {r['requests']:5d} {r['good']:5d} {r['shed']:5d} {r['errors']:4d} "
           f"{fmt(r['attainment'], '.3f')} {fmt(r['admitted_attainment'], '.3f')} {r['goodput_rps']:7.3f} "
           f"{fmt(r['ttft_p50_ms'])} {fmt(r['ttft_p99_ms'])} {fmt(r['tpot_p50_ms'])} {fmt(r['tpot_p99_ms'])} "
-          f"{fmt(r['prediction_error'], '.1%', 8)} {'/'.join(str(v) for v in r.get('served', {}).values()):>12s}",
-          flush=True)
+          f"{fmt(r['prediction_error'], '.1%', 8)} {'/'.join(str(v) for v in r.get('served', {}).values()):>12s} "
+          f"{r['gateway_cores']:6.2f} {r['noise']['others_cores']:6.2f}", flush=True)
 
 
 def goals(runs: list[dict]) -> list[dict]:
@@ -395,7 +401,9 @@ def print_report(runs: list[dict], cap: dict, args) -> None:
     print(HEADER)
     for r in sorted(runs, key=lambda r: (r["load"], r["side"])):
         print_row(r)
-    print("  (ms; goodput in good req/s; pred.err = the route's median |predicted - actual| / actual)")
+    print("  (ms; goodput in good req/s; pred.err = the route's median |predicted - actual| / actual; served = requests\n"
+          "   each backend finished; gw cpu = cores the gateway process used; others = cores used by processes\n"
+          "   other than this client, the gateway and the fleet)")
     for r in runs:
         if r["errors"]:
             print(f"  {r['load']:g}x {r['side']}: {r['errors']} errors, e.g. {'; '.join(r['first_errors'])}")
@@ -414,6 +422,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sides", default="slo,least_inflight,round_robin,litellm")
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--quick", action="store_true", help="20 s runs, 15 s grace, 8 s warm-up")
+    parser.add_argument("--wait-idle", type=float, default=60, help="wait up to this many s for a quiet machine")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args()
     args.loads = [float(x) for x in args.loads.split(",")]
@@ -431,6 +440,8 @@ def main() -> None:
     cap = fleet_capacity()
     print(f"fleet capacity {cap['rps']:.2f} req/s at TPOT <= {SLO['tpot_ms']} ms: "
           + json.dumps({n: {k: round(v, 2) for k, v in b.items() if v is not None} for n, b in cap["backends"].items()}))
+    if args.wait_idle > 0:
+        print(f"others use {wait_idle(args.wait_idle):.2f} cores at the start", flush=True)
     work = WORK / "run"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -441,6 +452,7 @@ def main() -> None:
                     "capacity": cap, "loadavg_at_start": open("/proc/loadavg").read().split()[:3]}
     try:
         fleet = start_fleet(procs, work)
+        fleet_pids = [p.pid for p in procs.procs]
         sides: list[Side] = []
         if any(s in STRATEGIES for s in args.sides):
             try:
@@ -452,7 +464,7 @@ def main() -> None:
             sides.append(start_litellm(procs, work, fleet, exe))
         if not sides:
             raise SystemExit("no side to measure")
-        report["runs"] = go.run_async(bench(args, sides, fleet, cap["rps"]))
+        report["runs"] = go.run_async(bench(args, sides, fleet, cap["rps"], fleet_pids))
         report["goals"] = goals(report["runs"])
         print_report(report["runs"], cap, args)
     except KeyboardInterrupt:
