@@ -25,8 +25,8 @@ async def root() -> str:
 
 
 @router.get("/api/version", responses={200: {"model": VersionResponse}, **errors(guarded=False)}, response_model=None)
-@router.head("/api/version", response_class=Response, responses={200: {"description": "as GET, no body"},
-                                                              **errors(guarded=False)})
+@router.head("/api/version", responses={200: {"model": VersionResponse, "description": "as GET, no body"},
+                                         **errors(guarded=False)}, response_model=None)
 async def api_version() -> dict:
     return {"version": VERSION}
 

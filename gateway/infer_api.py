@@ -34,12 +34,21 @@ class RoutesResponse(BaseModel):
     routes: list[RouteView]
 
 
+class CostReport(BaseModel):
+    """``GET /infer/cost`` (documentation only): ``groups`` per ``by`` key, ``bills`` per hour-priced backend."""
+
+    since: str
+    by: str
+    groups: list[dict[str, Any]]
+    bills: dict[str, dict[str, Any]]
+
+
 @router.get("/infer/routes", responses={200: {"model": RoutesResponse}, **errors()})
 async def routes(backends: RouterDep) -> JSONBytes:
     return JSONBytes({"routes": [route.snapshot() for route in backends.routes.values()]})
 
 
-@router.get("/infer/cost")
+@router.get("/infer/cost", responses={200: {"model": CostReport}, **errors(400)})
 async def cost(request: Request, db: DbDep, since: str = "24h", by: str = "backend") -> JSONBytes:
     """What ``infer cost --json`` prints: requests since ``since`` grouped ``by`` backend, route,
     model or day, settled against each hour-priced backend's bill."""

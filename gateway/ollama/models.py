@@ -27,7 +27,8 @@ router = APIRouter(tags=["ollama"])
 
 
 @router.get("/api/tags", responses={200: {"model": wire.ListResponse}, **wire.errors()}, response_model=None)
-@router.head("/api/tags", response_class=Response, responses={200: {"description": "as GET, no body"}, **wire.errors()})
+@router.head("/api/tags", responses={200: {"model": wire.ListResponse, "description": "as GET, no body"}, **wire.errors()},
+             response_model=None)
 async def tags(store: StoreDep, backends: RouterDep) -> dict:
     def listing() -> list[dict]:
         return [view.tag_entry(m, listing_details(store, m.name)) for m in store.list_models()]

@@ -5,7 +5,9 @@ Every operation of ``/openapi.json`` (both APIs, health routes included) is fuzz
 - ``free``: every field as the schema allows, valid and invalid (schemathesis' positive and
   negative modes), so model names are mostly unknown: request validation and 4xx paths;
 - ``pinned``: the model fields set to a real store model (``tiny``) after generation, so the
-  fuzzed options reach the in-process llama.cpp engine (the mode that found the /api/embed crash).
+  fuzzed options reach the in-process engine (the mode that found the /api/embed crash). Every
+  operation runs on the llama.cpp engine; the routes that reach an engine (generation and
+  embeddings) run pinned on the native engine too, on a second server.
 
 Each answer must pass schemathesis' ``not_a_server_error`` (no 5xx at all: the tiny model runs in
 process, so there is no backend to fail), ``status_code_conformance``, ``content_type_conformance``
@@ -58,7 +60,7 @@ from tests.gateway.conftest import free_port, private_store, start_server, stop_
 
 pytestmark = pytest.mark.fuzz
 
-MAX_EXAMPLES = int(os.environ.get("INFER_FUZZ_EXAMPLES", "75"))  # raise it for a deeper local hunt
+MAX_EXAMPLES = int(os.environ.get("INFER_FUZZ_EXAMPLES", "50"))  # raise it for a deeper local hunt
 PIN = "tiny"
 VICTIM = "victim"
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
@@ -82,10 +84,15 @@ def _operations() -> list[tuple[str, str]]:
 
 
 OPERATIONS = _operations()
+ENGINE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/generate", "/api/chat",
+                 "/api/embed", "/api/embeddings")
+CASES = [(m, p, mode, "llamacpp") for m, p in OPERATIONS for mode in ("free", "pinned")]
+CASES += [(m, p, "pinned", "native") for m, p in OPERATIONS if p in ENGINE_ROUTES]
 
 
 class Fuzz:
-    def __init__(self, server, registry: str, blob: str):
+    def __init__(self, engine: str, server, registry: str, blob: str):
+        self.engine = engine
         self.server = server
         self.registry = registry  # a host:port nothing listens on
         self.blob = blob  # the digest of a stored blob
@@ -93,7 +100,8 @@ class Fuzz:
 
 
 @pytest.fixture(scope="module")
-def fuzz(tiny_store, tmp_path_factory) -> Iterator[Fuzz]:
+def fuzz(request, tiny_store, tmp_path_factory) -> Iterator[Fuzz]:
+    """A server per engine (``request.param``), over its own copy of the tiny store."""
     from registry.names import parse_name
 
     store = private_store(tiny_store, tmp_path_factory, "fuzz")
@@ -101,9 +109,9 @@ def fuzz(tiny_store, tmp_path_factory) -> Iterator[Fuzz]:
     registry = f"127.0.0.1:{free_port()}"
     for copy in (VICTIM, f"{registry}/library/{PIN}:latest"):
         store.copy(tiny, parse_name(copy, insecure=True))
-    server = start_server(tmp_path_factory.mktemp("fuzz-server"), store.root, INFER_ENGINE="llamacpp")
+    server = start_server(tmp_path_factory.mktemp("fuzz-server"), store.root, INFER_ENGINE=request.param)
     try:
-        yield Fuzz(server, registry, store.read_manifest(tiny).layers[0].digest)
+        yield Fuzz(request.param, server, registry, store.read_manifest(tiny).layers[0].digest)
     finally:
         stop_server(server)
 
@@ -194,6 +202,23 @@ def _spoil(body, data) -> None:
         parent[path[-1]] = data.draw(st.sampled_from(NASTY), label="value")
 
 
+def _empty_stop(body) -> bool:
+    """``stop`` (OpenAI) or ``options.stop`` (Ollama) holding an empty string."""
+    if not isinstance(body, dict):
+        return False
+    options = body.get("options")
+    stops = [body.get("stop"), options.get("stop") if isinstance(options, dict) else None]
+    return any(s == "" or (isinstance(s, list) and "" in s) for s in stops)
+
+
+# Bugs the fuzzer found that are being fixed (.notes/issue12-fuzz.md): a failure they explain makes
+# the test xfail with the bug's name; any other failure still fails it. Remove an entry with its fix.
+KNOWN_BUGS = {
+    "fuzz-1: an empty stop string is a 500 (ValueError from SamplingParams) on the native engine":
+        lambda engine, case, response: engine == "native" and response.status_code == 500 and _empty_stop(case.body),
+}
+
+
 def _titles(exc: BaseException) -> str:
     """What a schemathesis failure says, one line per check that failed."""
     inner = exc.exceptions if isinstance(exc, FailureGroup) else [exc]
@@ -218,13 +243,14 @@ def _alive(server) -> None:
     assert httpx.get(server.url + "/", timeout=10).status_code == 200
 
 
-@pytest.mark.parametrize("mode", ["free", "pinned"])
-@pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
+@pytest.mark.parametrize(("method", "path", "mode", "fuzz"), CASES, indirect=["fuzz"],
+                         ids=[f"{m} {p}-{mode}-{engine}" for m, p, mode, engine in CASES])
 def test_fuzz(fuzz: Fuzz, method: str, path: str, mode: str):
     operation = fuzz.schema[path][method]
     strategy = st.one_of(operation.as_strategy(generation_mode=GenerationMode.POSITIVE),
                          operation.as_strategy(generation_mode=GenerationMode.NEGATIVE))
     failures: dict[str, str] = {}  # one reproducer per distinct failure
+    known: set[str] = set()
     allowed_5xx = {502} if path in ("/api/pull", "/api/push") else set()
     count = 0
     statuses: list[int] = []
@@ -248,6 +274,10 @@ def test_fuzz(fuzz: Fuzz, method: str, path: str, mode: str):
         try:
             case.validate_response(response, checks=checks)
         except (Exception, FailureGroup) as exc:
+            bug = next((name for name, match in KNOWN_BUGS.items() if match(fuzz.engine, case, response)), None)
+            if bug is not None:
+                known.add(bug)
+                return
             key = f"{response.status_code} {_titles(exc)[:80]}"
             body = response.content[:200].decode("utf-8", "replace")
             failures.setdefault(key, f"[{response.status_code}] {body!r}\n    " + _failure(case, exc, fuzz.server.url))
@@ -260,3 +290,5 @@ def test_fuzz(fuzz: Fuzz, method: str, path: str, mode: str):
     assert count > 0
     assert not failures, (f"{len(failures)} distinct failure(s) in {count} cases ({elapsed:.1f}s):\n"
                           + "\n".join(failures.values()))
+    if known:
+        pytest.xfail("known bug(s): " + "; ".join(sorted(known)))
