@@ -55,7 +55,7 @@ class GuardMiddleware:
         if limited and _content_length(headers) > self.settings.max_body_bytes:
             return await self._too_large(scope, send)
         send = self._with_cors(send, origin)
-        if not limited:
+        if not limited or "content-length" in headers:  # a declared length was checked above: nothing to count
             return await self.app(scope, receive, send)
         state = _BodyLimit()
         try:

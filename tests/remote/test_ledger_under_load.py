@@ -83,7 +83,9 @@ def test_sigterm_mid_load_leaves_one_row_per_answered_request(fake_vllm, gateway
     async def run() -> list:
         async with _client(200) as client:
             tasks = [asyncio.create_task(_stream(client, server.url, i, 10, answered)) for i in range(200)]
-            await asyncio.sleep(0.3)
+            deadline = time.monotonic() + 30
+            while len(answered) < 20 and time.monotonic() < deadline:  # mid-load, however slow the machine
+                await asyncio.sleep(0.05)
             server.process.send_signal(signal.SIGTERM)
             return await asyncio.gather(*tasks, return_exceptions=True)
     t0 = time.monotonic()
