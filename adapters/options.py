@@ -52,10 +52,13 @@ class Options(BaseModel):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_list(cls, value: Any) -> Any:
+        """One string or a list; empty strings are dropped (they would stop before every token)."""
         if value is None:
             return ()
         if isinstance(value, str):
-            return (value,)
+            value = (value,)
+        if isinstance(value, (list, tuple)):
+            return tuple(v for v in value if v != "")
         return value
 
     def sampling_seed(self) -> int:

@@ -40,3 +40,11 @@ def test_a_single_stop_string_becomes_a_list():
 def test_fixed_seed_is_used_and_random_seed_varies():
     assert Options(seed=42).sampling_seed() == 42
     assert len({Options().sampling_seed() for _ in range(5)}) > 1
+
+
+def test_empty_stop_strings_are_dropped():
+    """Found by the fuzz tier: an empty stop string was a 500 on the native engine (it stops everywhere)."""
+    from adapters.options import resolve_options
+
+    assert resolve_options({"stop": ["", "</s>"]}).stop == ("</s>",)
+    assert resolve_options({"stop": ""}).stop == ()
