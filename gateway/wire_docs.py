@@ -6,7 +6,8 @@ FastAPI only documents: nothing is validated or re-serialized at run time.
 
 - ``error_responses``: the error statuses a route answers, each with the API's error body, plus the
   guards' answers every route shares (401 without a valid key when keys are set, 403 with an empty
-  body for a foreign Host or Origin; see ``gateway/http/guards.py``).
+  body for a foreign Host or Origin, an error body for a key outside its routes; see
+  ``gateway/http/guards.py`` and ``gateway/keys.py``).
 - ``sse_content`` / ``ndjson_content``: a stream, declared the OpenAPI 3.2 way (``itemSchema`` = one
   event or line; for NDJSON ``schema`` = the whole stream as an array), with the models inlined.
 - ``install(app)``: FastAPI documents a 422 for every route with parameters, but this app answers
@@ -26,16 +27,18 @@ SSE = "text/event-stream"
 
 STATUS_TEXT = {
     400: "invalid request: a malformed body, a field of the wrong type or value, a prompt that does not fit",
-    401: "API keys are configured (INFER_API_KEYS) and the request has no valid 'Authorization: Bearer <key>'",
+    401: "keys are required (INFER_API_KEYS, or auth in the config) and the request has no valid "
+         "'Authorization: Bearer <key>', or its key is revoked",
+    403: "the key may not use this model (error body), or the Host or Origin header is not allowed (empty body)",
     404: "the model (or blob) is not found",
     413: "the request body is larger than the limit",
-    429: "a remote backend is saturated; Retry-After says when to come back",
+    429: "a remote backend is saturated, or the key's rate limit or budget is reached; Retry-After says when "
+         "to come back",
     502: "the backend (or registry) failed or answered something unreadable",
     503: "too many requests queued for the model",
     504: "the backend did not answer in time",
     507: "not enough disk space for the model",
 }
-GUARD_403 = {"description": "the Host or Origin header is not allowed (empty body)"}
 
 
 class TopLogprob(BaseModel):
@@ -58,8 +61,8 @@ class AssistantMessage(BaseModel):
 def error_responses(error_model: type[BaseModel], statuses: tuple[int, ...] | list[int], *,
                     guarded: bool = True) -> dict[int | str, dict[str, Any]]:
     """``responses=`` entries for ``statuses`` with ``error_model`` bodies, and the guards' 401/403/413."""
-    out: dict[int | str, dict[str, Any]] = {403: GUARD_403}
-    extra = (401, 413) if guarded else ()
+    out: dict[int | str, dict[str, Any]] = {}
+    extra = (401, 403, 413) if guarded else (403,)
     for status in sorted({*statuses, *extra}):
         out[status] = {"model": error_model, "description": STATUS_TEXT[status]}
     return out

@@ -44,7 +44,8 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -210,21 +211,11 @@ def _spoil(body, data) -> None:
         parent[path[-1]] = data.draw(st.sampled_from(NASTY), label="value")
 
 
-def _empty_stop(body) -> bool:
-    """``stop`` (OpenAI) or ``options.stop`` (Ollama) holding an empty string."""
-    if not isinstance(body, dict):
-        return False
-    options = body.get("options")
-    stops = [body.get("stop"), options.get("stop") if isinstance(options, dict) else None]
-    return any(s == "" or (isinstance(s, list) and "" in s) for s in stops)
-
-
-# Bugs the fuzzer found that are being fixed (.notes/issue12-fuzz.md): a failure they explain makes
-# the test xfail with the bug's name; any other failure still fails it. Remove an entry with its fix.
-KNOWN_BUGS = {
-    "fuzz-1: an empty stop string is a 500 (ValueError from SamplingParams) on the native engine":
-        lambda engine, case, response: engine == "native" and response.status_code == 500 and _empty_stop(case.body),
-}
+# Bugs the fuzzer found that are being fixed (.notes/issue12-fuzz.md): name -> predicate(engine, case,
+# response). A failure one explains makes the test xfail with the bug's name; any other failure still
+# fails it. Remove an entry with its fix. (fuzz-1, an empty stop string answered 500 on the native
+# engine, was fixed in e0bbc10.)
+KNOWN_BUGS: dict[str, Callable[[str, Any, Any], bool]] = {}
 
 
 def _titles(exc: BaseException) -> str:
