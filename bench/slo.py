@@ -22,7 +22,9 @@ unanswered ``--grace`` s after the last arrival is cancelled and counted as an e
 with ``shed: true``, ``least_inflight`` and ``round_robin`` (the SLO in each, for its live view), and
 LiteLLM's proxy (``.bench/litellm-venv``, installed by ``bench/gateway_overhead.py``'s helper) with the three
 backends in one model group and ``routing_strategy: latency-based-routing``. Sides run in a rotated order
-per load; the fleet is drained (``/metrics`` running + waiting = 0) between runs.
+per load; the fleet is drained (``/metrics`` running + waiting = 0) between runs. ``--sides ...,weighted`` adds
+a reference: ``strategy: weighted`` with each backend's weight = its capacity below (a static split that knows
+the fleet's model, which no adaptive strategy is told).
 
 **Per run** (metrics-and-cost.md §1): TTFT = first content chunk, TPOT = (last - first) / (chunks - 1), e2e =
 last content chunk; good = complete and every SLO part met; attainment = good / all requests (sheds and errors
@@ -72,7 +74,7 @@ FLEET = {  # name: the backend's queueing model (times are a few x a real GPU's,
 SLO = {"ttft_ms": 1500, "tpot_ms": 100, "e2e_ms": 15000, "target": 0.95, "window_s": 600}
 PROMPT_WORDS = (64, 768)
 OUTPUT_TOKENS = (16, 96)
-STRATEGIES = ("slo", "least_inflight", "round_robin")
+STRATEGIES = ("slo", "least_inflight", "round_robin", "weighted")  # weighted: only with --sides ...,weighted
 
 
 # ---------------------------------------------------------------- model arithmetic
@@ -145,8 +147,10 @@ def start_fleet(procs: go.Processes, work: Path) -> dict[str, str]:
 
 def infer_config(fleet: dict[str, str]) -> dict:
     backends = [{"name": name, "type": "vllm", "base_url": url, "model": SERVED_MODEL} for name, url in fleet.items()]
+    weights = {name: round(b["rps"], 3) for name, b in fleet_capacity()["backends"].items()}
     routes = [{"name": f"chat-{s}", "backends": list(fleet), "strategy": s, "slo": dict(SLO),
-               **({"shed": True} if s == "slo" else {})} for s in STRATEGIES]
+               **({"shed": True} if s == "slo" else {}), **({"weights": weights} if s == "weighted" else {})}
+              for s in STRATEGIES]
     return {"backends": backends, "routes": routes}
 
 
