@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo bench clean
+.PHONY: install test test-slow test-all demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,9 @@ install: $(STAMP)
 
 test: $(STAMP)  ## the default suite (slow tests excluded)
 	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)  ## the slow tests only (CI runs them after make test)
+	$(BIN)/python -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
 
 test-all: $(STAMP)  ## everything that can run here, slow tests included
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
