@@ -8,7 +8,10 @@ squares with forgetting, so they follow a backend whose speed drifts:
 
     TTFT ≈ w0 + w1·own prompt tokens + w2·prompt tokens waiting ahead + w3·requests waiting ahead
             + w4·requests decoding
-    TPOT ≈ v0 + v1·requests decoding
+    TPOT ≈ v0 + v1·requests decoding + v2·prompt tokens waiting (their prefills stall the decode)
+
+and a TTFT is never predicted below what the backend takes for such a prompt when idle (a second
+fit, ``idle``, over the requests that found nothing queued).
 
 (a prefill rate, the queue in front of the batch, and a per-token time that grows with the batch).
 Until a backend has answered a few requests, the priors (no queueing cost, a generous per-token
@@ -78,7 +81,9 @@ class LatencyModel:
     ttft: RecursiveLeastSquares = field(default_factory=lambda: RecursiveLeastSquares(
         [0.05, 1e-4, 1e-4, 0.0, 0.0], variance=[1.0, 1e-6, 1e-6, 0.1, 0.1]))
     tpot: RecursiveLeastSquares = field(default_factory=lambda: RecursiveLeastSquares(
-        [0.02, 0.0], variance=[1e-2, 1e-4]))
+        [0.02, 0.0, 0.0], variance=[1e-2, 1e-4, 1e-8]))
+    idle: RecursiveLeastSquares = field(default_factory=lambda: RecursiveLeastSquares(
+        [0.0, 0.0], variance=[1.0, 1e-6]))
     in_flight: dict[int, InFlight] = field(default_factory=dict)
     reported_waiting: float = 0.0  # the backend's own queue (its /metrics), other clients included
     errors: list[float] = field(default_factory=list)  # |predicted − actual| / actual of recent TTFTs
@@ -94,9 +99,15 @@ class LatencyModel:
     def decoding(self) -> int:
         return sum(1 for r in self.in_flight.values() if r.first_token)
 
+    def tpot_features(self, extra_decoding: int = 1) -> list[float]:
+        waiting = sum(r.prompt_tokens for r in self.in_flight.values() if not r.first_token)
+        return [1.0, float(self.decoding() + extra_decoding), float(waiting)]
+
     def predict(self, prompt_tokens: int) -> Prediction:
-        ttft = max(0.0, self.ttft.predict_monotone(self.ttft_features(prompt_tokens)))
-        tpot = max(0.0, self.tpot.predict_monotone([1.0, float(self.decoding() + 1)]))
+        features = self.ttft_features(prompt_tokens)
+        floor = self.idle.predict_monotone([1.0, float(prompt_tokens)]) if self.idle.observations else 0.0
+        ttft = max(0.0, floor, self.ttft.predict_monotone(features))
+        tpot = max(0.0, self.tpot.predict_monotone(self.tpot_features()))
         return Prediction(ttft, tpot)
 
     def started(self, key: int, prompt_tokens: int) -> tuple[list[float], Prediction]:
@@ -110,14 +121,16 @@ class LatencyModel:
         if entry is not None:
             entry.first_token = True
         self.ttft.update(features, ttft_s)
+        if not any(features[2:]):  # nothing was queued or decoding: what this backend takes when idle
+            self.idle.update(features[:2], ttft_s)
         if ttft_s > 0:
             self.errors.append(abs(predicted.ttft_s - ttft_s) / ttft_s)
             del self.errors[:-200]
 
-    def finished(self, key: int, tpot_s: float | None, decoding_at_start: int) -> None:
+    def finished(self, key: int, tpot_s: float | None, tpot_features: list[float] | None) -> None:
         self.in_flight.pop(key, None)
-        if tpot_s is not None:
-            self.tpot.update([1.0, float(decoding_at_start)], tpot_s)
+        if tpot_s is not None and tpot_features is not None:
+            self.tpot.update(tpot_features, tpot_s)
 
     def median_error(self) -> float | None:
         if not self.errors:

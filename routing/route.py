@@ -213,7 +213,7 @@ class _Attempt:
         features, predicted = member.latency.started(key, self.prompt_tokens)
         member.breaker.attempt()
         timer = self._first_token_timer()
-        decoding_at_first = 0
+        decoding_at_first: list[float] | None = None
         try:
             async for event in member.backend.stream(self.request):
                 if isinstance(event, Done):
@@ -227,11 +227,11 @@ class _Attempt:
                     if timer is not None:
                         timer.cancel()
                     ttft = time.perf_counter() - self.request.arrival
-                    decoding_at_first = member.latency.decoding() + 1
+                    decoding_at_first = member.latency.tpot_features()
                     member.latency.first_token(key, features, predicted, ttft)
                 yield event
         except BackendError as exc:
-            member.latency.finished(key, None, 0)
+            member.latency.finished(key, None, None)
             if exc.status in RETRYABLE:
                 member.breaker.failed()
             self.route._record(Outcome(time.monotonic(), member.name, "error"))
@@ -252,11 +252,11 @@ class _Attempt:
                 self.request.cancel.cancel()
         return asyncio.get_running_loop().call_later(limit, expire)
 
-    def _finish(self, done: Done, key: int, decoding_at_first: int, attempt: int) -> None:
+    def _finish(self, done: Done, key: int, decoding_at_first: list[float] | None, attempt: int) -> None:
         member, timings = self.member, done.timings
         if self.timed_out and not self.started:  # hedge: the client never sees this attempt
             self.hedged = True
-            member.latency.finished(key, None, 0)
+            member.latency.finished(key, None, None)
             member.breaker.failed()
             return
         member.breaker.succeeded()

@@ -89,5 +89,5 @@ def test_latency_model_counts_what_is_in_flight_and_scores_its_predictions():
     assert f2 == [1.0, 50.0, 100.0, 1.0, 0.0]  # 100 prompt tokens and one request queued ahead
     m.first_token(1, f1, p1, 0.2)
     assert m.ttft_features(10)[3:] == [1.0, 1.0]  # one waiting, one decoding
-    m.finished(1, 0.02, 1)
+    m.finished(1, 0.02, m.tpot_features(0))
     assert list(m.in_flight) == [2] and m.median_error() == pytest.approx(abs(p1.ttft_s - 0.2) / 0.2)
