@@ -8,6 +8,14 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, 
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
+def parse_period(text: str) -> float:
+    """Seconds of a reporting or budget period: a Go duration, or whole days (``30d``)."""
+    text = text.strip()
+    if text.endswith("d") and text[:-1].isdigit():
+        return int(text[:-1]) * 86400.0
+    return parse_duration(text)
+
+
 def parse_duration(value: str | int | float) -> float:
     """Seconds from a number (seconds) or a Go duration string; negative means forever."""
     if isinstance(value, bool):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from adapters.durations import parse_duration
+from adapters.durations import parse_period
 from gateway.backends_config import load_config
 from gateway.settings import SettingsError
 from ledger.db import database_url_from_env
@@ -71,7 +71,7 @@ def compare_cmd(since: str = SINCE, config: Path = CONFIG, db: str = DB) -> None
 
 def _report(since: str, by: str, config: Path | None, db: str | None) -> dict:
     try:
-        seconds = parse_duration(since[:-1] + "h") * 24 if since.endswith("d") else parse_duration(since)
+        seconds = parse_period(since)
     except ValueError as exc:
         raise SettingsError(f"--since: {exc}") from None
     path = _config_path(config)

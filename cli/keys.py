@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from adapters.durations import parse_duration
+from adapters.durations import parse_period
 from gateway.settings import SettingsError
 from ledger.db import database_url_from_env
 from ledger.keys import create_key, list_keys, revoke_key
@@ -29,7 +29,7 @@ def create_cmd(
 ) -> None:
     """Create a key and print it once: only its hash is stored."""
     try:
-        seconds = parse_duration(period[:-1] + "h") * 24 if period.endswith("d") else parse_duration(period)
+        seconds = parse_period(period)
     except ValueError as exc:
         raise SettingsError(f"--period: {exc}") from None
     engine = _open(db or database_url_from_env(settings().home))

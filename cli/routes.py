@@ -47,7 +47,7 @@ def _default_url() -> str:
 def _route_table(route: dict) -> str:
     slo = route["slo"]
     parts = ", ".join(f"{k.removesuffix('_ms')} {v:g} ms" for k, v in slo.items() if k.endswith("_ms") and v)
-    head = (f"route {route['name']} ({route['strategy']}{', shed' if route['shed'] else ''}; SLO {parts or 'none'}, "
+    head = (f"route {route['name']} ({route['strategy']}{', shed' if route['sheds_early'] else ''}; SLO {parts or 'none'}, "
             f"target {slo['target']:.0%}, window {slo['window_s']:g} s)")
     header = ("", "requests", "good", "shed", "errors", "attain", "goodput/s", "ttft p50", "ttft p99",
               "tpot p50", "tpot p99", "pred ttft", "pred err", "in flight", "breaker")

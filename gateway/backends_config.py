@@ -56,6 +56,13 @@ TimeoutField = Annotated[Annotated[PositiveFloat, Tag("seconds")] | Annotated[Ti
 _UNION_TAGS = {"seconds", "mapping"}
 
 
+def plain_name(value: str) -> str:
+    """A backend's or a route's name: what clients send as ``model``."""
+    if not value or any(c.isspace() for c in value):
+        raise ValueError("must be a non-empty name without spaces")
+    return value
+
+
 class PricingEntry(BaseModel):
     """List prices per million tokens (an API), or a self-hosted bill per hour divided over the
     tokens that used it (``pricing/``): one of the two forms."""
@@ -110,12 +117,7 @@ class BackendEntry(BaseModel):
     context_length: int | None = Field(default=None, gt=0)
     pricing: PricingEntry | None = None
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not value or any(c.isspace() for c in value):
-            raise ValueError("must be a non-empty name without spaces")
-        return value
+    _name = field_validator("name")(classmethod(lambda cls, value: plain_name(value)))
 
     @field_validator("type")
     @classmethod
@@ -213,12 +215,7 @@ class RouteEntry(BaseModel):
     fallbacks: list[str] = Field(default_factory=list)
     weights: dict[str, PositiveFloat] = Field(default_factory=dict)
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not value or any(c.isspace() for c in value):
-            raise ValueError("must be a non-empty name without spaces")
-        return value
+    _name = field_validator("name")(classmethod(lambda cls, value: plain_name(value)))
 
 
 class AuthEntry(BaseModel):

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from adapters.durations import parse_duration
+from adapters.durations import parse_period
 from gateway.deps import DbDep, RouterDep
 from gateway.http.errors import APIError
 from pricing.settle import cost_report
@@ -53,7 +53,7 @@ async def cost(request: Request, db: DbDep, since: str = "24h", by: str = "backe
     """What ``infer cost --json`` prints: requests since ``since`` grouped ``by`` backend, route,
     model or day, settled against each hour-priced backend's bill."""
     try:
-        seconds = parse_duration(since)
+        seconds = parse_period(since)
     except ValueError as exc:
         raise APIError(400, f"since: {exc}", param="since") from None
     config_prices = getattr(request.app.state, "prices", None)

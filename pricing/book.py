@@ -76,27 +76,24 @@ class PriceBook:
         if entry is None:
             return None
         now = time.time() if now is None else now
-        hourly = self.hourly.get(backend)
-        if hourly is None:
-            rates = Rates.per_mtok(entry.input_per_mtok, entry.output_per_mtok, entry.cached_input_per_mtok)
-        else:
-            hourly.add(tokens, now)
-            rates = hourly.rates(now)
-        cost = rates.cost(tokens) if rates is not None else Cost()
-        return cost, self.versions[backend]
+        if backend in self.hourly:
+            self.hourly[backend].add(tokens, now)
+        rates = self._rates(backend, now)
+        return (rates.cost(tokens) if rates is not None else Cost()), self.versions[backend]
+
+    def _rates(self, name: str, now: float) -> Rates | None:
+        hourly = self.hourly.get(name)
+        if hourly is not None:
+            return hourly.rates(now)
+        entry = self.entries[name]
+        return Rates.per_mtok(entry.input_per_mtok, entry.output_per_mtok, entry.cached_input_per_mtok)
 
 
     def estimate(self, names: tuple[str, ...], tokens: Tokens) -> float:
         """What ``tokens`` would cost on the first of ``names`` that has pricing, at today's rates,
         without counting them (a budget reservation); 0 when none is priced."""
         name = next((n for n in names if n in self.entries), None)
-        if name is None:
-            return 0.0
-        entry, hourly = self.entries[name], self.hourly.get(name)
-        if hourly is None:
-            rates = Rates.per_mtok(entry.input_per_mtok, entry.output_per_mtok, entry.cached_input_per_mtok)
-        else:
-            rates = hourly.rates(time.time())
+        rates = self._rates(name, time.time()) if name is not None else None
         return rates.cost(tokens).total if rates is not None else 0.0
 
 

@@ -187,7 +187,7 @@ class Route:
                 **self.window.summary(m.name),
             })
         errors = sorted(e for m in self.members for e in m.latency.errors)
-        return {"name": self.name, "strategy": self.policy.strategy, "shed": self.policy.shed,
+        return {"name": self.name, "strategy": self.policy.strategy, "sheds_early": self.policy.shed,
                 "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms, "target": slo.target,
                         "window_s": slo.window_s},
                 "prediction_error": errors[len(errors) // 2] if errors else None,

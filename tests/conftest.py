@@ -29,31 +29,27 @@ def tiny_store(tmp_path_factory):
     return install_tiny_models(tmp_path_factory.mktemp("tiny-models"))
 
 
-@pytest.fixture(scope="session")
-def postgres():
-    """A throwaway PostgreSQL cluster (``tests/servers.py``); skips when the server is not installed."""
-    from tests.servers import Postgres
+def _throwaway(kind: str):
+    """A server from ``tests/servers.py`` for the session; skips naming the package when it is missing."""
+    import tests.servers
 
     try:
-        server = Postgres()
+        server = getattr(tests.servers, kind)()
     except FileNotFoundError as exc:
         pytest.skip(f"{exc} (CI installs it in .ci/run)")
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL cluster."""
+    yield from _throwaway("Postgres")
 
 
 @pytest.fixture(scope="session")
 def redis_server():
-    """A throwaway redis-server (``tests/servers.py``); skips when it is not installed."""
-    from tests.servers import Redis
-
-    try:
-        server = Redis()
-    except FileNotFoundError as exc:
-        pytest.skip(f"{exc} (CI installs it in .ci/run)")
-    try:
-        yield server
-    finally:
-        server.stop()
+    """A throwaway redis-server."""
+    yield from _throwaway("Redis")

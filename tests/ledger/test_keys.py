@@ -33,21 +33,26 @@ def test_a_key_is_shown_once_and_only_its_hash_is_stored(db):
     assert find_key(db, key).revoked and [k.name for k in list_keys(db)] == ["team-a"]
 
 
-def test_100_concurrent_reservations_against_a_budget_that_fits_10(db):
-    create_key(db, "k", budget_usd=1.0)
+def reserve_concurrently(db, name: str, amount: float, n: int) -> list[bool]:
+    """``n`` threads each reserving ``amount`` of ``name``'s budget at once."""
     results: list[bool] = []
     lock = threading.Lock()
 
     def one() -> None:
-        ok = reserve(db, "k", 0.1)
+        ok = reserve(db, name, amount)
         with lock:
             results.append(ok)
-    threads = [threading.Thread(target=one) for _ in range(100)]
+    threads = [threading.Thread(target=one) for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert results.count(True) == 10
+    return results
+
+
+def test_100_concurrent_reservations_against_a_budget_that_fits_10(db):
+    create_key(db, "k", budget_usd=1.0)
+    assert reserve_concurrently(db, "k", 0.1, 100).count(True) == 10
     for _ in range(10):
         settle(db, "k", 0.1, 0.07)  # the actual cost was lower: the rest is released
     key = list_keys(db)[0]

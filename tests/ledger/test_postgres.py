@@ -3,16 +3,15 @@ reservations cannot overrun (the test CI runs against a real server, ``tests/ser
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import sqlalchemy as sa
 
 from ledger.db import open_db
-from ledger.keys import create_key, list_keys, reserve, settle
+from ledger.keys import create_key, list_keys, settle
 from ledger.migrations import MIGRATIONS
 from ledger.tables import UsageRecord
 from ledger.writer import LedgerWriter
+from tests.ledger.test_keys import reserve_concurrently
 
 
 @pytest.fixture
@@ -40,19 +39,7 @@ def test_migrations_and_the_writer_on_postgres(pg):
 
 def test_100_concurrent_reservations_on_postgres(pg):
     create_key(pg, "k", budget_usd=1.0)
-    results: list[bool] = []
-    lock = threading.Lock()
-
-    def one() -> None:
-        ok = reserve(pg, "k", 0.1)
-        with lock:
-            results.append(ok)
-    threads = [threading.Thread(target=one) for _ in range(100)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results.count(True) == 10
+    assert reserve_concurrently(pg, "k", 0.1, 100).count(True) == 10
     for _ in range(10):
         settle(pg, "k", 0.1, 0.05)
     key = list_keys(pg)[0]
