@@ -35,9 +35,12 @@ from .slo import SLO
 from .strategies import Member
 
 _keys = itertools.count()
-ERROR_QUANTILE = 0.8
+TTFT_QUANTILE = 0.8  # the margins: these quantiles of a backend's recent actual / predicted
+TPOT_QUANTILE = 0.7
 HOLD_WHEN_FULL = True
-PROTECT_DECODING = True  # the margin: this quantile of a backend's recent actual / predicted
+PROTECT_DECODING = True
+EARLY_SHED = True  # shed at arrival when the queue ahead would hold it past its deadline
+PICK = "most"  # among the backends where it fits: the most headroom, or the least (pack tightly)
 
 
 @dataclass(eq=False)
@@ -83,12 +86,12 @@ class Dispatcher:
 
     def arrive(self, waiter: Waiter, members: list[Member]) -> None:
         now = self.clock()
-        quickest = min((m.latency.idle_ttft(waiter.prompt_tokens) * m.latency.ratio("ttft", ERROR_QUANTILE)
+        quickest = min((m.latency.idle_ttft(waiter.prompt_tokens) * m.latency.ratio("ttft", TTFT_QUANTILE)
                         for m in members), default=0.0)
         waiter.deadline = waiter.arrival + waiter.ttft_limit_s - quickest
         ahead = sum(1 for w in self.queue if w.priority >= waiter.priority)
         expected = now + ahead * self.gap_s
-        if self.shed and members and ahead and expected > waiter.deadline:
+        if EARLY_SHED and self.shed and members and ahead and expected > waiter.deadline:
             self._shed(waiter, f"{ahead} request(s) are held ahead of it, about {ahead * self.gap_s * 1000:.0f} ms")
             return
         self.queue.append(waiter)
@@ -102,7 +105,9 @@ class Dispatcher:
         now, decided = self.clock(), []
         for waiter in list(self.queue):
             fits = [self.fit(waiter, m, now) for m in members]
-            best = max(fits, key=lambda f: (f.fits, f.headroom, -f.member.in_flight), default=None)
+            sign = 1 if PICK == "most" else -1
+            best = max(fits, key=lambda f: (f.fits, sign * f.headroom if f.fits else f.headroom,
+                                            -f.member.in_flight), default=None)
             if best is not None and best.fits:
                 self._bind(waiter, best, now)
             elif best is None or now >= waiter.deadline:
@@ -120,13 +125,13 @@ class Dispatcher:
         latency, slo = member.latency, waiter.slo
         raw = latency.predict(waiter.prompt_tokens)
         held = now - waiter.arrival
-        ttft = raw.ttft_s * latency.ratio("ttft", ERROR_QUANTILE)
-        tpot = raw.tpot_s * latency.ratio("tpot", ERROR_QUANTILE)
+        ttft = raw.ttft_s * latency.ratio("ttft", TTFT_QUANTILE)
+        tpot = raw.tpot_s * latency.ratio("tpot", TPOT_QUANTILE)
         margins = [(waiter.ttft_limit_s - held - ttft) / waiter.ttft_limit_s]
         if slo.tpot_ms is not None and waiter.max_tokens > 1:
             margins.append((slo.tpot_ms / 1000 - tpot) / (slo.tpot_ms / 1000))
         if slo.tpot_ms is not None and PROTECT_DECODING:  # nor may it push those decoding there past theirs
-            others = latency.worst_tpot_with(waiter.prompt_tokens) * latency.ratio("tpot", ERROR_QUANTILE)
+            others = latency.worst_tpot_with(waiter.prompt_tokens) * latency.ratio("tpot", TPOT_QUANTILE)
             margins.append((slo.tpot_ms / 1000 - others) / (slo.tpot_ms / 1000))
         if slo.e2e_ms is not None:
             e2e = held + ttft + tpot * max(0, waiter.max_tokens - 1)
