@@ -6,7 +6,8 @@ sequences share the batch, and every other request's prefill stalls the batch wh
 backend the gateway knows what it has in flight there (requests waiting for a first token, with their
 prompt tokens, and requests decoding); a backend that publishes its own queue (``/metrics``) adds
 ``requests_waiting``. Two linear models with non-negative weights are fitted by least squares over the
-recent observations (:class:`WindowFit`, so they follow a backend whose speed drifts):
+recent observations (:class:`WindowFit`, so they follow a backend whose speed drifts; the TTFT fit
+minimises the relative error, so the few requests that waited long for a slot do not drown the rest):
 
     TTFT ≈ w0 + w1·own prompt tokens + w2·prompt tokens waiting ahead + w3·requests waiting ahead
             + w4·requests decoding + w5·requests beyond the batch (waiting there for a slot to free)
@@ -34,13 +35,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+RELATIVE_TTFT = False
+
+
 class WindowFit:
     """y ≈ w·x with w ≥ 0, least squares over the last ``size`` observations, pulled toward ``prior``
     as much as ``strength`` observations would (so the prior decides only until data arrives)."""
 
-    def __init__(self, prior: list[float], size: int = 200, strength: float = 3.0):
+    def __init__(self, prior: list[float], size: int = 200, strength: float = 3.0, relative: bool = False):
         self.prior = np.asarray(prior, dtype=float)
-        self.strength = strength
+        self.strength, self.relative = strength, relative
         self.xs: deque[list[float]] = deque(maxlen=size)
         self.ys: deque[float] = deque(maxlen=size)
         self.observations = 0
@@ -67,6 +71,9 @@ class WindowFit:
         if not self.ys:
             return self.prior.copy()
         x, y = np.asarray(self.xs), np.asarray(self.ys)
+        if self.relative:  # least squares of the relative error: a few long waits do not drown the rest
+            weight = 1.0 / np.maximum(y, 1e-3)
+            x, y = x * weight[:, None], y * weight
         scale = np.sqrt((x ** 2).mean(axis=0))
         scale[scale == 0] = 1.0
         pull = np.sqrt(self.strength)
@@ -102,7 +109,7 @@ class Prediction:
 
 
 def _ttft_prior() -> WindowFit:
-    return WindowFit([0.05, 1e-4, 1e-4, 0.0, 0.0, 0.0])
+    return WindowFit([0.05, 1e-4, 1e-4, 0.0, 0.0, 0.0], relative=True)
 
 
 def _tpot_prior() -> WindowFit:
@@ -126,6 +133,7 @@ class LatencyModel:
     _changed: float | None = None
     _prefills: deque = field(default_factory=deque)  # (time, prompt tokens) of recent first tokens
     batch_limit: int = 0         # sequences the backend runs at once, from its /metrics (0: not known yet)
+    _last_report: tuple[float, float] | None = None  # (running, waiting) of the previous report
 
     # -- what is in flight ----------------------------------------------------------------------
 
@@ -138,10 +146,13 @@ class LatencyModel:
                 float(beyond)]
 
     def reported(self, running: float | None, waiting: float | None) -> None:
-        """The backend's own figures (its ``/metrics``): a queue there in two reports in a row (not
-        just a request waiting for the next step) means its batch is full: ``running`` is its limit."""
-        queued_before, self.reported_waiting = self.reported_waiting, float(waiting or 0.0)
-        if waiting and queued_before and running:
+        """The backend's own figures (its ``/metrics``). A queue there while it runs as many as in the
+        previous report, which had a queue too, means its batch is full: ``running`` is its limit (one
+        report with a queue may be a request waiting for the next step, not for a slot)."""
+        before = self._last_report
+        self._last_report = (float(running or 0.0), float(waiting or 0.0))
+        self.reported_waiting = self._last_report[1]
+        if before is not None and waiting and before[1] and running and running == before[0]:
             self.batch_limit = max(self.batch_limit, int(running))
 
     @property

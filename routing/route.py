@@ -34,6 +34,7 @@ from adapters.base import Timings, Usage
 from adapters.errors import BackendError, InvalidRequest, RouteShed, RouteUnavailable
 from adapters.token_count import TokenCounter, load_counter
 
+from . import dispatch
 from .dispatch import Dispatcher, Waiter
 from .predictor import Prediction
 from .slo import SLO, vllm_tpot
@@ -236,6 +237,9 @@ class Route:
                 "predicted_ttft_ms": round(prediction.ttft_s * 1000, 3),
                 "predicted_tpot_ms": round(prediction.tpot_s * 1000, 3),
                 "prediction_error": m.latency.median_error(), "observations": m.latency.ttft.observations,
+                "batch_limit": m.latency.batch_limit or None,
+                "margins": {kind: round(m.latency.ratio(kind, q), 3)
+                            for kind, q in (("ttft", dispatch.TTFT_QUANTILE), ("tpot", dispatch.TPOT_QUANTILE))},
                 **self.window.summary(m.name),
             })
         errors = sorted(e for m in self.members for e in m.latency.errors)

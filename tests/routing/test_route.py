@@ -80,7 +80,7 @@ def test_shedding_answers_429_with_retry_after_naming_the_route_and_the_predicti
 
 
 def test_lower_priority_is_shed_first():
-    r = route(Scripted("a"), strategy="slo", slo=SLO(ttft_ms=100), shed=True)
+    r = route(Scripted("a", ttft=0.09), strategy="slo", slo=SLO(ttft_ms=100), shed=True)
     learn(r, 0.09)  # just inside the SLO
     _, done = run(r, request(priority=0))
     assert done.served_by == "a"
