@@ -139,10 +139,15 @@ class Route:
                 except TimeoutError:
                     pass
                 self.pump()
+        except BaseException:  # the client left while held, or just after it was bound
+            if not waiter.decided:
+                self.dispatcher.forget(waiter)
+            for member in self.members:
+                if member.name == waiter.backend:
+                    member.latency.finished(waiter.key)
+            raise
         finally:
             self._held.pop(waiter.key, None)
-            if not waiter.decided:  # the client left while held
-                self.dispatcher.forget(waiter)
         if waiter.backend is None:
             self._shed(waiter)
         return waiter
