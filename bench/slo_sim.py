@@ -226,7 +226,8 @@ def summary(reqs: list[SimRequest], sim: Sim) -> dict:
             "served": {n: sum(1 for r in reqs if r.backend == n) for n in FLEET}}
 
 
-def simulate(policy: str, load: float, seconds: float, seed: int, shed: bool, warmup: float) -> dict:
+def simulate(policy: str, load: float, seconds: float, seed: int, shed: bool, warmup: float,
+             debug: bool = False) -> dict:
     cap = fleet_capacity()["rps"]
     slo = RouteSLO(ttft_ms=SLO["ttft_ms"], tpot_ms=SLO["tpot_ms"], e2e_ms=SLO["e2e_ms"])
     sim = Sim(policy, slo, shed)
@@ -236,7 +237,7 @@ def simulate(policy: str, load: float, seconds: float, seed: int, shed: bool, wa
         for model in sim.models.values():
             model.errors.clear()
     out = summary(sim.run(workload(load * cap, seconds, seed), grace=30), sim)
-    if DEBUG:
+    if debug:
         for m in sim.members:
             lat = m.latency
             print(f"   {m.name}: ttft w={[round(w, 5) for w in lat.ttft.w]} tpot v={[round(v, 5) for v in lat.tpot.w]} "
@@ -244,8 +245,6 @@ def simulate(policy: str, load: float, seconds: float, seed: int, shed: bool, wa
                   f"r_tpot={lat.ratio('tpot', 0.8):.2f}")
     return out
 
-
-DEBUG = "--debug" in sys.argv
 
 
 def main() -> None:
@@ -262,12 +261,14 @@ def main() -> None:
     import routing.dispatch as dispatch
     for item in args.set:
         name, value = item.split("=", 1)
-        setattr(dispatch, name, type(getattr(dispatch, name))(eval(value)))  # noqa: S307 (a developer's flag)
+        current = getattr(dispatch, name)
+        setattr(dispatch, name, value in ("True", "1") if isinstance(current, bool) else type(current)(value))
     print(f"{'load':>4s} {'policy':15s} {'reqs':>5s} {'good':>5s} {'shed':>4s} {'attain':>6s} {'adm.at':>6s} "
           f"{'goodput':>7s} {'pred.err':>8s}  missed ttft/tpot/e2e  served")
     for index, load in enumerate(float(x) for x in args.loads.split(",")):
         for policy in args.policies.split(","):
-            rows = [simulate(policy, load, args.seconds, int(s) + index, policy == "slo", args.warmup)
+            rows = [simulate(policy, load, args.seconds, int(s) + index, policy == "slo", args.warmup,
+                             args.debug)
                     for s in args.seeds.split(",")]
             for row in rows:
                 err = f"{row['pred_err']:8.1%}" if row["pred_err"] is not None else f"{'-':>8s}"

@@ -108,8 +108,11 @@ class Dispatcher:
             sign = 1 if PICK == "most" else -1
             best = max(fits, key=lambda f: (f.fits, sign * f.headroom if f.fits else f.headroom,
                                             -f.member.in_flight), default=None)
+            queued = max((f for f in fits if f.headroom >= 0), key=lambda f: f.headroom, default=None)
             if best is not None and best.fits:
                 self._bind(waiter, best, now)
+            elif queued is not None and now >= waiter.deadline:  # rather than shed: queue where it would fit
+                self._bind(waiter, queued, now)
             elif best is None or now >= waiter.deadline:
                 if self.shed or best is None:
                     self._shed(waiter, self._why(waiter, best, now), best)

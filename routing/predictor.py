@@ -134,6 +134,7 @@ class LatencyModel:
     _prefills: deque = field(default_factory=deque)  # (time, prompt tokens) of recent first tokens
     batch_limit: int = 0         # sequences the backend runs at once, from its /metrics (0: not known yet)
     _last_report: tuple[float, float] | None = None  # (running, waiting) of the previous report
+    max_decoding: int = 0        # the most of the gateway's requests seen decoding here at once
 
     # -- what is in flight ----------------------------------------------------------------------
 
@@ -152,7 +153,8 @@ class LatencyModel:
         before = self._last_report
         self._last_report = (float(running or 0.0), float(waiting or 0.0))
         self.reported_waiting = self._last_report[1]
-        if before is not None and waiting and before[1] and running and running == before[0]:
+        if before is not None and waiting and before[1] and running and running == before[0] \
+                and running >= self.max_decoding:  # never below what the gateway has seen running there
             self.batch_limit = max(self.batch_limit, int(running))
 
     @property
@@ -222,6 +224,9 @@ class LatencyModel:
         self._prefilled += entry.prompt_tokens
         self._prefills.append((now, entry.prompt_tokens))
         entry.first_token, entry.decode_area, entry.prefilled = now, self._area, self._prefilled
+        self.max_decoding = max(self.max_decoding, self.decoding())
+        if self.batch_limit and self.max_decoding > self.batch_limit:  # more ran at once: that limit was wrong
+            self.batch_limit = self.max_decoding
         self.ttft.update(features, ttft)
         if ttft > 0:
             self.errors.append(abs(entry.predicted.ttft_s - ttft) / ttft)
