@@ -115,3 +115,22 @@ def test_the_tpot_model_learns_a_continuous_batching_engine():
     for key in range(3):
         m.started(key, 100)
     assert m.predict(100).tpot_s == pytest.approx(0.030 + 0.003 * 4, rel=0.05)  # the batch it joins: 3 + itself
+
+
+def test_the_batch_limit_comes_from_a_queue_in_two_reports_and_never_stays_below_what_ran():
+    clock = [0.0]
+    m = LatencyModel(clock=lambda: clock[0])
+    m.reported(running=3, waiting=1)  # one report: maybe a request waiting for the next step
+    assert m.batch_limit == 0 and m.reported_waiting == 1.0
+    m.reported(running=3, waiting=2)
+    assert m.batch_limit == 3
+    for key in range(3):
+        m.started(key, 10)
+    assert m.is_full
+    m.started(3, 10)
+    for key in range(4):  # four decode at once: the limit was wrong
+        m.first_token(key, m.ttft_features(10))
+    assert m.batch_limit == 4 and m.max_decoding == 4
+    m.reported(running=2, waiting=1)
+    m.reported(running=2, waiting=1)
+    assert m.batch_limit == 4  # never below what the gateway saw running
