@@ -182,7 +182,7 @@ class RemoteBackend:
             try:
                 async with asyncio.timeout_at(_loop_time(limit)) as timer:
                     # cancel: the read in progress ends now (a TimeoutError that the loop below tells apart)
-                    request.cancel.on_cancel(lambda: timer.reschedule(asyncio.get_running_loop().time()))
+                    request.cancel.on_cancel(lambda: _cut(timer))
                     async for chunk in events:
                         if not turn.events and limit != deadline:
                             timer.reschedule(_loop_time(deadline))
@@ -351,6 +351,14 @@ def message_of(value: Any) -> str:
         if isinstance(inner, list) and inner:  # FastAPI/pydantic validation details
             return "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in inner)
     return ""
+
+
+def _cut(timer: asyncio.Timeout) -> None:
+    """End the read in progress now; nothing to do once the request has left the timer's block."""
+    try:
+        timer.reschedule(asyncio.get_running_loop().time())
+    except RuntimeError:  # "Cannot change state of finished Timeout": the stream already ended
+        pass
 
 
 def _loop_time(perf_deadline: float) -> float:

@@ -17,6 +17,7 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,15 +82,21 @@ class KeyBook:
         else:
             self._minutes.setdefault(key.name, Minute()).admit(key, tokens)
 
-    async def used(self, key_name: str, tokens: int) -> None:
+    def used(self, key_name: str, tokens: int) -> Coroutine[Any, Any, None] | None:
+        """Count a finished request's tokens: at once in this process, or the coroutine that counts
+        them in Redis."""
         if self.redis is not None:
-            counter = f"infer:tpm:{key_name}:{int(time.time() // 60)}"
-            async with self.redis.pipeline(transaction=True) as pipe:
-                await pipe.incrby(counter, tokens).expire(counter, 120).execute()
-            return
+            return _redis_used(self.redis, key_name, tokens)
         minute = self._minutes.get(key_name)
         if minute is not None:
             minute.tokens.append((time.monotonic(), tokens))
+        return None
+
+
+async def _redis_used(redis: Any, key_name: str, tokens: int) -> None:
+    counter = f"infer:tpm:{key_name}:{int(time.time() // 60)}"
+    async with redis.pipeline(transaction=True) as pipe:
+        await pipe.incrby(counter, tokens).expire(counter, 120).execute()
 
 
 async def _redis_admit(redis: Any, key: ApiKey, tokens: int) -> None:
