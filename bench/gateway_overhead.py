@@ -161,11 +161,13 @@ def infer_command() -> list[str]:
 PRICES = {"input_per_mtok": 0.15, "output_per_mtok": 0.60, "cached_input_per_mtok": 0.075}  # --cost
 
 
-def start_infer(procs: Processes, work: Path, fast: Side, variant: str = "infer") -> tuple[Side, subprocess.Popen, Path]:
+def start_infer(procs: Processes, work: Path, fast: Side, variant: str = "infer",
+                source: Path | None = None) -> tuple[Side, subprocess.Popen, Path]:
     """``infer serve`` in front of ``fast``; ``variant`` ``priced`` gives its backend list prices, ``keyed``
-    also sends every request with an API key whose budget (never reached) is reserved and settled."""
+    also sends every request with an API key whose budget (never reached) is reserved and settled.
+    ``source``: run the code of that source tree instead (PYTHONPATH), e.g. an older commit's."""
     backend = {"name": "fast-openai", "type": "openai", "base_url": fast.url + "/v1", "model": "fast"}
-    if variant != "infer":
+    if variant in ("priced", "keyed"):
         backend["pricing"] = PRICES
     config = work / f"{variant}-config.yaml"
     config.write_text(yaml.safe_dump({"backends": [backend]}))
@@ -174,6 +176,8 @@ def start_infer(procs: Processes, work: Path, fast: Side, variant: str = "infer"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
     env.update(INFER_HOME=str(home), INFER_MODELS=str(home / "models"), INFER_DATABASE_URL=f"sqlite:///{db}")
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
     proc = procs.start([*infer_command(), "serve", "--config", str(config), "--host", f"127.0.0.1:{port}"],
                        work / f"{variant}-serve.log", f"http://127.0.0.1:{port}/", env)
     side = Side(variant, f"http://127.0.0.1:{port}", "fast-openai", proc.pid)
@@ -575,6 +579,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--soak-requests", type=int, default=10_000)
     parser.add_argument("--soak-concurrency", type=int, default=500)
     parser.add_argument("--wait-idle", type=float, default=60, help="wait up to this many s for a quiet machine")
+    parser.add_argument("--baseline", type=Path, metavar="DIR", help="one more side, 'base': infer serve from the "
+                        "source tree DIR (e.g. `git archive <commit> | tar -x -C DIR`), to measure a change")
     parser.add_argument("--json", type=Path, help="write every figure here")
     return parser.parse_args()
 
@@ -603,6 +609,8 @@ def main() -> None:
         else:
             sides = [fast] + ([] if args.no_minimal else [start_minimal(procs, work, fast)])
             sides.append(start_infer(procs, work, fast)[0])
+            if args.baseline:
+                sides.append(start_infer(procs, work, fast, "base", source=args.baseline)[0])
             exe = None if args.no_litellm else ensure_litellm()
             if exe:
                 sides.append(start_litellm(procs, work, fast, exe))
