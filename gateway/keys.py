@@ -48,6 +48,7 @@ class KeyBook:
     redis: Any = None  # redis.asyncio.Redis when the limits are shared between replicas
     _cache: dict[str, tuple[float, ApiKey | None]] = field(default_factory=dict)
     _minutes: dict[str, "Minute"] = field(default_factory=dict)
+    _finding: dict[str, asyncio.Future] = field(default_factory=dict)  # lookups in flight, by key
 
     async def authenticate(self, bearer: str | None, model: str) -> ApiKey | None:
         if not bearer or not bearer.startswith("sk-infer-"):
@@ -67,7 +68,11 @@ class KeyBook:
         cached = self._cache.get(bearer)
         if cached is not None and now - cached[0] < CACHE_S:
             return cached[1]
-        key = await asyncio.to_thread(find_key, self.db, bearer)
+        running = self._finding.get(bearer)  # a burst on a cold cache asks the database once
+        if running is None:
+            running = self._finding[bearer] = asyncio.ensure_future(asyncio.to_thread(find_key, self.db, bearer))
+            running.add_done_callback(lambda _: self._finding.pop(bearer, None))
+        key = await asyncio.shield(running)
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[bearer] = (now, key)
