@@ -114,6 +114,7 @@ class GenerationRequest:
     tools: list[dict[str, Any]] | None = None  # passed to the chat template (.Tools / tools)
     # None/"auto", "none", "required", or {"type": "function", "function": {"name": ...}} (adapters/tools.py)
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True  # False: at most one call per answer
     suffix: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     format: str | dict | None = None  # "json" or a JSON schema

@@ -10,12 +10,13 @@ through (no extra layer). With tools:
   passing through as it streams; a named function: only that tool is rendered;
 - a forced choice (``"required"`` or a named function) on an engine with grammars (llama.cpp): the
   output is constrained to JSON (vLLM's guided decoding): the named function's arguments object, or
-  for ``"required"`` a list of ``{"name", "arguments"}`` of the given tools; the whole output becomes
-  the calls, so a model that cannot be steered still answers with a well-formed call;
+  for ``"required"`` a list of ``{"name", "arguments"}`` of the given tools (one item at most with
+  ``parallel_tool_calls: false``); the whole output becomes the calls, so a model that cannot be steered
+  still answers with well-formed calls;
 - a forced choice without grammars (native): tools are rendered and the output parsed; an answer
   without a call is an error (500: "tool_choice required: the model answered without a tool call"),
   not a silent text reply. The held output is not streamed before that is known.
-- a forced call cut by ``max_tokens`` is a 400 naming the limit.
+- a forced choice whose output reached ``max_tokens`` without a complete call is a 400 naming the limit.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class ToolPlan:
             if request.format is not None:
                 raise InvalidRequest("a forced tool_choice cannot be combined with a response format",
                                      param="tool_choice")
-            return cls(replace(request, tools=tools, format=_call_schema(tools, named)), "forced",
+            schema = _call_schema(tools, named, parallel=request.parallel_tool_calls)
+            return cls(replace(request, tools=tools, format=schema), "forced",
                        names=names, required=True, named=named)
         return cls(replace(request, tools=tools), "parse", tag_of(details), names, required, named)
 
@@ -155,9 +157,9 @@ class _Held:
         return "".join(self.parts)
 
 
-def _call_schema(tools: list[dict], named: str | None) -> dict[str, Any]:
+def _call_schema(tools: list[dict], named: str | None, *, parallel: bool) -> dict[str, Any]:
     """The JSON Schema a forced answer must follow: the named function's arguments, or a non-empty list
-    of calls of the given functions."""
+    of calls of the given functions (one at most without ``parallel``)."""
     def parameters(tool: dict) -> dict:
         return tool["function"].get("parameters") or {"type": "object"}
 
@@ -165,15 +167,17 @@ def _call_schema(tools: list[dict], named: str | None) -> dict[str, Any]:
         return parameters(next(t for t in tools if t["function"]["name"] == named))
     calls = [{"type": "object", "properties": {"name": {"enum": [t["function"]["name"]]},
                                                "arguments": parameters(t)},
-              "required": ["name", "arguments"]} for t in tools]
-    return {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    schema = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    return schema if parallel else {**schema, "maxItems": 1}
 
 
 def _missing_call(named: str | None, text: str, done: Done) -> BackendError:
     what = f"tool_choice '{named}'" if named else "tool_choice 'required'"
     if done.finish_reason == "length":
-        error: BackendError = InvalidRequest(f"{what}: the output reached max_tokens before the tool call was "
-                                             "complete; raise max_tokens", param="max_tokens")
+        error: BackendError = InvalidRequest(f"{what}: no complete tool call within max_tokens "
+                                             f"({done.usage.output_tokens} tokens); raise max_tokens",
+                                             param="max_tokens")
     else:
         error = BackendError(f"{what}: the model answered without a tool call: {text[:200]!r}")
     error.partial = done

@@ -53,6 +53,8 @@ class OpenAICompatBackend(RemoteBackend):
                 body["tools"] = request.tools
             if request.tool_choice is not None:
                 body["tool_choice"] = request.tool_choice
+            if request.tools and not request.parallel_tool_calls:
+                body["parallel_tool_calls"] = False
             if request.logprobs:
                 body["logprobs"] = True
                 if request.top_logprobs:

@@ -140,7 +140,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # accepted; a model may still make several calls
+    parallel_tool_calls: bool | None = None  # false: one call at most (enforced where the output is forced)
 
     def check(self) -> None:
         super().check()
@@ -155,7 +155,8 @@ class ChatCompletionRequest(_Sampling):
         tools, choice = self._tools()
         return [GenerationRequest(model=self.model, messages=messages, options=self.options(num_predict, i),
                                   engine=self.engine, format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
-                                  strict_max_tokens=True, client=client, tools=tools, tool_choice=choice)
+                                  strict_max_tokens=True, client=client, tools=tools, tool_choice=choice,
+                                  parallel_tool_calls=self.parallel_tool_calls is not False)
                 for i in range(self.n or 1)]
 
     def _tools(self) -> tuple[list[dict] | None, str | dict | None]:
