@@ -19,6 +19,7 @@ from tests.tools.templates import LLAMA31, QWEN25, QWEN25_JINJA
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ASK_ONE = [{"role": "user", "content": "hi"}]
 HISTORY = [{"role": "user", "content": "Weather in Paris?"},
            {"role": "assistant", "content": "",
             "tool_calls": internal_calls([{"id": "call_1", "function": {"name": "get_weather",
@@ -151,3 +152,15 @@ def test_history_on_each_backend_wire():
     assert ollama[1]["tool_calls"] == [{"id": "call_1", "function": {"name": "get_weather",
                                                                      "arguments": {"city": "Paris"}}}]
     assert ollama[2]["tool_name"] == "get_weather"
+
+
+def test_prompt_only_backends_refuse_tools_instead_of_ignoring_them():
+    from adapters.base import GenerationRequest
+    from adapters.prompt_text import render_prompt
+
+    request = GenerationRequest(model="m", messages=list(ASK_ONE), tools=[WEATHER])
+    with pytest.raises(InvalidRequest, match="tools need a backend that returns tool calls"):
+        render_prompt(request, PromptSpec())
+    request.tool_choice = "none"
+    assert render_prompt(request, PromptSpec()) == "User: hi\nAssistant: "
+
