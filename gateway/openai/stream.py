@@ -137,17 +137,31 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
             continue
         if logprobs and event.logprobs:
             pending[index].extend(event.logprobs)
-        deltas: list[dict] = [{"content": event.text}] if event.text else []
-        for call in event.tool_calls:
-            deltas.append({"tool_calls": [openai_call(call, called[index])]})
-            called[index] += 1
-        for delta in deltas:
-            if index not in started:
-                started.add(index)
-                delta = {"role": "assistant", **delta}
-            yield chunk(index, delta, None, _take(pending, index))
+        if event.tool_calls:
+            for delta in _call_deltas(event, called, index):
+                if index not in started:
+                    started.add(index)
+                    delta = {"role": "assistant", **delta}
+                yield chunk(index, delta, None, _take(pending, index))
+            continue
+        if not event.text:
+            continue
+        delta = {"content": event.text}
+        if index not in started:
+            started.add(index)
+            delta = {"role": "assistant", **delta}
+        yield chunk(index, delta, None, _take(pending, index))
     if include_usage:
         yield {**meta.envelope([], stream=True), "usage": with_cost(usage([dones[i] for i in sorted(dones)]), cost())}
+
+
+def _call_deltas(event, called: dict[int, int], index: int) -> list[dict]:
+    """The deltas of a chunk with tool calls: its text, then one delta per call (numbered per choice)."""
+    deltas: list[dict] = [{"content": event.text}] if event.text else []
+    for call in event.tool_calls:
+        deltas.append({"tool_calls": [openai_call(call, called[index])]})
+        called[index] += 1
+    return deltas
 
 
 async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Sequence[int], *, logprobs: bool,
