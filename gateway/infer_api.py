@@ -57,7 +57,7 @@ async def cost(request: Request, db: DbDep, since: str = "24h", by: str = "backe
     except ValueError as exc:
         raise APIError(400, f"since: {exc}", param="since") from None
     config_prices = getattr(request.app.state, "prices", None)
-    prices = config_prices.entries if config_prices is not None else {}
+    prices = config_prices.priced if config_prices is not None else []
     try:
         report = await asyncio.to_thread(cost_report, db, prices, since=time.time() - seconds, by=by)
     except ValueError as exc:

@@ -13,6 +13,7 @@ from ledger.db import open_db
 from ledger.tables import UsageRecord
 from ledger.usage import insert_rows, stamp
 from pricing.book import PriceBook
+from pricing.catalog import Priced
 from pricing.method import Tokens
 from pricing.settle import cost_report
 
@@ -38,8 +39,8 @@ def write(db, book: PriceBook, backend: str, at: float, tokens: Tokens, route: s
 
 
 def test_request_costs_add_up_to_each_windows_bill_and_idle_windows_are_reported(db):
-    prices = {"gpu": PricingEntry(gpu_hourly_usd=2.50, gpus=2, output_weight=5, cached_input_weight=0.1),
-              "api": PricingEntry(input_per_mtok=0.15, output_per_mtok=0.60, cached_input_per_mtok=0.075)}
+    prices = [Priced.of("gpu", PricingEntry(gpu_hourly_usd=2.50, gpus=2, output_weight=5, cached_input_weight=0.1)),
+              Priced.of("api", PricingEntry(input_per_mtok=0.15, output_per_mtok=0.60, cached_input_per_mtok=0.075))]
     book = PriceBook(prices)
     rng = random.Random(3)
     busy_hours = [0, 1, 3, 4]  # hour 2 is idle: its bill is paid by nobody
@@ -62,7 +63,7 @@ def test_request_costs_add_up_to_each_windows_bill_and_idle_windows_are_reported
 
 
 def test_grouping_by_route_and_day(db):
-    prices = {"api": PricingEntry(input_per_mtok=1.0, output_per_mtok=2.0)}
+    prices = [Priced.of("api", PricingEntry(input_per_mtok=1.0, output_per_mtok=2.0))]
     book = PriceBook(prices)
     write(db, book, "api", START + 10, Tokens(1000, 0, 500), route="a")
     write(db, book, "api", START + 20, Tokens(3000, 0, 100), route="b")
@@ -76,7 +77,20 @@ def test_grouping_by_route_and_day(db):
 
 
 def test_the_first_window_gets_provisional_rates_from_the_bill_so_far():
-    book = PriceBook({"gpu": PricingEntry(gpu_hourly_usd=3.6, gpus=1, output_weight=2, cached_input_weight=0)})
+    book = PriceBook([Priced.of("gpu", PricingEntry(gpu_hourly_usd=3.6, gpus=1, output_weight=2, cached_input_weight=0))])
     cost, _ = book.cost("gpu", Tokens(1000, 0, 500), now=book.hourly["gpu"].window_start + 100)
     assert cost.total == pytest.approx(3.6 * 100 / 3600)  # the only request so far pays the 100 s accrued
     assert book.cost("nope", Tokens(1, 0, 1)) is None
+
+
+def test_the_local_engines_and_local_route_members_share_one_bill(db):
+    """``local:`` is one machine: its engines and the route members that are store models pay one bill."""
+    local = Priced.of("local", PricingEntry(gpu_hourly_usd=0.36, gpus=1, output_weight=3), ("llamacpp", "tiny"))
+    book = PriceBook([local])
+    for i, backend in enumerate(["llamacpp", "tiny", "tiny", "llamacpp"]):
+        write(db, book, backend, START + 10 + i, Tokens(100 * (i + 1), 0, 40))
+    report = cost_report(db, [local], since=START, by="backend", now=START + HOUR)
+    assert list(report["bills"]) == ["local"] and report["bills"]["local"]["backends"] == ["llamacpp", "tiny"]
+    groups = {g["key"]: g for g in report["groups"]}
+    assert abs(groups["llamacpp"]["total_cost_usd"] + groups["tiny"]["total_cost_usd"] - 0.36) < 1e-12  # once
+    assert groups["tiny"]["usd_per_mtok_output"] == pytest.approx(3 * groups["tiny"]["usd_per_mtok_input"])
