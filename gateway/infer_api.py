@@ -51,7 +51,8 @@ async def routes(backends: RouterDep) -> JSONBytes:
 @router.get("/infer/cost", responses={200: {"model": CostReport}, **errors(400)})
 async def cost(request: Request, db: DbDep, since: str = "24h", by: str = "backend") -> JSONBytes:
     """What ``infer cost --json`` prints: requests since ``since`` grouped ``by`` backend, route,
-    model or day, settled against each hour-priced backend's bill."""
+    model, key or day, settled against each hour-priced backend's bill (with its output weight and
+    where that came from)."""
     try:
         seconds = parse_period(since)
     except ValueError as exc:

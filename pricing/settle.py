@@ -27,7 +27,8 @@ from ledger.tables import RequestLog, utc_iso
 from .catalog import Priced, by_member, owner
 from .method import MTOK, Cost, Tokens, conserving_rates, window_bill
 
-GROUPS = ("backend", "route", "model", "day")
+GROUPS = ("backend", "route", "model", "key", "day")
+NO_KEY = "(no key)"  # the group of requests made without an API key
 _T = RequestLog.__table__  # type: ignore[attr-defined]
 
 
@@ -37,6 +38,7 @@ class Row:
     backend: str
     route: str
     model: str
+    key: str
     tokens: Tokens
     provisional: Cost | None
     settled: Cost | None = None
@@ -75,7 +77,7 @@ class Group:
 
 def cost_report(db: Engine, priced: list[Priced], *, since: float, by: str = "backend",
                 now: float | None = None) -> dict[str, Any]:
-    """Requests since ``since`` (epoch seconds) grouped ``by`` backend, route, model or day, with
+    """Requests since ``since`` (epoch seconds) grouped ``by`` backend, route, model, API key or day, with
     settled and provisional costs, and each hour-priced backend's bill and traffic share."""
     if by not in GROUPS:
         raise ValueError(f"--by must be one of {', '.join(GROUPS)}")
@@ -122,16 +124,16 @@ def _settle(priced: Priced, rows: list[Row], since: float, now: float) -> dict[s
 
 
 def _rows(db: Engine, since: float) -> list[Row]:
-    query = sa.select(_T.c.datetime_utc, _T.c.backend, _T.c.route_name, _T.c.route, _T.c.model, _T.c.input_tokens,
-                      _T.c.cached_input_tokens, _T.c.output_tokens, _T.c.input_cost_usd, _T.c.cached_input_cost_usd,
-                      _T.c.output_cost_usd).where(_T.c.datetime_utc >= utc_iso(datetime.fromtimestamp(since, timezone.utc)))
+    query = sa.select(_T.c.datetime_utc, _T.c.backend, _T.c.route_name, _T.c.route, _T.c.model, _T.c.key_name,
+                      _T.c.input_tokens, _T.c.cached_input_tokens, _T.c.output_tokens, _T.c.input_cost_usd,
+                      _T.c.cached_input_cost_usd, _T.c.output_cost_usd).where(_T.c.datetime_utc >= utc_iso(datetime.fromtimestamp(since, timezone.utc)))
     out = []
     with db.connect() as conn:
         for r in conn.execute(query):
             cached = r.cached_input_tokens or 0
             provisional = None if r.input_cost_usd is None else Cost(r.input_cost_usd, r.cached_input_cost_usd or 0.0,
                                                                       r.output_cost_usd or 0.0)
-            out.append(Row(_epoch(r.datetime_utc), r.backend, r.route_name or r.model, r.model,
+            out.append(Row(_epoch(r.datetime_utc), r.backend, r.route_name or r.model, r.model, r.key_name or NO_KEY,
                            Tokens(max(0, r.input_tokens - cached), cached, r.output_tokens), provisional))
     return out
 

@@ -28,9 +28,10 @@ def db(tmp_path):
     engine.dispose()
 
 
-def write(db, book: PriceBook, backend: str, at: float, tokens: Tokens, route: str = "chat") -> None:
+def write(db, book: PriceBook, backend: str, at: float, tokens: Tokens, route: str = "chat",
+          key: str | None = None) -> None:
     record = UsageRecord(source="gateway", route="/v1/chat/completions", route_name=route, model="m",
-                         backend=backend, input_tokens=tokens.input + tokens.cached_input,
+                         backend=backend, key_name=key, input_tokens=tokens.input + tokens.cached_input,
                          cached_input_tokens=tokens.cached_input, output_tokens=tokens.output)
     cost, version = book.cost(backend, tokens, now=at)
     record.input_cost_usd, record.cached_input_cost_usd, record.output_cost_usd = cost.input, cost.cached_input, cost.output
@@ -62,14 +63,17 @@ def test_request_costs_add_up_to_each_windows_bill_and_idle_windows_are_reported
     assert api["usd_per_mtok_output"] == pytest.approx(0.60)
 
 
-def test_grouping_by_route_and_day(db):
+def test_grouping_by_route_key_and_day(db):
     prices = [Priced.of("api", PricingEntry(input_per_mtok=1.0, output_per_mtok=2.0))]
     book = PriceBook(prices)
-    write(db, book, "api", START + 10, Tokens(1000, 0, 500), route="a")
+    write(db, book, "api", START + 10, Tokens(1000, 0, 500), route="a", key="team-a")
     write(db, book, "api", START + 20, Tokens(3000, 0, 100), route="b")
     by_route = {g["key"]: g for g in cost_report(db, prices, since=START, by="route", now=START + 60)["groups"]}
     assert by_route["a"]["total_cost_usd"] == pytest.approx(0.001 + 0.001)
     assert by_route["b"]["total_cost_usd"] == pytest.approx(0.003 + 0.0002)
+    by_key = {g["key"]: g["total_cost_usd"]
+              for g in cost_report(db, prices, since=START, by="key", now=START + 60)["groups"]}
+    assert by_key == {"team-a": pytest.approx(0.002), "(no key)": pytest.approx(0.0032)}
     days = cost_report(db, prices, since=START, by="day", now=START + 60)["groups"]
     assert [g["requests"] for g in days] == [2]
     with pytest.raises(ValueError):
