@@ -100,7 +100,7 @@ def cost_report(db: Engine, priced: list[Priced], *, since: float, by: str = "ba
 
 def _settle(priced: Priced, rows: list[Row], since: float, now: float) -> dict[str, Any]:
     entry, size = priced.entry, priced.entry.window_s
-    first, last = math.floor(since / size), math.floor(now / size)
+    first, last = math.floor(since / size), math.ceil(now / size) - 1  # a window starting at now is not one yet
     by_window: dict[int, list[Row]] = defaultdict(list)
     for row in rows:
         by_window[math.floor(row.at / size)].append(row)
