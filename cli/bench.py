@@ -147,7 +147,7 @@ def _print_and_write(result, out: Path | None) -> None:
 
         files = write_outputs(result, out) + write_plots(result, out)
     else:  # kept where output_weight: measured looks for the latest calibration
-        from benchmark.calibration import new_run_dir
+        from pricing.calibration import new_run_dir
 
         from .common import settings
 

@@ -6,7 +6,7 @@ it prices the in-process engines (``llamacpp``, ``native``) and every route memb
 of the local store, which share that bill.
 
 ``output_weight: measured`` is resolved here from the latest ``infer bench`` run that calibrates the
-backend (``benchmark.calibration``); without one it is :data:`DEFAULT_OUTPUT_WEIGHT`, and
+backend (``pricing.calibration``); without one it is :data:`DEFAULT_OUTPUT_WEIGHT`, and
 ``weight_source`` says which command to run. ``weight_source`` travels to the log at start, to
 ``infer cost`` and to ``GET /infer/cost``.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmark.calibration import latest_calibration, runs_dir
+from .calibration import latest_calibration, runs_dir
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from benchmark.calibration import latest_calibration
+from pricing.calibration import latest_calibration
 
 
 def run(home, name: str, date: str, points: list[dict], **summary) -> None:
