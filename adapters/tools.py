@@ -29,8 +29,9 @@ from jsonschema.exceptions import SchemaError
 from .base import ToolCall
 from .errors import BackendProtocolError, InvalidRequest
 
-__all__ = ["call_id", "check_tools", "chosen_tools", "named_tool", "ollama_call", "ollama_messages",
-           "openai_call", "openai_messages", "parse_arguments", "tool_names"]
+__all__ = ["arguments_object", "call_id", "check_tools", "chosen_tools", "from_wire_call", "internal_calls",
+           "name_tool_results", "named_tool", "ollama_call", "ollama_messages", "openai_call", "openai_messages",
+           "parse_arguments", "tool_names"]
 
 NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 CHOICES = ("auto", "none", "required")
