@@ -21,7 +21,7 @@ from adapters.errors import BackendError, BackendUnavailable, ModelNotFound
 from gateway.health import VERSION
 from gateway.settings import client_url
 
-PROBE_TIMEOUT = 0.5  # seconds: a server on this machine answers in milliseconds
+PROBE_TIMEOUT = 2.0  # seconds: nothing listening is refused at once; a busy server still answers in time
 TIMEOUT = httpx.Timeout(None, connect=5.0)  # generation and pulls take as long as they take
 
 

@@ -46,8 +46,8 @@ class RemoteChatSession:
     def body(self, *, truncate: bool) -> dict[str, Any]:
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
         body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": True, "truncate": truncate}
-        extra = {"options": dict(self.options), "format": self.format, "keep_alive": self.keep_alive,
-                 "engine": self.engine}
+        options = {**self.options, **({"engine": self.engine} if self.engine else {})}  # infer's routing option
+        extra = {"options": options, "format": self.format, "keep_alive": self.keep_alive}
         body.update({k: v for k, v in extra.items() if v not in (None, {})})
         return body
 

@@ -18,6 +18,7 @@ from registry.errors import InvalidName, RegistryError
 from registry.names import parse_name
 
 from .chat_session import ChatSession, parse_parameter
+from .remote_session import RemoteChatSession
 from .common import settings
 from .repl_text import USAGE, USAGE_PARAMETERS, USAGE_SET, USAGE_SHORTCUTS, USAGE_SHOW, show
 
@@ -33,7 +34,7 @@ def help_text(text: str) -> None:
 
 
 class Repl:
-    def __init__(self, session: ChatSession, runner: asyncio.Runner, readline=None) -> None:
+    def __init__(self, session: ChatSession | RemoteChatSession, runner: asyncio.Runner, readline=None) -> None:
         self.session, self.runner, self.readline = session, runner, readline
         self.buffer = ""
         self.multiline: str | None = None  # None, "prompt" or "system"
@@ -241,7 +242,7 @@ def _line_editing() -> Iterator[object | None]:
             readline.write_history_file(path)
 
 
-def run_repl(session: ChatSession) -> None:
+def run_repl(session: ChatSession | RemoteChatSession) -> None:
     with asyncio.Runner() as runner, _line_editing() as readline:
         try:
             for message in session.details().messages:

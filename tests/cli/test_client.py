@@ -162,3 +162,18 @@ def test_the_repl_keeps_the_history_on_the_server(server, store):
     first_row, second_row, after_clear = new
     assert second_row.input_tokens > first_row.input_tokens  # the history went to the server
     assert after_clear.input_tokens == first_row.input_tokens
+
+
+def test_a_turn_is_ollamas_chat_body():
+    from cli.client import ServerClient
+    from cli.remote_session import RemoteChatSession, parse_parameters
+
+    s = RemoteChatSession(ServerClient("http://127.0.0.1:1"), "tiny", format="json", keep_alive=600.0, engine="native")
+    s.system, s.options = "Be terse.", {"seed": 7}
+    s.messages.append({"role": "user", "content": "hi"})
+    assert s.body(truncate=False) == {
+        "model": "tiny", "stream": True, "truncate": False, "format": "json", "keep_alive": 600.0,
+        "messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}],
+        "options": {"seed": 7, "engine": "native"}}
+    assert parse_parameters('num_ctx                        512\nstop                           "<|im_end|>"\n'
+                            'stop                           "END"') == {"num_ctx": 512, "stop": ["<|im_end|>", "END"]}
