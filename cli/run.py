@@ -69,7 +69,8 @@ def run_cmd(
         _one_shot(session, text)
 
 
-def _local_session(model, insecure, engine, db, verbose, options):
+def _local_session(model: str | None, insecure: bool, engine: str | None, db: str | None, verbose: bool,
+                   options: dict):
     from .chat_session import ChatSession, local_settings_from_env  # llama.cpp: imported only when running
 
     local = local_settings_from_env(check_engine(engine) if engine else None)
@@ -79,7 +80,8 @@ def _local_session(model, insecure, engine, db, verbose, options):
                        settings=local, **options)
 
 
-def _remote_session(client: ServerClient, model, insecure, engine, verbose, options):
+def _remote_session(client: ServerClient, model: str | None, insecure: bool, engine: str | None, verbose: bool,
+                    options: dict):
     from .remote_session import RemoteChatSession
 
     model = _ensure_served(client, model, insecure)
