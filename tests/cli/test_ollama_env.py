@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -91,6 +92,34 @@ def test_keep_alive_context_length_and_max_loaded_models(server):
     load(server, "tiny")
     assert list(ps(server)) == ["tiny"]  # OLLAMA_MAX_LOADED_MODELS=1: plain made room
     assert ps(server)["tiny"]["context_length"] == 512  # the model's own num_ctx wins, as in Ollama
+
+
+def test_num_parallel_answers_two_requests_at_once(server):
+    """OLLAMA_NUM_PARALLEL=2: a second request starts streaming while the first is still generating
+    (with one slot it would wait for the first to finish)."""
+    body = {"model": "slow", "prompt": "count", "options": {"num_predict": 3000, "seed": 1, "ignore_eos": True}}
+    first_started, first_done = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with httpx.stream("POST", server.url + "/api/generate", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                first_started.set()
+                if '"done":true' in line.replace(" ", ""):
+                    first_done.set()
+                if stop.is_set():
+                    return
+
+    stop = threading.Event()
+    thread = threading.Thread(target=first, daemon=True)
+    thread.start()
+    try:
+        assert first_started.wait(60)
+        with httpx.stream("POST", server.url + "/api/generate", json=body, timeout=120) as r:
+            next(r.iter_lines())  # the second request's first token
+            assert not first_done.is_set()
+    finally:
+        stop.set()
+        thread.join(60)
 
 
 def test_the_cli_finds_the_server_at_ollama_host(server):
