@@ -177,3 +177,29 @@ def test_a_turn_is_ollamas_chat_body():
         "options": {"seed": 7, "engine": "native"}}
     assert parse_parameters('num_ctx                        512\nstop                           "<|im_end|>"\n'
                             'stop                           "END"') == {"num_ctx": 512, "stop": ["<|im_end|>", "END"]}
+
+
+def test_ctrl_c_stops_a_reply_on_the_server_and_the_session_goes_on(server, store):
+    before = {r.id for r in rows(server)}
+    term = Terminal("slow", env=via(server, store))
+    try:
+        term.expect(">>> ")
+        assert term.send("/set parameter num_predict 3000") == "Set parameter 'num_predict' to '3000'\n>>> "
+        assert term.send("/set parameter ignore_eos true") == "Set parameter 'ignore_eos' to 'true'\n>>> "
+        os.write(term.fd, b"count to a million\n")
+        deadline = time.monotonic() + 60
+        while "slow" not in loaded(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # generating
+        term.interrupt(">>> ")
+        assert term.send("/set parameter num_predict 4") == "Set parameter 'num_predict' to '4'\n>>> "
+        assert term.send("and now?").endswith("\n\n>>> ")
+    finally:
+        os.write(term.fd, b"/bye\n")
+        assert term.close() == 0
+    deadline = time.monotonic() + 15
+    while len([r for r in rows(server) if r.id not in before]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    new = sorted((r for r in rows(server) if r.id not in before), key=lambda r: r.id)
+    assert [r.status for r in new] == ["cancelled", "ok"]
+    assert new[0].output_tokens < 3000 and new[1].input_tokens > new[0].input_tokens  # the history went along
