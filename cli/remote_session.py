@@ -4,7 +4,8 @@ The same interface as :class:`cli.chat_session.ChatSession` (the REPL drives eit
 output: the reply streams to stdout, then a blank line; ``--verbose`` prints the statistics of the
 server's final chunk in Ollama's format (time to first token and per output token measured here,
 as the chunks arrive). The server keeps the model loaded for ``keep_alive`` and writes the ledger
-row; ``/save`` is ``POST /api/create`` and ``/list`` ``GET /api/tags``, as in Ollama's REPL.
+row; ``/save`` is ``POST /api/create``, ``/list`` ``GET /api/tags`` and ``/show`` reads ``POST /api/show``,
+as in Ollama's REPL.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import typer
 from adapters.base import Done, Timings, Usage
 from adapters.errors import BackendError
 from registry.details import ModelDetails
+from registry.gguf_info import GGUFInfo
 from registry.names import parse_name
 
 from .chat_session import stats_lines
@@ -118,15 +120,30 @@ def done_from_final(final: dict[str, Any], token_times: list[float]) -> Done:
 
 
 def details_from_show(model: str, body: dict[str, Any]) -> ModelDetails:
-    """What the REPL's ``/show`` needs, from ``POST /api/show`` (no GGUF header at hand: config facts)."""
+    """What the REPL's ``/show`` needs, from ``POST /api/show``: the GGUF facts from ``model_info``, the
+    template as a TEMPLATE layer only when the server's Modelfile has one (else the GGUF's own)."""
     d = body.get("details") or {}
     config = {"model_family": d.get("family") or "", "model_type": d.get("parameter_size") or "",
               "file_type": d.get("quantization_level") or ""}
+    template = body.get("template") or None
+    layer = template if '\nTEMPLATE """' in "\n" + (body.get("modelfile") or "") else None
+    gguf = _gguf_facts(body.get("model_info") or {}, d.get("quantization_level") or "",
+                       None if layer else template)
     return ModelDetails(name=parse_name(model, insecure=True), manifest=None, digest="", modified=0.0,  # type: ignore[arg-type]
-                        model_path=None, config=config, gguf=None, template=body.get("template") or None,
+                        model_path=None, config=config, gguf=gguf, template=layer,
                         system=body.get("system") or None, licenses=[body["license"]] if body.get("license") else [],
                         parameters=parse_parameters(body.get("parameters") or ""),
                         messages=list(body.get("messages") or []))
+
+
+def _gguf_facts(info: dict[str, Any], file_type: str, chat_template: str | None) -> GGUFInfo | None:
+    arch = info.get("general.architecture")
+    if not arch:
+        return None
+    return GGUFInfo(architecture=arch, parameter_count=int(info.get("general.parameter_count") or 0),
+                    file_type=file_type, context_length=info.get(f"{arch}.context_length"),
+                    embedding_length=info.get(f"{arch}.embedding_length"), chat_template=chat_template,
+                    license=None, metadata=info)
 
 
 def parse_parameters(text: str) -> dict[str, Any]:

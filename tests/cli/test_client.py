@@ -22,7 +22,9 @@ from cli.main import app
 from gateway.health import VERSION
 from ledger.db import open_db
 from ledger.usage import recent
+from cli.models import render_show
 from registry.create import create_model
+from registry.details import load_details
 from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from tests.cli.test_run import ROOT, STAT_LINES, Terminal, cli_env, stat
@@ -152,6 +154,9 @@ def test_the_repl_keeps_the_history_on_the_server(server, store):
         second = term.send("and again")
         assert re.search(r"^eval count:           \d+ token\(s\)$", second, re.MULTILINE)
         assert term.send("/show parameters").startswith("Model defined parameters:\n")
+        details = load_details(store, parse_name("seeded"))
+        assert term.send("/show info") == render_show(details) + ">>> "  # as in-process
+        assert term.send("/show template") == details.chat_template + "\n>>> "
         assert term.send("/clear") == "Cleared session context\n>>> "
         term.send("hello")
     finally:
