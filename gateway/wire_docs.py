@@ -53,11 +53,6 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob]
 
 
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"]
-    content: str
-
-
 def error_responses(error_model: type[BaseModel], statuses: tuple[int, ...] | list[int], *,
                     guarded: bool = True) -> dict[int | str, dict[str, Any]]:
     """``responses=`` entries for ``statuses`` with ``error_model`` bodies, and the guards' 401/403/413."""
