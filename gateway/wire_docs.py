@@ -17,7 +17,7 @@ FastAPI only documents: nothing is validated or re-serialized at run time.
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel, TypeAdapter
