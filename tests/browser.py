@@ -32,11 +32,11 @@ def console_errors(page) -> list[str]:
     return errors
 
 
-def save_screenshot(page, path, colors: int = 64) -> None:
-    """A full-page PNG, reduced to a small palette so it stays small in the repository."""
+def save_screenshot(page, path, colors: int = 64, full_page: bool = True) -> None:
+    """A PNG of the page, reduced to a small palette so it stays small in the repository."""
     from io import BytesIO
 
     from PIL import Image
 
-    image = Image.open(BytesIO(page.screenshot(full_page=True))).convert("RGB")
+    image = Image.open(BytesIO(page.screenshot(full_page=full_page))).convert("RGB")
     image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)

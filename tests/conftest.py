@@ -55,9 +55,10 @@ def redis_server():
     yield from _throwaway("Redis")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """A headless Debian chromium through Playwright, for the session (``tests/browser.py``)."""
+    """A headless Debian chromium through Playwright, for one test module (``tests/browser.py``). Its
+    sync API runs an event loop on this thread meanwhile: no ``asyncio.run`` in such a module."""
     from tests.browser import CHROMIUM, chromium_missing
 
     missing = chromium_missing()
