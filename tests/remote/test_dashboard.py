@@ -42,7 +42,7 @@ def fakes():
 
 @pytest.fixture(scope="module")
 def live(fakes, gateway_for):
-    """(server, team key) after the workload, with every row in the ledger."""
+    """(server, team key, (team key, ops key)) after the workload, with every row in the ledger."""
     fast, slow = fakes
     model = fast.behaviour.models[0]
     server = gateway_for(
@@ -55,7 +55,7 @@ def live(fakes, gateway_for):
     team, ops = new_key(server, "team", "--budget-usd", "5"), new_key(server, "ops")
     sent = workload(server, team, ops)
     wait_rows(server, sent)
-    return server, team
+    return server, team, (team, ops)
 
 
 def new_key(server, *args: str) -> str:
@@ -111,7 +111,7 @@ def get(server, path: str, key: str | None = OPERATOR, **params) -> httpx.Respon
 
 
 def test_recent_requests_are_the_ledger_rows_filtered(live):
-    server, _ = live
+    server = live[0]
     rows = get(server, "/infer/requests", since="1h", limit=500).json()["requests"]
     expected = ledger(server, "SELECT id, backend, status, input_tokens, output_tokens, ttft_ms, total_cost_usd "
                               "FROM requests ORDER BY id DESC")
@@ -126,7 +126,7 @@ def test_recent_requests_are_the_ledger_rows_filtered(live):
 
 
 def test_the_series_counts_every_row_once_with_the_ledger_percentiles(live):
-    server, _ = live
+    server = live[0]
     body = get(server, "/infer/series", since="15m", route="chat").json()
     totals = body["totals"]
     ok = sorted(r[0] for r in ledger(server, "SELECT ttft_ms FROM requests WHERE route_name = 'chat'"))
@@ -144,7 +144,7 @@ def test_the_series_counts_every_row_once_with_the_ledger_percentiles(live):
 
 
 def test_keys_show_budget_use_and_a_ledger_key_sees_only_itself(live):
-    server, team = live
+    server, team, _ = live
     assert get(server, "/infer/keys", key=None).status_code == 401
     everyone = get(server, "/infer/keys").json()["keys"]
     assert [k["name"] for k in everyone] == ["ops", "team"] and everyone[0]["budget_used"] is None
@@ -180,8 +180,8 @@ def pct(value) -> str:
 
 
 @pytest.mark.browser
-def test_the_page_shows_what_the_json_says(live, browser):
-    server, _ = live
+def test_the_page_shows_what_the_json_says(live, browser, fakes):
+    server = live[0]
     page = browser.new_page(viewport={"width": 1360, "height": 1500})
     page.set_default_timeout(5000)
     errors = console_errors(page)
@@ -224,9 +224,39 @@ def test_the_page_shows_what_the_json_says(live, browser):
     until(lambda: page.locator("#requests tbody tr").count() == 1)
     page.select_option("#f-status", "")
     until(lambda: page.locator("#requests tbody tr").count() == len(recent))
-    if os.environ.get("INFER_SCREENSHOTS"):
-        page.set_viewport_size({"width": 1280, "height": 900})
-        page.select_option("#series-route", "chat")
-        save_screenshot(page, Path(os.environ["INFER_SCREENSHOTS"]) / "dashboard.png")
     assert errors == []
+    if os.environ.get("INFER_SCREENSHOTS"):  # 90 s of changing load first, so the charts have a shape
+        traffic(server, live[2], fakes, seconds=float(os.environ.get("INFER_SCREENSHOT_TRAFFIC_S", "90")))
+        page.set_viewport_size({"width": 1280, "height": 1060})
+        page.select_option("#window", "2m")
+        page.select_option("#series-route", "chat")
+        time.sleep(1.0)
+        save_screenshot(page, Path(os.environ["INFER_SCREENSHOTS"]) / "dashboard.png", full_page=False)
+        assert errors == []
     page.close()
+
+
+def traffic(server, keys: tuple[str, str], fakes, seconds: float) -> None:
+    """Bursts of 1 to 4 concurrent chat requests every 0.3 s while the slow backend's first token
+    takes 0.1, 0.25 then 0.4 s, and a strict request now and then."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    slow = fakes[1].behaviour
+    end, i = time.monotonic() + seconds, 0
+    with ThreadPoolExecutor(4) as pool, httpx.Client(base_url=server.url, timeout=30) as http:
+        def post(model: str, key: str) -> None:
+            http.post("/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": 8},
+                      headers={"Authorization": f"Bearer {key}"})
+        try:
+            while time.monotonic() < end:
+                phase = int(3 * (1 - (end - time.monotonic()) / seconds))
+                slow.first_byte_delay = (0.1, 0.25, 0.4)[min(phase, 2)]
+                burst = [pool.submit(post, "chat", keys[j % 2]) for j in range(1 + i % 4)]
+                if i % 5 == 0:
+                    burst.append(pool.submit(post, "strict", keys[1]))
+                for future in burst:
+                    future.result()
+                i += 1
+                time.sleep(0.3)
+        finally:
+            slow.first_byte_delay = 0.3
