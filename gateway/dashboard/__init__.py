@@ -1,6 +1,6 @@
 """The live dashboard of ``infer serve``: the page at ``/dashboard`` (``page.py``, static files in
 ``static/``) and the JSON it polls besides ``/infer/routes`` and ``/infer/cost`` (``api.py``:
-``/infer/requests``, ``/infer/series``, ``/infer/keys``)."""
+``/infer/requests``, ``/infer/series``, ``/infer/keys``, ``/infer/dashboard``)."""
 
 from fastapi import APIRouter
 

@@ -6,6 +6,7 @@
   latency percentiles, tokens and spend (``series.py``), and the period's totals.
 - ``GET /infer/keys?since=24h``: each API key's budget, what its period has spent and reserved, and
   its requests and spend in the ledger since ``since``.
+- ``GET /infer/dashboard``: which optional views the page can poll (``GET /infer/backends``).
 
 Who may read: as the rest of the API (loopback by default, ``INFER_API_KEYS`` checked by the guard
 middleware). With ``auth: {required: true}`` a key is needed here too; a ledger key (``sk-infer-…``)
@@ -84,6 +85,20 @@ def _since(text: str) -> float:
     if not 0 < seconds <= MAX_PERIOD_S:
         raise APIError(400, "since: a period between 1s and 90d", param="since")
     return time.time() - seconds
+
+
+class PageConfig(BaseModel):
+    """``GET /infer/dashboard`` (documentation only): which optional views this server has."""
+
+    views: dict[str, bool]
+
+
+@router.get("/infer/dashboard", responses={200: {"model": PageConfig}, **errors()})
+async def page_config(request: Request) -> JSONBytes:
+    """What the page may poll besides its own views: ``backends`` when ``GET /infer/backends``
+    (every backend's health and load) is served, so the page never asks for a missing one."""
+    paths = {getattr(route, "path", None) for route in request.app.routes}
+    return JSONBytes({"views": {"backends": "/infer/backends" in paths}})
 
 
 @router.get("/infer/requests", responses={200: {"model": RequestsPage}, **errors(400, 401)})

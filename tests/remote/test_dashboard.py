@@ -160,6 +160,22 @@ def test_keys_show_budget_use_and_a_ledger_key_sees_only_itself(live):
     assert get(server, "/infer/requests", key="sk-infer-nope").status_code == 401
 
 
+def test_the_page_needs_no_key_its_data_does(live):
+    server = live[0]
+    assert httpx.get(server.url + "/dashboard").status_code == 308
+    page = httpx.get(server.url + "/dashboard/")  # INFER_API_KEYS is set: every other path needs a key
+    assert page.status_code == 200 and "<title>infer · dashboard</title>" in page.text
+    assert page.headers["content-security-policy"].startswith("default-src 'self'")
+    script = httpx.get(server.url + "/dashboard/dashboard.js")
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    assert httpx.get(server.url + "/dashboard/secrets.txt").status_code == 404
+    assert get(server, "/infer/series", key=None).status_code == 401
+    views = get(server, "/infer/dashboard").json()["views"]
+    paths = {p for p in httpx.get(server.url + "/openapi.json", headers={"Authorization": f"Bearer {OPERATOR}"}
+                                  ).json()["paths"]}
+    assert views == {"backends": "/infer/backends" in paths}
+
+
 # -- the page, in a browser --------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 // The infer dashboard: polls the gateway's JSON (/infer/routes, /infer/series, /infer/cost,
-// /infer/keys, /infer/requests) and draws it. Every number shown carries data-k="<panel>.<name>.<field>"
+// /infer/keys, /infer/requests, and /infer/backends where /infer/dashboard says it exists) and draws it. Every number shown carries data-k="<panel>.<name>.<field>"
 // so tests can compare it with the JSON. ?window=15m&refresh=5 preset the controls.
 "use strict";
 
@@ -91,18 +91,29 @@ function escapeHtml(text) {
   return String(text).replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 }
 
-function renderBackends(routes) {
+// One row per route member (the route's view: breaker, queued, predictions), merged with the
+// backend's own health and load from /infer/backends where the server has it; backends that serve
+// no route get a row of their own. Absent fields show "—".
+function renderBackends(routes, monitor) {
+  const health = new Map((monitor || []).map(b => [b.name, b]));
+  const rows = routes.flatMap(route => route.backends.map(b => backendRow(route.name, b, health.get(b.name) || {})));
+  const members = new Set(routes.flatMap(r => r.backends.map(b => b.name)));
+  for (const b of monitor || []) if (!members.has(b.name)) rows.push(backendRow("—", {name: b.name}, b));
   const body = $("backends").tBodies[0];
-  body.replaceChildren(...routes.flatMap(route => route.backends.map(b => {
-    const k = f => `backend.${route.name}.${b.name}.${f}`;
-    const kv = b.kv_cache_usage ?? b.kv_cache ?? null;  // present when the backend reports it
-    return row([cell(route.name), cell(b.name, k("name")), pill(b.up === false ? "down" : "up", k("up")),
-      pill(b.breaker ?? "—", k("breaker")), cell(fmt.int(b.in_flight), k("in_flight")), cell(fmt.int(b.queued), k("queued")),
-      cell(b.reported_waiting ?? b.requests_waiting ?? "—", k("waiting")), cell(fmt.pct(kv), k("kv_cache")),
-      cell(fmt.ms(b.predicted_ttft_ms), k("predicted_ttft_ms")), cell(fmt.ms(b.ttft?.p50 ?? null), k("ttft_p50")),
-      cell(fmt.pct(b.prediction_error ?? null), k("prediction_error"))]);
-  })));
+  body.replaceChildren(...rows);
   if (!body.rows.length) body.append(row([cell("no routes configured (routes: in the config file)")]));
+}
+
+function backendRow(routeName, b, h) {
+  const k = f => `backend.${routeName}.${b.name}.${f}`;
+  const up = h.up ?? b.up ?? null;
+  const num = v => v === null || v === undefined ? "—" : String(+(+v).toFixed(2));
+  return row([cell(routeName), cell(b.name, k("name")), pill(up === null ? "unknown" : up ? "up" : "down", k("up")),
+    pill(b.breaker ?? "—", k("breaker")), cell(fmt.int(b.in_flight ?? h.in_flight), k("in_flight")),
+    cell(fmt.int(b.queued), k("queued")), cell(num(h.requests_running), k("running")),
+    cell(num(h.requests_waiting ?? b.reported_waiting), k("waiting")), cell(fmt.pct(h.kv_cache_usage ?? null), k("kv_cache")),
+    cell(fmt.ms(b.predicted_ttft_ms), k("predicted_ttft_ms")), cell(fmt.ms(b.ttft?.p50 ?? null), k("ttft_p50")),
+    cell(fmt.pct(b.prediction_error ?? null), k("prediction_error"))]);
 }
 
 // -- latency and traffic --------------------------------------------------------------------------
@@ -195,16 +206,18 @@ async function refresh() {
     const chosen = routes.find(r => r.name === $("series-route").value) || null;
     const filters = {route: $("f-route").value, backend: $("f-backend").value, status: $("f-status").value,
                      limit: $("f-limit").value};
-    const [all, selected, perRoute, cost, keys, recent] = await Promise.all([
+    state.views = state.views || (await getJSON("/infer/dashboard")).views;
+    const [all, selected, perRoute, cost, keys, recent, monitor] = await Promise.all([
       getJSON("/infer/series?" + query()),
       chosen ? getJSON("/infer/series?" + query({route: chosen.name})) : null,
       Promise.all(routes.map(r => getJSON("/infer/series?" + query({route: r.name})))),
       getJSON("/infer/cost?" + query({by: "backend"})),
       getJSON("/infer/keys?" + query()),
-      getJSON("/infer/requests?" + query(filters))]);
+      getJSON("/infer/requests?" + query(filters)),
+      state.views.backends ? getJSON("/infer/backends") : null]);
     $("routes").replaceChildren(...routes.map((r, i) => routeTile(r, perRoute[i].totals)));
     if (!routes.length) $("routes").textContent = "no routes configured (routes: in the config file)";
-    renderBackends(routes);
+    renderBackends(routes, monitor?.backends);
     renderSeries(selected || all, chosen);
     renderSpend(all);
     renderCost(cost);
