@@ -97,7 +97,7 @@ class PageConfig(BaseModel):
 async def page_config(request: Request) -> JSONBytes:
     """What the page may poll besides its own views: ``backends`` when ``GET /infer/backends``
     (every backend's health and load) is served, so the page never asks for a missing one."""
-    paths = {getattr(route, "path", None) for route in request.app.routes}
+    paths = request.app.openapi()["paths"]  # built once, then cached by FastAPI
     return JSONBytes({"views": {"backends": "/infer/backends" in paths}})
 
 

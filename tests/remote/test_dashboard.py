@@ -220,6 +220,13 @@ def test_the_page_shows_what_the_json_says(live, browser, fakes):
             assert shown(page, f"backend.{name}.{b['name']}.breaker") == b["breaker"]
             assert shown(page, f"backend.{name}.{b['name']}.in_flight") == str(b["in_flight"])
     assert routes["chat"]["requests"] == 6 and routes["strict"]["shed"] == 1
+    if get(server, "/infer/dashboard").json()["views"]["backends"]:  # health and load, where served
+        page.click("#refresh-now")  # the monitor's figures change on their own: read both now
+        monitor = {b["name"]: b for b in get(server, "/infer/backends").json()["backends"]}
+        page.wait_for_selector('[data-k="backend.chat.fast.kv_cache"]')
+        for name in ("fast", "slow"):
+            assert shown(page, f"backend.chat.{name}.kv_cache") == pct(monitor[name]["kv_cache_usage"])
+            assert shown(page, f"backend.chat.{name}.up") == ("up" if monitor[name]["up"] else "down")
     for group in get(server, "/infer/cost", since="15m", by="backend").json()["groups"]:
         for field in ("usd_per_mtok_input", "usd_per_mtok_output"):
             assert shown(page, f"cost.{group['key']}.{field}") == ("—" if group[field] is None else f"{group[field]:.4f}")
