@@ -207,9 +207,8 @@ async function refresh() {
     const filters = {route: $("f-route").value, backend: $("f-backend").value, status: $("f-status").value,
                      limit: $("f-limit").value};
     state.views = state.views || (await getJSON("/infer/dashboard")).views;
-    const [all, selected, perRoute, cost, keys, recent, monitor] = await Promise.all([
+    const [all, perRoute, cost, keys, recent, monitor] = await Promise.all([
       getJSON("/infer/series?" + query()),
-      chosen ? getJSON("/infer/series?" + query({route: chosen.name})) : null,
       Promise.all(routes.map(r => getJSON("/infer/series?" + query({route: r.name})))),
       getJSON("/infer/cost?" + query({by: "backend"})),
       getJSON("/infer/keys?" + query()),
@@ -218,7 +217,7 @@ async function refresh() {
     $("routes").replaceChildren(...routes.map((r, i) => routeTile(r, perRoute[i].totals)));
     if (!routes.length) $("routes").textContent = "no routes configured (routes: in the config file)";
     renderBackends(routes, monitor?.backends);
-    renderSeries(selected || all, chosen);
+    renderSeries(chosen ? perRoute[routes.indexOf(chosen)] : all, chosen);
     renderSpend(all);
     renderCost(cost);
     renderKeys(keys);
