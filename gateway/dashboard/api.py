@@ -84,7 +84,7 @@ def _since(text: str) -> float:
     except ValueError as exc:
         raise APIError(400, f"since: {exc}", param="since") from None
     if not 0 < seconds <= MAX_PERIOD_S:
-        raise APIError(400, "since: a period between 1s and 90d", param="since")
+        raise APIError(400, "since: a period longer than 0 and at most 90d", param="since")
     return time.time() - seconds
 
 
@@ -118,7 +118,7 @@ async def requests(db: DbDep, key_name: ViewerDep, since: str = "1h",
 @router.get("/infer/series", responses={200: {"model": Series}, **errors(400, 401)})
 async def series(db: DbDep, key_name: ViewerDep, since: str = "1h",
                  step: Annotated[float | None, Query(gt=0, le=86400)] = None, route: str | None = None,
-                 backend: str | None = None) -> JSONBytes:
+                 backend: str | None = None) -> Response:
     """Requests, sheds, errors, attainment, goodput, TTFT/TPOT/e2e percentiles and spend per bucket."""
     start = _since(since)
     now = time.time()
