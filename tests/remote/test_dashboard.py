@@ -208,36 +208,12 @@ def test_the_page_shows_what_the_json_says(live, browser, fakes):
     page.fill("#key", OPERATOR)
     page.click("#key-form button")
     page.wait_for_selector('[data-route="chat"]')
-    routes = {r["name"]: r for r in get(server, "/infer/routes").json()["routes"]}
-    for name, route in routes.items():
-        for field in ("requests", "good", "shed", "errors"):
-            assert shown(page, f"route.{name}.{field}") == str(route[field]), (name, field)
-        assert shown(page, f"route.{name}.attainment") == pct(route["attainment"])
-        assert float(shown(page, f"route.{name}.goodput_rps")) == pytest.approx(route["goodput_rps"], rel=0.3)
-        window = get(server, "/infer/series", since="15m", route=name).json()["totals"]
-        assert shown(page, f"route.{name}.window_attainment") == pct(window["attainment"])
-        for b in route["backends"]:
-            assert shown(page, f"backend.{name}.{b['name']}.breaker") == b["breaker"]
-            assert shown(page, f"backend.{name}.{b['name']}.in_flight") == str(b["in_flight"])
-    assert routes["chat"]["requests"] == 6 and routes["strict"]["shed"] == 1
-    if get(server, "/infer/dashboard").json()["views"]["backends"]:  # health and load, where served
-        page.click("#refresh-now")  # the monitor's figures change on their own: read both now
-        monitor = {b["name"]: b for b in get(server, "/infer/backends").json()["backends"]}
-        page.wait_for_selector('[data-k="backend.chat.fast.kv_cache"]')
-        for name in ("fast", "slow"):
-            assert shown(page, f"backend.chat.{name}.kv_cache") == pct(monitor[name]["kv_cache_usage"])
-            assert shown(page, f"backend.chat.{name}.up") == ("up" if monitor[name]["up"] else "down")
-    for group in get(server, "/infer/cost", since="15m", by="backend").json()["groups"]:
-        for field in ("usd_per_mtok_input", "usd_per_mtok_output"):
-            assert shown(page, f"cost.{group['key']}.{field}") == ("—" if group[field] is None else f"{group[field]:.4f}")
-        assert shown(page, f"cost.{group['key']}.total_cost_usd") == f"{group['total_cost_usd']:.6f}"
-    key = get(server, "/infer/keys", since="15m").json()["keys"][1]
-    assert shown(page, "key.team.budget_used") == pct(key["budget_used"])
-    assert shown(page, "key.team.spent_usd") == f"{key['spent_usd']:.6f}"
+    assert_routes(page, server)
+    assert_backends_health(page, server)
+    assert_cost_and_keys(page, server)
     recent = get(server, "/infer/requests", since="15m").json()["requests"]
     assert page.locator("#requests tbody tr").count() == len(recent)
-    first = recent[0]
-    assert shown(page, f"request.{first['id']}.status") == first["status"]
+    assert shown(page, f"request.{recent[0]['id']}.status") == recent[0]["status"]
     for chart in ("ttft", "tpot", "e2e", "traffic", "spend"):
         assert page.locator(f"#chart-{chart} svg path.line, #chart-{chart} svg circle").count() >= 1, chart
     assert page.locator("#chart-price svg rect").count() == 4  # two priced backends, in and out
@@ -257,6 +233,43 @@ def test_the_page_shows_what_the_json_says(live, browser, fakes):
         save_screenshot(page, Path(os.environ["INFER_SCREENSHOTS"]) / "dashboard.png", full_page=False)
         assert errors == []
     page.close()
+
+
+def assert_routes(page, server) -> None:
+    routes = {r["name"]: r for r in get(server, "/infer/routes").json()["routes"]}
+    assert routes["chat"]["requests"] == 6 and routes["strict"]["shed"] == 1
+    for name, route in routes.items():
+        for field in ("requests", "good", "shed", "errors"):
+            assert shown(page, f"route.{name}.{field}") == str(route[field]), (name, field)
+        assert shown(page, f"route.{name}.attainment") == pct(route["attainment"])
+        assert float(shown(page, f"route.{name}.goodput_rps")) == pytest.approx(route["goodput_rps"], rel=0.3)
+        window = get(server, "/infer/series", since="15m", route=name).json()["totals"]
+        assert shown(page, f"route.{name}.window_attainment") == pct(window["attainment"])
+        for b in route["backends"]:
+            assert shown(page, f"backend.{name}.{b['name']}.breaker") == b["breaker"]
+            assert shown(page, f"backend.{name}.{b['name']}.in_flight") == str(b["in_flight"])
+
+
+def assert_backends_health(page, server) -> None:
+    """Up/down and KV-cache use as ``GET /infer/backends`` says, where the server has it."""
+    if not get(server, "/infer/dashboard").json()["views"]["backends"]:
+        return
+    page.click("#refresh-now")  # the monitor's figures change on their own: read both now
+    monitor = {b["name"]: b for b in get(server, "/infer/backends").json()["backends"]}
+    page.wait_for_selector('[data-k="backend.chat.fast.kv_cache"]')
+    for name in ("fast", "slow"):
+        assert shown(page, f"backend.chat.{name}.kv_cache") == pct(monitor[name]["kv_cache_usage"])
+        assert shown(page, f"backend.chat.{name}.up") == ("up" if monitor[name]["up"] else "down")
+
+
+def assert_cost_and_keys(page, server) -> None:
+    for group in get(server, "/infer/cost", since="15m", by="backend").json()["groups"]:
+        for field in ("usd_per_mtok_input", "usd_per_mtok_output"):
+            assert shown(page, f"cost.{group['key']}.{field}") == ("—" if group[field] is None else f"{group[field]:.4f}")
+        assert shown(page, f"cost.{group['key']}.total_cost_usd") == f"{group['total_cost_usd']:.6f}"
+    key = get(server, "/infer/keys", since="15m").json()["keys"][1]
+    assert shown(page, "key.team.budget_used") == pct(key["budget_used"])
+    assert shown(page, "key.team.spent_usd") == f"{key['spent_usd']:.6f}"
 
 
 def traffic(server, keys: tuple[str, str], fakes, seconds: float) -> None:
