@@ -43,11 +43,12 @@ async def hot_chat(scope, receive, data: dict) -> Response | None:
     validation and answer; None sends a request that does not validate the FastAPI way."""
     try:
         body = ChatCompletionRequest.model_validate(data)
-        hints = hints_from(Headers(scope=scope))
+        headers = Headers(scope=scope)
+        hints = hints_from(headers)
     except (ValidationError, APIError):
         return None
     state = scope["app"].state
-    return await serve_chat(body, state.router, state.recorder, client_from(Headers(scope=scope), scope), hints,
+    return await serve_chat(body, state.router, state.recorder, client_from(headers, scope), hints,
                             receive)
 
 
