@@ -72,6 +72,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
             for task in pollers:
                 task.cancel()
             await app.state.recorder.settle()
+            await app.state.keys.aclose()  # leases' unused room back to the budgets
             await app.state.router.aclose()
             app.state.ledger.close()
             app.state.db.dispose()

@@ -24,7 +24,7 @@ from adapters.errors import BackendError, BackendProtocolError, RouteShed, Shutt
 from adapters.router import Router
 from ledger.tables import UsageRecord
 from adapters.token_count import ByteEstimate
-from ledger.keys import ApiKey, reserve, settle
+from ledger.keys import ApiKey, settle
 from ledger.writer import LedgerWriter
 from pricing.book import PriceBook
 from pricing.method import Tokens
@@ -83,8 +83,8 @@ class Recorder:
                                     key_name=request.key_name))
             raise
         gen = Generation(self, backend, request, route, stream)
-        if hold is not None:  # the reservation's round trip overlaps the backend's first byte
-            gen.admission = asyncio.get_running_loop().create_task(self._reserve(*hold))
+        if hold is not None:
+            gen.admission = self._admission(*hold)
         await gen.prime()
         return gen
 
@@ -105,9 +105,19 @@ class Recorder:
             return None
         return key, self.prices.estimate((backend.name, request.model), Tokens(prompt, 0, most))
 
+    def _admission(self, key: ApiKey, amount: float) -> asyncio.Future[float]:
+        """The reservation of ``amount``: at once from this replica's lease, else a task whose database
+        round trip overlaps the backend's first byte."""
+        loop = asyncio.get_running_loop()
+        if self.keys.take(key.name, amount):
+            taken = loop.create_future()
+            taken.set_result(amount)
+            return taken
+        return loop.create_task(self._reserve(key, amount))
+
     async def _reserve(self, key: ApiKey, amount: float) -> float:
-        """Reserve ``amount`` of the key's budget (one atomic statement, off the loop), or OverBudget."""
-        if not await asyncio.get_running_loop().run_in_executor(None, reserve, self.keys.db, key.name, amount):
+        """Reserve ``amount`` of the key's budget (atomic statements, off the loop), or OverBudget."""
+        if not await self.keys.reserve(key.name, amount):
             raise OverBudget(f"key '{key.name}' is over budget: spent ${key.spent_usd:.6f} of ${key.budget_usd:.6f} "
                              f"(${key.reserved_usd:.6f} reserved by requests in flight); this request may cost up "
                              f"to ${amount:.6f}", retry_after=60.0)
@@ -173,7 +183,7 @@ class Generation:
         self.route, self.stream = route, stream
         self.done: Done | None = None
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
-        self.admission: asyncio.Task[float] | None = None  # its key's budget reservation (the amount), if any
+        self.admission: asyncio.Future[float] | None = None  # its key's budget reservation (the amount), if any
         self._ended = False
         self._aborted: BackendError | None = None
         self._queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
@@ -305,7 +315,7 @@ class Generation:
             self.recorder.metrics.in_flight.labels(self.request.model).inc(delta)
 
 
-def _refusal(admission: asyncio.Task) -> str:
+def _refusal(admission: asyncio.Future) -> str:
     if admission.cancelled():
         return "the budget reservation was cancelled"
     exc = admission.exception()
