@@ -151,6 +151,16 @@ class LlamaCppBackend:
     async def health(self) -> Health:
         return Health(ok=True, detail=f"{len(self._pool.entries())} model(s) loaded")
 
+    def current_load(self) -> dict[str, float]:
+        """Requests holding a slot, requests queued for one, and the KV cells in use over all slots."""
+        entries = self._pool.entries()
+        slots = [s for e in entries for s in e.slots]
+        load = {"requests_running": float(sum(e.active for e in entries)),
+                "requests_waiting": float(sum(e.waiters for e in entries))}
+        if slots:
+            load["kv_cache_usage"] = sum(s.n_tokens for s in slots) / max(1, sum(s.n_ctx() for s in slots))
+        return load
+
     async def aclose(self) -> None:
         await self._pool.aclose()
         self._executor.shutdown(wait=True, cancel_futures=True)

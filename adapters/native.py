@@ -181,6 +181,16 @@ class NativeBackend:
     async def health(self) -> Health:
         return Health(ok=True, detail=f"{len(self._loaded)} model(s) loaded")
 
+    def current_load(self) -> dict[str, float]:
+        """The loaded engines' schedulers now: running, waiting, and the fullest KV cache's used share
+        (read from the event loop while the engine threads run: a snapshot, not a transaction)."""
+        schedulers = [e.engine.engine.scheduler for e in list(self._loaded.values())]
+        if not schedulers:
+            return {"requests_running": 0.0, "requests_waiting": 0.0}
+        return {"requests_running": float(sum(s.num_running for s in schedulers)),
+                "requests_waiting": float(sum(s.num_waiting for s in schedulers)),
+                "kv_cache_usage": max(s.block_manager.usage for s in schedulers)}
+
     async def aclose(self) -> None:
         for entry in list(self._loaded.values()):
             self._drop(entry)

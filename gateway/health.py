@@ -1,13 +1,24 @@
-"""``/`` and ``/api/version`` (the probes clients use) and ``/metrics`` (Prometheus)."""
+"""``/`` and ``/api/version`` (the probes clients use), ``/health`` (liveness), ``/ready``
+(readiness) and ``/metrics`` (Prometheus).
+
+``/health`` answers 200 ``{"status": "ok"}`` while the process serves. ``/ready`` answers 200 when
+something can serve a request: a remote backend whose last health check passed, a model loaded
+in an in-process engine, or a model in the local store (the in-process engines load it on first
+use); otherwise 503 with the reason. Both are open without an API key, as ``/`` is.
+"""
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+import asyncio
+from contextlib import suppress
+
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from gateway.monitor import HEALTH_TIMEOUT_S
 from gateway.ollama.wire_models import VersionResponse, errors
 
 try:
@@ -36,3 +47,43 @@ async def api_version() -> dict:
     **errors()})
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/health", responses={200: {"description": "the process serves", "content": {
+    "application/json": {"example": {"status": "ok"}}}}, **errors(guarded=False)})
+async def health() -> dict:
+    return {"status": "ok"}
+
+
+@router.get("/ready", responses={
+    200: {"description": "a backend is reachable or a local model is available",
+          "content": {"application/json": {"example": {"status": "ready", "reason": "vllm-a is up"}}}},
+    503: {"description": "nothing can serve a request yet", "content": {"application/json": {"example": {
+        "status": "not ready", "reason": "no backend is reachable (vllm-a: connection refused) and the "
+                                         "local store has no model"}}}},
+    **errors(guarded=False)})
+async def ready(request: Request) -> JSONResponse:
+    ok, reason = await readiness(request.app)
+    return JSONResponse({"status": "ready" if ok else "not ready", "reason": reason}, status_code=200 if ok else 503)
+
+
+async def readiness(app) -> tuple[bool, str]:
+    """(ready, why): a reachable remote backend, a loaded local model, or a model in the store."""
+    monitor, router = app.state.monitor, app.state.router
+    with suppress(TimeoutError):  # the first health checks, at most one check's timeout
+        await asyncio.wait_for(monitor.first_poll.wait(), HEALTH_TIMEOUT_S + 0.5)
+    local = set(router.local.started()) if router.local is not None else set()
+    up = [name for name in monitor.any_up() if name not in local]
+    if up:
+        return True, f"{', '.join(up)} {'is' if len(up) == 1 else 'are'} up"
+    if router.local is not None:
+        loaded = await router.local.loaded_models()
+        if loaded:
+            return True, f"{loaded[0].name} is loaded"
+        models = await asyncio.to_thread(app.state.store.list_models)
+        if models:
+            return True, f"{len(models)} local model(s) available"
+    down = [f"{s.name}: {s.detail}" for s in monitor.down() if s.name not in local]
+    remote = f"no backend is reachable ({'; '.join(down)})" if down else "no remote backend is configured"
+    store = "the local store has no model" if router.local is not None else "no local engine"
+    return False, f"{remote} and {store}"
