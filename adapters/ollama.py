@@ -89,6 +89,10 @@ class OllamaBackend(RemoteBackend):
         body = await self.get_json("/api/tags")
         return [str(m.get("name")) for m in body.get("models", []) if isinstance(m, dict)]
 
+    def lists(self, ids: list[str]) -> bool:
+        """``tiny`` is listed as ``tiny:latest``: names compare with Ollama's default tag."""
+        return _full_name(self.settings.model) in {_full_name(i) for i in ids}
+
     async def loaded_models(self) -> list[LoadedModel]:
         body = await self.get_json("/api/ps")
         wanted = _full_name(self.settings.model)

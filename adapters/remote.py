@@ -167,6 +167,10 @@ class RemoteBackend:
         """The one mapping of this backend's error replies; override for a different body shape."""
         return error_from_status(self.where, status, error_message(body), headers)
 
+    def lists(self, ids: list[str]) -> bool:
+        """Whether the backend's model listing ``ids`` includes the configured model."""
+        return self.settings.model in ids
+
     async def models(self) -> list[str]:
         """The backend's own model ids (``backends check``); OpenAI-compatible servers by default."""
         body = await self.get_json("/v1/models")
