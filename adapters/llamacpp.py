@@ -26,7 +26,7 @@ from .errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFo
 from .llamacpp_job import GenerationJob
 from .llamacpp_pool import ModelPool
 from .settings import DEFAULTS, LocalSettings
-from .options import resolve_options
+from .options import check_token_ids, resolve_options
 from .store_models import gguf_path, model_details, store_models
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,8 @@ class LlamaCppBackend:
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
         t0 = time.perf_counter()
-        if not inputs or any(not text for text in inputs):
-            raise InvalidRequest("'input' must not contain empty strings", param="input")
+        if not inputs or any(not item for item in inputs):
+            raise InvalidRequest("'input' must not contain empty strings or token lists", param="input")
         details = self.details(model)
         options = resolve_options(details.parameters, defaults=self.defaults)
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
@@ -181,7 +181,12 @@ def _special_text(slot, token: int) -> str:
     return slot.detokenize([token], special=True).decode("utf-8", errors="replace")
 
 
-def _embed(slot, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+def _embed(slot, inputs: list[str] | list[list[int]], truncate: bool) -> tuple[list[list[float]], int]:
+    """Vectors and the tokens embedded; token-id inputs are detokenized first (llama-cpp-python's
+    ``embed`` takes text; it tokenizes them back to the same ids for a text that round-trips)."""
+    if inputs and not isinstance(inputs[0], str):
+        inputs = [slot.detokenize(check_token_ids(ids, slot.n_vocab(), "input"), special=True)
+                  .decode("utf-8", errors="replace") for ids in inputs]
     try:
         vectors, count = slot.embed(inputs, normalize=True, truncate=truncate, return_count=True)
     except ValueError as exc:  # llama-cpp-python: an input longer than the context or batch

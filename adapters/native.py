@@ -21,7 +21,7 @@ from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedMo
                    Timings, TokenLogprob, Usage, until_cancelled)
 from .chat_format import PromptSpec, render_request
 from .errors import BackendUnavailable, InvalidRequest, ModelNotFound
-from .options import Options, check_prompt_bytes, check_room, resolve_options
+from .options import Options, check_prompt_bytes, check_room, check_token_ids, resolve_options
 from .settings import DEFAULTS, LocalSettings
 from .store_models import gguf_path, model_details, store_models
 
@@ -75,9 +75,12 @@ class NativeBackend:
         longest = _max_token_bytes(entry, llm.tokenizer)
         encode = lambda text: _encode(llm.tokenizer, entry.spec, text)  # noqa: E731
         count = lambda text: limit + 1 if len(text) > limit * longest else len(encode(text))  # noqa: E731
-        prompt, dropped = render_request(entry.spec, request, count, limit - 1)
-        check_prompt_bytes(prompt, limit, longest)  # bounded work before tokenizing a huge prompt
-        token_ids = encode(prompt)
+        if request.prompt_tokens is not None:  # token ids from the client go to the engine as they are
+            token_ids, dropped = check_token_ids(request.prompt_tokens, llm.tokenizer.vocab_size), 0
+        else:
+            prompt, dropped = render_request(entry.spec, request, count, limit - 1)
+            check_prompt_bytes(prompt, limit, longest)  # bounded work before tokenizing a huge prompt
+            token_ids = encode(prompt)
         check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
         params = sampling_params(options, request, room=limit - len(token_ids))
         output: list[int] = []

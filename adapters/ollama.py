@@ -110,6 +110,8 @@ class OllamaBackend(RemoteBackend):
 
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
+        if inputs and not isinstance(inputs[0], str):
+            raise InvalidRequest("the ollama backend embeds text, not token ids; send the input as text", param="input")
         body: dict[str, Any] = {"model": self.settings.model, "input": inputs, "truncate": truncate}
         if keep_alive is not None:
             body["keep_alive"] = _seconds(keep_alive)

@@ -138,6 +138,7 @@ class RemoteBackend:
     health_path: ClassVar[str] = "/health"
     can_stream = True
     supports_embeddings = False
+    takes_token_ids = False  # prompts and embedding inputs given as token-id lists (OpenAI-compatible servers)
 
     def __init__(self, settings: RemoteSettings, client: httpx.AsyncClient | None = None,
                  counter: TokenCounter | None = None):
@@ -179,6 +180,9 @@ class RemoteBackend:
     # -- the Backend protocol ---------------------------------------------------------------------
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        if request.prompt_tokens is not None and not self.takes_token_ids:
+            raise InvalidRequest(f"the {self.type} backend takes prompts as text, not token ids; send the prompt "
+                                 "as text", param="prompt")
         turn = Turn(request, self.counter, time.perf_counter())
         deadline = request.arrival + self.settings.timeouts.total
         first_byte = request.arrival + self.settings.timeouts.first_byte
