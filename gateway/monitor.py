@@ -125,7 +125,9 @@ class BackendMonitor:
         state = self.states.get(name) or BackendState(name, backend.name)
         local = _load(backend)
         reported = state.reported
-        up = state.up if state.up is not None else None
+        up = state.up
+        if up is None and self.router.local is not None and name in self.router.local.started():
+            up = True  # an in-process engine started since the last check: it runs in this process
         if up and _breaker_open(self.router, name):
             up = False
         waiting = local.get("requests_waiting", 0.0) + reported.get("requests_waiting", 0.0)
