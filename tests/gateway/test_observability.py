@@ -229,18 +229,29 @@ def test_health_is_live_and_ready_says_why(gateway, tmp_path):
 
 
 def test_ready_with_only_local_models(tiny_store, tmp_path):
-    server = start_server(tmp_path, tiny_store.root, INFER_ENGINE="native")
+    server = start_server(tmp_path, tiny_store.root)
     try:
         available = f"{len(tiny_store.list_models())} local model(s) available"
         assert httpx.get(server.url + "/ready").json() == {"status": "ready", "reason": available}
+        httpx.post(server.url + "/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False,
+                                                        "options": {"num_predict": 1}}, timeout=60)
+        assert httpx.get(server.url + "/ready").json() == {"status": "ready", "reason": "tiny:latest is loaded"}
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.slow  # the native engine's start (torch) takes ~15 s on 2 cores
+def test_native_engine_load_and_kv_cache_use(tiny_store, tmp_path):
+    server = start_server(tmp_path, tiny_store.root, INFER_ENGINE="native")
+    try:
         body = {"model": "slow", "prompt": "Once", "stream": True, "options": {"num_predict": 3000, "ignore_eos": True}}
         with httpx.stream("POST", server.url + "/api/generate", json=body, timeout=60) as stream:
             lines = stream.iter_lines()  # held: dropping it would close the stream
             next(lines)
             found = samples(server.url)
-        assert httpx.get(server.url + "/ready").json() == {"status": "ready", "reason": "slow:latest is loaded"}
     finally:
         stop_server(server)
     assert value(found, "infer_num_requests_running", backend="native") == 1.0
     assert value(found, "infer_num_requests_waiting", backend="native") == 0.0
+    assert value(found, "infer_backend_requests_in_flight", backend="native") == 1.0
     assert 0 < value(found, "infer_kv_cache_usage_perc", backend="native") <= 1
