@@ -13,10 +13,12 @@ from importlib.metadata import PackageNotFoundError, version
 
 import asyncio
 from contextlib import suppress
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field
 
 from gateway.monitor import HEALTH_TIMEOUT_S
 from gateway.ollama.wire_models import VersionResponse, errors
@@ -49,19 +51,25 @@ async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/health", responses={200: {"description": "the process serves", "content": {
-    "application/json": {"example": {"status": "ok"}}}}, **errors(guarded=False)})
+class Liveness(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not ready"]
+    reason: str = Field(description="what serves (\"vllm-a is up\", \"tiny:latest is loaded\"), or why nothing does")
+
+
+@router.get("/health", responses={200: {"model": Liveness, "description": "the process serves"},
+                                  **errors(guarded=False)}, response_model=None)
 async def health() -> dict:
     return {"status": "ok"}
 
 
 @router.get("/ready", responses={
-    200: {"description": "a backend is reachable or a local model is available",
-          "content": {"application/json": {"example": {"status": "ready", "reason": "vllm-a is up"}}}},
-    503: {"description": "nothing can serve a request yet", "content": {"application/json": {"example": {
-        "status": "not ready", "reason": "no backend is reachable (vllm-a: connection refused) and the "
-                                         "local store has no model"}}}},
-    **errors(guarded=False)})
+    200: {"model": Readiness, "description": "a backend is reachable or a local model is available"},
+    503: {"model": Readiness, "description": "nothing can serve a request yet"},
+    **errors(guarded=False)}, response_model=None)
 async def ready(request: Request) -> JSONResponse:
     ok, reason = await readiness(request.app)
     return JSONResponse({"status": "ready" if ok else "not ready", "reason": reason}, status_code=200 if ok else 503)
