@@ -67,7 +67,8 @@ def bench(
     price_per_hour: float = typer.Option(None, "--price-per-hour", help="$ per GPU-hour: adds $/Mtok in and out."),
     gpus: int = typer.Option(1, "--gpus", help="GPUs behind the endpoint."),
     extra_body: str = typer.Option(None, "--extra-body", help="JSON merged into every request body."),
-    out: Path = typer.Option(None, "--out", help="Directory for requests.jsonl, summary.json/csv and plots."),
+    out: Path = typer.Option(None, "--out", help="Directory for requests.jsonl, summary.json/csv and plots "
+                             "(default: $INFER_HOME/bench/<UTC time>, without plots)."),
     label: list[str] = typer.Option(None, "--label", help="KEY=VALUE stored in the summary (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed for prompts and arrivals."),
 ) -> None:
@@ -145,7 +146,14 @@ def _print_and_write(result, out: Path | None) -> None:
         from benchmark.plots import write_plots
 
         files = write_outputs(result, out) + write_plots(result, out)
-        typer.echo(f"wrote {', '.join(f.name for f in files)} to {out}")
+    else:  # kept where output_weight: measured looks for the latest calibration
+        from pricing.calibration import new_run_dir
+
+        from .common import settings
+
+        out = new_run_dir(settings().home)
+        files = write_outputs(result, out)
+    typer.echo(f"wrote {', '.join(f.name for f in files)} to {out}")
 
 
 @app.command("compare")

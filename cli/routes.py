@@ -8,7 +8,7 @@ import os
 import httpx
 import typer
 
-from gateway.settings import DEFAULT_PORT, SettingsError, parse_host
+from gateway.settings import SettingsError, client_url
 
 
 def register(app: typer.Typer) -> None:
@@ -39,9 +39,7 @@ def routes(
 
 
 def _default_url() -> str:
-    host, port = parse_host(os.environ.get("INFER_HOST") or f"127.0.0.1:{DEFAULT_PORT}")
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    return f"http://{host}:{port}"
+    return client_url(dict(os.environ))
 
 
 def _route_table(route: dict) -> str:

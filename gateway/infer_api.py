@@ -79,13 +79,14 @@ async def backends_view(request: Request) -> JSONBytes:
 @router.get("/infer/cost", responses={200: {"model": CostReport}, **errors(400)})
 async def cost(request: Request, db: DbDep, since: str = "24h", by: str = "backend") -> JSONBytes:
     """What ``infer cost --json`` prints: requests since ``since`` grouped ``by`` backend, route,
-    model or day, settled against each hour-priced backend's bill."""
+    model, key or day, settled against each hour-priced backend's bill (with its output weight and
+    where that came from)."""
     try:
         seconds = parse_period(since)
     except ValueError as exc:
         raise APIError(400, f"since: {exc}", param="since") from None
     config_prices = getattr(request.app.state, "prices", None)
-    prices = config_prices.entries if config_prices is not None else {}
+    prices = config_prices.priced if config_prices is not None else []
     try:
         report = await asyncio.to_thread(cost_report, db, prices, since=time.time() - seconds, by=by)
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""Every test gets its own INFER_HOME, so nothing touches the user's real store."""
+"""Every test gets its own INFER_HOME, so nothing touches the user's real store (nor reads OLLAMA_*)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ if not os.path.exists("/dev/nvidiactl"):  # no NVIDIA driver (checked without im
 def infer_home(tmp_path, monkeypatch):
     home = tmp_path / "infer-home"
     monkeypatch.setenv("INFER_HOME", str(home))
-    for var in ("INFER_MODELS", "INFER_INSECURE", "INFER_REGISTRY_AUTH", "INFER_RAISE_ERRORS"):
+    for var in ("INFER_MODELS", "INFER_INSECURE", "INFER_REGISTRY_AUTH", "INFER_RAISE_ERRORS", "INFER_LOCAL"):
         monkeypatch.delenv(var, raising=False)
+    for var in [v for v in os.environ if v.startswith("OLLAMA_")]:  # a developer's Ollama setup stays out
+        monkeypatch.delenv(var)
     return home
 
 
