@@ -255,3 +255,19 @@ def test_native_engine_load_and_kv_cache_use(tiny_store, tmp_path):
     assert value(found, "infer_num_requests_waiting", backend="native") == 0.0
     assert value(found, "infer_backend_requests_in_flight", backend="native") == 1.0
     assert 0 < value(found, "infer_kv_cache_usage_perc", backend="native") <= 1
+
+
+def test_tracing_is_off_without_the_endpoint(vllm, tiny_store, tmp_path):
+    config = tmp_path / "backends.yaml"
+    config.write_text(yaml.safe_dump({"backends": [
+        {"name": "vl", "type": "vllm", "base_url": vllm.url, "model": vllm.behaviour.models[0]}]}))
+    server = start_server(tmp_path, tiny_store.root, INFER_CONFIG=str(config))
+    try:
+        vllm.behaviour.requests.clear()
+        r = httpx.post(server.url + "/v1/chat/completions", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
+                       json={"model": "vl", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200
+    finally:
+        stop_server(server)
+    sent = [q for q in vllm.behaviour.requests if q["path"] == "/v1/chat/completions"]
+    assert len(sent) == 1 and "traceparent" not in sent[0]["headers"]
