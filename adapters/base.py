@@ -116,6 +116,9 @@ class GenerationRequest:
     template: str | None = None  # Ollama /api/generate "template" override
     raw: bool = False
     tools: list[dict[str, Any]] | None = None  # passed to the chat template (.Tools / tools)
+    # None/"auto", "none", "required", or {"type": "function", "function": {"name": ...}} (adapters/tools.py)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True  # False: at most one call per answer
     suffix: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     format: str | dict | None = None  # "json" or a JSON schema
@@ -153,12 +156,23 @@ class TokenLogprob:
 
 
 @dataclass
+class ToolCall:
+    """One function call the model made; ``arguments`` is the JSON text of an object (OpenAI's wire form)."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+
+@dataclass
 class Chunk:
-    """A piece of generated text; ``token_ids`` when the backend knows them."""
+    """A piece of generated text; ``token_ids`` when the backend knows them; ``tool_calls`` completed
+    in this piece (each call arrives whole, in one chunk)."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 UsageSource = Literal["engine", "backend", "estimated"]

@@ -24,6 +24,7 @@ from .base import (Done, EmbedResult, GenerationRequest, Health, LoadedModel, Mo
 from .chat_format import PromptSpec
 from .errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from .llamacpp_job import GenerationJob
+from .local_tools import tool_calling
 from .llamacpp_pool import ModelPool
 from .settings import DEFAULTS, LocalSettings
 from .options import check_token_ids, resolve_options
@@ -50,6 +51,7 @@ class LlamaCppBackend:
 
     # -- generation -----------------------------------------------------------------------------
 
+    @tool_calling(grammar=True)
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.defaults)

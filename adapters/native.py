@@ -21,6 +21,7 @@ from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedMo
                    Timings, TokenLogprob, Usage, until_cancelled)
 from .chat_format import PromptSpec, render_request
 from .errors import BackendUnavailable, InvalidRequest, ModelNotFound
+from .local_tools import tool_calling
 from .options import Options, check_prompt_bytes, check_room, check_token_ids, resolve_options
 from .settings import DEFAULTS, LocalSettings
 from .store_models import gguf_path, model_details, store_models
@@ -55,6 +56,7 @@ class NativeBackend:
 
     # -- generation -----------------------------------------------------------------------------
 
+    @tool_calling(grammar=False)
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)

@@ -75,7 +75,7 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONBytes(view.load_answer(body.model, reason, chat=True))
     req = GenerationRequest(
-        model=body.model, engine=body.engine, messages=[m.for_backend() for m in messages],
+        model=body.model, engine=body.engine, messages=body.backend_messages(),
         options=body.sampling_options, format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
         truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools)
     hints.apply(req)
@@ -85,20 +85,26 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
         return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready)
     async with on_disconnect(http.receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
-    return JSONBytes(with_cost(view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks)), gen),
-                     headers=cost_header(gen.cost_usd))
+    calls = [call for chunk in chunks for call in chunk.tool_calls]
+    final = view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks), tool_calls=calls)
+    return JSONBytes(with_cost(final, gen), headers=cost_header(gen.cost_usd))
 
 
 async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:
-    async for kind, text, logprobs, done in _pieces(gen):
+    calls = 0
+    async for kind, text, logprobs, done in _pieces(gen, with_calls=True):
         if kind == "chunk":
             yield view.chat_chunk(model, text, logprobs)
+        elif kind == "calls":  # Ollama sends a model's calls in a chunk of their own
+            yield view.chat_chunk(model, "", logprobs, tool_calls=text, first_index=calls)
+            calls += len(text)
         else:
             yield with_cost(view.chat_final(model, done, logprobs=logprobs), gen)
 
 
-async def _pieces(gen: Generation):
-    """("chunk", text, logprobs, None) for every chunk with text, then ("done", "", logprobs, done).
+async def _pieces(gen: Generation, *, with_calls: bool = False):
+    """("chunk", text, logprobs, None) for every chunk with text, ("calls", tool calls, logprobs, None)
+    for every chunk with tool calls (``with_calls``), then ("done", "", logprobs, done).
 
     Logprobs of chunks without text (an incomplete UTF-8 sequence, a held-back stop prefix) ride
     on the next chunk that has text, or on the final record."""
@@ -108,6 +114,9 @@ async def _pieces(gen: Generation):
             pending.extend(event.logprobs or [])
             if event.text:
                 yield "chunk", event.text, pending, None
+                pending = []
+            if with_calls and event.tool_calls:
+                yield "calls", event.tool_calls, pending, None
                 pending = []
         else:
             yield "done", "", pending, event

@@ -2,7 +2,7 @@
 mapping onto :class:`adapters.base.GenerationRequest`.
 
 Field names mirror the wire exactly. Unknown fields are ignored (clients send extras such as
-``user``, ``tools`` or vLLM's ``top_k``); a known field with the wrong type is a 400 (models are
+``user`` or vLLM's ``top_k``); a known field with the wrong type is a 400 (models are
 strict: ``"temperature": "0.5"`` is refused, not coerced). Absent sampling fields stay absent, so
 the model's own parameters apply (unlike Ollama, which forces ``temperature``/``top_p`` to 1.0).
 """
@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import GenerationRequest
+from adapters.tools import check_tools, internal_calls, name_tool_results
 
 from gateway.http.bodies import check_text
 from gateway.http.errors import APIError
@@ -32,9 +33,45 @@ class ContentPart(_Wire):
     text: str | None = None
 
 
+class FunctionCall(_Wire):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Wire):
+    """An assistant message's call in the history (``arguments`` is JSON text, as OpenAI sends it)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Wire):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Wire):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Wire):
+    name: str
+
+
+class NamedToolChoice(_Wire):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Wire):
@@ -101,6 +138,9 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: one call at most (enforced where the output is forced)
 
     def check(self) -> None:
         super().check()
@@ -109,13 +149,21 @@ class ChatCompletionRequest(_Sampling):
 
     def generation_requests(self, client: str | None) -> list[GenerationRequest]:
         self.check()
-        messages = [_message(i, m) for i, m in enumerate(self.messages)]
+        messages = name_tool_results([_message(i, m) for i, m in enumerate(self.messages)])
         fmt = _format(self.response_format)
         num_predict = self.max_completion_tokens or self.max_tokens
+        tools, choice = self._tools()
         return [GenerationRequest(model=self.model, messages=messages, options=self.options(num_predict, i),
                                   engine=self.engine, format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
-                                  strict_max_tokens=True, client=client)
+                                  strict_max_tokens=True, client=client, tools=tools, tool_choice=choice,
+                                  parallel_tool_calls=self.parallel_tool_calls is not False)
                 for i in range(self.n or 1)]
+
+    def _tools(self) -> tuple[list[dict] | None, str | dict | None]:
+        tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
+        check_tools(tools, choice)
+        return tools, choice
 
 
 class CompletionRequest(_Sampling):
@@ -182,7 +230,13 @@ def _is_token(value: Any) -> bool:
 
 def _message(index: int, message: Message) -> dict[str, Any]:
     role = "system" if message.role == "developer" else message.role
-    return {"role": role, "content": _content(index, message.content)}
+    out: dict[str, Any] = {"role": role, "content": _content(index, message.content)}
+    if message.tool_calls and role == "assistant":
+        calls = [c.model_dump() for c in message.tool_calls]
+        out["tool_calls"] = internal_calls(calls, f"messages[{index}].tool_calls")
+    if role == "tool" and message.tool_call_id:  # lenient like Ollama: a result without its id still reads
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 def _content(index: int, content: str | list[ContentPart] | None) -> str:
