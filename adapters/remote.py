@@ -89,7 +89,7 @@ class Turn:
 
     def __init__(self, request: GenerationRequest, counter: TokenCounter, start: float):
         self.request, self.counter, self.start = request, counter, start
-        self.queue = 0.0
+        self.queue = 0.0  # waiting for a max_inflight slot, plus the backend's queue time when it reports one
         self.reported: Usage | None = None
         self.finish_reason: str = "stop"
         self.parts: list[str] = []

@@ -83,11 +83,19 @@ def vllm():
 
 
 @pytest.fixture(scope="module")
-def gateway(vllm, receiver, tiny_store, tmp_path_factory):
+def tgi():
+    server = start_fake("tgi")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm, tgi, receiver, tiny_store, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("obs")
     config = tmp / "backends.yaml"
     config.write_text(yaml.safe_dump({"backends": [
         {"name": "vl", "type": "vllm", "base_url": vllm.url, "model": vllm.behaviour.models[0], "max_inflight": 1},
+        {"name": "tg", "type": "tgi", "base_url": tgi.url, "model": tgi.behaviour.models[0]},
         {"name": "dead", "type": "vllm", "base_url": f"http://127.0.0.1:{free_port()}", "model": "m",
          "timeout": {"connect": 1}}]}))
     server = start_server(tmp, tiny_store.root, INFER_CONFIG=str(config), OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
@@ -169,6 +177,18 @@ def test_queue_depth_and_queue_time_for_a_remote_past_max_inflight(gateway, vllm
     assert value(found, "infer_num_requests_waiting", backend="vl") == 2.0
 
 
+def test_queue_time_a_backend_reports(gateway, tgi):
+    """TGI's ``x-queue-time`` header (its scheduler's wait, ms) is the queue time of a one-reply request."""
+    tgi.behaviour.first_byte_delay = 0.3  # the fake reports its delay as time queued
+    try:
+        assert chat(gateway.url, "tg").status_code == 200
+    finally:
+        tgi.behaviour.first_byte_delay = 0.0
+    found = samples(gateway.url)
+    assert value(found, "infer_request_queue_time_seconds_count", model="tg", backend="tg") == 1.0
+    assert value(found, "infer_request_queue_time_seconds_sum", model="tg", backend="tg") == pytest.approx(0.3, abs=0.01)
+
+
 def test_backends_view_json(gateway):
     view = {b["name"]: b for b in httpx.get(gateway.url + "/infer/backends").json()["backends"]}
     assert view["dead"]["up"] is False and "unreachable" in view["dead"]["detail"]
@@ -210,7 +230,7 @@ def test_a_failed_request_has_an_error_span(gateway, receiver):
 
 def test_health_is_live_and_ready_says_why(gateway, tmp_path):
     assert httpx.get(gateway.url + "/health").json() == {"status": "ok"}
-    assert httpx.get(gateway.url + "/ready").json() == {"status": "ready", "reason": "vl is up"}
+    assert httpx.get(gateway.url + "/ready").json() == {"status": "ready", "reason": "vl, tg are up"}
     config = tmp_path / "backends.yaml"
     dead = f"http://127.0.0.1:{free_port()}"
     config.write_text(yaml.safe_dump({"backends": [{"name": "gone", "type": "vllm", "base_url": dead, "model": "m"}]}))
