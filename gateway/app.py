@@ -87,7 +87,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
             if app.state.keys.redis is not None:
                 await app.state.keys.redis.aclose()
             if tracer is not None:
-                await asyncio.to_thread(tracer.shutdown)  # flushes the last spans
+                await tracer.aclose()  # flushes the last spans
 
     app = FastAPI(title="infer", version=health.VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)

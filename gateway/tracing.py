@@ -23,7 +23,9 @@ Nothing is installed globally (no global tracer provider or propagator): the app
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -121,8 +123,16 @@ class Tracer:
     def extract(self, headers: Mapping[str, str]) -> Any:
         return self.propagator.extract(headers)
 
-    def shutdown(self) -> None:
-        self.provider.shutdown()  # flushes the batch processor
+    async def aclose(self, timeout: float = 2.0) -> None:
+        """Flush the spans still queued, waiting at most ``timeout`` seconds: a collector that is down
+        (the exporter retries for up to 10 s) never holds the server's shutdown."""
+        done = threading.Event()
+
+        def shutdown() -> None:
+            self.provider.shutdown()
+            done.set()
+        threading.Thread(target=shutdown, name="otel-shutdown", daemon=True).start()
+        await asyncio.to_thread(done.wait, timeout)
 
 
 def _backend_attributes(backend: Any) -> dict[str, Any]:
