@@ -104,6 +104,8 @@ class BackendMonitor:
         t0 = time.perf_counter()
         try:
             health = await asyncio.wait_for(backend.health(), HEALTH_TIMEOUT_S)
+        except TimeoutError:
+            state.up, state.detail = False, f"no health answer within {HEALTH_TIMEOUT_S:g} s"
         except Exception as exc:  # a health check never takes the monitor down
             state.up, state.detail = False, f"health check failed: {exc or type(exc).__name__}"
         else:
@@ -133,10 +135,10 @@ class BackendMonitor:
         waiting = local.get("requests_waiting", 0.0) + reported.get("requests_waiting", 0.0)
         running = reported.get("requests_running", local.get("requests_running"))
         kv = local.get("kv_cache_usage", reported.get("kv_cache_usage"))
+        in_flight = self.in_flight.get(name, 0) + _through_routes(self.router, name)
         return {"name": name, "type": state.type, "up": up, "detail": state.detail,
-                "health_latency_ms": state.latency_ms, "checked_at": state.checked_at,
-                "in_flight": self.in_flight.get(name, 0) + _through_routes(self.router, name), "requests_running": running,
-                "requests_waiting": waiting, "kv_cache_usage": kv, "reported": reported}
+                "health_latency_ms": state.latency_ms, "checked_at": state.checked_at, "in_flight": in_flight,
+                "requests_running": running, "requests_waiting": waiting, "kv_cache_usage": kv, "reported": reported}
 
     def refresh(self) -> None:
         for view in self.view():

@@ -64,7 +64,8 @@ def attributes(span) -> dict:
     for kv in span.attributes:
         value = kv.value
         kind = value.WhichOneof("value")
-        out[kv.key] = [v.string_value for v in value.array_value.values] if kind == "array_value" else getattr(value, kind)
+        array = kind == "array_value"
+        out[kv.key] = [v.string_value for v in value.array_value.values] if array else getattr(value, kind)
     return out
 
 
@@ -186,7 +187,8 @@ def test_queue_time_a_backend_reports(gateway, tgi):
         tgi.behaviour.first_byte_delay = 0.0
     found = samples(gateway.url)
     assert value(found, "infer_request_queue_time_seconds_count", model="tg", backend="tg") == 1.0
-    assert value(found, "infer_request_queue_time_seconds_sum", model="tg", backend="tg") == pytest.approx(0.3, abs=0.01)
+    queued = value(found, "infer_request_queue_time_seconds_sum", model="tg", backend="tg")
+    assert queued == pytest.approx(0.3, abs=0.01)
 
 
 def test_backends_view_json(gateway):
@@ -284,8 +286,9 @@ def test_tracing_is_off_without_the_endpoint(vllm, tiny_store, tmp_path):
     server = start_server(tmp_path, tiny_store.root, INFER_CONFIG=str(config))
     try:
         vllm.behaviour.requests.clear()
-        r = httpx.post(server.url + "/v1/chat/completions", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"},
-                       json={"model": "vl", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=30)
+        body = {"model": "vl", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30,
+                       headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"})
         assert r.status_code == 200
     finally:
         stop_server(server)

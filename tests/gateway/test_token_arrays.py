@@ -90,7 +90,8 @@ def test_token_ids_pass_through_an_openai_backend(upstream, front, vocab):
     assert proxied["choices"][0]["text"] == direct["choices"][0]["text"]
     assert proxied["usage"]["prompt_tokens"] == len(prompt)  # the upstream's count of the ids it got
     vectors = embed(front.url, "tiny-oai", [prompt]).json()["data"]
-    assert vectors[0]["embedding"] == pytest.approx(embed(upstream.url, "tiny", [prompt]).json()["data"][0]["embedding"])
+    direct_vectors = embed(upstream.url, "tiny", [prompt]).json()["data"]
+    assert vectors[0]["embedding"] == pytest.approx(direct_vectors[0]["embedding"])
 
 
 def test_an_ollama_backend_refuses_token_ids_with_a_clear_400(front, vocab):
@@ -110,8 +111,8 @@ def test_langchain_openai_embeddings_default_request(upstream, monkeypatch):
     import tiktoken.registry
     from langchain_openai import OpenAIEmbeddings
 
-    byte_level = tiktoken.Encoding("cl100k_base", pat_str=r"[\s\S]", mergeable_ranks={bytes([b]): b for b in range(256)},
-                                   special_tokens={})
+    ranks = {bytes([b]): b for b in range(256)}
+    byte_level = tiktoken.Encoding("cl100k_base", pat_str=r"[\s\S]", mergeable_ranks=ranks, special_tokens={})
     monkeypatch.setitem(tiktoken.registry.ENCODINGS, "cl100k_base", byte_level)
     sent: list[dict] = []
     hooks = {"request": [lambda request: sent.append(json.loads(request.read()))]}
