@@ -1,4 +1,5 @@
-"""``infer bench``: load-test any LLM server with vLLM's metric definitions; ``infer bench compare``."""
+"""``infer bench``: load-test any LLM server with vLLM's metric definitions; ``infer bench compare``;
+``infer bench report`` (one self-contained HTML file)."""
 
 from __future__ import annotations
 
@@ -166,3 +167,17 @@ def compare(dirs: list[Path] = typer.Argument(..., help="Bench output directorie
     except ValueError as exc:
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command("report")
+def report(dirs: list[Path] = typer.Argument(..., help="Bench output directories (or summary.json files)."),
+           output: Path = typer.Option(Path("report.html"), "-o", "--output", help="The HTML file to write.")) -> None:
+    """Write one self-contained HTML report (sweep curves, Pareto, TTFT/TPOT CDFs, the comparison table)."""
+    from benchmark.html_report import write_report
+
+    try:
+        path = write_report(dirs, output)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {path} ({path.stat().st_size // 1024} KiB)")

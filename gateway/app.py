@@ -27,7 +27,7 @@ from ledger.db import open_db
 from ledger.writer import LedgerWriter
 from registry.store import Store
 
-from gateway import health, infer_api, wire_docs
+from gateway import dashboard, health, infer_api, wire_docs
 from gateway.backends_config import GatewayConfig, load_config
 from gateway.http import errors
 from gateway.http.bodies import JSONBodies
@@ -96,7 +96,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     app.add_middleware(GuardMiddleware, settings=settings)
     if tracer is not None:
         app.add_middleware(TraceContextMiddleware, tracer=tracer)  # added last: runs first
-    for module in (openai_generate, ollama_generate, openai_models, ollama_models, health, infer_api):  # hot first
+    for module in (openai_generate, ollama_generate, openai_models, ollama_models, health, infer_api, dashboard):  # hot first
         app.include_router(module.router)
     return app
 

@@ -54,11 +54,16 @@ class KeyBook:
                 raise APIError(401, "this server requires an API key: send 'Authorization: Bearer sk-infer-…' "
                                     "(infer keys create NAME)")
             return None
+        key = await self.identify(bearer)
+        if not key.allows(model):
+            raise APIError(403, f"key '{key.name}' may not use '{model}' (its routes: {', '.join(key.routes)})")
+        return key
+
+    async def identify(self, bearer: str) -> ApiKey:
+        """The live key ``bearer`` names, or 401."""
         key = await self._lookup(bearer)
         if key is None or key.revoked:
             raise APIError(401, "invalid or revoked API key")
-        if not key.allows(model):
-            raise APIError(403, f"key '{key.name}' may not use '{model}' (its routes: {', '.join(key.routes)})")
         return key
 
     async def _lookup(self, bearer: str) -> ApiKey | None:

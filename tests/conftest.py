@@ -55,3 +55,22 @@ def postgres():
 def redis_server():
     """A throwaway redis-server."""
     yield from _throwaway("Redis")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Debian chromium through Playwright, for one test module (``tests/browser.py``). Its
+    sync API runs an event loop on this thread meanwhile: no ``asyncio.run`` in such a module."""
+    from tests.browser import CHROMIUM, chromium_missing
+
+    missing = chromium_missing()
+    if missing:
+        pytest.skip(f"{missing} (CI installs it in .ci/run)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
