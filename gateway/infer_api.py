@@ -1,4 +1,5 @@
-"""``/infer/*``: the gateway's own views, in JSON. ``GET /infer/routes``: per route and per backend,
+"""``/infer/*``: the gateway's own views, in JSON. ``GET /infer/backends``: each backend's health,
+in flight, running, waiting and KV-cache use (``gateway/monitor.py``). ``GET /infer/routes``: per route and per backend,
 over the route's SLO window: requests, good, shed, errors, attainment, goodput, TTFT/TPOT/e2e
 percentiles, in flight, predictions now and their error, breaker state (``routing/route.py``)."""
 
@@ -46,6 +47,33 @@ class CostReport(BaseModel):
 @router.get("/infer/routes", responses={200: {"model": RoutesResponse}, **errors()})
 async def routes(backends: RouterDep) -> JSONBytes:
     return JSONBytes({"routes": [route.snapshot() for route in backends.routes.values()]})
+
+
+class BackendView(BaseModel):
+    """One backend of ``GET /infer/backends`` (``gateway/monitor.py``)."""
+
+    name: str
+    type: str
+    up: bool | None
+    detail: str
+    health_latency_ms: float | None
+    checked_at: float | None
+    in_flight: int
+    requests_running: float | None
+    requests_waiting: float
+    kv_cache_usage: float | None
+    reported: dict[str, float]
+
+
+class BackendsResponse(BaseModel):
+    backends: list[BackendView]
+
+
+@router.get("/infer/backends", responses={200: {"model": BackendsResponse}, **errors()})
+async def backends_view(request: Request) -> JSONBytes:
+    """Every backend: its last health check, the gateway's requests in flight to it, and its load
+    (running, waiting, KV-cache use) as ``/metrics`` shows it."""
+    return JSONBytes({"backends": request.app.state.monitor.view()})
 
 
 @router.get("/infer/cost", responses={200: {"model": CostReport}, **errors(400)})
