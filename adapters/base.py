@@ -108,6 +108,10 @@ class GenerationRequest:
     engine: str | None = None  # llamacpp | native; checked by the router
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    # A completion prompt given as token ids (OpenAI ``/v1/completions``, as vLLM takes it): the
+    # in-process engines feed them to the model as they are, an OpenAI-compatible remote gets them as
+    # they are, other backends refuse them (400). ``prompt`` is then "".
+    prompt_tokens: list[int] | None = None
     system: str | None = None
     template: str | None = None  # Ollama /api/generate "template" override
     raw: bool = False
@@ -281,8 +285,11 @@ class Backend(Protocol):
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]: ...
 
-    async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
-                    keep_alive: float | None = None) -> EmbedResult: ...
+    async def embed(self, model: str, inputs: list[str] | list[list[int]], *, truncate: bool = True,
+                    keep_alive: float | None = None) -> EmbedResult:
+        """One vector per input; inputs are texts, or token-id lists (``/v1/embeddings``) which a
+        backend embeds as they are, passes on, or refuses with InvalidRequest."""
+        ...
 
     async def health(self) -> Health: ...
 

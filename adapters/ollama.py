@@ -95,6 +95,10 @@ class OllamaBackend(RemoteBackend):
         body = await self.get_json("/api/tags")
         return [str(m.get("name")) for m in body.get("models", []) if isinstance(m, dict)]
 
+    def lists(self, ids: list[str]) -> bool:
+        """``tiny`` is listed as ``tiny:latest``: names compare with Ollama's default tag."""
+        return _full_name(self.settings.model) in {_full_name(i) for i in ids}
+
     async def loaded_models(self) -> list[LoadedModel]:
         body = await self.get_json("/api/ps")
         wanted = _full_name(self.settings.model)
@@ -112,6 +116,8 @@ class OllamaBackend(RemoteBackend):
 
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
+        if inputs and not isinstance(inputs[0], str):
+            raise InvalidRequest("the ollama backend embeds text, not token ids; send the input as text", param="input")
         body: dict[str, Any] = {"model": self.settings.model, "input": inputs, "truncate": truncate}
         if keep_alive is not None:
             body["keep_alive"] = _seconds(keep_alive)

@@ -41,6 +41,7 @@ class OpenAICompatBackend(RemoteBackend):
     health_path: ClassVar[str] = "/v1/models"
     EXTENSIONS: ClassVar[dict[str, str]] = {}  # server-specific sampling fields
     supports_embeddings = True
+    takes_token_ids = True
 
     # -- request ----------------------------------------------------------------------------------
 
@@ -61,7 +62,10 @@ class OpenAICompatBackend(RemoteBackend):
                     body["top_logprobs"] = request.top_logprobs
         else:
             path = "/v1/completions"
-            body["prompt"] = (request.system + "\n\n" if request.system else "") + (request.prompt or "")
+            if request.prompt_tokens is not None:  # token ids pass through, as vLLM takes them
+                body["prompt"] = request.prompt_tokens
+            else:
+                body["prompt"] = (request.system + "\n\n" if request.system else "") + (request.prompt or "")
             if request.suffix:
                 body["suffix"] = request.suffix
         if stream:
@@ -146,7 +150,8 @@ class OpenAICompatBackend(RemoteBackend):
         vectors = [row.get("embedding") for row in rows]
         if len(vectors) != len(inputs) or not all(isinstance(v, list) for v in vectors):
             raise BackendProtocolError(f"{self.where} answered /v1/embeddings without one vector per input")
-        tokens = (reply.get("usage") or {}).get("prompt_tokens") or sum(self.counter.count(t) for t in inputs)
+        tokens = (reply.get("usage") or {}).get("prompt_tokens") or sum(
+            self.counter.count(t) if isinstance(t, str) else len(t) for t in inputs)
         return EmbedResult(vectors, int(tokens), total=time.perf_counter() - t0)
 
 

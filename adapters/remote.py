@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -93,7 +93,7 @@ class Turn:
 
     def __init__(self, request: GenerationRequest, counter: TokenCounter, start: float):
         self.request, self.counter, self.start = request, counter, start
-        self.queue = 0.0
+        self.queue = 0.0  # waiting for a max_inflight slot, plus the backend's queue time when it reports one
         self.reported: Usage | None = None
         self.finish_reason: str = "stop"
         self.parts: list[str] = []
@@ -142,6 +142,7 @@ class RemoteBackend:
     health_path: ClassVar[str] = "/health"
     can_stream = True
     supports_embeddings = False
+    takes_token_ids = False  # prompts and embedding inputs given as token-id lists (OpenAI-compatible servers)
 
     def __init__(self, settings: RemoteSettings, client: httpx.AsyncClient | None = None,
                  counter: TokenCounter | None = None):
@@ -156,6 +157,9 @@ class RemoteBackend:
         self.client = client
         self.counter = counter if counter is not None else load_counter(settings.tokenizer)
         self._slots = asyncio.Semaphore(settings.max_inflight) if settings.max_inflight else None
+        self.num_waiting = 0  # requests queued in the gateway for a max_inflight slot
+        # Tracing on: adds the current span's ``traceparent`` to a header dict (``gateway/tracing.py``).
+        self.inject: Callable[[dict[str, str]], None] | None = None
 
     @property
     def name(self) -> str:
@@ -174,6 +178,10 @@ class RemoteBackend:
         """The one mapping of this backend's error replies; override for a different body shape."""
         return error_from_status(self.where, status, error_message(body), headers)
 
+    def lists(self, ids: list[str]) -> bool:
+        """Whether the backend's model listing ``ids`` includes the configured model."""
+        return self.settings.model in ids
+
     async def models(self) -> list[str]:
         """The backend's own model ids (``backends check``); OpenAI-compatible servers by default."""
         body = await self.get_json("/v1/models")
@@ -182,6 +190,9 @@ class RemoteBackend:
     # -- the Backend protocol ---------------------------------------------------------------------
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        if request.prompt_tokens is not None and not self.takes_token_ids:
+            raise InvalidRequest(f"the {self.type} backend takes prompts as text, not token ids; send the prompt "
+                                 "as text", param="prompt")
         turn = Turn(request, self.counter, time.perf_counter())
         deadline = request.arrival + self.settings.timeouts.total
         first_byte = request.arrival + self.settings.timeouts.first_byte
@@ -239,6 +250,10 @@ class RemoteBackend:
         return Health(ok=ok, detail="ok" if ok else f"{path} answered {response.status_code}",
                       latency_ms=(time.perf_counter() - t0) * 1000)
 
+    def current_load(self) -> dict[str, float]:
+        """The gateway's side of this backend's queue: requests waiting for a ``max_inflight`` slot."""
+        return {"requests_waiting": float(self.num_waiting)}
+
     async def load_metrics(self) -> dict[str, float]:
         """Load signals for routing (requests_running, requests_waiting, kv_cache_usage); {} when unknown."""
         return {}
@@ -273,7 +288,11 @@ class RemoteBackend:
     # -- helpers for subclasses ---------------------------------------------------------------------
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        """Every request's headers: the key, and the current trace context when tracing is on."""
+        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        if self.inject is not None:
+            self.inject(headers)
+        return headers
 
     @asynccontextmanager
     async def post_stream(self, path: str, body: dict[str, Any], accept: str = "text/event-stream"):
@@ -330,12 +349,15 @@ class RemoteBackend:
         if self._slots is None:
             yield
             return
+        self.num_waiting += 1
         try:
             async with asyncio.timeout_at(_loop_time(first_byte)):
                 await self._slots.acquire()
         except TimeoutError:
             raise BackendOverloaded(f"{self.where} has {self.settings.max_inflight} requests in flight "
                                     "(max_inflight); retry later", retry_after=1.0) from None
+        finally:
+            self.num_waiting -= 1
         turn.queue = time.perf_counter() - turn.start
         try:
             yield

@@ -22,7 +22,7 @@ def routes(
     """Per route and backend: attainment, goodput, shed, errors, latency percentiles, predictions."""
     base = url or _default_url()
     try:
-        response = httpx.get(base.rstrip("/") + "/infer/routes", timeout=10)
+        response = httpx.get(base.rstrip("/") + "/infer/routes", timeout=10, headers=_auth_headers())
     except httpx.HTTPError as exc:
         raise SettingsError(f"cannot reach infer serve at {base}: {exc}; is it running?") from None
     if response.status_code != 200:
@@ -36,6 +36,12 @@ def routes(
         return
     for route in data["routes"]:
         typer.echo(_route_table(route))
+
+
+def _auth_headers() -> dict[str, str]:
+    """``INFER_API_KEY`` as a Bearer token, for a server with ``auth: {required: true}``."""
+    key = os.environ.get("INFER_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _default_url() -> str:

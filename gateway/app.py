@@ -34,16 +34,20 @@ from gateway.http.bodies import JSONBodies
 from gateway.http.guards import GuardMiddleware
 from gateway.http.hot import HotRoutes
 from gateway.metrics import GatewayMetrics
+from gateway.monitor import BackendMonitor
 from gateway.ollama import generate as ollama_generate, models as ollama_models
 from gateway.openai import generate as openai_generate, models as openai_models
 from gateway.keys import KeyBook
 from gateway.recorder import Recorder
 from gateway.settings import ServerSettings
+from gateway.tracing import TraceContextMiddleware, tracer_from_env
 
 log = logging.getLogger(__name__)
 
 
 def create_app(settings: ServerSettings, backend: Backend | Router | None = None) -> FastAPI:
+    tracer = tracer_from_env()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store = Store(settings.registry.models)
@@ -57,11 +61,17 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.metrics = GatewayMetrics()
         app.state.keys = KeyBook(app.state.db, required=config is not None and config.auth.required,
                                  redis=_redis(settings.redis_url))
+        app.state.monitor = app.state.metrics.monitor = BackendMonitor(app.state.router, app.state.metrics.registry)
+        app.state.tracer = tracer
+        if tracer is not None:
+            for remote in app.state.router.remotes.values():
+                remote.inject = tracer.inject
         app.state.recorder = Recorder(app.state.ledger, app.state.metrics, prices=app.state.prices,
-                                      keys=app.state.keys)
+                                      keys=app.state.keys, monitor=app.state.monitor, tracer=tracer)
         app.state.loop = asyncio.get_running_loop()
         routes = list(app.state.router.routes.values())
         pollers = [asyncio.create_task(route.poll_health()) for route in routes]
+        pollers.append(asyncio.create_task(app.state.monitor.run()))
         if routes:
             app.state.metrics.routes = RouteMetrics(app.state.metrics.registry, routes)
             for route in routes:
@@ -78,6 +88,8 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
             app.state.db.dispose()
             if app.state.keys.redis is not None:
                 await app.state.keys.redis.aclose()
+            if tracer is not None:
+                await tracer.aclose()  # flushes the last spans
 
     app = FastAPI(title="infer", version=health.VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)
@@ -85,7 +97,9 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     app.add_middleware(HotRoutes, routes={openai_generate.CHAT_ROUTE: openai_generate.hot_chat,
                                           "/api/chat": ollama_generate.hot_chat})
     app.add_middleware(JSONBodies)
-    app.add_middleware(GuardMiddleware, settings=settings)  # added last: runs first
+    app.add_middleware(GuardMiddleware, settings=settings)
+    if tracer is not None:
+        app.add_middleware(TraceContextMiddleware, tracer=tracer)  # added last: runs first
     for module in (openai_generate, ollama_generate, openai_models, ollama_models, health, infer_api, dashboard):  # hot first
         app.include_router(module.router)
     return app

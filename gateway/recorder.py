@@ -32,6 +32,8 @@ from pricing.method import Tokens
 from gateway.http.errors import APIError, to_status_message
 from gateway.keys import KeyBook, OverBudget
 from gateway.metrics import GatewayMetrics
+from gateway.monitor import BackendMonitor, backend_label
+from gateway.tracing import Tracer
 
 log = logging.getLogger(__name__)
 _BYTES = ByteEstimate()  # prompt tokens before any tokenizer ran: about 4 bytes a token
@@ -44,6 +46,8 @@ class Recorder:
     live: set["Generation"] = field(default_factory=set)
     prices: PriceBook | None = None
     keys: KeyBook | None = None
+    monitor: BackendMonitor | None = None  # per-backend in-flight counts
+    tracer: Tracer | None = None  # None: tracing off (OTEL_EXPORTER_OTLP_ENDPOINT unset)
     _settling: set[asyncio.Task] = field(default_factory=set)
 
     def priced(self, record: UsageRecord) -> UsageRecord:
@@ -69,20 +73,25 @@ class Recorder:
             return router.resolve(request)
         except BackendError as exc:
             self.record(UsageRecord(source=request.source, route=route, model=request.model, backend="none",
-                                    stream=stream, client=request.client, status="error", error=exc.message))
+                                    stream=stream, client=request.client, status="error", error=exc.message),
+                        error_type=type(exc).__name__)
             raise
 
     async def start(self, backend: Backend, request: GenerationRequest, *, route: str,
                     stream: bool) -> "Generation":
         request.stream = stream  # a remote adapter asks its backend for one reply when the client wants one
+        label = backend_label(backend)
+        span = None if self.tracer is None else self.tracer.start(request, endpoint=route, backend=backend,
+                                                                    label=label)
         try:
             hold = await self._admit_key(backend, request)
         except (BackendError, APIError) as exc:
-            self.record(UsageRecord(source=request.source, route=route, model=request.model, backend=backend.name,
-                                    stream=stream, client=request.client, status="error", error=exc.message,
-                                    key_name=request.key_name))
+            record = UsageRecord(source=request.source, route=route, model=request.model, backend=backend.name,
+                                 stream=stream, client=request.client, status="error", error=exc.message,
+                                 key_name=request.key_name)
+            self.record(record, backend=label, error_type=type(exc).__name__, span=span)
             raise
-        gen = Generation(self, backend, request, route, stream)
+        gen = Generation(self, backend, request, route, stream, label, span)
         if hold is not None:
             gen.admission = self._admission(*hold)
         await gen.prime()
@@ -141,9 +150,15 @@ class Recorder:
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
 
-    def record(self, record: UsageRecord) -> None:
+    def record(self, record: UsageRecord, *, backend: str | None = None, error_type: str = "",
+               span=None) -> None:
+        """Account for one finished request: its metrics (labelled by ``backend``, the backend's name in
+        metrics; the record's own by default), its span (tracing on) and its ledger row."""
+        label = backend or record.backend
         if self.metrics is not None:
-            _observe(self.metrics, record)
+            _observe(self.metrics, record, label, error_type)
+        if span is not None:
+            self.tracer.end(span, record, backend=label, error_type=error_type)
         if self.writer is not None:
             self.writer.submit(record)
 
@@ -178,9 +193,13 @@ class _Failure:
 class Generation:
     """One request's events after the first has arrived; ``done`` is set at the end."""
 
-    def __init__(self, recorder: Recorder, backend: Backend, request: GenerationRequest, route: str, stream: bool):
+    def __init__(self, recorder: Recorder, backend: Backend, request: GenerationRequest, route: str, stream: bool,
+                 label: str | None = None, span=None):
         self.recorder, self.backend, self.request = recorder, backend, request
         self.route, self.stream = route, stream
+        self.label = label or backend_label(backend)  # the backend's name in metrics
+        self.span = span  # tracing on: this request's span
+        self.error_type = ""
         self.done: Done | None = None
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
         self.admission: asyncio.Future[float] | None = None  # its key's budget reservation (the amount), if any
@@ -192,7 +211,8 @@ class Generation:
     async def prime(self) -> None:
         self._in_flight(+1)
         self.recorder.live.add(self)
-        self._pump = asyncio.get_running_loop().create_task(self._run())
+        run = self._run() if self.span is None else self._traced_run()
+        self._pump = asyncio.get_running_loop().create_task(run)
         try:
             self.first = await self._queue.get()
             if self.admission is not None:  # nothing reaches the client before its budget is reserved
@@ -250,6 +270,15 @@ class Generation:
 
     # -- the pump ---------------------------------------------------------------------------------
 
+    async def _traced_run(self) -> None:
+        """``_run`` with this request's span current, so remote adapters propagate it."""
+        tracer = self.recorder.tracer
+        token = tracer.attach(tracer.context_of(self.span))
+        try:
+            await self._run()
+        finally:
+            tracer.detach(token)
+
     async def _run(self) -> None:
         try:
             async with aclosing(self.backend.stream(self.request)) as events:
@@ -274,11 +303,13 @@ class Generation:
         if self._aborted is not None:
             record = _record(self, done, "error")
             record.error = self._aborted.message
+            self.error_type = type(self._aborted).__name__
         else:
             record = _record(self, done, "cancelled" if done.finish_reason == "cancelled" else "ok")
         return self.recorder.priced(record)
 
     def _error_record(self, exc: BaseException) -> UsageRecord:
+        self.error_type = "ShuttingDown" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
         message = "cancelled at shutdown" if isinstance(exc, asyncio.CancelledError) else to_status_message(exc)[1]
         partial = exc.partial if isinstance(exc, BackendError) else None
         if partial is not None:
@@ -303,16 +334,24 @@ class Generation:
             if refused:  # the client got the 429; the key pays nothing, the row keeps what the backend did
                 record.status = "error"
                 record.error = _refusal(admission)
+                self.error_type = "OverBudget" if admission.cancelled() else type(admission.exception()).__name__
             else:
                 self.recorder.settle_key(self.request, admission.result() if admission else 0.0, record)
-            self.recorder.record(record)
+            self.recorder.record(record, backend=self.served_by(record), error_type=self.error_type, span=self.span)
         finally:
             if not self.finished.done():
                 self.finished.set_result(record)
 
+    def served_by(self, record: UsageRecord) -> str:
+        """The backend's name in metrics: a route's member that served, else the resolved backend's."""
+        return record.backend if record.route_name else self.label
+
     def _in_flight(self, delta: int) -> None:
         if self.recorder.metrics is not None:
-            self.recorder.metrics.in_flight.labels(self.request.model).inc(delta)
+            self.recorder.metrics.in_flight_of(self.request.model).inc(delta)
+        monitor = self.recorder.monitor
+        if monitor is not None:
+            (monitor.started if delta > 0 else monitor.finished)(self.label)
 
 
 def _refusal(admission: asyncio.Future) -> str:
@@ -339,18 +378,22 @@ def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
     )
 
 
-def _observe(m: GatewayMetrics, r: UsageRecord) -> None:
-    m.requests.labels(r.model, r.route, r.status).inc()
-    m.input_tokens.labels(r.model).inc(r.input_tokens)
-    m.output_tokens.labels(r.model).inc(r.output_tokens)
+def _observe(m: GatewayMetrics, r: UsageRecord, backend: str, error_type: str) -> None:
+    route = r.route_name or ""
+    m.outcome(r.model, r.route, route, backend, r.status, r.finish_reason or "", error_type).inc()
+    children = m.latency(r.model, route, backend)
+    children.input_tokens.inc(r.input_tokens)
+    children.output_tokens.inc(r.output_tokens)
     if r.cached_input_tokens:
-        m.cached_tokens.labels(r.model).inc(r.cached_input_tokens)
+        children.cached_tokens.inc(r.cached_input_tokens)
     if r.ttft_ms is not None:
-        m.ttft.labels(r.model).observe(r.ttft_ms / 1000)
+        children.ttft.observe(r.ttft_ms / 1000)
     if r.tpot_ms is not None:
-        m.tpot.labels(r.model).observe(r.tpot_ms / 1000)
+        children.tpot.observe(r.tpot_ms / 1000)
     if r.total_ms is not None:
-        m.e2e.labels(r.model).observe(r.total_ms / 1000)
+        children.e2e.observe(r.total_ms / 1000)
+    if r.queue_ms is not None and r.status != "error":
+        children.queue.observe(r.queue_ms / 1000)
     if r.total_cost_usd:
         route = r.route_name or r.model
         for kind, value in (("input", r.input_cost_usd), ("cached_input", r.cached_input_cost_usd),

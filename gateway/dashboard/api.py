@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from adapters.durations import parse_period
-from gateway.deps import DbDep
+from gateway.deps import DbDep, ViewerDep
 from gateway.http.errors import APIError
 from gateway.http.jsonwire import JSONBytes, dumps
 from gateway.ollama.wire_models import errors
@@ -60,22 +60,6 @@ class KeysView(BaseModel):
     keys: list[dict[str, Any]]
 
 
-async def viewer(request: Request) -> str | None:
-    """``None``: may see every row; a key's name: may see that key's rows only."""
-    keys = request.app.state.keys
-    if not keys.required:
-        return None
-    scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-    bearer = bearer.strip()
-    if scheme.lower() == "bearer" and request.app.state.settings.key_allowed(bearer):
-        return None
-    if scheme.lower() != "bearer" or not bearer.startswith("sk-infer-"):
-        raise APIError(401, "this server requires an API key: send 'Authorization: Bearer <key>' "
-                            "(the dashboard asks for it once)")
-    return (await keys.identify(bearer)).name
-
-
-ViewerDep = Annotated[str | None, Depends(viewer)]
 
 
 def _since(text: str) -> float:

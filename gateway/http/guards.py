@@ -5,8 +5,8 @@
   hostname gets ``403`` with an empty body, as Ollama does.
 - CORS: allowed origins are the Ollama defaults plus ``INFER_ORIGINS``; a disallowed ``Origin`` gets
   ``403`` with an empty body; a preflight on an allowed origin gets ``204``.
-- API keys: when keys are configured, every route except ``/``, ``/api/version``, the dashboard's
-  static files (``/dashboard/…``) and preflights needs
+- API keys: when keys are configured, every route except ``/``, ``/api/version``, ``/health``, ``/ready``,
+  the dashboard's static files (``/dashboard/…``) and preflights needs
   ``Authorization: Bearer <key>``; keys are compared by their sha256.
 - Bodies larger than ``max_body_bytes`` get ``413`` before the route sees them (except blob
   uploads, ``/api/blobs/*``, which are streamed to disk and verified by digest).
@@ -28,7 +28,7 @@ ALLOWED_HEADERS = ", ".join([
                                     "runtime-version", "timeout")),
 ])
 ALLOWED_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
-OPEN_PATHS = frozenset({"/", "/api/version"})
+OPEN_PATHS = frozenset({"/", "/api/version", "/health", "/ready"})  # what probes ask
 
 
 class GuardMiddleware:

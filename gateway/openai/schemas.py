@@ -172,12 +172,11 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool | None = False
 
-    def prompts(self) -> list[str]:
-        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: texts, or token-id lists (``[1, 2]`` is one prompt, ``[[1, 2], [3]]`` two)."""
+        prompts = texts_or_tokens(self.prompt, "prompt")
         if not prompts:
             raise APIError(400, "'prompt' must not be empty", param="prompt")
-        if not all(isinstance(p, str) for p in prompts):
-            raise APIError(400, "token-array prompts are not supported: send the prompt as text", param="prompt")
         return prompts
 
     def generation_requests(self, client: str | None) -> list[tuple[int, GenerationRequest]]:
@@ -186,7 +185,8 @@ class CompletionRequest(_Sampling):
         if self.echo:
             raise APIError(400, "'echo' is not supported", param="echo")
         n = self.n or 1
-        return [(p, GenerationRequest(model=self.model, prompt=text, suffix=self.suffix,
+        return [(p, GenerationRequest(model=self.model, prompt=text if isinstance(text, str) else "",
+                                      prompt_tokens=None if isinstance(text, str) else text, suffix=self.suffix,
                                       options=self.options(self.max_tokens, i), engine=self.engine,
                                       logprobs=self.logprobs is not None,
                                       top_logprobs=self.logprobs or 0, strict_max_tokens=True, client=client))
@@ -199,15 +199,33 @@ class EmbeddingRequest(_Request):
     encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: int | None = Field(default=None, ge=1)
 
-    def inputs(self) -> list[str]:
-        items = [self.input] if isinstance(self.input, str) else self.input
+    def inputs(self) -> list[str] | list[list[int]]:
+        """Texts, or token-id lists as vLLM and OpenAI take them (``[1, 2]`` is one input)."""
+        items = texts_or_tokens(self.input, "input")
         if not items:
             raise APIError(400, "'input' must not be empty", param="input")
-        if not all(isinstance(i, str) for i in items):
-            raise APIError(400, "token-array inputs are not supported: send the input as text", param="input")
         if any(not i for i in items):
-            raise APIError(400, "'input' must not contain empty strings", param="input")
+            raise APIError(400, "'input' must not contain empty strings or token lists", param="input")
+        if len({isinstance(i, str) for i in items}) > 1:
+            raise APIError(400, "'input' mixes texts and token lists: send one kind", param="input")
         return items
+
+
+def texts_or_tokens(value: str | list[Any], param: str) -> list[Any]:
+    """OpenAI's four shapes of a prompt or input: a text, texts, one token list, token lists."""
+    if isinstance(value, str):
+        return [value]
+    if value and all(_is_token(t) for t in value):
+        return [list(value)]
+    for item in value:
+        if not isinstance(item, str) and not (isinstance(item, list) and all(_is_token(t) for t in item)):
+            raise APIError(400, f"'{param}' must be a string, a list of strings, a list of token ids (integers "
+                                ">= 0) or a list of such lists", param=param)
+    return list(value)
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _message(index: int, message: Message) -> dict[str, Any]:

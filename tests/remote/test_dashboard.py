@@ -235,6 +235,29 @@ def test_the_page_shows_what_the_json_says(live, browser, fakes):
     page.close()
 
 
+@pytest.mark.browser
+def test_a_ledger_key_sees_its_own_rows_and_no_cost_report(live, browser):
+    """The cost report covers every key: a ledger key's page shows its own requests and budget, and
+    says the cost table needs an operator key instead of failing the refresh."""
+    server, team = live[0], live[1]
+    page = browser.new_page(viewport={"width": 1360, "height": 1500})
+    page.set_default_timeout(5000)
+    errors = console_errors(page)
+    page.goto(server.url + "/dashboard?window=15m&refresh=0")
+    page.wait_for_selector("#key-form:not([hidden])")
+    errors.clear()  # the refused first poll (401)
+    page.fill("#key", team)
+    page.click("#key-form button")
+    page.wait_for_selector('[data-route="chat"]')
+    own = get(server, "/infer/requests", key=team, since="15m").json()["requests"]
+    assert page.locator("#requests tbody tr").count() == len(own) == 3
+    assert [k["name"] for k in get(server, "/infer/keys", key=team).json()["keys"]] == ["team"]
+    assert page.locator("#keys tbody tr").count() == 1
+    assert "operator key" in page.locator("#cost tbody").inner_text()
+    assert all("403" in e for e in errors), errors  # the browser logs the refused cost poll itself
+    page.close()
+
+
 def assert_routes(page, server) -> None:
     routes = {r["name"]: r for r in get(server, "/infer/routes").json()["routes"]}
     assert routes["chat"]["requests"] == 6 and routes["strict"]["shed"] == 1

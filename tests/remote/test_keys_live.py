@@ -6,6 +6,7 @@ rows carry the key's name."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -223,3 +224,29 @@ def test_two_replicas_share_tokens_per_minute_through_redis(fake, gateway_for, r
         assert refused.status_code == 429 and "120 tokens per minute" in refused.json()["error"]["message"]
         assert 1 <= float(refused.headers["retry-after"]) <= 60
         assert refused.headers["x-ratelimit-remaining-tokens"] == str(max(0, 120 - served))
+
+
+def test_auth_required_guards_the_gateway_views(fake, gateway_for):
+    """With auth required, /infer/routes and /infer/backends need a key, and /infer/cost (every key's
+    spend) an operator key; `infer routes` sends INFER_API_KEY."""
+    model = fake.behaviour.models[0]
+    server = gateway_for([{"name": "m", "type": "vllm", "base_url": fake.url, "model": model}],
+                         routes=[{"name": "chat", "backends": ["m"], "slo": {"ttft_ms": 500}}],
+                         env={"INFER_API_KEYS": "operator-secret"}, auth={"required": True})
+    key = new_key(server, "viewer")
+    for path in ("/infer/routes", "/infer/backends", "/infer/cost"):
+        r = httpx.get(server.url + path, timeout=10)
+        assert r.status_code == 401, (path, r.text)
+    as_key = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(server.url + "/infer/routes", headers=as_key, timeout=10).json()["routes"][0]["name"] == "chat"
+    assert httpx.get(server.url + "/infer/backends", headers=as_key, timeout=10).status_code == 200
+    r = httpx.get(server.url + "/infer/cost", headers=as_key, timeout=10)
+    assert r.status_code == 403 and "operator key" in r.json()["error"]
+    operator = {"Authorization": "Bearer operator-secret"}
+    assert httpx.get(server.url + "/infer/cost", headers=operator, timeout=10).json()["by"] == "backend"
+    cli = [sys.executable, "-m", "cli", "routes", "--url", server.url]
+    refused = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "401" in refused.stderr
+    shown = subprocess.run(cli, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "INFER_API_KEY": key})
+    assert shown.returncode == 0 and "chat" in shown.stdout, shown.stderr

@@ -17,11 +17,23 @@ const fmt = {
 };
 
 class Unauthorized extends Error {}
+class Forbidden extends Error {}
+
+// A view this key may not read (the cost report needs an operator key): null instead of a failed refresh.
+async function getOptional(path) {
+  try {
+    return await getJSON(path);
+  } catch (error) {
+    if (error instanceof Forbidden) return null;
+    throw error;
+  }
+}
 
 async function getJSON(path) {
   const headers = state.key ? {Authorization: "Bearer " + state.key} : {};
   const answer = await fetch(path, {headers, cache: "no-store"});
   if (answer.status === 401) throw new Unauthorized((await answer.json()).error?.message || "API key needed");
+  if (answer.status === 403) throw new Forbidden(`${path}: this key may not read it`);
   if (!answer.ok) throw new Error(`${path}: HTTP ${answer.status}`);
   return answer.json();
 }
@@ -144,6 +156,11 @@ function renderSpend(series) {
 // -- cost, keys, requests -------------------------------------------------------------------------
 
 function renderCost(cost) {
+  if (cost === null) {
+    $("cost").tBodies[0].replaceChildren(row([cell("the cost report covers every key: sign in with an operator key (INFER_API_KEYS)")]));
+    InferCharts.barChart($("chart-price"), {keys: ["input $/Mtok", "output $/Mtok"], format: fmt.mtok, groups: []});
+    return;
+  }
   const groups = cost.groups;
   $("cost").tBodies[0].replaceChildren(...groups.map(g => {
     const k = f => `cost.${g.key}.${f}`;
@@ -210,7 +227,7 @@ async function refresh() {
     const [all, perRoute, cost, keys, recent, monitor] = await Promise.all([
       getJSON("/infer/series?" + query()),
       Promise.all(routes.map(r => getJSON("/infer/series?" + query({route: r.name})))),
-      getJSON("/infer/cost?" + query({by: "backend"})),
+      getOptional("/infer/cost?" + query({by: "backend"})),
       getJSON("/infer/keys?" + query()),
       getJSON("/infer/requests?" + query(filters)),
       state.views.backends ? getJSON("/infer/backends") : null]);
@@ -223,7 +240,7 @@ async function refresh() {
     renderKeys(keys);
     renderRequests(recent);
     setOptions($("f-route"), [...new Set([...routes.map(r => r.name), ...recent.requests.map(r => r.route_name || r.route)])], true);
-    setOptions($("f-backend"), [...new Set([...routes.flatMap(r => r.backends.map(b => b.name)), ...cost.groups.map(g => g.key)])], true);
+    setOptions($("f-backend"), [...new Set([...routes.flatMap(r => r.backends.map(b => b.name)), ...(cost?.groups || []).map(g => g.key)])], true);
     $("key-form").hidden = true;
     $("main").hidden = false;
     $("status").textContent = "updated " + new Date().toLocaleTimeString();
