@@ -32,6 +32,7 @@ from gateway.backends_config import GatewayConfig, load_config
 from gateway.http import errors
 from gateway.http.bodies import JSONBodies
 from gateway.http.guards import GuardMiddleware
+from gateway.http.hot import HotRoutes
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import BackendMonitor
 from gateway.ollama import generate as ollama_generate, models as ollama_models
@@ -81,6 +82,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
             for task in pollers:
                 task.cancel()
             await app.state.recorder.settle()
+            await app.state.keys.aclose()  # leases' unused room back to the budgets
             await app.state.router.aclose()
             app.state.ledger.close()
             app.state.db.dispose()
@@ -92,6 +94,8 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     app = FastAPI(title="infer", version=health.VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)
     wire_docs.install(app)  # validation errors are 400, so the schema has no 422s
+    app.add_middleware(HotRoutes, routes={openai_generate.CHAT_ROUTE: openai_generate.hot_chat,
+                                          "/api/chat": ollama_generate.hot_chat})
     app.add_middleware(JSONBodies)
     app.add_middleware(GuardMiddleware, settings=settings)
     if tracer is not None:

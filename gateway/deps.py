@@ -40,11 +40,16 @@ async def _db(request: Request) -> Engine:
 
 
 async def client_of(request: Request) -> str | None:
+    return client_from(request.headers, request.scope)
+
+
+def client_from(headers, scope) -> str | None:
     """What the ledger's ``client`` column shows: the User-Agent, else the peer address."""
-    agent = request.headers.get("user-agent")
+    agent = headers.get("user-agent")
     if agent:
         return agent[:200]
-    return request.client.host if request.client else None
+    peer = scope.get("client")
+    return peer[0] if peer else None
 
 
 RouterDep = Annotated[Router, Depends(_router)]

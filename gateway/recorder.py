@@ -24,7 +24,7 @@ from adapters.errors import BackendError, BackendProtocolError, RouteShed, Shutt
 from adapters.router import Router
 from ledger.tables import UsageRecord
 from adapters.token_count import ByteEstimate
-from ledger.keys import reserve, settle
+from ledger.keys import ApiKey, settle
 from ledger.writer import LedgerWriter
 from pricing.book import PriceBook
 from pricing.method import Tokens
@@ -84,7 +84,7 @@ class Recorder:
         span = None if self.tracer is None else self.tracer.start(request, endpoint=route, backend=backend,
                                                                     label=label)
         try:
-            reserved = await self._admit_key(backend, request)
+            hold = await self._admit_key(backend, request)
         except (BackendError, APIError) as exc:
             record = UsageRecord(source=request.source, route=route, model=request.model, backend=backend.name,
                                  stream=stream, client=request.client, status="error", error=exc.message,
@@ -92,27 +92,41 @@ class Recorder:
             self.record(record, backend=label, error_type=type(exc).__name__, span=span)
             raise
         gen = Generation(self, backend, request, route, stream, label, span)
-        gen.reserved = reserved
+        if hold is not None:
+            gen.admission = self._admission(*hold)
         await gen.prime()
         return gen
 
-    async def _admit_key(self, backend: Backend, request: GenerationRequest) -> float:
-        """Who asks (an API key), within its per-minute limits and its budget: the budget reserved."""
+    async def _admit_key(self, backend: Backend, request: GenerationRequest) -> tuple[ApiKey, float] | None:
+        """Who asks (an API key), within its per-minute limits: the budget reservation still to make."""
         credential, request.credential = request.credential, None
         if self.keys is None:
-            return 0.0
+            return None
         key = await self.keys.authenticate(credential, request.model)
         if key is None:
-            return 0.0
+            return None
         request.key_name = key.name
         prompt = _BYTES.prompt_tokens(request)
         most = int(request.options.get("num_predict") or 0)
         most = most if most > 0 else 2048  # no max_tokens: a context's worth
         await self.keys.admit(key, prompt + most)
         if key.budget_usd is None or self.prices is None:
-            return 0.0
-        amount = self.prices.estimate((backend.name, request.model), Tokens(prompt, 0, most))
-        if not await asyncio.to_thread(reserve, self.keys.db, key.name, amount):
+            return None
+        return key, self.prices.estimate((backend.name, request.model), Tokens(prompt, 0, most))
+
+    def _admission(self, key: ApiKey, amount: float) -> asyncio.Future[float]:
+        """The reservation of ``amount``: at once from this replica's lease, else a task whose database
+        round trip overlaps the backend's first byte."""
+        loop = asyncio.get_running_loop()
+        if self.keys.take(key.name, amount):
+            taken = loop.create_future()
+            taken.set_result(amount)
+            return taken
+        return loop.create_task(self._reserve(key, amount))
+
+    async def _reserve(self, key: ApiKey, amount: float) -> float:
+        """Reserve ``amount`` of the key's budget (atomic statements, off the loop), or OverBudget."""
+        if not await self.keys.reserve(key.name, amount):
             raise OverBudget(f"key '{key.name}' is over budget: spent ${key.spent_usd:.6f} of ${key.budget_usd:.6f} "
                              f"(${key.reserved_usd:.6f} reserved by requests in flight); this request may cost up "
                              f"to ${amount:.6f}", retry_after=60.0)
@@ -124,9 +138,14 @@ class Recorder:
             return
         work = [self.keys.used(request.key_name, record.input_tokens + record.output_tokens)]
         if reserved or record.total_cost_usd:
-            work.append(asyncio.to_thread(settle, self.keys.db, request.key_name, reserved,
-                                          record.total_cost_usd or 0.0))
+            if self.writer is not None:  # with the ledger's next batch, in its thread
+                self.writer.settle(request.key_name, reserved, record.total_cost_usd or 0.0)
+            else:
+                work.append(asyncio.to_thread(settle, self.keys.db, request.key_name, reserved,
+                                              record.total_cost_usd or 0.0))
         for job in work:
+            if job is None:
+                continue
             task = asyncio.get_running_loop().create_task(job)
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
@@ -183,7 +202,7 @@ class Generation:
         self.error_type = ""
         self.done: Done | None = None
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
-        self.reserved = 0.0  # of its key's budget
+        self.admission: asyncio.Future[float] | None = None  # its key's budget reservation (the amount), if any
         self._ended = False
         self._aborted: BackendError | None = None
         self._queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
@@ -196,8 +215,13 @@ class Generation:
         self._pump = asyncio.get_running_loop().create_task(run)
         try:
             self.first = await self._queue.get()
+            if self.admission is not None:  # nothing reaches the client before its budget is reserved
+                await asyncio.shield(self.admission)
         except asyncio.CancelledError:
             self.request.cancel.cancel()
+            raise
+        except Exception as exc:  # over budget (or the database failed): the backend stops; its row says why
+            self.abort(exc if isinstance(exc, BackendError) else BackendError(f"budget reservation failed: {exc}"))
             raise
         if isinstance(self.first, _Failure):
             raise self.first.exc
@@ -298,11 +322,21 @@ class Generation:
         return record
 
     def _finish(self, record: UsageRecord) -> None:
+        admission = self.admission
+        if admission is not None and not admission.done():  # the row waits for the budget's answer
+            admission.add_done_callback(lambda _: self._finish(record))
+            return
         self._in_flight(-1)
         self.recorder.live.discard(self)
         record.key_name = self.request.key_name
+        refused = admission is not None and (admission.cancelled() or admission.exception() is not None)
         try:
-            self.recorder.settle_key(self.request, self.reserved, record)
+            if refused:  # the client got the 429; the key pays nothing, the row keeps what the backend did
+                record.status = "error"
+                record.error = _refusal(admission)
+                self.error_type = "OverBudget" if admission.cancelled() else type(admission.exception()).__name__
+            else:
+                self.recorder.settle_key(self.request, admission.result() if admission else 0.0, record)
             self.recorder.record(record, backend=self.served_by(record), error_type=self.error_type, span=self.span)
         finally:
             if not self.finished.done():
@@ -318,6 +352,13 @@ class Generation:
         monitor = self.recorder.monitor
         if monitor is not None:
             (monitor.started if delta > 0 else monitor.finished)(self.label)
+
+
+def _refusal(admission: asyncio.Future) -> str:
+    if admission.cancelled():
+        return "the budget reservation was cancelled"
+    exc = admission.exception()
+    return exc.message if isinstance(exc, BackendError) else f"budget reservation failed: {exc}"
 
 
 def _record(gen: Generation, done: Done, status: str) -> UsageRecord:

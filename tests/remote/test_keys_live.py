@@ -87,6 +87,24 @@ def test_100_concurrent_requests_never_overspend_a_budget_that_fits_10(server):
     used, reserved, budget = spent(server, "team")
     assert used <= budget + 1e-9 and reserved == pytest.approx(0, abs=1e-12)
     assert used == pytest.approx(sum(float(r.headers["x-infer-cost-usd"]) for r in ok), rel=1e-6)
+    # The reservation overlaps the backend's first byte: a refused request's backend call is cancelled,
+    # its client gets only the 429, and it still has exactly one row (an error saying why).
+    assert all("choices" not in r.json() for r in refused)
+    assert wait_for(lambda: len(key_rows(server, "team")) == 100)
+    rows = key_rows(server, "team")
+    statuses = [status for status, _ in rows]
+    assert statuses.count("ok") == len(ok) and statuses.count("error") == len(refused)
+    assert all("over budget" in error for status, error in rows if status == "error")
+
+
+def key_rows(server, name: str) -> list[tuple[str, str | None]]:
+    db = sa.create_engine(server.db_url)
+    try:
+        with db.connect() as conn:
+            return [tuple(r) for r in conn.execute(sa.text("SELECT status, error FROM requests WHERE key_name = :n"),
+                                                   {"n": name})]
+    finally:
+        db.dispose()
 
 
 def test_requests_per_minute(server):
