@@ -108,10 +108,17 @@ class GenerationRequest:
     engine: str | None = None  # llamacpp | native; checked by the router
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    # A completion prompt given as token ids (OpenAI ``/v1/completions``, as vLLM takes it): the
+    # in-process engines feed them to the model as they are, an OpenAI-compatible remote gets them as
+    # they are, other backends refuse them (400). ``prompt`` is then "".
+    prompt_tokens: list[int] | None = None
     system: str | None = None
     template: str | None = None  # Ollama /api/generate "template" override
     raw: bool = False
     tools: list[dict[str, Any]] | None = None  # passed to the chat template (.Tools / tools)
+    # None/"auto", "none", "required", or {"type": "function", "function": {"name": ...}} (adapters/tools.py)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True  # False: at most one call per answer
     suffix: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     format: str | dict | None = None  # "json" or a JSON schema
@@ -149,12 +156,23 @@ class TokenLogprob:
 
 
 @dataclass
+class ToolCall:
+    """One function call the model made; ``arguments`` is the JSON text of an object (OpenAI's wire form)."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+
+@dataclass
 class Chunk:
-    """A piece of generated text; ``token_ids`` when the backend knows them."""
+    """A piece of generated text; ``token_ids`` when the backend knows them; ``tool_calls`` completed
+    in this piece (each call arrives whole, in one chunk)."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 UsageSource = Literal["engine", "backend", "estimated"]
@@ -267,8 +285,11 @@ class Backend(Protocol):
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]: ...
 
-    async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
-                    keep_alive: float | None = None) -> EmbedResult: ...
+    async def embed(self, model: str, inputs: list[str] | list[list[int]], *, truncate: bool = True,
+                    keep_alive: float | None = None) -> EmbedResult:
+        """One vector per input; inputs are texts, or token-id lists (``/v1/embeddings``) which a
+        backend embeds as they are, passes on, or refuses with InvalidRequest."""
+        ...
 
     async def health(self) -> Health: ...
 

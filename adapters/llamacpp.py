@@ -24,9 +24,10 @@ from .base import (Done, EmbedResult, GenerationRequest, Health, LoadedModel, Mo
 from .chat_format import PromptSpec
 from .errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from .llamacpp_job import GenerationJob
+from .local_tools import tool_calling
 from .llamacpp_pool import ModelPool
 from .settings import DEFAULTS, LocalSettings
-from .options import resolve_options
+from .options import check_token_ids, resolve_options
 from .store_models import gguf_path, model_details, store_models
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class LlamaCppBackend:
 
     # -- generation -----------------------------------------------------------------------------
 
+    @tool_calling(grammar=True)
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.defaults)
@@ -110,8 +112,8 @@ class LlamaCppBackend:
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
         t0 = time.perf_counter()
-        if not inputs or any(not text for text in inputs):
-            raise InvalidRequest("'input' must not contain empty strings", param="input")
+        if not inputs or any(not item for item in inputs):
+            raise InvalidRequest("'input' must not contain empty strings or token lists", param="input")
         details = self.details(model)
         options = resolve_options(details.parameters, defaults=self.defaults)
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
@@ -151,6 +153,16 @@ class LlamaCppBackend:
     async def health(self) -> Health:
         return Health(ok=True, detail=f"{len(self._pool.entries())} model(s) loaded")
 
+    def current_load(self) -> dict[str, float]:
+        """Requests holding a slot, requests queued for one, and the KV cells in use over all slots."""
+        entries = self._pool.entries()
+        slots = [s for e in entries for s in e.slots]
+        load = {"requests_running": float(sum(e.active for e in entries)),
+                "requests_waiting": float(sum(e.waiters for e in entries))}
+        if slots:
+            load["kv_cache_usage"] = sum(s.n_tokens for s in slots) / max(1, sum(s.n_ctx() for s in slots))
+        return load
+
     async def aclose(self) -> None:
         await self._pool.aclose()
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -171,7 +183,12 @@ def _special_text(slot, token: int) -> str:
     return slot.detokenize([token], special=True).decode("utf-8", errors="replace")
 
 
-def _embed(slot, inputs: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+def _embed(slot, inputs: list[str] | list[list[int]], truncate: bool) -> tuple[list[list[float]], int]:
+    """Vectors and the tokens embedded; token-id inputs are detokenized first (llama-cpp-python's
+    ``embed`` takes text; it tokenizes them back to the same ids for a text that round-trips)."""
+    if inputs and not isinstance(inputs[0], str):
+        inputs = [slot.detokenize(check_token_ids(ids, slot.n_vocab(), "input"), special=True)
+                  .decode("utf-8", errors="replace") for ids in inputs]
     try:
         vectors, count = slot.embed(inputs, normalize=True, truncate=truncate, return_count=True)
     except ValueError as exc:  # llama-cpp-python: an input longer than the context or batch

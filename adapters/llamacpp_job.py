@@ -21,7 +21,7 @@ import numpy as np
 from .base import Chunk, Done, GenerationRequest, Timings, TokenLogprob, Usage
 from .chat_format import PromptSpec, render_request
 from .errors import InvalidRequest
-from .options import check_prompt_bytes, check_room
+from .options import check_prompt_bytes, check_room, check_token_ids
 from .options import Options
 from .textstream import TextStream
 
@@ -35,11 +35,14 @@ class GenerationJob:
     timings: Timings = field(default_factory=Timings)
 
     def run(self, llm: llama_cpp.Llama, emit: Callable[[Chunk], None]) -> Done:
-        prompt, dropped = self._render(llm)
         n_ctx = context_size(llm)
-        if len(prompt) > n_ctx * _CHEAP_BYTES_PER_TOKEN:  # long enough to be worth the vocabulary scan
-            check_prompt_bytes(prompt, n_ctx, max_token_bytes(llm))
-        tokens = self._tokenize(llm, prompt)
+        if self.request.prompt_tokens is not None:  # token ids from the client go to the model as they are
+            tokens, dropped = check_token_ids(self.request.prompt_tokens, llm.n_vocab()), 0
+        else:
+            prompt, dropped = self._render(llm)
+            if len(prompt) > n_ctx * _CHEAP_BYTES_PER_TOKEN:  # long enough to be worth the vocabulary scan
+                check_prompt_bytes(prompt, n_ctx, max_token_bytes(llm))
+            tokens = self._tokenize(llm, prompt)
         check_room(len(tokens), n_ctx, self.options.num_predict, strict=self.request.strict_max_tokens)
         t0 = time.perf_counter()
         cached = _reuse_prefix(llm, tokens)

@@ -4,7 +4,7 @@ OpenAI-compatible, plus llama.cpp's sampling fields (``top_k``, ``min_p``, ``rep
 its ``timings`` object (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``), which gives the
 server-measured prompt and generation times and, when no ``usage`` came, the token counts.
 ``health()`` asks ``/health`` (llama-server; llama-cpp-python has none, so ``/v1/models`` stands in)
-and reads ``/slots`` when the server exposes it (501 when disabled).
+and reads ``/slots`` and ``/metrics`` when the server exposes them (501 when disabled).
 """
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ from .base import Health, Usage
 from .openai_compat import OpenAICompatBackend
 from .remote import Turn
 from .remote_registry import register_remote
+
+
+METRICS = {"llamacpp:kv_cache_usage_ratio": "kv_cache_usage", "llamacpp:requests_processing": "requests_running",
+           "llamacpp:requests_deferred": "requests_waiting"}
 
 
 class LlamaCppServerBackend(OpenAICompatBackend):
@@ -36,16 +40,18 @@ class LlamaCppServerBackend(OpenAICompatBackend):
         return health
 
     async def load_metrics(self) -> dict[str, float]:
-        """Busy slots from ``/slots`` (llama-server; 501 when disabled, absent in llama-cpp-python)."""
+        """Busy slots from ``/slots`` (llama-server; 501 when disabled, absent in llama-cpp-python), and
+        the queue and KV-cache figures of ``/metrics`` (llama-server started with ``--metrics``)."""
+        scraped = await self.prometheus_metrics(METRICS, ratios=frozenset({"kv_cache_usage"}))
         try:
             response = await self.client.get("/slots", headers=self.headers())
             slots = response.json() if response.status_code == 200 else None
         except Exception:  # advisory only; 501/404 when the endpoint is off or absent
-            return {}
+            return scraped
         if not isinstance(slots, list):
-            return {}
+            return scraped
         busy = sum(1 for s in slots if isinstance(s, dict) and (s.get("is_processing") or s.get("state") == 1))
-        return {"slots_total": float(len(slots)), "requests_running": float(busy)}
+        return {"slots_total": float(len(slots)), "requests_running": float(busy), **scraped}
 
 
 def read_timings(timings: dict[str, Any], turn: Turn) -> None:

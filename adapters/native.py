@@ -21,7 +21,8 @@ from .base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedMo
                    Timings, TokenLogprob, Usage, until_cancelled)
 from .chat_format import PromptSpec, render_request
 from .errors import BackendUnavailable, InvalidRequest, ModelNotFound
-from .options import Options, check_prompt_bytes, check_room, resolve_options
+from .local_tools import tool_calling
+from .options import Options, check_prompt_bytes, check_room, check_token_ids, resolve_options
 from .settings import DEFAULTS, LocalSettings
 from .store_models import gguf_path, model_details, store_models
 
@@ -55,6 +56,7 @@ class NativeBackend:
 
     # -- generation -----------------------------------------------------------------------------
 
+    @tool_calling(grammar=False)
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)
@@ -75,9 +77,12 @@ class NativeBackend:
         longest = _max_token_bytes(entry, llm.tokenizer)
         encode = lambda text: _encode(llm.tokenizer, entry.spec, text)  # noqa: E731
         count = lambda text: limit + 1 if len(text) > limit * longest else len(encode(text))  # noqa: E731
-        prompt, dropped = render_request(entry.spec, request, count, limit - 1)
-        check_prompt_bytes(prompt, limit, longest)  # bounded work before tokenizing a huge prompt
-        token_ids = encode(prompt)
+        if request.prompt_tokens is not None:  # token ids from the client go to the engine as they are
+            token_ids, dropped = check_token_ids(request.prompt_tokens, llm.tokenizer.vocab_size), 0
+        else:
+            prompt, dropped = render_request(entry.spec, request, count, limit - 1)
+            check_prompt_bytes(prompt, limit, longest)  # bounded work before tokenizing a huge prompt
+            token_ids = encode(prompt)
         check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
         params = sampling_params(options, request, room=limit - len(token_ids))
         output: list[int] = []
@@ -180,6 +185,16 @@ class NativeBackend:
 
     async def health(self) -> Health:
         return Health(ok=True, detail=f"{len(self._loaded)} model(s) loaded")
+
+    def current_load(self) -> dict[str, float]:
+        """The loaded engines' schedulers now: running, waiting, and the fullest KV cache's used share
+        (read from the event loop while the engine threads run: a snapshot, not a transaction)."""
+        schedulers = [e.engine.engine.scheduler for e in list(self._loaded.values())]
+        if not schedulers:
+            return {"requests_running": 0.0, "requests_waiting": 0.0}
+        return {"requests_running": float(sum(s.num_running for s in schedulers)),
+                "requests_waiting": float(sum(s.num_waiting for s in schedulers)),
+                "kv_cache_usage": max(s.block_manager.usage for s in schedulers)}
 
     async def aclose(self) -> None:
         for entry in list(self._loaded.values()):

@@ -3,6 +3,9 @@
 Everything passes through in Ollama's own terms, with the entry's ``model`` (the backend's name, not the
 public one): ``options`` minus our own keys (``engine``), ``keep_alive`` as seconds (a number; negative =
 forever, 0 = unload), ``format``, ``tools``, and for prompts ``system``/``suffix``/``raw``/``template``.
+Ollama has no ``tool_choice``: ``"none"`` sends no tools, a named function only that tool; ``"required"``
+cannot be enforced there and is sent as plain tools. History tool calls go out with arguments as objects;
+``message.tool_calls`` in a line come back as calls.
 The final line (``done: true``) gives usage (``prompt_eval_count``/``eval_count``), the finish reason and
 the backend's own timings (nanoseconds). Error bodies ``{"error"}``: 404 (model not found) names the backend
 and its model, 400 passes through, 429/503 are overload; a mid-stream ``{"error"}`` line (status still 200)
@@ -21,6 +24,7 @@ from .errors import BackendError, BackendOverloaded, BackendProtocolError, Backe
 from .http_errors import error_from_status
 from .remote import RemoteBackend, Turn, error_message
 from .remote_registry import register_remote
+from .tools import chosen_tools, from_wire_call, ollama_messages
 from .wire import ndjson_objects
 
 OUR_OPTIONS = frozenset({"engine"})
@@ -39,9 +43,11 @@ class OllamaBackend(RemoteBackend):
             async for line in ndjson_objects(response):
                 if "error" in line:
                     raise self.line_error(line["error"])
-                text = (line.get("message") or {}).get("content") if request.is_chat else line.get("response")
-                if text:
-                    yield Chunk(str(text))
+                message = line.get("message") or {}
+                text = message.get("content") if request.is_chat else line.get("response")
+                calls = [from_wire_call(c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+                if text or calls:
+                    yield Chunk(str(text or ""), tool_calls=calls)
                 if line.get("done"):
                     done = True
                     record(turn, line)
@@ -51,7 +57,7 @@ class OllamaBackend(RemoteBackend):
     def request_body(self, request: GenerationRequest) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.settings.model, "stream": request.stream}
         if request.is_chat:
-            body["messages"] = request.messages
+            body["messages"] = ollama_messages(request.messages or [])
         else:
             body["prompt"] = request.prompt or ""
             body.update({k: v for k, v in (("system", request.system), ("suffix", request.suffix),
@@ -59,7 +65,7 @@ class OllamaBackend(RemoteBackend):
             if request.raw:
                 body["raw"] = True
         options = {k: v for k, v in request.options.items() if k not in OUR_OPTIONS}
-        extras = {"options": options, "format": request.format, "tools": request.tools}
+        extras = {"options": options, "format": request.format, "tools": chosen_tools(request.tools, request.tool_choice)}
         body.update({k: v for k, v in extras.items() if v})
         if request.keep_alive is not None:
             body["keep_alive"] = _seconds(request.keep_alive)
@@ -89,6 +95,10 @@ class OllamaBackend(RemoteBackend):
         body = await self.get_json("/api/tags")
         return [str(m.get("name")) for m in body.get("models", []) if isinstance(m, dict)]
 
+    def lists(self, ids: list[str]) -> bool:
+        """``tiny`` is listed as ``tiny:latest``: names compare with Ollama's default tag."""
+        return _full_name(self.settings.model) in {_full_name(i) for i in ids}
+
     async def loaded_models(self) -> list[LoadedModel]:
         body = await self.get_json("/api/ps")
         wanted = _full_name(self.settings.model)
@@ -106,6 +116,8 @@ class OllamaBackend(RemoteBackend):
 
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
+        if inputs and not isinstance(inputs[0], str):
+            raise InvalidRequest("the ollama backend embeds text, not token ids; send the input as text", param="input")
         body: dict[str, Any] = {"model": self.settings.model, "input": inputs, "truncate": truncate}
         if keep_alive is not None:
             body["keep_alive"] = _seconds(keep_alive)

@@ -8,6 +8,11 @@ from whichever chunk carries it, also one with non-empty ``choices``. Request op
 names inside the gateway; ``SAMPLING`` maps the standard ones and each subclass adds the extensions
 its server accepts (``EXTENSIONS``): an OpenAI endpoint gets only OpenAI fields, TensorRT-LLM rejects
 unknown ones. Error events inside a 200 stream (``data: {"error": {...}}``) become the mapped error.
+
+Tools: ``tools``, ``tool_choice`` and the history's tool calls/results go out in OpenAI's form
+(``adapters/tools.py``); the reply's ``tool_calls`` come back as whole calls — a stream's deltas
+(``delta.tool_calls[i]`` with the name first, then argument pieces) are joined by index and the calls
+are emitted when the choice finishes.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
-from .base import Chunk, EmbedResult, GenerationRequest, Usage
+import orjson
+
+from .base import Chunk, EmbedResult, GenerationRequest, ToolCall, Usage
 from .errors import BackendProtocolError, InvalidRequest
 from .http_errors import error_from_status
 from .remote import RemoteBackend, Turn, message_of
 from .remote_registry import register_remote
+from .tools import from_wire_call, openai_messages
 from .wire import parse_object, sse_data
 
 # Ollama option -> OpenAI field, for fields every OpenAI-compatible server takes.
@@ -33,6 +41,7 @@ class OpenAICompatBackend(RemoteBackend):
     health_path: ClassVar[str] = "/v1/models"
     EXTENSIONS: ClassVar[dict[str, str]] = {}  # server-specific sampling fields
     supports_embeddings = True
+    takes_token_ids = True
 
     # -- request ----------------------------------------------------------------------------------
 
@@ -40,16 +49,23 @@ class OpenAICompatBackend(RemoteBackend):
         body: dict[str, Any] = {"model": self.settings.model, "stream": stream}
         if request.is_chat:
             path = "/v1/chat/completions"
-            body["messages"] = request.messages
+            body["messages"] = openai_messages(request.messages or [])
             if request.tools:
                 body["tools"] = request.tools
+            if request.tool_choice is not None:
+                body["tool_choice"] = request.tool_choice
+            if request.tools and not request.parallel_tool_calls:
+                body["parallel_tool_calls"] = False
             if request.logprobs:
                 body["logprobs"] = True
                 if request.top_logprobs:
                     body["top_logprobs"] = request.top_logprobs
         else:
             path = "/v1/completions"
-            body["prompt"] = (request.system + "\n\n" if request.system else "") + (request.prompt or "")
+            if request.prompt_tokens is not None:  # token ids pass through, as vLLM takes them
+                body["prompt"] = request.prompt_tokens
+            else:
+                body["prompt"] = (request.system + "\n\n" if request.system else "") + (request.prompt or "")
             if request.suffix:
                 body["suffix"] = request.suffix
         if stream:
@@ -77,16 +93,23 @@ class OpenAICompatBackend(RemoteBackend):
         if not request.stream:
             reply = await self.post_json(path, body)
             text = self.read_event(reply, turn, delta=False)
-            if text:
-                yield Chunk(text=text)
+            calls = [from_wire_call(c) for c in _message_calls(reply)]
+            if text or calls:
+                yield Chunk(text=text, tool_calls=calls)
             return
+        deltas = CallDeltas()
         async with self.post_stream(path, body) as response:
             async for data in sse_data(response):
                 if data.strip() == "[DONE]":
+                    if deltas:
+                        yield Chunk("", tool_calls=deltas.take())
                     return
-                text = self.read_event(parse_object(data), turn, delta=True)
+                event = parse_object(data)
+                text = self.read_event(event, turn, delta=True)
                 if text:
                     yield Chunk(text=text)
+                if deltas.add(event):
+                    yield Chunk("", tool_calls=deltas.take())
         raise BackendProtocolError(f"{self.where} ended the stream without data: [DONE]")
 
     def read_event(self, event: dict[str, Any], turn: Turn, *, delta: bool) -> str:
@@ -127,8 +150,55 @@ class OpenAICompatBackend(RemoteBackend):
         vectors = [row.get("embedding") for row in rows]
         if len(vectors) != len(inputs) or not all(isinstance(v, list) for v in vectors):
             raise BackendProtocolError(f"{self.where} answered /v1/embeddings without one vector per input")
-        tokens = (reply.get("usage") or {}).get("prompt_tokens") or sum(self.counter.count(t) for t in inputs)
+        tokens = (reply.get("usage") or {}).get("prompt_tokens") or sum(
+            self.counter.count(t) if isinstance(t, str) else len(t) for t in inputs)
         return EmbedResult(vectors, int(tokens), total=time.perf_counter() - t0)
+
+
+class CallDeltas:
+    """A stream's ``delta.tool_calls`` pieces of choice 0, joined by index until the choice finishes."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, str]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.calls)
+
+    def add(self, event: dict[str, Any]) -> bool:
+        """Take in one event; True when the choice finished (its calls are complete)."""
+        finished = False
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            for piece in (choice.get("delta") or {}).get("tool_calls") or []:
+                self._add(piece)
+            finished = finished or bool(choice.get("finish_reason"))
+        return finished and bool(self.calls)
+
+    def _add(self, piece: dict[str, Any]) -> None:
+        call = self.calls.setdefault(int(piece.get("index", len(self.calls))), {"id": "", "name": "", "arguments": ""})
+        function = piece.get("function") or {}
+        call["id"] = piece.get("id") or call["id"]
+        call["name"] += function.get("name") or ""
+        arguments = function.get("arguments")
+        call["arguments"] += arguments if isinstance(arguments, str) else _json_text(arguments)
+
+    def take(self) -> list[ToolCall]:
+        calls = [from_wire_call({"id": c["id"], "function": {"name": c["name"], "arguments": c["arguments"] or "{}"}})
+                 for _, c in sorted(self.calls.items())]
+        self.calls = {}
+        return calls
+
+
+def _message_calls(reply: Any) -> list[dict[str, Any]]:
+    for choice in (reply.get("choices") or []) if isinstance(reply, dict) else []:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return [c for c in (choice.get("message") or {}).get("tool_calls") or [] if isinstance(c, dict)]
+    return []
+
+
+def _json_text(value: Any) -> str:
+    return "" if value is None else orjson.dumps(value).decode()
 
 
 def usage_of(usage: dict[str, Any]) -> Usage:

@@ -115,3 +115,11 @@ def check_room(n_prompt: int, n_ctx: int, num_predict: int, *, strict: bool) -> 
         raise InvalidRequest(
             f"max_tokens is too large: the context window is {n_ctx} tokens and the prompt uses "
             f"{n_prompt}, so at most {n_ctx - n_prompt} tokens can be generated", param="max_tokens")
+
+
+def check_token_ids(token_ids: list[int], n_vocab: int, param: str = "prompt") -> list[int]:
+    """``token_ids`` (a prompt or input given as ids) when every id is in the vocabulary; 400 otherwise."""
+    bad = next((t for t in token_ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise InvalidRequest(f"token id {bad} is not in the model's vocabulary of {n_vocab} tokens", param=param)
+    return list(token_ids)

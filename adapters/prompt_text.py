@@ -15,15 +15,21 @@ from .base import GenerationRequest
 from .chat_format import PromptSpec, TemplateError, render_chat
 from .errors import BackendUnavailable, InvalidRequest
 from .token_count import ByteEstimate, TokenCounter
+from .tools import chosen_tools
 
 DEFAULT_MAX_TOKENS = 512
 
 
 def render_prompt(request: GenerationRequest, spec: PromptSpec) -> str:
-    """The text a prompt-only API generates from."""
+    """The text a prompt-only API generates from. Tools are refused (400): these APIs return text only,
+    so calls would come back unparsed; ``tool_choice: "none"`` drops them."""
     if request.is_chat:
+        if chosen_tools(request.tools, request.tool_choice):
+            raise InvalidRequest("tools need a backend that returns tool calls: this one has a prompt-only API "
+                                 "(TGI's native /generate, Triton); use TGI with mode: messages or an "
+                                 "OpenAI-compatible server", param="tools")
         try:
-            return render_chat(spec, request.messages or [], tools=request.tools)
+            return render_chat(spec, request.messages or [])
         except TemplateError as exc:
             raise InvalidRequest(str(exc), param="messages") from None
     if request.system and not request.raw:

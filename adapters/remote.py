@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -32,6 +32,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
+from .direct import Direct
 from .base import Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings, Usage
 from .errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
 from .http_errors import error_from_status, map_transport_error
@@ -69,7 +70,7 @@ class RemoteSettings:
     context_length: int | None = None
 
 
-def make_client(settings: RemoteSettings) -> httpx.AsyncClient:
+def make_client(settings: RemoteSettings, transport: AiohttpTransport | None = None) -> httpx.AsyncClient:
     """A pooled client for one backend: keep-alive connections up to ``max_inflight`` (unlimited when
     unset), so requests never wait for a connection: past ``max_inflight`` they queue for a slot
     until their first-byte deadline and then get 429 with Retry-After, never a pool timeout.
@@ -78,10 +79,13 @@ def make_client(settings: RemoteSettings) -> httpx.AsyncClient:
     offers): httpcore's pool scans every connection, with a ``poll`` syscall each, on every request,
     which costs milliseconds per request at a few dozen connections.
     """
-    size = settings.max_inflight or 0  # 0: no cap of its own; max_inflight (a queue, then 429) is the one limit
-    limits = httpx.Limits(max_connections=size, max_keepalive_connections=size or None)
     return httpx.AsyncClient(base_url=settings.base_url, timeout=settings.timeouts.for_httpx(),
-                             transport=AiohttpTransport(limits=limits))
+                             transport=transport or pool_transport(settings))
+
+
+def pool_transport(settings: RemoteSettings) -> AiohttpTransport:
+    size = settings.max_inflight or 0  # 0: no cap of its own; max_inflight (a queue, then 429) is the one limit
+    return AiohttpTransport(limits=httpx.Limits(max_connections=size, max_keepalive_connections=size or None))
 
 
 class Turn:
@@ -89,7 +93,7 @@ class Turn:
 
     def __init__(self, request: GenerationRequest, counter: TokenCounter, start: float):
         self.request, self.counter, self.start = request, counter, start
-        self.queue = 0.0
+        self.queue = 0.0  # waiting for a max_inflight slot, plus the backend's queue time when it reports one
         self.reported: Usage | None = None
         self.finish_reason: str = "stop"
         self.parts: list[str] = []
@@ -138,14 +142,24 @@ class RemoteBackend:
     health_path: ClassVar[str] = "/health"
     can_stream = True
     supports_embeddings = False
+    takes_token_ids = False  # prompts and embedding inputs given as token-id lists (OpenAI-compatible servers)
 
     def __init__(self, settings: RemoteSettings, client: httpx.AsyncClient | None = None,
                  counter: TokenCounter | None = None):
         self.settings = settings
-        self.client = client if client is not None else make_client(settings)
         self._owns_client = client is None
+        self._direct: Direct | None = None  # post_stream/post_json straight on the pool (adapters/direct.py)
+        if client is None:
+            transport = pool_transport(settings)
+            client = make_client(settings, transport)
+            t = settings.timeouts
+            self._direct = Direct(transport, settings.base_url, t.connect, t.read)
+        self.client = client
         self.counter = counter if counter is not None else load_counter(settings.tokenizer)
         self._slots = asyncio.Semaphore(settings.max_inflight) if settings.max_inflight else None
+        self.num_waiting = 0  # requests queued in the gateway for a max_inflight slot
+        # Tracing on: adds the current span's ``traceparent`` to a header dict (``gateway/tracing.py``).
+        self.inject: Callable[[dict[str, str]], None] | None = None
 
     @property
     def name(self) -> str:
@@ -164,6 +178,10 @@ class RemoteBackend:
         """The one mapping of this backend's error replies; override for a different body shape."""
         return error_from_status(self.where, status, error_message(body), headers)
 
+    def lists(self, ids: list[str]) -> bool:
+        """Whether the backend's model listing ``ids`` includes the configured model."""
+        return self.settings.model in ids
+
     async def models(self) -> list[str]:
         """The backend's own model ids (``backends check``); OpenAI-compatible servers by default."""
         body = await self.get_json("/v1/models")
@@ -172,6 +190,9 @@ class RemoteBackend:
     # -- the Backend protocol ---------------------------------------------------------------------
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        if request.prompt_tokens is not None and not self.takes_token_ids:
+            raise InvalidRequest(f"the {self.type} backend takes prompts as text, not token ids; send the prompt "
+                                 "as text", param="prompt")
         turn = Turn(request, self.counter, time.perf_counter())
         deadline = request.arrival + self.settings.timeouts.total
         first_byte = request.arrival + self.settings.timeouts.first_byte
@@ -182,7 +203,7 @@ class RemoteBackend:
             try:
                 async with asyncio.timeout_at(_loop_time(limit)) as timer:
                     # cancel: the read in progress ends now (a TimeoutError that the loop below tells apart)
-                    request.cancel.on_cancel(lambda: timer.reschedule(asyncio.get_running_loop().time()))
+                    request.cancel.on_cancel(lambda: _cut(timer))
                     async for chunk in events:
                         if not turn.events and limit != deadline:
                             timer.reschedule(_loop_time(deadline))
@@ -229,6 +250,10 @@ class RemoteBackend:
         return Health(ok=ok, detail="ok" if ok else f"{path} answered {response.status_code}",
                       latency_ms=(time.perf_counter() - t0) * 1000)
 
+    def current_load(self) -> dict[str, float]:
+        """The gateway's side of this backend's queue: requests waiting for a ``max_inflight`` slot."""
+        return {"requests_waiting": float(self.num_waiting)}
+
     async def load_metrics(self) -> dict[str, float]:
         """Load signals for routing (requests_running, requests_waiting, kv_cache_usage); {} when unknown."""
         return {}
@@ -263,11 +288,24 @@ class RemoteBackend:
     # -- helpers for subclasses ---------------------------------------------------------------------
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        """Every request's headers: the key, and the current trace context when tracing is on."""
+        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        if self.inject is not None:
+            self.inject(headers)
+        return headers
 
     @asynccontextmanager
     async def post_stream(self, path: str, body: dict[str, Any], accept: str = "text/event-stream"):
         """POST ``body`` and yield the streaming response once its status is known to be a success."""
+        if self._direct is not None:
+            reply = await self._direct.post(path, body, {**self.headers(), "Accept": accept}, self.to_error)
+            try:
+                if reply.status_code >= 400:
+                    raise self.error_from_response(reply.status_code, await reply.aread(), reply.headers)
+                yield reply
+            finally:
+                await reply.aclose()
+            return
         request = self.client.build_request("POST", path, json=body, headers={**self.headers(), "Accept": accept})
         response = await self.client.send(request, stream=True)
         try:
@@ -278,6 +316,15 @@ class RemoteBackend:
             await response.aclose()
 
     async def post_json(self, path: str, body: dict[str, Any]) -> Any:
+        if self._direct is not None:
+            reply = await self._direct.post(path, body, self.headers(), self.to_error)
+            try:
+                content = await reply.aread()
+            finally:
+                await reply.aclose()
+            if reply.status_code >= 400:
+                raise self.error_from_response(reply.status_code, content, reply.headers)
+            return parse_json(content)
         return await self._call("POST", path, body)
 
     async def get_json(self, path: str) -> Any:
@@ -302,12 +349,15 @@ class RemoteBackend:
         if self._slots is None:
             yield
             return
+        self.num_waiting += 1
         try:
             async with asyncio.timeout_at(_loop_time(first_byte)):
                 await self._slots.acquire()
         except TimeoutError:
             raise BackendOverloaded(f"{self.where} has {self.settings.max_inflight} requests in flight "
                                     "(max_inflight); retry later", retry_after=1.0) from None
+        finally:
+            self.num_waiting -= 1
         turn.queue = time.perf_counter() - turn.start
         try:
             yield
@@ -351,6 +401,14 @@ def message_of(value: Any) -> str:
         if isinstance(inner, list) and inner:  # FastAPI/pydantic validation details
             return "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in inner)
     return ""
+
+
+def _cut(timer: asyncio.Timeout) -> None:
+    """End the read in progress now; nothing to do once the request has left the timer's block."""
+    try:
+        timer.reschedule(asyncio.get_running_loop().time())
+    except RuntimeError:  # "Cannot change state of finished Timeout": the stream already ended
+        pass
 
 
 def _loop_time(perf_deadline: float) -> float:

@@ -2,16 +2,18 @@
 
 ``infer serve`` (``gateway.settings.ServerSettings.local``) and ``infer run`` read the same
 ``INFER_*`` variables through :meth:`LocalSettings.from_env`; the llama.cpp pool, the native
-engine and the option defaults (``num_ctx``) all derive from it.
+engine and the option defaults (``num_ctx``) all derive from it. Where ``INFER_X`` is unset,
+Ollama's ``OLLAMA_X`` is read (``registry.settings.env_setting``); ``OLLAMA_MAX_LOADED_MODELS=0``
+means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=0`` = no limit).
 
-| variable | field | default |
+| variable (Ollama's) | field | default |
 |---|---|---|
 | ``INFER_ENGINE`` | ``engine`` | ``llamacpp`` |
-| ``INFER_KEEP_ALIVE`` | ``keep_alive`` | ``5m`` (300 s; ``-1`` = forever, ``0`` = unload when idle) |
-| ``INFER_NUM_PARALLEL`` | ``num_parallel`` | ``1`` |
-| ``INFER_MAX_QUEUE`` | ``max_queue`` | ``512`` |
-| ``INFER_MAX_LOADED_MODELS`` | ``max_loaded_models`` | ``3`` |
-| ``INFER_CONTEXT_LENGTH`` | ``context_length`` | ``2048`` |
+| ``INFER_KEEP_ALIVE`` (``OLLAMA_KEEP_ALIVE``) | ``keep_alive`` | ``5m`` (300 s; ``-1`` = forever, ``0`` = unload when idle) |
+| ``INFER_NUM_PARALLEL`` (``OLLAMA_NUM_PARALLEL``) | ``num_parallel`` | ``1`` |
+| ``INFER_MAX_QUEUE`` (``OLLAMA_MAX_QUEUE``) | ``max_queue`` | ``512`` |
+| ``INFER_MAX_LOADED_MODELS`` (``OLLAMA_MAX_LOADED_MODELS``) | ``max_loaded_models`` | ``3`` |
+| ``INFER_CONTEXT_LENGTH`` (``OLLAMA_CONTEXT_LENGTH``) | ``context_length`` | ``2048`` |
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from adapters.durations import parse_duration
+from registry.settings import env_setting
 
 ENV_PREFIX = "INFER_"
 
@@ -73,17 +76,18 @@ class LocalSettings(BaseSettings):
     def from_env(cls, env: Mapping[str, str], **overrides: Any) -> "LocalSettings":
         """From ``INFER_*`` in ``env`` (not ``os.environ``), then ``overrides``; ValueError names the variable."""
         values: dict[str, Any] = {}
+        variables: dict[str, str] = {}
         for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length"):
-            text = env.get(ENV_PREFIX + name.upper(), "").strip().strip("\"'")
-            if text:
-                values[name] = text
+            found = env_setting(env, name.upper(), ollama=name != "engine")
+            if found and found != ("OLLAMA_MAX_LOADED_MODELS", "0"):  # Ollama's 0 = auto: our default
+                variables[name], values[name] = found
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
             err = exc.errors()[0]
             name = str(err["loc"][0]) if err["loc"] else "settings"
-            var = ENV_PREFIX + name.upper() if name in values and name not in overrides else name
+            var = variables[name] if name in variables and name not in overrides else name
             raise ValueError(f"invalid {var}: {err['msg']}") from None
 
 

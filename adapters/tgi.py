@@ -71,6 +71,7 @@ class TGIBackend(RemoteBackend):
             raise BackendProtocolError(f"{self.where} sent a /generate reply that is not an object")
         # Non-stream details carry no input_length: TGI's x-prompt-tokens header, else our count.
         prompt_tokens = _int(response.headers.get("x-prompt-tokens")) or self.counter.count(body["inputs"])
+        turn.queue += (_int(response.headers.get("x-queue-time")) or 0) / 1000  # ms TGI's scheduler held it
         record(turn, reply.get("details"), prompt_tokens, budget=body["parameters"]["max_new_tokens"],
                produced=self.counter.count(reply.get("generated_text") or ""))
         if reply.get("generated_text"):
@@ -156,6 +157,9 @@ class MessagesAPI(OpenAICompatBackend):
     def __init__(self, tgi: TGIBackend):
         super().__init__(tgi.settings, client=tgi.client, counter=tgi.counter)
         self.tgi = tgi
+
+    def headers(self) -> dict[str, str]:
+        return self.tgi.headers()  # the TGI backend's, trace context included
 
     def body(self, request: GenerationRequest, stream: bool) -> tuple[str, dict[str, Any]]:
         path, body = super().body(request, stream)

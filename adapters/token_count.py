@@ -34,6 +34,8 @@ class _Counter:
     def prompt_tokens(self, request: Any) -> int:
         """Tokens of a ``GenerationRequest``'s input: its prompt, or its messages with template overhead."""
         if not request.is_chat:
+            if request.prompt_tokens is not None:
+                return len(request.prompt_tokens) + self.count(request.system or "")
             return self.count((request.system or "") + (request.prompt or ""))
         total = REPLY_PRIMER
         for message in request.messages or []:

@@ -25,6 +25,10 @@ with content, or an SSE stream up to ``[DONE]`` with every content chunk and a u
 - concurrency 32: ``--tput-rounds`` rounds of ``--tput-seconds`` per side and mode, alternated;
   requests/s (median over rounds) and each server's CPU ms per request (from /proc/PID/stat).
 
+``--cost`` (issue 15): only c=1, direct vs three ``infer serve``: unpriced (``infer``), its backend with list
+prices (``priced``), and priced with every request sent under an API key with a budget (``keyed``: the
+budget is reserved and settled per request); added = the paired median over the unpriced run. Goal: <= 0.1 ms.
+
 ``--soak``: only the fast server and ``infer serve``; ``--soak-requests`` (10,000) streaming requests
 in waves of 1,000 from ``--soak-concurrency`` (500) concurrent clients; errors, the server's VmRSS
 after each wave, then SIGTERM and the number of ledger rows in its SQLite database (one per request).
@@ -34,7 +38,7 @@ soak: 0 errors, one ledger row per request, RSS after 10,000 within 10 % of RSS 
 The machine may be shared: the script reports how many cores other processes used meanwhile.
 
     .venv/bin/python bench/gateway_overhead.py [--rounds 250] [--chunks 16] [--tput-seconds 3]
-                                               [--no-litellm] [--soak] [--json OUT]
+                                               [--no-litellm] [--soak] [--cost] [--json OUT]
 """
 
 from __future__ import annotations
@@ -154,18 +158,39 @@ def infer_command() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli"]
 
 
-def start_infer(procs: Processes, work: Path, fast: Side) -> tuple[Side, subprocess.Popen, Path]:
-    config = work / "infer-config.yaml"
-    config.write_text(yaml.safe_dump({"backends": [{"name": "fast-openai", "type": "openai",
-                                                    "base_url": fast.url + "/v1", "model": "fast"}]}))
-    home, db = work / "infer-home", work / "infer-home" / "usage.db"
+PRICES = {"input_per_mtok": 0.15, "output_per_mtok": 0.60, "cached_input_per_mtok": 0.075}  # --cost
+
+
+def start_infer(procs: Processes, work: Path, fast: Side, variant: str = "infer",
+                source: Path | None = None) -> tuple[Side, subprocess.Popen, Path]:
+    """``infer serve`` in front of ``fast``; ``variant`` ``priced`` gives its backend list prices, ``keyed``
+    also sends every request with an API key whose budget (never reached) is reserved and settled.
+    ``source``: run the code of that source tree instead (PYTHONPATH), e.g. an older commit's."""
+    backend = {"name": "fast-openai", "type": "openai", "base_url": fast.url + "/v1", "model": "fast"}
+    if variant in ("priced", "keyed"):
+        backend["pricing"] = PRICES
+    config = work / f"{variant}-config.yaml"
+    config.write_text(yaml.safe_dump({"backends": [backend]}))
+    home, db = work / f"{variant}-home", work / f"{variant}-home" / "usage.db"
     (home / "models").mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
     env.update(INFER_HOME=str(home), INFER_MODELS=str(home / "models"), INFER_DATABASE_URL=f"sqlite:///{db}")
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
     proc = procs.start([*infer_command(), "serve", "--config", str(config), "--host", f"127.0.0.1:{port}"],
-                       work / "infer-serve.log", f"http://127.0.0.1:{port}/", env)
-    return Side("infer", f"http://127.0.0.1:{port}", "fast-openai", proc.pid), proc, db
+                       work / f"{variant}-serve.log", f"http://127.0.0.1:{port}/", env)
+    side = Side(variant, f"http://127.0.0.1:{port}", "fast-openai", proc.pid)
+    if variant == "keyed":
+        side.headers = {"Authorization": f"Bearer {create_bench_key(db)}"}
+    return side, proc, db
+
+
+def create_bench_key(db: Path) -> str:
+    """A key with a budget no benchmark reaches, in the (already migrated) ledger of a running server."""
+    key = subprocess.run([*infer_command(), "keys", "create", "bench", "--budget-usd", "1000000", "--db",
+                          f"sqlite:///{db}"], capture_output=True, text=True, check=True).stdout
+    return next(word for word in key.split() if word.startswith("sk-infer-"))
 
 
 def ensure_litellm() -> Path | None:
@@ -456,6 +481,50 @@ async def soak_run(args, infer: Side) -> dict:
     return {"requests": sent, "errors": errors, "first_errors": first_errors, "rss": rss, "noise": noise.stop()}
 
 
+COST_SIDES = ("infer", "priced", "keyed")
+
+
+async def cost_run(args, sides: list[Side]) -> dict:
+    noise = Noise([s.pid for s in sides])
+    noise.start()
+    async with make_client(8) as client:
+        print(f"cost path, c=1: {args.rounds} rounds x {len(sides)} sides x 2 modes ...", flush=True)
+        lat = await latency_c1(client, sides, args.chunks, args.rounds, args.warmup)
+    summary: dict = {}
+    for mode in MODES:
+        base = lat[mode]["infer"]
+        row = {name: {"p50_ms": statistics.median(lat[mode][name]) * 1e3,
+                      "p90_ms": statistics.quantiles(lat[mode][name], n=10)[8] * 1e3,
+                      "c1_cpu_ms_per_request": lat["cpu_ms_per_request"][name]} for name in lat[mode]}
+        for name in COST_SIDES[1:]:
+            xs = lat[mode][name]
+            row[name]["added_over_unpriced_ms"] = row[name]["p50_ms"] - row["infer"]["p50_ms"]
+            row[name]["added_paired_ms"] = statistics.median(a - b for a, b in zip(xs, base)) * 1e3
+        summary[mode] = row
+    return {"summary": summary, "noise": noise.stop(),
+            "latency_ms": {m: {k: [round(x * 1e3, 3) for x in v] for k, v in lat[m].items()} for m in MODES}}
+
+
+def print_cost_table(result: dict, args) -> None:
+    print(f"\ncost path: {args.chunks} content chunks; c=1 median over {args.rounds} rounds (sides alternated); "
+          "infer = unpriced backend, priced = list prices, keyed = priced + an API key with a budget")
+    print(f"  {'mode':10s} {'side':8s} {'c=1 p50 ms':>11s} {'p90 ms':>8s} {'added ms':>9s} {'paired':>8s} "
+          f"{'cpu ms/req':>10s}")
+    for mode in MODES:
+        for name, r in result["summary"][mode].items():
+            added = (f"{r['added_over_unpriced_ms']:+9.3f} {r['added_paired_ms']:+8.3f}" if "added_paired_ms" in r
+                     else f"{'':9s} {'':8s}")
+            print(f"  {mode:10s} {name:8s} {r['p50_ms']:11.2f} {r['p90_ms']:8.2f} {added} "
+                  f"{r['c1_cpu_ms_per_request']:10.3f}")
+    print("  (cpu ms/req: the server's CPU over both modes at c=1, per request)")
+    print("\n  goal (issue 15): the cost path adds <= 0.1 ms median over the unpriced run:")
+    for mode in MODES:
+        for name in COST_SIDES[1:]:
+            added = result["summary"][mode][name]["added_paired_ms"]
+            print(f"    {mode:10s} {name:7s} {added:+.3f} ms (paired median): "
+                  f"{'met' if added <= 0.1 else f'MISSED by {added - 0.1:.3f} ms'}")
+
+
 def count_ledger_rows(db: Path) -> int:
     with sqlite3.connect(db) as conn:
         return conn.execute("SELECT count(*) FROM requests").fetchone()[0]
@@ -505,9 +574,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
     parser.add_argument("--no-minimal", action="store_true", help="skip the bare uvicorn + aiohttp reference proxy")
     parser.add_argument("--soak", action="store_true", help="run the soak test instead")
+    parser.add_argument("--cost", action="store_true", help="the cost path instead (issue 15): infer unpriced vs "
+                        "a priced backend vs priced + an API key with a budget, c=1 only")
     parser.add_argument("--soak-requests", type=int, default=10_000)
     parser.add_argument("--soak-concurrency", type=int, default=500)
     parser.add_argument("--wait-idle", type=float, default=60, help="wait up to this many s for a quiet machine")
+    parser.add_argument("--baseline", type=Path, metavar="DIR", help="one more side, 'base': infer serve from the "
+                        "source tree DIR (e.g. `git archive <commit> | tar -x -C DIR`), to measure a change")
     parser.add_argument("--json", type=Path, help="write every figure here")
     return parser.parse_args()
 
@@ -526,9 +599,18 @@ def main() -> None:
         fast = start_fast(procs, work, args.chunks)
         if args.soak:
             report["soak"] = soak(args, procs, work, fast)
+        elif args.cost:
+            sides = [fast] + [start_infer(procs, work, fast, variant)[0] for variant in COST_SIDES]
+            report["cost"] = run_async(cost_run(args, sides))
+            print_cost_table(report["cost"], args)
+            n = report["cost"]["noise"]
+            print(f"\n  noise: other processes used {n['others_cores']:.2f} of {n['cores']} cores during the "
+                  f"{n['wall_s']:.0f} s run (this client and its servers: {n['ours_cores']:.2f})")
         else:
             sides = [fast] + ([] if args.no_minimal else [start_minimal(procs, work, fast)])
             sides.append(start_infer(procs, work, fast)[0])
+            if args.baseline:
+                sides.append(start_infer(procs, work, fast, "base", source=args.baseline)[0])
             exe = None if args.no_litellm else ensure_litellm()
             if exe:
                 sides.append(start_litellm(procs, work, fast, exe))

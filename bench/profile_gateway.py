@@ -104,6 +104,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=16)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--mode", choices=["both", "stream", "nonstream"], default="both")
+    parser.add_argument("--variant", choices=["infer", "priced", "keyed"], default="infer",
+                        help="as bench/gateway_overhead.py --cost: a priced backend, or priced + a key with a budget")
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "profile" / "infer.folded")
     args = parser.parse_args()
     spy = py_spy()
@@ -114,7 +116,7 @@ def main() -> None:
     procs = Processes()
     try:
         fast = start_fast(procs, work, args.chunks)
-        infer = start_infer(procs, work, fast)[0]
+        infer = start_infer(procs, work, fast, args.variant)[0]
         run_async(load(infer, 2.0, args.chunks, args.mode))  # warm-up
         recorder = subprocess.Popen([spy, "record", "--pid", str(infer.pid), "--rate", str(args.rate), "--format",
                                      "raw", "--output", str(args.out), "--duration", str(int(args.seconds) + 1)],

@@ -37,6 +37,14 @@ def headline_point(summary: dict) -> tuple[dict, bool]:
 
 
 def compare_table(dirs: list[Path]) -> str:
+    header, rows = compare_rows(dirs)
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def compare_rows(dirs: list[Path]) -> tuple[list[str], list[list[str]]]:
+    """The table's header (a blank, then each run's name) and its rows (a title, then one cell per run)."""
     columns = []
     for path in dirs:
         summary = load_summary(path)
@@ -50,9 +58,7 @@ def compare_table(dirs: list[Path]) -> str:
         rows.append([title, *(_cell(c[2], key, fmt) for c in columns)])
     rows.append(["met the SLO", *(("yes" if c[3] else "no point met the SLO") if c[1].get("goodput") else "-"
                                   for c in columns)])
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
-    return "\n".join(lines)
+    return header, rows
 
 
 def _cell(point: dict, key: str | None, fmt: str) -> str:

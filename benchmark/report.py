@@ -2,7 +2,8 @@
 
 ``DIR/requests.jsonl``: one line per request with its load point, timestamps, gaps and token counts.
 ``DIR/summary.json``: run metadata plus ``load_points``, each with vLLM's result field names
-(``completed``, ``request_throughput``, ``mean_ttft_ms``, ``p99_itl_ms``, ``request_goodput``, …).
+(``completed``, ``request_throughput``, ``mean_ttft_ms``, ``p99_itl_ms``, ``request_goodput``, …) and
+``prefill_decode_ratio`` (what ``output_weight: measured`` reads, ``pricing/calibration.py``).
 ``DIR/summary.csv``: the scalar fields of each load point, one row each.
 """
 

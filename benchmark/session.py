@@ -11,7 +11,7 @@ from typing import Protocol
 
 from .clients import Counter
 from .config import BenchConfig
-from .cost import cost_fields
+from .cost import cost_fields, prefill_decode_ratio
 from .http import StreamingClient
 from .metrics import calculate_metrics
 from .prometheus import scrape, server_token_deltas
@@ -59,6 +59,7 @@ def summarize(config: BenchConfig, run: PointRun, server: dict | None) -> dict:
                "num_prompts": len(run.records)}
     summary.update(calculate_metrics(run.records, run.duration, goodput_slos=config.goodput_slos,
                                      percentiles=config.percentiles))
+    summary["prefill_decode_ratio"] = prefill_decode_ratio(run.records)  # k, for output_weight: measured
     if config.pricing:
         summary.update(cost_fields(config.pricing, run.records, run.duration))
     if server:

@@ -134,7 +134,7 @@ async def probe_health(backend: RemoteBackend, report: Report) -> None:
 
 async def probe_models(backend: RemoteBackend, report: Report) -> None:
     ids = await backend.models()
-    listed = backend.settings.model in ids
+    listed = backend.lists(ids)
     report.models = "ok" if listed else "not listed"
     if not listed:  # TGI and llama.cpp ignore the name, OpenAI proxies may not list it: the generate probe decides
         report.notes.append(f"models: '{backend.settings.model}' is not among {', '.join(ids[:5]) or 'no models'}")

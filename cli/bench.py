@@ -1,4 +1,5 @@
-"""``infer bench``: load-test any LLM server with vLLM's metric definitions; ``infer bench compare``."""
+"""``infer bench``: load-test any LLM server with vLLM's metric definitions; ``infer bench compare``;
+``infer bench report`` (one self-contained HTML file)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def bench(
     price_per_hour: float = typer.Option(None, "--price-per-hour", help="$ per GPU-hour: adds $/Mtok in and out."),
     gpus: int = typer.Option(1, "--gpus", help="GPUs behind the endpoint."),
     extra_body: str = typer.Option(None, "--extra-body", help="JSON merged into every request body."),
-    out: Path = typer.Option(None, "--out", help="Directory for requests.jsonl, summary.json/csv and plots."),
+    out: Path = typer.Option(None, "--out", help="Directory for requests.jsonl, summary.json/csv and plots "
+                             "(default: $INFER_HOME/bench/<UTC time>, without plots)."),
     label: list[str] = typer.Option(None, "--label", help="KEY=VALUE stored in the summary (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed for prompts and arrivals."),
 ) -> None:
@@ -145,7 +147,14 @@ def _print_and_write(result, out: Path | None) -> None:
         from benchmark.plots import write_plots
 
         files = write_outputs(result, out) + write_plots(result, out)
-        typer.echo(f"wrote {', '.join(f.name for f in files)} to {out}")
+    else:  # kept where output_weight: measured looks for the latest calibration
+        from pricing.calibration import new_run_dir
+
+        from .common import settings
+
+        out = new_run_dir(settings().home)
+        files = write_outputs(result, out)
+    typer.echo(f"wrote {', '.join(f.name for f in files)} to {out}")
 
 
 @app.command("compare")
@@ -158,3 +167,17 @@ def compare(dirs: list[Path] = typer.Argument(..., help="Bench output directorie
     except ValueError as exc:
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command("report")
+def report(dirs: list[Path] = typer.Argument(..., help="Bench output directories (or summary.json files)."),
+           output: Path = typer.Option(Path("report.html"), "-o", "--output", help="The HTML file to write.")) -> None:
+    """Write one self-contained HTML report (sweep curves, Pareto, TTFT/TPOT CDFs, the comparison table)."""
+    from benchmark.html_report import write_report
+
+    try:
+        path = write_report(dirs, output)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {path} ({path.stat().st_size // 1024} KiB)")

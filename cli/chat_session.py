@@ -25,7 +25,10 @@ from adapters.durations import format_duration
 from gateway.recorder import Recorder
 from gateway.settings import SettingsError
 from ledger.writer import LedgerWriter
+from registry.create import create_model
 from registry.details import ModelDetails
+from registry.modelfile import Modelfile
+from registry.names import parse_name
 from registry.store import Store
 
 
@@ -109,6 +112,17 @@ class ChatSession:
         await self.engines.aclose()
         self.ledger.close()
         self.db.dispose()
+
+    def save(self, name: str) -> None:
+        """``/save``: a new model from this one, the system message, parameters and history."""
+        mf = Modelfile(from_=self.model, system=self.system, parameters=dict(self.options),
+                       messages=list(self.messages))
+        create_model(self.store, parse_name(name), mf, self.store.root)
+
+    def list_models(self) -> None:
+        from .models import list_cmd
+
+        list_cmd()
 
 
 def stats_lines(done: Done) -> list[str]:

@@ -75,7 +75,7 @@ def _report(since: str, by: str, config: Path | None, db: str | None) -> dict:
     except ValueError as exc:
         raise SettingsError(f"--since: {exc}") from None
     path = _config_path(config)
-    prices = load_config(path).prices() if path else {}
+    prices = load_config(path).priced(settings().home) if path else []
     engine = _open(db or database_url_from_env(settings().home))
     try:
         return cost_report(engine, prices, since=time.time() - seconds, by=by)
@@ -101,8 +101,13 @@ def _render(report: dict) -> str:
     for name, bill in report["bills"].items():
         lines.append(f"{name}: bill ${bill['bill_usd']:.6f} over {bill['windows']} window(s), "
                      f"{bill['windows_with_traffic']} with traffic ({bill['traffic_share']:.0%}); "
-                     f"idle ${bill['idle_usd']:.6f}")
+                     f"idle ${bill['idle_usd']:.6f}; {_weight(bill)}")
     return "\n".join(lines)
+
+
+def _weight(bill: dict) -> str:
+    source = bill["output_weight_source"]
+    return f"output_weight {bill['output_weight']:g} (configured)" if source == "configured" else source
 
 
 def _csv(groups: list[dict]) -> str:

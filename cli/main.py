@@ -11,7 +11,7 @@ from adapters.errors import BackendError
 from gateway.settings import SettingsError
 from registry.errors import RegistryError
 
-from . import backends, bench, cost, dev, estimate, keys, models, pull, registry_server, routes, run, serve, usage
+from . import backends, bench, cost, dev, estimate, keys, models, ps, pull, registry_server, routes, run, serve, usage
 
 
 class _InferGroup(TyperGroup):
@@ -40,8 +40,37 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+@app.callback(invoke_without_command=True)
+def _root(ctx: typer.Context,
+          version: bool = typer.Option(False, "--version", "-v", help="Show the version (and the running server's).")) -> None:
+    if version:
+        version_lines()
+        raise typer.Exit()
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
+def version_lines() -> None:
+    """As ``ollama -v``: the server's version, and the client's when it differs (or no server answers)."""
+    from gateway.health import VERSION
+
+    from .client import find_server
+
+    found = find_server()
+    if found is None:
+        typer.echo("Warning: could not connect to a running infer serve")
+    else:
+        typer.echo(f"infer version is {found[1]}")
+    if found is None or found[1] != VERSION:
+        typer.echo(f"Warning: client version is {VERSION}")
+
+
 pull.register(app)
 models.register(app)
+ps.register(app)
 serve.register(app)
 usage.register(app)
 run.register(app)

@@ -14,14 +14,12 @@ from collections.abc import Callable, Iterator
 import typer
 
 from adapters.errors import BackendError, ModelNotFound
-from registry.create import create_model
 from registry.errors import InvalidName, RegistryError
-from registry.modelfile import Modelfile
 from registry.names import parse_name
 
 from .chat_session import ChatSession, parse_parameter
+from .remote_session import RemoteChatSession
 from .common import settings
-from .models import list_cmd
 from .repl_text import USAGE, USAGE_PARAMETERS, USAGE_SET, USAGE_SHORTCUTS, USAGE_SHOW, show
 
 QUOTES = '"""'
@@ -36,14 +34,14 @@ def help_text(text: str) -> None:
 
 
 class Repl:
-    def __init__(self, session: ChatSession, runner: asyncio.Runner, readline=None) -> None:
+    def __init__(self, session: ChatSession | RemoteChatSession, runner: asyncio.Runner, readline=None) -> None:
         self.session, self.runner, self.readline = session, runner, readline
         self.buffer = ""
         self.multiline: str | None = None  # None, "prompt" or "system"
         self.commands: dict[str, Callable[[list[str]], bool | None]] = {
             "/bye": lambda _: True, "/exit": lambda _: True, "/clear": self.clear, "/set": self.set,
             "/show": self.show, "/load": self.load, "/save": self.save, "/?": self.help, "/help": self.help,
-            "/list": lambda _: list_cmd(),
+            "/list": lambda _: self.session.list_models(),
         }
 
     def loop(self) -> None:
@@ -201,17 +199,18 @@ class Repl:
         if len(args) != 2:
             say("Usage:\n  /save <modelname>")
             return
-        s = self.session
         try:
-            name = parse_name(args[1])
+            parse_name(args[1])
         except InvalidName:
             say(f"error: The model name '{args[1]}' is invalid")
             return
-        mf = Modelfile(from_=s.model, system=s.system, parameters=dict(s.options), messages=list(s.messages))
         try:
-            create_model(s.store, name, mf, s.store.root)
+            self.session.save(args[1])
         except RegistryError as exc:
             say(f"Error: {exc}")
+            return
+        except BackendError as exc:
+            say(f"Error: {exc.message}")
             return
         say(f"Created new model '{args[1]}'")
 
@@ -243,7 +242,7 @@ def _line_editing() -> Iterator[object | None]:
             readline.write_history_file(path)
 
 
-def run_repl(session: ChatSession) -> None:
+def run_repl(session: ChatSession | RemoteChatSession) -> None:
     with asyncio.Runner() as runner, _line_editing() as readline:
         try:
             for message in session.details().messages:

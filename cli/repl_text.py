@@ -8,6 +8,7 @@ import json
 import typer
 
 from .chat_session import ChatSession
+from .remote_session import RemoteChatSession
 from .models import render_show
 
 USAGE = """Available Commands:
@@ -71,7 +72,7 @@ USAGE_PARAMETERS = """Available Parameters:
 NO_PARAMETERS = "  No additional parameters were specified for this model."
 
 
-def show(session: ChatSession, what: str) -> None:
+def show(session: ChatSession | RemoteChatSession, what: str) -> None:
     """``/show info|license|modelfile|parameters|system|template`` for the session's model."""
     d = session.details()
     if what == "info":

@@ -8,7 +8,7 @@ import os
 import httpx
 import typer
 
-from gateway.settings import DEFAULT_PORT, SettingsError, parse_host
+from gateway.settings import SettingsError, client_url
 
 
 def register(app: typer.Typer) -> None:
@@ -22,7 +22,7 @@ def routes(
     """Per route and backend: attainment, goodput, shed, errors, latency percentiles, predictions."""
     base = url or _default_url()
     try:
-        response = httpx.get(base.rstrip("/") + "/infer/routes", timeout=10)
+        response = httpx.get(base.rstrip("/") + "/infer/routes", timeout=10, headers=_auth_headers())
     except httpx.HTTPError as exc:
         raise SettingsError(f"cannot reach infer serve at {base}: {exc}; is it running?") from None
     if response.status_code != 200:
@@ -38,10 +38,14 @@ def routes(
         typer.echo(_route_table(route))
 
 
+def _auth_headers() -> dict[str, str]:
+    """``INFER_API_KEY`` as a Bearer token, for a server with ``auth: {required: true}``."""
+    key = os.environ.get("INFER_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _default_url() -> str:
-    host, port = parse_host(os.environ.get("INFER_HOST") or f"127.0.0.1:{DEFAULT_PORT}")
-    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    return f"http://{host}:{port}"
+    return client_url(dict(os.environ))
 
 
 def _route_table(route: dict) -> str:

@@ -1,8 +1,15 @@
-"""``infer run MODEL [PROMPT...]``: one answer with a prompt (or piped stdin), else the interactive REPL."""
+"""``infer run MODEL [PROMPT...]``: one answer with a prompt (or piped stdin), else the interactive REPL.
+
+When a server answers at ``INFER_HOST`` (``OLLAMA_HOST``; default 127.0.0.1:11434) — ``infer serve``
+or Ollama — the turns go to it (``cli.remote_session``): the model stays warm there for
+``--keepalive``, and the server's ledger gets the row. Otherwise, or with ``--local``, the model
+runs in this process (``cli.chat_session``). The output and ``--verbose`` statistics are the same.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import typer
@@ -12,10 +19,13 @@ from ledger.db import database_url_from_env
 from adapters.durations import parse_duration
 from gateway.settings import SettingsError
 from registry.errors import RegistryError
+from registry.progress import ProgressEvent
 from registry.store import Store
 
 from . import pull
+from .client import NotFound, ServerClient, find_server
 from .common import get_store, run_async, settings
+from .progress import ProgressRenderer
 
 MODEL = typer.Argument(None, metavar="MODEL", help="Model to run (default: the most recently pulled or created).")
 PROMPT = typer.Argument(None, metavar="PROMPT", help="Prompt; without one (and no piped stdin) start a chat.")
@@ -32,28 +42,72 @@ def run_cmd(
     keepalive: str = typer.Option(None, "--keepalive", help="How long the model stays loaded (e.g. 5m)."),
     format: str = typer.Option(None, "--format", help="Response format: json, or a JSON schema."),
     nowordwrap: bool = typer.Option(False, "--nowordwrap", help="Don't wrap words (accepted; output is raw)."),
-    engine: str = typer.Option(None, "--engine", help="In-process engine: llamacpp or native (PyTorch); "
-                               "default INFER_ENGINE, else llamacpp."),
+    engine: str = typer.Option(None, "--engine", help="Engine for store models: llamacpp or native (PyTorch); "
+                               "default INFER_ENGINE (the server's, through a server), else llamacpp."),
     insecure: bool = pull.INSECURE,
-    db: str = typer.Option(None, "--db", metavar="URL", help="Usage ledger URL (default: INFER_DATABASE_URL "
-                           "or $INFER_HOME/usage.db)."),
+    db: str = typer.Option(None, "--db", metavar="URL", help="Usage ledger URL of an in-process run (default: "
+                           "INFER_DATABASE_URL or $INFER_HOME/usage.db); implies --local."),
+    local: bool = typer.Option(False, "--local", help="Run in this process even when a server answers at "
+                               "INFER_HOST (also INFER_LOCAL=1)."),
 ) -> None:
-    """Run a model: answer a prompt, or chat interactively (/? for help)."""
-    from .chat_session import ChatSession, local_settings_from_env  # llama.cpp: imported only when running
+    """Run a model: answer a prompt, or chat interactively (/? for help).
 
-    options = {"format": _format(format), "keep_alive": _keep_alive(keepalive),
-               "settings": local_settings_from_env(check_engine(engine) if engine else None)}
-    store = get_store()
-    model = _ensure_model(store, model, insecure)
+    Uses the server at INFER_HOST (or OLLAMA_HOST, default 127.0.0.1:11434) when one answers, so the
+    model stays loaded there; otherwise runs the model in this process."""
+    options = {"format": _format(format), "keep_alive": _keep_alive(keepalive)}
+    found = None if local or db or _env_flag("INFER_LOCAL") else find_server()
+    if found:
+        session = _remote_session(found[0], model, insecure, engine, verbose, options)
+    else:
+        session = _local_session(model, insecure, engine, db, verbose, options)
     text = _prompt_text(prompt or [])
-    session = ChatSession(store, model, db_url=db or database_url_from_env(settings().home), verbose=verbose,
-                          **options)
     if text is None:
         from .repl import run_repl
 
         run_repl(session)
     else:
         _one_shot(session, text)
+
+
+def _local_session(model: str | None, insecure: bool, engine: str | None, db: str | None, verbose: bool,
+                   options: dict):
+    from .chat_session import ChatSession, local_settings_from_env  # llama.cpp: imported only when running
+
+    local = local_settings_from_env(check_engine(engine) if engine else None)
+    store = get_store()
+    model = _ensure_model(store, model, insecure)
+    return ChatSession(store, model, db_url=db or database_url_from_env(settings().home), verbose=verbose,
+                       settings=local, **options)
+
+
+def _remote_session(client: ServerClient, model: str | None, insecure: bool, engine: str | None, verbose: bool,
+                    options: dict):
+    from .remote_session import RemoteChatSession
+
+    model = _ensure_served(client, model, insecure)
+    return RemoteChatSession(client, model, verbose=verbose, engine=check_engine(engine) if engine else None,
+                             **options)
+
+
+def _ensure_served(client: ServerClient, model: str | None, insecure: bool) -> str:
+    """As ``ollama run``: the newest model when none is named; a model the server lacks is pulled there."""
+    if model is None:
+        models = client.call("GET", "/api/tags").get("models") or []
+        if not models:
+            raise RegistryError("no models yet: run 'infer pull MODEL' first")
+        return models[0]["name"]
+    try:
+        client.call("POST", "/api/show", {"model": model})
+    except NotFound:
+        with ProgressRenderer() as renderer:
+            for line in client.stream("/api/pull", {"model": model, "insecure": insecure or settings().insecure}):
+                renderer(ProgressEvent(line.get("status", ""), line.get("digest"), line.get("total"),
+                                       line.get("completed")))
+    return model
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
 def _ensure_model(store: Store, model: str | None, insecure: bool) -> str:

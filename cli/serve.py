@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
 
 
 def serve(
-    host: str = typer.Option(None, "--host", help="[scheme://]host[:port] to bind (default: INFER_HOST or 127.0.0.1:11434)."),
+    host: str = typer.Option(None, "--host", help="[scheme://]host[:port] to bind (default: INFER_HOST, "
+                            "OLLAMA_HOST or 127.0.0.1:11434)."),
     db: str = typer.Option(None, "--db", help="Usage ledger SQLAlchemy URL (default: INFER_DATABASE_URL or $INFER_HOME/usage.db)."),
     num_parallel: int = typer.Option(None, "--num-parallel", help="Concurrent requests per model (INFER_NUM_PARALLEL)."),
     keep_alive: str = typer.Option(None, "--keep-alive", help="How long idle models stay loaded, e.g. 5m, -1 (INFER_KEEP_ALIVE)."),

@@ -27,22 +27,27 @@ from ledger.db import open_db
 from ledger.writer import LedgerWriter
 from registry.store import Store
 
-from gateway import health, infer_api, wire_docs
+from gateway import dashboard, health, infer_api, wire_docs
 from gateway.backends_config import GatewayConfig, load_config
 from gateway.http import errors
 from gateway.http.bodies import JSONBodies
 from gateway.http.guards import GuardMiddleware
+from gateway.http.hot import HotRoutes
 from gateway.metrics import GatewayMetrics
+from gateway.monitor import BackendMonitor
 from gateway.ollama import generate as ollama_generate, models as ollama_models
 from gateway.openai import generate as openai_generate, models as openai_models
 from gateway.keys import KeyBook
 from gateway.recorder import Recorder
 from gateway.settings import ServerSettings
+from gateway.tracing import TraceContextMiddleware, tracer_from_env
 
 log = logging.getLogger(__name__)
 
 
 def create_app(settings: ServerSettings, backend: Backend | Router | None = None) -> FastAPI:
+    tracer = tracer_from_env()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store = Store(settings.registry.models)
@@ -50,17 +55,23 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.settings = settings
         app.state.store = store
         app.state.router = _router(backend) if backend is not None else default_router(settings, store, config)
-        app.state.prices = PriceBook(config.prices()) if config is not None else None
+        app.state.prices = PriceBook(config.priced(settings.registry.home)) if config is not None else None
         app.state.db = open_db(settings.database_url)
         app.state.ledger = LedgerWriter(app.state.db)
         app.state.metrics = GatewayMetrics()
         app.state.keys = KeyBook(app.state.db, required=config is not None and config.auth.required,
                                  redis=_redis(settings.redis_url))
+        app.state.monitor = app.state.metrics.monitor = BackendMonitor(app.state.router, app.state.metrics.registry)
+        app.state.tracer = tracer
+        if tracer is not None:
+            for remote in app.state.router.remotes.values():
+                remote.inject = tracer.inject
         app.state.recorder = Recorder(app.state.ledger, app.state.metrics, prices=app.state.prices,
-                                      keys=app.state.keys)
+                                      keys=app.state.keys, monitor=app.state.monitor, tracer=tracer)
         app.state.loop = asyncio.get_running_loop()
         routes = list(app.state.router.routes.values())
         pollers = [asyncio.create_task(route.poll_health()) for route in routes]
+        pollers.append(asyncio.create_task(app.state.monitor.run()))
         if routes:
             app.state.metrics.routes = RouteMetrics(app.state.metrics.registry, routes)
             for route in routes:
@@ -71,18 +82,25 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
             for task in pollers:
                 task.cancel()
             await app.state.recorder.settle()
+            await app.state.keys.aclose()  # leases' unused room back to the budgets
             await app.state.router.aclose()
             app.state.ledger.close()
             app.state.db.dispose()
             if app.state.keys.redis is not None:
                 await app.state.keys.redis.aclose()
+            if tracer is not None:
+                await tracer.aclose()  # flushes the last spans
 
     app = FastAPI(title="infer", version=health.VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)
     wire_docs.install(app)  # validation errors are 400, so the schema has no 422s
+    app.add_middleware(HotRoutes, routes={openai_generate.CHAT_ROUTE: openai_generate.hot_chat,
+                                          "/api/chat": ollama_generate.hot_chat})
     app.add_middleware(JSONBodies)
-    app.add_middleware(GuardMiddleware, settings=settings)  # added last: runs first
-    for module in (openai_generate, ollama_generate, openai_models, ollama_models, health, infer_api):  # hot first
+    app.add_middleware(GuardMiddleware, settings=settings)
+    if tracer is not None:
+        app.add_middleware(TraceContextMiddleware, tracer=tracer)  # added last: runs first
+    for module in (openai_generate, ollama_generate, openai_models, ollama_models, health, infer_api, dashboard):  # hot first
         app.include_router(module.router)
     return app
 

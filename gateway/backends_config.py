@@ -21,10 +21,12 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveFloat, PrivateAttr, Tag, ValidationError,
                       ValidationInfo, field_validator)
 
+from adapters.engines import ENGINES
 from adapters.remote import RemoteSettings, Timeouts
 from adapters.remote_registry import OPENAI_TYPES, REMOTE_TYPES
 
 from gateway.settings import SettingsError
+from pricing.catalog import LOCAL, Priced
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -232,12 +234,20 @@ class GatewayConfig(BaseModel):
     local: LocalEntry | None = None
     auth: AuthEntry = Field(default_factory=AuthEntry)
 
-    def prices(self) -> dict[str, PricingEntry]:
-        """Pricing by backend name; ``local`` prices the in-process engines (llamacpp, native)."""
-        out = {entry.name: entry.pricing for entry in self.backends if entry.pricing is not None}
+    def priced(self, home: Path | None = None) -> list[Priced]:
+        """Each pricing entry with the ledger's backend names it prices and its output weight
+        (``measured``: from the latest ``infer bench`` run under ``home``). ``local`` prices the
+        in-process engines and the route members that are models of the local store, as one bill."""
+        out = [Priced.of(e.name, e.pricing, home=home, address=(e.base_url, e.model or ""))
+               for e in self.backends if e.pricing is not None]
         if self.local is not None and self.local.pricing is not None:
-            out.update({"llamacpp": self.local.pricing, "native": self.local.pricing})
+            out.append(Priced.of(LOCAL, self.local.pricing, (*ENGINES, *self.local_models()), home=home))
         return out
+
+    def local_models(self) -> list[str]:
+        """Route members that are not backends of this file: models of the local store."""
+        backends = {entry.name for entry in self.backends}
+        return list(dict.fromkeys(n for route in self.routes for n in route.backends if n not in backends))
 
     _source: str | None = PrivateAttr(default=None)
     _root: yaml.Node | None = PrivateAttr(default=None)

@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from adapters.router import Router
 from registry.store import Store
 
+from gateway.http.errors import APIError
 from gateway.recorder import Recorder
 from gateway.settings import ServerSettings
 
@@ -39,11 +40,16 @@ async def _db(request: Request) -> Engine:
 
 
 async def client_of(request: Request) -> str | None:
+    return client_from(request.headers, request.scope)
+
+
+def client_from(headers, scope) -> str | None:
     """What the ledger's ``client`` column shows: the User-Agent, else the peer address."""
-    agent = request.headers.get("user-agent")
+    agent = headers.get("user-agent")
     if agent:
         return agent[:200]
-    return request.client.host if request.client else None
+    peer = scope.get("client")
+    return peer[0] if peer else None
 
 
 RouterDep = Annotated[Router, Depends(_router)]
@@ -52,3 +58,29 @@ RecorderDep = Annotated[Recorder, Depends(_recorder)]
 SettingsDep = Annotated[ServerSettings, Depends(_settings)]
 DbDep = Annotated[Engine, Depends(_db)]
 ClientDep = Annotated[str | None, Depends(client_of)]
+
+
+async def viewer(request: Request) -> str | None:
+    """``None``: may see every row; a key's name: may see that key's rows only."""
+    keys = request.app.state.keys
+    if not keys.required:
+        return None
+    scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+    bearer = bearer.strip()
+    if scheme.lower() == "bearer" and request.app.state.settings.key_allowed(bearer):
+        return None
+    if scheme.lower() != "bearer" or not bearer.startswith("sk-infer-"):
+        raise APIError(401, "this server requires an API key: send 'Authorization: Bearer <key>' "
+                            "(the dashboard asks for it once)")
+    return (await keys.identify(bearer)).name
+
+
+async def operator(request: Request) -> None:
+    """With ``auth: {required: true}``, only an operator key (``INFER_API_KEYS``) may read views that
+    cover every key (``GET /infer/cost``); a ledger key gets 403."""
+    if await viewer(request) is not None:
+        raise APIError(403, "this view covers every key: send an operator key (one of INFER_API_KEYS)")
+
+
+ViewerDep = Annotated[str | None, Depends(viewer)]
+OperatorDep = Annotated[None, Depends(operator)]

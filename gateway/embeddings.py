@@ -12,6 +12,7 @@ import time
 from adapters.base import Backend, EmbedResult
 
 from gateway.http.errors import APIError, to_status_message
+from gateway.monitor import backend_label
 from gateway.recorder import Recorder
 from ledger.tables import UsageRecord
 
@@ -25,19 +26,34 @@ async def embed(backend: Backend, recorder: Recorder, *, route: str, model: str,
     if not backend.supports_embeddings:
         raise APIError(400, f"the {backend.name} backend does not serve embeddings", param="model")
     record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client)
+    label = backend_label(backend)
+    tracer = recorder.tracer
+    span = None if tracer is None else tracer.start_embedding(model, endpoint=route, backend=backend, label=label)
     t0 = time.perf_counter()
     try:
-        result = await backend.embed(model, inputs, truncate=truncate, keep_alive=keep_alive)
+        result = await _embed(backend, model, inputs, truncate, keep_alive, span, tracer)
         if dimensions:
             result = dataclasses.replace(result, embeddings=[resize(v, dimensions) for v in result.embeddings])
     except Exception as exc:
         record.status, record.error = "error", to_status_message(exc)[1]
-        recorder.record(record)
+        recorder.record(record, backend=label, error_type=type(exc).__name__, span=span)
         raise
     record.input_tokens = result.input_tokens
     record.total_ms = round((time.perf_counter() - t0) * 1000, 3)
-    recorder.record(record)
+    recorder.record(record, backend=label, span=span)
     return result
+
+
+async def _embed(backend: Backend, model: str, inputs: list, truncate: bool, keep_alive: float | None,
+                 span, tracer) -> EmbedResult:
+    """The backend's call, with the request's span current (a remote adapter propagates it)."""
+    if span is None:
+        return await backend.embed(model, inputs, truncate=truncate, keep_alive=keep_alive)
+    token = tracer.attach(tracer.context_of(span))
+    try:
+        return await backend.embed(model, inputs, truncate=truncate, keep_alive=keep_alive)
+    finally:
+        tracer.detach(token)
 
 
 def resize(vector: list[float], dimensions: int) -> list[float]:

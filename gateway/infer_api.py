@@ -1,6 +1,9 @@
-"""``/infer/*``: the gateway's own views, in JSON. ``GET /infer/routes``: per route and per backend,
+"""``/infer/*``: the gateway's own views, in JSON. ``GET /infer/backends``: each backend's health,
+in flight, running, waiting and KV-cache use (``gateway/monitor.py``). ``GET /infer/routes``: per route and per backend,
 over the route's SLO window: requests, good, shed, errors, attainment, goodput, TTFT/TPOT/e2e
-percentiles, in flight, predictions now and their error, breaker state (``routing/route.py``)."""
+percentiles, in flight, predictions now and their error, breaker state (``routing/route.py``).
+``GET /infer/cost``: ``infer cost --json``. With ``auth: {required: true}`` the routes and backends
+need a key and the cost report an operator key (``INFER_API_KEYS``), as the dashboard's views do."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from adapters.durations import parse_period
-from gateway.deps import DbDep, RouterDep
+from gateway.deps import DbDep, OperatorDep, RouterDep, ViewerDep
 from gateway.http.errors import APIError
 from pricing.settle import cost_report
 from gateway.http.jsonwire import JSONBytes
@@ -43,21 +46,50 @@ class CostReport(BaseModel):
     bills: dict[str, dict[str, Any]]
 
 
-@router.get("/infer/routes", responses={200: {"model": RoutesResponse}, **errors()})
-async def routes(backends: RouterDep) -> JSONBytes:
+@router.get("/infer/routes", responses={200: {"model": RoutesResponse}, **errors(401)})
+async def routes(backends: RouterDep, _viewer: ViewerDep) -> JSONBytes:
     return JSONBytes({"routes": [route.snapshot() for route in backends.routes.values()]})
 
 
-@router.get("/infer/cost", responses={200: {"model": CostReport}, **errors(400)})
-async def cost(request: Request, db: DbDep, since: str = "24h", by: str = "backend") -> JSONBytes:
+class BackendView(BaseModel):
+    """One backend of ``GET /infer/backends`` (``gateway/monitor.py``)."""
+
+    name: str
+    type: str
+    up: bool | None
+    detail: str
+    health_latency_ms: float | None
+    checked_at: float | None
+    in_flight: int
+    requests_running: float | None
+    requests_waiting: float
+    kv_cache_usage: float | None
+    reported: dict[str, float]
+
+
+class BackendsResponse(BaseModel):
+    backends: list[BackendView]
+
+
+@router.get("/infer/backends", responses={200: {"model": BackendsResponse}, **errors(401)})
+async def backends_view(request: Request, _viewer: ViewerDep) -> JSONBytes:
+    """Every backend: its last health check, the gateway's requests in flight to it, and its load
+    (running, waiting, KV-cache use) as ``/metrics`` shows it."""
+    return JSONBytes({"backends": request.app.state.monitor.view()})
+
+
+@router.get("/infer/cost", responses={200: {"model": CostReport}, **errors(400, 401, 403)})
+async def cost(request: Request, db: DbDep, _operator: OperatorDep, since: str = "24h",
+               by: str = "backend") -> JSONBytes:
     """What ``infer cost --json`` prints: requests since ``since`` grouped ``by`` backend, route,
-    model or day, settled against each hour-priced backend's bill."""
+    model, key or day, settled against each hour-priced backend's bill (with its output weight and
+    where that came from)."""
     try:
         seconds = parse_period(since)
     except ValueError as exc:
         raise APIError(400, f"since: {exc}", param="since") from None
     config_prices = getattr(request.app.state, "prices", None)
-    prices = config_prices.entries if config_prices is not None else {}
+    prices = config_prices.priced if config_prices is not None else []
     try:
         report = await asyncio.to_thread(cost_report, db, prices, since=time.time() - seconds, by=by)
     except ValueError as exc:

@@ -9,6 +9,11 @@
   expiry).
 - budgets: the recorder reserves a request's maximum cost before it starts and settles it to the
   actual cost when it ends (``ledger.keys``), so concurrent requests cannot overrun a budget.
+  A reservation that reaches the database also reserves room for ``LEASE_REQUESTS`` more such
+  requests: the replica's *lease*, from which its next requests reserve in memory (no database
+  statement, no thread hop). The lease is reserved in the database like any reservation, so
+  replicas together still cannot pass a budget; what a lease still holds goes back to the budget
+  after ``LEASE_IDLE_S`` without a request on that key, and at shutdown.
 """
 
 from __future__ import annotations
@@ -17,17 +22,20 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
 
 from adapters.errors import BackendOverloaded
-from ledger.keys import ApiKey, find_key
+from ledger.keys import ApiKey, find_key, reserve, settle
 
 from gateway.http.errors import APIError
 
 CACHE_S = 2.0
+LEASE_REQUESTS = 8   # a reservation that goes to the database takes room for this many more requests
+LEASE_IDLE_S = 1.0   # a lease's unused room goes back to the budget after this long without a request
 
 
 class OverBudget(BackendOverloaded):
@@ -47,6 +55,54 @@ class KeyBook:
     redis: Any = None  # redis.asyncio.Redis when the limits are shared between replicas
     _cache: dict[str, tuple[float, ApiKey | None]] = field(default_factory=dict)
     _minutes: dict[str, "Minute"] = field(default_factory=dict)
+    _finding: dict[str, asyncio.Future] = field(default_factory=dict)  # lookups in flight, by key
+    _leases: dict[str, "Lease"] = field(default_factory=dict)
+    _returning: set[asyncio.Task] = field(default_factory=set)
+
+    def take(self, key_name: str, amount: float) -> bool:
+        """Reserve ``amount`` from this replica's lease on the key, in memory; False when it is short."""
+        lease = self._leases.get(key_name)
+        if lease is None or lease.held < amount:
+            return False
+        lease.held -= amount
+        self._touch(key_name, lease)
+        return True
+
+    async def reserve(self, key_name: str, amount: float) -> bool:
+        """Reserve ``amount`` in the database, with room for a lease when the budget has it; False when
+        even ``amount`` would pass the budget (after a last look at the lease, which a concurrent
+        request may have filled meanwhile)."""
+        lease = self._leases.setdefault(key_name, Lease())
+        loop = asyncio.get_running_loop()
+        extra = amount * LEASE_REQUESTS
+        if await loop.run_in_executor(None, reserve, self.db, key_name, amount + extra):
+            lease.held += extra
+        elif not self.take(key_name, amount) and not await loop.run_in_executor(None, reserve, self.db, key_name,
+                                                                                 amount):
+            return self.take(key_name, amount)
+        self._touch(key_name, lease)
+        return True
+
+    def _touch(self, key_name: str, lease: "Lease") -> None:
+        if lease.timer is not None:
+            lease.timer.cancel()
+        lease.timer = asyncio.get_running_loop().call_later(LEASE_IDLE_S, self._give_back, key_name)
+
+    def _give_back(self, key_name: str) -> None:
+        lease = self._leases[key_name]
+        held, lease.held, lease.timer = lease.held, 0.0, None
+        if held > 0:
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(settle, self.db, key_name, held, 0.0))
+            self._returning.add(task)
+            task.add_done_callback(self._returning.discard)
+
+    async def aclose(self) -> None:
+        """Shutdown: every lease's unused room goes back to its budget."""
+        for name, lease in self._leases.items():
+            if lease.timer is not None:
+                lease.timer.cancel()
+            self._give_back(name)
+        await asyncio.gather(*self._returning, return_exceptions=True)
 
     async def authenticate(self, bearer: str | None, model: str) -> ApiKey | None:
         if not bearer or not bearer.startswith("sk-infer-"):
@@ -54,11 +110,16 @@ class KeyBook:
                 raise APIError(401, "this server requires an API key: send 'Authorization: Bearer sk-infer-…' "
                                     "(infer keys create NAME)")
             return None
+        key = await self.identify(bearer)
+        if not key.allows(model):
+            raise APIError(403, f"key '{key.name}' may not use '{model}' (its routes: {', '.join(key.routes)})")
+        return key
+
+    async def identify(self, bearer: str) -> ApiKey:
+        """The live key ``bearer`` names, or 401."""
         key = await self._lookup(bearer)
         if key is None or key.revoked:
             raise APIError(401, "invalid or revoked API key")
-        if not key.allows(model):
-            raise APIError(403, f"key '{key.name}' may not use '{model}' (its routes: {', '.join(key.routes)})")
         return key
 
     async def _lookup(self, bearer: str) -> ApiKey | None:
@@ -66,7 +127,11 @@ class KeyBook:
         cached = self._cache.get(bearer)
         if cached is not None and now - cached[0] < CACHE_S:
             return cached[1]
-        key = await asyncio.to_thread(find_key, self.db, bearer)
+        running = self._finding.get(bearer)  # a burst on a cold cache asks the database once
+        if running is None:
+            running = self._finding[bearer] = asyncio.ensure_future(asyncio.to_thread(find_key, self.db, bearer))
+            running.add_done_callback(lambda _: self._finding.pop(bearer, None))
+        key = await asyncio.shield(running)
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[bearer] = (now, key)
@@ -81,15 +146,21 @@ class KeyBook:
         else:
             self._minutes.setdefault(key.name, Minute()).admit(key, tokens)
 
-    async def used(self, key_name: str, tokens: int) -> None:
+    def used(self, key_name: str, tokens: int) -> Coroutine[Any, Any, None] | None:
+        """Count a finished request's tokens: at once in this process, or the coroutine that counts
+        them in Redis."""
         if self.redis is not None:
-            counter = f"infer:tpm:{key_name}:{int(time.time() // 60)}"
-            async with self.redis.pipeline(transaction=True) as pipe:
-                await pipe.incrby(counter, tokens).expire(counter, 120).execute()
-            return
+            return _redis_used(self.redis, key_name, tokens)
         minute = self._minutes.get(key_name)
         if minute is not None:
             minute.tokens.append((time.monotonic(), tokens))
+        return None
+
+
+async def _redis_used(redis: Any, key_name: str, tokens: int) -> None:
+    counter = f"infer:tpm:{key_name}:{int(time.time() // 60)}"
+    async with redis.pipeline(transaction=True) as pipe:
+        await pipe.incrby(counter, tokens).expire(counter, 120).execute()
 
 
 async def _redis_admit(redis: Any, key: ApiKey, tokens: int) -> None:
@@ -109,6 +180,12 @@ async def _redis_admit(redis: Any, key: ApiKey, tokens: int) -> None:
     if key.tpm is not None and used + tokens > key.tpm:
         raise RateLimited(f"key '{key.name}' reached its {key.tpm} tokens per minute; retry in {wait} s",
                           retry_after=float(max(1, wait)), remaining=remaining)
+
+
+@dataclass
+class Lease:
+    held: float = 0.0  # reserved in the database, not yet handed to a request
+    timer: asyncio.TimerHandle | None = None
 
 
 @dataclass

@@ -24,7 +24,7 @@ from adapters.errors import BackendError, BackendProtocolError, RouteShed, Shutt
 from adapters.router import Router
 from ledger.tables import UsageRecord
 from adapters.token_count import ByteEstimate
-from ledger.keys import reserve, settle
+from ledger.keys import ApiKey, settle
 from ledger.writer import LedgerWriter
 from pricing.book import PriceBook
 from pricing.method import Tokens
@@ -32,6 +32,8 @@ from pricing.method import Tokens
 from gateway.http.errors import APIError, to_status_message
 from gateway.keys import KeyBook, OverBudget
 from gateway.metrics import GatewayMetrics
+from gateway.monitor import BackendMonitor, backend_label
+from gateway.tracing import Tracer
 
 log = logging.getLogger(__name__)
 _BYTES = ByteEstimate()  # prompt tokens before any tokenizer ran: about 4 bytes a token
@@ -44,6 +46,8 @@ class Recorder:
     live: set["Generation"] = field(default_factory=set)
     prices: PriceBook | None = None
     keys: KeyBook | None = None
+    monitor: BackendMonitor | None = None  # per-backend in-flight counts
+    tracer: Tracer | None = None  # None: tracing off (OTEL_EXPORTER_OTLP_ENDPOINT unset)
     _settling: set[asyncio.Task] = field(default_factory=set)
 
     def priced(self, record: UsageRecord) -> UsageRecord:
@@ -69,41 +73,60 @@ class Recorder:
             return router.resolve(request)
         except BackendError as exc:
             self.record(UsageRecord(source=request.source, route=route, model=request.model, backend="none",
-                                    stream=stream, client=request.client, status="error", error=exc.message))
+                                    stream=stream, client=request.client, status="error", error=exc.message),
+                        error_type=type(exc).__name__)
             raise
 
     async def start(self, backend: Backend, request: GenerationRequest, *, route: str,
                     stream: bool) -> "Generation":
         request.stream = stream  # a remote adapter asks its backend for one reply when the client wants one
+        label = backend_label(backend)
+        span = None if self.tracer is None else self.tracer.start(request, endpoint=route, backend=backend,
+                                                                    label=label)
         try:
-            reserved = await self._admit_key(backend, request)
+            hold = await self._admit_key(backend, request)
         except (BackendError, APIError) as exc:
-            self.record(UsageRecord(source=request.source, route=route, model=request.model, backend=backend.name,
-                                    stream=stream, client=request.client, status="error", error=exc.message,
-                                    key_name=request.key_name))
+            record = UsageRecord(source=request.source, route=route, model=request.model, backend=label,
+                                 stream=stream, client=request.client, status="error", error=exc.message,
+                                 key_name=request.key_name)
+            self.record(record, backend=label, error_type=type(exc).__name__, span=span)
             raise
-        gen = Generation(self, backend, request, route, stream)
-        gen.reserved = reserved
+        gen = Generation(self, backend, request, route, stream, label, span)
+        if hold is not None:
+            gen.admission = self._admission(*hold)
         await gen.prime()
         return gen
 
-    async def _admit_key(self, backend: Backend, request: GenerationRequest) -> float:
-        """Who asks (an API key), within its per-minute limits and its budget: the budget reserved."""
+    async def _admit_key(self, backend: Backend, request: GenerationRequest) -> tuple[ApiKey, float] | None:
+        """Who asks (an API key), within its per-minute limits: the budget reservation still to make."""
         credential, request.credential = request.credential, None
         if self.keys is None:
-            return 0.0
+            return None
         key = await self.keys.authenticate(credential, request.model)
         if key is None:
-            return 0.0
+            return None
         request.key_name = key.name
         prompt = _BYTES.prompt_tokens(request)
         most = int(request.options.get("num_predict") or 0)
         most = most if most > 0 else 2048  # no max_tokens: a context's worth
         await self.keys.admit(key, prompt + most)
         if key.budget_usd is None or self.prices is None:
-            return 0.0
-        amount = self.prices.estimate((backend.name, request.model), Tokens(prompt, 0, most))
-        if not await asyncio.to_thread(reserve, self.keys.db, key.name, amount):
+            return None
+        return key, self.prices.estimate((backend.name, request.model), Tokens(prompt, 0, most))
+
+    def _admission(self, key: ApiKey, amount: float) -> asyncio.Future[float]:
+        """The reservation of ``amount``: at once from this replica's lease, else a task whose database
+        round trip overlaps the backend's first byte."""
+        loop = asyncio.get_running_loop()
+        if self.keys.take(key.name, amount):
+            taken = loop.create_future()
+            taken.set_result(amount)
+            return taken
+        return loop.create_task(self._reserve(key, amount))
+
+    async def _reserve(self, key: ApiKey, amount: float) -> float:
+        """Reserve ``amount`` of the key's budget (atomic statements, off the loop), or OverBudget."""
+        if not await self.keys.reserve(key.name, amount):
             raise OverBudget(f"key '{key.name}' is over budget: spent ${key.spent_usd:.6f} of ${key.budget_usd:.6f} "
                              f"(${key.reserved_usd:.6f} reserved by requests in flight); this request may cost up "
                              f"to ${amount:.6f}", retry_after=60.0)
@@ -115,16 +138,27 @@ class Recorder:
             return
         work = [self.keys.used(request.key_name, record.input_tokens + record.output_tokens)]
         if reserved or record.total_cost_usd:
-            work.append(asyncio.to_thread(settle, self.keys.db, request.key_name, reserved,
-                                          record.total_cost_usd or 0.0))
+            if self.writer is not None:  # with the ledger's next batch, in its thread
+                self.writer.settle(request.key_name, reserved, record.total_cost_usd or 0.0)
+            else:
+                work.append(asyncio.to_thread(settle, self.keys.db, request.key_name, reserved,
+                                              record.total_cost_usd or 0.0))
         for job in work:
+            if job is None:
+                continue
             task = asyncio.get_running_loop().create_task(job)
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
 
-    def record(self, record: UsageRecord) -> None:
+    def record(self, record: UsageRecord, *, backend: str | None = None, error_type: str = "",
+               span=None) -> None:
+        """Account for one finished request: its metrics (labelled by ``backend``, the backend's name in
+        metrics; the record's own by default), its span (tracing on) and its ledger row."""
+        label = backend or record.backend
         if self.metrics is not None:
-            _observe(self.metrics, record)
+            _observe(self.metrics, record, label, error_type)
+        if span is not None:
+            self.tracer.end(span, record, backend=label, error_type=error_type)
         if self.writer is not None:
             self.writer.submit(record)
 
@@ -159,12 +193,17 @@ class _Failure:
 class Generation:
     """One request's events after the first has arrived; ``done`` is set at the end."""
 
-    def __init__(self, recorder: Recorder, backend: Backend, request: GenerationRequest, route: str, stream: bool):
+    def __init__(self, recorder: Recorder, backend: Backend, request: GenerationRequest, route: str, stream: bool,
+                 label: str | None = None, span=None):
         self.recorder, self.backend, self.request = recorder, backend, request
         self.route, self.stream = route, stream
+        self.label = label or backend_label(backend)  # the backend's name in metrics
+        self.span = span  # tracing on: this request's span
+        self.error_type = ""
+        self.called = False  # a chunk carried tool calls: the row's finish_reason says tool_calls
         self.done: Done | None = None
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
-        self.reserved = 0.0  # of its key's budget
+        self.admission: asyncio.Future[float] | None = None  # its key's budget reservation (the amount), if any
         self._ended = False
         self._aborted: BackendError | None = None
         self._queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
@@ -173,11 +212,17 @@ class Generation:
     async def prime(self) -> None:
         self._in_flight(+1)
         self.recorder.live.add(self)
-        self._pump = asyncio.get_running_loop().create_task(self._run())
+        run = self._run() if self.span is None else self._traced_run()
+        self._pump = asyncio.get_running_loop().create_task(run)
         try:
             self.first = await self._queue.get()
+            if self.admission is not None:  # nothing reaches the client before its budget is reserved
+                await asyncio.shield(self.admission)
         except asyncio.CancelledError:
             self.request.cancel.cancel()
+            raise
+        except Exception as exc:  # over budget (or the database failed): the backend stops; its row says why
+            self.abort(exc if isinstance(exc, BackendError) else BackendError(f"budget reservation failed: {exc}"))
             raise
         if isinstance(self.first, _Failure):
             raise self.first.exc
@@ -226,6 +271,15 @@ class Generation:
 
     # -- the pump ---------------------------------------------------------------------------------
 
+    async def _traced_run(self) -> None:
+        """``_run`` with this request's span current, so remote adapters propagate it."""
+        tracer = self.recorder.tracer
+        token = tracer.attach(tracer.context_of(self.span))
+        try:
+            await self._run()
+        finally:
+            tracer.detach(token)
+
     async def _run(self) -> None:
         try:
             async with aclosing(self.backend.stream(self.request)) as events:
@@ -233,6 +287,8 @@ class Generation:
                     if self.done is None:
                         if isinstance(event, Done):
                             self.done, self.record = event, self._done_record(event)
+                        elif event.tool_calls:
+                            self.called = True
                         self._queue.put_nowait(event)
             if self.done is None:
                 raise BackendProtocolError(f"the {self.backend.name} backend ended a stream without its final record")
@@ -250,36 +306,62 @@ class Generation:
         if self._aborted is not None:
             record = _record(self, done, "error")
             record.error = self._aborted.message
+            self.error_type = type(self._aborted).__name__
         else:
             record = _record(self, done, "cancelled" if done.finish_reason == "cancelled" else "ok")
         return self.recorder.priced(record)
 
     def _error_record(self, exc: BaseException) -> UsageRecord:
+        self.error_type = "ShuttingDown" if isinstance(exc, asyncio.CancelledError) else type(exc).__name__
         message = "cancelled at shutdown" if isinstance(exc, asyncio.CancelledError) else to_status_message(exc)[1]
         partial = exc.partial if isinstance(exc, BackendError) else None
         if partial is not None:
             record = self.recorder.priced(_record(self, partial, "shed" if isinstance(exc, RouteShed) else "error"))
         else:
             record = UsageRecord(source=self.request.source, route=self.route, model=self.request.model,
-                                 backend=self.backend.name, stream=self.stream, client=self.request.client,
+                                 backend=self.label, stream=self.stream, client=self.request.client,
                                  status="error")
         record.error = message
         return record
 
     def _finish(self, record: UsageRecord) -> None:
+        admission = self.admission
+        if admission is not None and not admission.done():  # the row waits for the budget's answer
+            admission.add_done_callback(lambda _: self._finish(record))
+            return
         self._in_flight(-1)
         self.recorder.live.discard(self)
         record.key_name = self.request.key_name
+        refused = admission is not None and (admission.cancelled() or admission.exception() is not None)
         try:
-            self.recorder.settle_key(self.request, self.reserved, record)
-            self.recorder.record(record)
+            if refused:  # the client got the 429; the key pays nothing, the row keeps what the backend did
+                record.status = "error"
+                record.error = _refusal(admission)
+                self.error_type = "OverBudget" if admission.cancelled() else type(admission.exception()).__name__
+            else:
+                self.recorder.settle_key(self.request, admission.result() if admission else 0.0, record)
+            self.recorder.record(record, backend=self.served_by(record), error_type=self.error_type, span=self.span)
         finally:
             if not self.finished.done():
                 self.finished.set_result(record)
 
+    def served_by(self, record: UsageRecord) -> str:
+        """The backend's name in metrics: a route's member that served, else the resolved backend's."""
+        return record.backend if record.route_name else self.label
+
     def _in_flight(self, delta: int) -> None:
         if self.recorder.metrics is not None:
-            self.recorder.metrics.in_flight.labels(self.request.model).inc(delta)
+            self.recorder.metrics.in_flight_of(self.request.model).inc(delta)
+        monitor = self.recorder.monitor
+        if monitor is not None:
+            (monitor.started if delta > 0 else monitor.finished)(self.label)
+
+
+def _refusal(admission: asyncio.Future) -> str:
+    if admission.cancelled():
+        return "the budget reservation was cancelled"
+    exc = admission.exception()
+    return exc.message if isinstance(exc, BackendError) else f"budget reservation failed: {exc}"
 
 
 def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
@@ -290,8 +372,9 @@ def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
         route_name=done.route, attempts=done.attempts if done.route else None,
         slo_met=None if missed is None else not missed, slo_missed=",".join(missed) if missed else None,
         source=gen.request.source, route=gen.route, model=gen.request.model,
-        backend=done.served_by or gen.backend.name,
-        stream=gen.stream, status=status, client=gen.request.client, finish_reason=done.finish_reason,
+        backend=done.served_by or gen.label,
+        stream=gen.stream, status=status, client=gen.request.client,
+        finish_reason="tool_calls" if gen.called and done.finish_reason == "stop" else done.finish_reason,
         input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
         cached_input_tokens=done.usage.cached_input_tokens, usage_source=done.usage.source,
         queue_ms=ms(t.queue), ttft_ms=ms(t.ttft),
@@ -299,18 +382,22 @@ def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
     )
 
 
-def _observe(m: GatewayMetrics, r: UsageRecord) -> None:
-    m.requests.labels(r.model, r.route, r.status).inc()
-    m.input_tokens.labels(r.model).inc(r.input_tokens)
-    m.output_tokens.labels(r.model).inc(r.output_tokens)
+def _observe(m: GatewayMetrics, r: UsageRecord, backend: str, error_type: str) -> None:
+    route = r.route_name or ""
+    m.outcome(r.model, r.route, route, backend, r.status, r.finish_reason or "", error_type).inc()
+    children = m.latency(r.model, route, backend)
+    children.input_tokens.inc(r.input_tokens)
+    children.output_tokens.inc(r.output_tokens)
     if r.cached_input_tokens:
-        m.cached_tokens.labels(r.model).inc(r.cached_input_tokens)
+        children.cached_tokens.inc(r.cached_input_tokens)
     if r.ttft_ms is not None:
-        m.ttft.labels(r.model).observe(r.ttft_ms / 1000)
+        children.ttft.observe(r.ttft_ms / 1000)
     if r.tpot_ms is not None:
-        m.tpot.labels(r.model).observe(r.tpot_ms / 1000)
+        children.tpot.observe(r.tpot_ms / 1000)
     if r.total_ms is not None:
-        m.e2e.labels(r.model).observe(r.total_ms / 1000)
+        children.e2e.observe(r.total_ms / 1000)
+    if r.queue_ms is not None and r.status != "error":
+        children.queue.observe(r.queue_ms / 1000)
     if r.total_cost_usd:
         route = r.route_name or r.model
         for kind, value in (("input", r.input_cost_usd), ("cached_input", r.cached_input_cost_usd),

@@ -2,15 +2,16 @@
 
 | variable | default | meaning |
 |---|---|---|
-| ``INFER_HOST`` | ``127.0.0.1:11434`` | ``[scheme://]host[:port]`` to bind |
-| ``INFER_ORIGINS`` | — | extra allowed CORS origins, comma-separated, ``*`` wildcards |
+| ``INFER_HOST`` (``OLLAMA_HOST``) | ``127.0.0.1:11434`` | ``[scheme://]host[:port]`` to bind (and where the CLI looks for a server) |
+| ``INFER_ORIGINS`` (``OLLAMA_ORIGINS``) | — | extra allowed CORS origins, comma-separated, ``*`` wildcards |
 | ``INFER_API_KEYS`` | — | comma-separated keys; when set, requests need ``Authorization: Bearer <key>`` |
 | ``INFER_CONFIG`` | — | YAML file with remote ``backends:`` (vLLM, TGI, TensorRT-LLM, Triton, Ollama, llama.cpp, OpenAI) |
 | ``INFER_DATABASE_URL`` | ``sqlite:///$INFER_HOME/usage.db`` | usage ledger (any SQLAlchemy URL) |
 
 The in-process engines' variables (``INFER_ENGINE``, ``INFER_KEEP_ALIVE``, ``INFER_NUM_PARALLEL``,
 ``INFER_MAX_QUEUE``, ``INFER_MAX_LOADED_MODELS``, ``INFER_CONTEXT_LENGTH``) are read into
-``local`` (:class:`adapters.settings.LocalSettings`), where their defaults live.
+``local`` (:class:`adapters.settings.LocalSettings`), where their defaults live. Each ``INFER_X``
+in parentheses falls back to Ollama's ``OLLAMA_X`` when unset (``registry.settings.env_setting``).
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from registry.settings import RegistrySettings
+from registry.settings import RegistrySettings, env_setting
 
 from ledger.db import ENV_VAR as DB_ENV_VAR, default_database_url
 from adapters.settings import DEFAULTS, LocalSettings
 
-DEFAULT_PORT = 11434
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434  # Ollama's
 DEFAULT_ORIGINS = (
     "http://localhost", "https://localhost", "http://localhost:*", "https://localhost:*",
     "http://127.0.0.1", "https://127.0.0.1", "http://127.0.0.1:*", "https://127.0.0.1:*",
@@ -44,7 +45,7 @@ class SettingsError(ValueError):
 class ServerSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    host: str = Field(default="127.0.0.1", description="Address to bind (INFER_HOST).")
+    host: str = Field(default=DEFAULT_HOST, description="Address to bind (INFER_HOST).")
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="Port to bind (INFER_HOST).")
     origins: tuple[str, ...] = Field(default=(), description="Extra CORS origins (INFER_ORIGINS).")
     api_key_hashes: frozenset[str] = Field(default=frozenset(), description="sha256 of accepted API keys.")
@@ -79,8 +80,7 @@ class ServerSettings(BaseModel):
 
     @property
     def base_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}"
+        return loopback_url(self.host, self.port)
 
     @property
     def is_loopback(self) -> bool:
@@ -114,8 +114,10 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
-def parse_host(text: str) -> tuple[str, int]:
-    """Ollama's ``OLLAMA_HOST`` grammar: ``[scheme://]host[:port][/path]``."""
+def parse_host(text: str, variable: str = "INFER_HOST") -> tuple[str, int]:
+    """Ollama's ``OLLAMA_HOST`` grammar: ``[scheme://]host[:port][/path]``: ``0.0.0.0`` (port 11434),
+    ``host:port``, ``http://host:port`` (``http://host`` = port 80), ``:port`` (on 127.0.0.1: Ollama
+    binds every interface for that form; here that takes ``0.0.0.0:port``)."""
     text = text.strip().strip("\"'")
     scheme, _, rest = text.rpartition("://")
     rest = rest.split("/", 1)[0]
@@ -128,15 +130,31 @@ def parse_host(text: str) -> tuple[str, int]:
     try:
         return host or "127.0.0.1", int(port) if port else default_port
     except ValueError:
-        raise SettingsError(f"invalid INFER_HOST {text!r}: expected [scheme://]host[:port]") from None
+        raise SettingsError(f"invalid {variable} {text!r}: expected [scheme://]host[:port]") from None
+
+
+def host_from_env(env: dict[str, str]) -> tuple[str, int]:
+    """The address ``infer serve`` binds: INFER_HOST, else OLLAMA_HOST, else 127.0.0.1:11434."""
+    found = env_setting(env, "HOST")
+    return parse_host(found[1], found[0]) if found else (DEFAULT_HOST, DEFAULT_PORT)
+
+
+def client_url(env: dict[str, str]) -> str:
+    """Where the CLI finds ``infer serve`` (or Ollama): the bound address, a wildcard read as loopback."""
+    return loopback_url(*host_from_env(env))
+
+
+def loopback_url(host: str, port: int) -> str:
+    """``http://host:port`` for a client, a wildcard address read as loopback (as Ollama's clients do)."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _from_env(env: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if env.get("INFER_HOST"):
-        out["host"], out["port"] = parse_host(env["INFER_HOST"])
-    if env.get("INFER_ORIGINS"):
-        out["origins"] = tuple(env["INFER_ORIGINS"].split(","))
+    out["host"], out["port"] = host_from_env(env)
+    if origins := env_setting(env, "ORIGINS"):
+        out["origins"] = tuple(origins[1].split(","))
     if env.get("INFER_API_KEYS"):
         out["api_key_hashes"] = frozenset(hash_key(k.strip()) for k in env["INFER_API_KEYS"].split(",") if k.strip())
     if env.get("INFER_REDIS_URL"):

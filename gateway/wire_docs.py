@@ -17,7 +17,7 @@ FastAPI only documents: nothing is validated or re-serialized at run time.
 from __future__ import annotations
 
 import functools
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel, TypeAdapter
@@ -51,11 +51,6 @@ class TokenLogprob(TopLogprob):
     """One generated token's log-probability (both APIs use this shape)."""
 
     top_logprobs: list[TopLogprob]
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"]
-    content: str
 
 
 def error_responses(error_model: type[BaseModel], statuses: tuple[int, ...] | list[int], *,

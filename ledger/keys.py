@@ -87,29 +87,33 @@ def find_key(db: Engine, key: str) -> ApiKey | None:
     return None if row is None else _key(row)
 
 
+# The two statements on every keyed request, as plain SQL that SQLite and Postgres both run: building
+# them with SQLAlchemy's expression language cost ~6x more CPU per call (0.45 vs 0.075 ms on SQLite).
+_EXPIRED = "(period_s IS NOT NULL AND period_start + period_s <= :now)"
+_SPENT = f"(CASE WHEN {_EXPIRED} THEN 0.0 ELSE spent_usd END)"
+_RESERVE = sa.text(
+    f"UPDATE api_keys SET spent_usd = {_SPENT}, "
+    f"period_start = CASE WHEN {_EXPIRED} THEN :now ELSE period_start END, "
+    "reserved_usd = reserved_usd + :amount "
+    f"WHERE name = :name AND (budget_usd IS NULL OR {_SPENT} + reserved_usd + :amount <= budget_usd + 1e-9)")
+_SETTLE = sa.text(
+    "UPDATE api_keys SET reserved_usd = CASE WHEN reserved_usd - :reserved > 0.0 THEN reserved_usd - :reserved "
+    "ELSE 0.0 END, spent_usd = spent_usd + :actual WHERE name = :name")
+
+
 def reserve(db: Engine, name: str, amount: float, now: float | None = None) -> bool:
     """Reserve ``amount`` dollars of ``name``'s budget; False when it would pass the budget. A key
     without a budget always succeeds. One statement: concurrent reservations cannot overrun it."""
     now = time.time() if now is None else now
-    expired = sa.and_(KEYS.c.period_s.is_not(None), KEYS.c.period_start + KEYS.c.period_s <= now)
-    spent = sa.case((expired, 0.0), else_=KEYS.c.spent_usd)
     with db.begin() as conn:
-        done = conn.execute(
-            KEYS.update()
-            .where(KEYS.c.name == name, sa.or_(KEYS.c.budget_usd.is_(None),
-                                               spent + KEYS.c.reserved_usd + amount <= KEYS.c.budget_usd + 1e-9))
-            .values(spent_usd=spent, period_start=sa.case((expired, now), else_=KEYS.c.period_start),
-                    reserved_usd=KEYS.c.reserved_usd + amount))
+        done = conn.execute(_RESERVE, {"now": now, "amount": amount, "name": name})
     return done.rowcount == 1
 
 
 def settle(db: Engine, name: str, reserved: float, actual: float) -> None:
     """Turn a reservation into the actual spend (never negative), releasing the rest."""
     with db.begin() as conn:
-        conn.execute(KEYS.update().where(KEYS.c.name == name).values(
-            reserved_usd=sa.func.max(KEYS.c.reserved_usd - reserved, 0.0) if db.dialect.name == "sqlite"
-            else sa.func.greatest(KEYS.c.reserved_usd - reserved, 0.0),
-            spent_usd=KEYS.c.spent_usd + actual))
+        conn.execute(_SETTLE, {"reserved": reserved, "actual": actual, "name": name})
 
 
 def _key(row) -> ApiKey:

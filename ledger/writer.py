@@ -8,6 +8,11 @@ SQLAlchemy Core ``insert`` (executemany). When the database is locked or unreach
 batch is kept and retried with exponential backoff; rows are only ever dropped when the queue
 holds ``max_pending`` rows (bounded memory), and then every dropped row is counted and logged as
 an error. ``close()`` flushes every queued row before it returns (graceful shutdown).
+
+``settle(key, reserved, actual)`` queues an API key's budget settlement (``ledger.keys.settle``) the
+same way: the writer applies a batch's settlements after its rows, one statement per key, so a keyed
+request costs the event loop no thread hop of its own (the reservation is released up to
+``flush_s`` later, which only makes admission more careful).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from .keys import settle
 from .tables import UsageRecord
 from .usage import insert_rows, stamp
 
@@ -40,6 +46,7 @@ class LedgerWriter:
         self.db = db
         self.settings = settings or WriterSettings()
         self._rows: deque[dict] = deque()
+        self._settles: deque[tuple[str, float, float]] = deque()
         self._has_rows = threading.Event()  # set once per batch, not once per row: no thread wake-up per row
         self._stopping = threading.Event()
         self._written = 0
@@ -64,6 +71,14 @@ class LedgerWriter:
                 return
             self._pending += 1
         self._rows.append(stamp(record))
+        if not self._has_rows.is_set():
+            self._has_rows.set()
+
+    def settle(self, key_name: str, reserved: float, actual: float) -> None:
+        """Queue turning a key's reservation into its actual spend; thread-safe, never blocks."""
+        with self._idle:
+            self._pending += 1
+        self._settles.append((key_name, reserved, actual))
         if not self._has_rows.is_set():
             self._has_rows.set()
 
@@ -95,10 +110,12 @@ class LedgerWriter:
             self._has_rows.wait()
             self._stopping.wait(self.settings.flush_s)  # let the batch fill; submitters do not wake us meanwhile
             self._has_rows.clear()
-            batch = self._take_all()
+            batch, settles = self._take_all(), self._take_settles()
             if batch:
                 self._write(batch)
-            if self._stopping.is_set() and not self._rows:
+            if settles:
+                self._settle(settles)
+            if self._stopping.is_set() and not self._rows and not self._settles:
                 return
 
     def _take_all(self) -> list[dict]:
@@ -106,6 +123,34 @@ class LedgerWriter:
         while self._rows:
             rows.append(self._rows.popleft())
         return rows
+
+    def _take_settles(self) -> list[tuple[str, float, float]]:
+        settles = []
+        while self._settles:
+            settles.append(self._settles.popleft())
+        return settles
+
+    def _settle(self, settles: list[tuple[str, float, float]]) -> None:
+        by_key: dict[str, list[float]] = {}
+        for name, reserved, actual in settles:
+            total = by_key.setdefault(name, [0.0, 0.0])
+            total[0] += reserved
+            total[1] += actual
+        for name, (reserved, actual) in by_key.items():
+            self._retrying(f"the settlement of key {name!r}", lambda: settle(self.db, name, reserved, actual))
+        self._done(len(settles))
+
+    def _retrying(self, what: str, work) -> None:
+        delay = self.settings.retry_initial_s
+        while True:
+            try:
+                return work()
+            except (SQLAlchemyError, OSError) as exc:
+                self.failed_attempts += 1
+                log.warning("usage ledger: %s waits for the database (%s); retrying in %.2f s", what, _short(exc),
+                            delay)
+                time.sleep(delay)
+                delay = min(delay * 2, self.settings.retry_max_s)
 
     def _write(self, batch: list[dict]) -> None:
         delay = self.settings.retry_initial_s

@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from .catalog import Priced, by_member
 from .method import Cost, Rates, Tokens, conserving_rates, window_bill
-
-log = logging.getLogger(__name__)
-
-DEFAULT_OUTPUT_WEIGHT = 5.0  # when output_weight is "measured" and no bench calibration exists
 
 
 @dataclass
@@ -59,52 +54,47 @@ class HourlyLedger:
 
 
 class PriceBook:
-    """Pricing entries by backend name (``gateway.backends_config.PricingEntry``)."""
+    """Pricing by the ledger's backend names (``catalog.Priced``); one running window per hour-priced
+    entry, shared by the names it prices (the local engines and local route members share one bill)."""
 
-    def __init__(self, entries: dict[str, Any]) -> None:
-        self.entries = entries
-        self.versions = {name: version_of(entry) for name, entry in entries.items()}
-        self.hourly: dict[str, HourlyLedger] = {}
-        for name, entry in entries.items():
-            if entry.gpu_hourly_usd is not None:
-                self.hourly[name] = HourlyLedger(entry.gpu_hourly_usd, entry.gpus, entry.window_s,
-                                                 output_weight(name, entry), entry.cached_input_weight)
+    def __init__(self, priced: list[Priced]) -> None:
+        self.priced = priced
+        self.entries = {name: p.entry for name, p in by_member(priced).items()}
+        self._versions = {p.name: version_of(p) for p in priced}
+        self._of = {name: p.name for name, p in by_member(priced).items()}
+        self.hourly = {p.name: HourlyLedger(p.entry.gpu_hourly_usd, p.entry.gpus, p.entry.window_s, p.output_weight,
+                                            p.entry.cached_input_weight) for p in priced if p.is_hourly}
 
     def cost(self, backend: str, tokens: Tokens, now: float | None = None) -> tuple[Cost, str] | None:
         """The provisional cost of ``tokens`` served by ``backend``; None when it has no pricing."""
-        entry = self.entries.get(backend)
-        if entry is None:
+        name = self._of.get(backend)
+        if name is None:
             return None
         now = time.time() if now is None else now
-        if backend in self.hourly:
-            self.hourly[backend].add(tokens, now)
-        rates = self._rates(backend, now)
-        return (rates.cost(tokens) if rates is not None else Cost()), self.versions[backend]
+        if name in self.hourly:
+            self.hourly[name].add(tokens, now)
+        rates = self._rates(name, now)
+        return (rates.cost(tokens) if rates is not None else Cost()), self._versions[name]
 
     def _rates(self, name: str, now: float) -> Rates | None:
         hourly = self.hourly.get(name)
         if hourly is not None:
             return hourly.rates(now)
-        entry = self.entries[name]
+        entry = next(p.entry for p in self.priced if p.name == name)
         return Rates.per_mtok(entry.input_per_mtok, entry.output_per_mtok, entry.cached_input_per_mtok)
-
 
     def estimate(self, names: tuple[str, ...], tokens: Tokens) -> float:
         """What ``tokens`` would cost on the first of ``names`` that has pricing, at today's rates,
         without counting them (a budget reservation); 0 when none is priced."""
-        name = next((n for n in names if n in self.entries), None)
+        name = next((self._of[n] for n in names if n in self._of), None)
         rates = self._rates(name, time.time()) if name is not None else None
         return rates.cost(tokens).total if rates is not None else 0.0
 
 
-def output_weight(name: str, entry: Any) -> float:
-    if entry.output_weight != "measured":
-        return float(entry.output_weight)
-    log.warning("backend %s: output_weight is 'measured' but no infer bench calibration is wired in yet; "
-                "using %g until one is (set a number to silence this)", name, DEFAULT_OUTPUT_WEIGHT)
-    return DEFAULT_OUTPUT_WEIGHT
-
-
-def version_of(entry: Any) -> str:
-    text = json.dumps(entry.model_dump(), sort_keys=True)
+def version_of(priced: Priced) -> str:
+    """A hash of the pricing entry, with a measured output weight's value (a new calibration is a new version)."""
+    entry = priced.entry.model_dump()
+    if entry["output_weight"] == "measured":
+        entry["output_weight"] = priced.output_weight
+    text = json.dumps(entry, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

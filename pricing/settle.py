@@ -5,7 +5,9 @@ cut into its accounting windows (aligned to ``window_s`` from the epoch); each w
 ``hourly × gpus × its length`` (the window still running counts up to now) and is divided over the
 tokens its requests used (``method.conserving_rates``), so the settled costs of a window's requests
 add up to its bill. A window without tokens has a bill no request pays: that idle share is reported
-(it is what raises realised $/Mtok). ``provisional`` is what the rows were written with.
+(it is what raises realised $/Mtok). ``provisional`` is what the rows were written with. A row
+belongs to the entry the recorder costed it with (``catalog.owner``): the local engines and the
+route members that are store models share ``local``'s one bill.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from sqlalchemy import Engine
 
 from ledger.tables import RequestLog, utc_iso
 
-from .book import output_weight
+from .catalog import Priced, by_member, owner
 from .method import MTOK, Cost, Tokens, conserving_rates, window_bill
 
-GROUPS = ("backend", "route", "model", "day")
+GROUPS = ("backend", "route", "model", "key", "day")
+NO_KEY = "(no key)"  # the group of requests made without an API key
 _T = RequestLog.__table__  # type: ignore[attr-defined]
 
 
@@ -35,6 +38,7 @@ class Row:
     backend: str
     route: str
     model: str
+    key: str
     tokens: Tokens
     provisional: Cost | None
     settled: Cost | None = None
@@ -71,18 +75,19 @@ class Group:
                 "usd_per_mtok_output": per_mtok(c.output, t.output)}
 
 
-def cost_report(db: Engine, prices: dict[str, Any], *, since: float, by: str = "backend",
+def cost_report(db: Engine, priced: list[Priced], *, since: float, by: str = "backend",
                 now: float | None = None) -> dict[str, Any]:
-    """Requests since ``since`` (epoch seconds) grouped ``by`` backend, route, model or day, with
+    """Requests since ``since`` (epoch seconds) grouped ``by`` backend, route, model, API key or day, with
     settled and provisional costs, and each hour-priced backend's bill and traffic share."""
     if by not in GROUPS:
         raise ValueError(f"--by must be one of {', '.join(GROUPS)}")
     now = time.time() if now is None else now
     rows = _rows(db, since)
-    bills = {name: _settle(name, entry, [r for r in rows if r.backend == name], since, now)
-             for name, entry in prices.items() if entry.gpu_hourly_usd is not None}
+    members = by_member(priced)
+    bills = {p.name: _settle(p, [r for r in rows if owner(members, r.backend, r.model) is p], since, now)
+             for p in priced if p.is_hourly}
     for row in rows:
-        if row.settled is None and row.provisional is not None and row.backend not in bills:
+        if row.settled is None and row.provisional is not None:
             row.settled = row.provisional  # list prices: what was written is exact
     groups: dict[str, Group] = {}
     for row in rows:
@@ -93,13 +98,13 @@ def cost_report(db: Engine, prices: dict[str, Any], *, since: float, by: str = "
             "bills": bills}
 
 
-def _settle(name: str, entry: Any, rows: list[Row], since: float, now: float) -> dict[str, Any]:
-    size = entry.window_s
-    first, last = math.floor(since / size), math.floor(now / size)
+def _settle(priced: Priced, rows: list[Row], since: float, now: float) -> dict[str, Any]:
+    entry, size = priced.entry, priced.entry.window_s
+    first, last = math.floor(since / size), math.ceil(now / size) - 1  # a window starting at now is not one yet
     by_window: dict[int, list[Row]] = defaultdict(list)
     for row in rows:
         by_window[math.floor(row.at / size)].append(row)
-    k, k_cache = output_weight(name, entry), entry.cached_input_weight
+    k, k_cache = priced.output_weight, entry.cached_input_weight
     bill = allocated = 0.0
     for window in range(first, last + 1):
         start, end = max(since, window * size), min(now, (window + 1) * size)
@@ -114,20 +119,21 @@ def _settle(name: str, entry: Any, rows: list[Row], since: float, now: float) ->
     return {"bill_usd": bill, "allocated_usd": allocated, "idle_usd": bill - allocated,
             "windows": windows, "windows_with_traffic": len([w for w in by_window if first <= w <= last]),
             "traffic_share": len([w for w in by_window if first <= w <= last]) / windows if windows else None,
-            "output_weight": k, "cached_input_weight": k_cache}
+            "output_weight": k, "output_weight_source": priced.weight_source, "cached_input_weight": k_cache,
+            "backends": list(priced.members)}
 
 
 def _rows(db: Engine, since: float) -> list[Row]:
-    query = sa.select(_T.c.datetime_utc, _T.c.backend, _T.c.route_name, _T.c.route, _T.c.model, _T.c.input_tokens,
-                      _T.c.cached_input_tokens, _T.c.output_tokens, _T.c.input_cost_usd, _T.c.cached_input_cost_usd,
-                      _T.c.output_cost_usd).where(_T.c.datetime_utc >= utc_iso(datetime.fromtimestamp(since, timezone.utc)))
+    query = sa.select(_T.c.datetime_utc, _T.c.backend, _T.c.route_name, _T.c.route, _T.c.model, _T.c.key_name,
+                      _T.c.input_tokens, _T.c.cached_input_tokens, _T.c.output_tokens, _T.c.input_cost_usd,
+                      _T.c.cached_input_cost_usd, _T.c.output_cost_usd).where(_T.c.datetime_utc >= utc_iso(datetime.fromtimestamp(since, timezone.utc)))
     out = []
     with db.connect() as conn:
         for r in conn.execute(query):
             cached = r.cached_input_tokens or 0
             provisional = None if r.input_cost_usd is None else Cost(r.input_cost_usd, r.cached_input_cost_usd or 0.0,
                                                                       r.output_cost_usd or 0.0)
-            out.append(Row(_epoch(r.datetime_utc), r.backend, r.route_name or r.model, r.model,
+            out.append(Row(_epoch(r.datetime_utc), r.backend, r.route_name or r.model, r.model, r.key_name or NO_KEY,
                            Tokens(max(0, r.input_tokens - cached), cached, r.output_tokens), provisional))
     return out
 

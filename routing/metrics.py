@@ -1,8 +1,9 @@
 """Prometheus series of the routes, fed by each route's outcomes and refreshed at scrape time.
 
 Latency histograms are labelled by route and backend and have bucket edges at every SLO value of
-the config (so "share under the SLO" is exact from the buckets); the gauges (attainment, goodput,
-backend up) are set from the routes' windows when ``/metrics`` is read.
+the config (so "share under the SLO" is exact from the buckets); the gauges (attainment, goodput)
+are set from the routes' windows when ``/metrics`` is read; ``infer_backend_up`` of every backend,
+route members included, is ``gateway/monitor.py``'s.
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ class RouteMetrics:
                                 ["route"], registry=registry)
         self.goodput = Gauge("infer_goodput_requests_per_second", "Requests that met their SLO, per second.",
                              ["route"], registry=registry)
-        self.backend_up = Gauge("infer_backend_up", "1 when the backend's last health check passed and its "
-                                "breaker is not open.", ["backend"], registry=registry)
 
     def outcome(self, route: str, o: Outcome) -> None:
         backend = o.backend or "none"
@@ -61,5 +60,3 @@ class RouteMetrics:
             if summary["attainment"] is not None:
                 self.attainment.labels(route.name).set(summary["attainment"])
             self.goodput.labels(route.name).set(summary["goodput_rps"])
-            for m in route.members:
-                self.backend_up.labels(m.name).set(1.0 if m.up and m.breaker.state != "open" else 0.0)

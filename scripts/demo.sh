@@ -4,8 +4,9 @@
 #   2. import it with `infer create` as smollm2:135m (a publisher's store)
 #   3. start `infer registry serve` on a free loopback port and `infer push` the model to it
 #   4. `infer pull` it into a fresh INFER_HOME, then `infer list` and `infer show`
-#   5. `infer run --verbose` answers one prompt on each engine; `infer serve` starts on a free port; the official
-#      `openai` client streams a chat; curl calls /api/chat; `infer usage` shows the ledger
+#   5. `infer run --verbose --local` answers one prompt on each engine; `infer serve` starts on a free port; the
+#      official `openai` client streams a chat; curl calls /api/chat; `infer run` goes through the server and
+#      `infer ps` shows the model loaded there; `infer usage` shows the ledger
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK="$PWD/.demo"
@@ -47,8 +48,8 @@ trap - EXIT
 printf '\n(registry stopped)\n'
 
 MODEL="$REG/library/smollm2:135m"
-step infer run "$MODEL" "What is the capital of France?" --verbose --engine native
-step infer run "$MODEL" "What is the capital of France?" --verbose
+step infer run "$MODEL" "What is the capital of France?" --verbose --engine native --local
+step infer run "$MODEL" "What is the capital of France?" --verbose --local
 
 API_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 export INFER_HOST="127.0.0.1:$API_PORT"
@@ -77,6 +78,8 @@ PY
 
 step curl -s "http://$INFER_HOST/api/chat" -d "{\"model\": \"$MODEL\", \"messages\": [{\"role\": \"user\", \"content\": \"Why is the sky blue?\"}], \"options\": {\"num_predict\": 48}, \"stream\": false}"
 
+step infer run "$MODEL" "What is the capital of France?" --verbose   # through infer serve: the model stays warm
+step infer ps
 step infer usage
 
 kill "$API" && wait "$API" 2>/dev/null || true

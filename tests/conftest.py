@@ -1,4 +1,4 @@
-"""Every test gets its own INFER_HOME, so nothing touches the user's real store."""
+"""Every test gets its own INFER_HOME, so nothing touches the user's real store (nor reads OLLAMA_*)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ if not os.path.exists("/dev/nvidiactl"):  # no NVIDIA driver (checked without im
 def infer_home(tmp_path, monkeypatch):
     home = tmp_path / "infer-home"
     monkeypatch.setenv("INFER_HOME", str(home))
-    for var in ("INFER_MODELS", "INFER_INSECURE", "INFER_REGISTRY_AUTH", "INFER_RAISE_ERRORS"):
+    for var in ("INFER_MODELS", "INFER_INSECURE", "INFER_REGISTRY_AUTH", "INFER_RAISE_ERRORS", "INFER_LOCAL"):
         monkeypatch.delenv(var, raising=False)
+    for var in [v for v in os.environ if v.startswith("OLLAMA_")]:  # a developer's Ollama setup stays out
+        monkeypatch.delenv(var)
     return home
 
 
@@ -53,3 +55,22 @@ def postgres():
 def redis_server():
     """A throwaway redis-server."""
     yield from _throwaway("Redis")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Debian chromium through Playwright, for one test module (``tests/browser.py``). Its
+    sync API runs an event loop on this thread meanwhile: no ``asyncio.run`` in such a module."""
+    from tests.browser import CHROMIUM, chromium_missing
+
+    missing = chromium_missing()
+    if missing:
+        pytest.skip(f"{missing} (CI installs it in .ci/run)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()

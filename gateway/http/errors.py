@@ -66,17 +66,26 @@ def to_status_message(exc: BaseException) -> tuple[int, str, dict]:
     return 500, f"internal error: {type(exc).__name__}", {}
 
 
+# What the app's handlers answer for; the hot routes (gateway/http/hot.py) render the same ones.
+KNOWN = (BackendError, APIError, reg.RegistryError)
+
+
+def known_error_response(path: str, exc: Exception) -> JSONResponse:
+    """The answer to ``exc`` on ``path``, with Retry-After and a key's remaining limits when known."""
+    status, message, extra = to_status_message(exc)
+    response = JSONResponse(error_body(path, status, message, **extra), status_code=status)
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:  # an overloaded backend: tell clients when to come back
+        response.headers["Retry-After"] = str(max(1, round(retry_after)))
+    for kind, left in (getattr(exc, "remaining", None) or {}).items():  # a key's per-minute limits
+        if left >= 0:
+            response.headers[f"x-ratelimit-remaining-{kind}"] = str(left)
+    return response
+
+
 def install(app: FastAPI) -> None:
     async def handle_known(request: Request, exc: Exception) -> JSONResponse:
-        status, message, extra = to_status_message(exc)
-        response = error_response(request, status, message, **extra)
-        retry_after = getattr(exc, "retry_after", None)
-        if retry_after is not None:  # an overloaded backend: tell clients when to come back
-            response.headers["Retry-After"] = str(max(1, round(retry_after)))
-        for kind, left in (getattr(exc, "remaining", None) or {}).items():  # a key's per-minute limits
-            if left >= 0:
-                response.headers[f"x-ratelimit-remaining-{kind}"] = str(left)
-        return response
+        return known_error_response(request.url.path, exc)
 
     async def handle_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(request, 400, validation_message(exc.errors()), param=_param(exc.errors()))
@@ -89,7 +98,7 @@ def install(app: FastAPI) -> None:
             message = f"method {request.method} not allowed for {request.url.path}"
         return error_response(request, exc.status_code, message)
 
-    for cls in (BackendError, APIError, reg.RegistryError):
+    for cls in KNOWN:
         app.add_exception_handler(cls, handle_known)
     app.add_exception_handler(RequestValidationError, handle_validation)
     app.add_exception_handler(StarletteHTTPException, handle_http)

@@ -5,7 +5,8 @@
   hostname gets ``403`` with an empty body, as Ollama does.
 - CORS: allowed origins are the Ollama defaults plus ``INFER_ORIGINS``; a disallowed ``Origin`` gets
   ``403`` with an empty body; a preflight on an allowed origin gets ``204``.
-- API keys: when keys are configured, every route except ``/``, ``/api/version`` and preflights needs
+- API keys: when keys are configured, every route except ``/``, ``/api/version``, ``/health``, ``/ready``,
+  the dashboard's static files (``/dashboard/…``) and preflights needs
   ``Authorization: Bearer <key>``; keys are compared by their sha256.
 - Bodies larger than ``max_body_bytes`` get ``413`` before the route sees them (except blob
   uploads, ``/api/blobs/*``, which are streamed to disk and verified by digest).
@@ -27,7 +28,7 @@ ALLOWED_HEADERS = ", ".join([
                                     "runtime-version", "timeout")),
 ])
 ALLOWED_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
-OPEN_PATHS = frozenset({"/", "/api/version"})
+OPEN_PATHS = frozenset({"/", "/api/version", "/health", "/ready"})  # what probes ask
 
 
 class GuardMiddleware:
@@ -84,7 +85,7 @@ class GuardMiddleware:
         return ip.is_loopback or ip.is_private or ip.is_unspecified
 
     def _authorized(self, scope, headers: dict[str, str]) -> bool:
-        if not self.settings.api_key_hashes or scope["path"] in OPEN_PATHS:
+        if not self.settings.api_key_hashes or scope["path"] in OPEN_PATHS or _is_page(scope["path"]):
             return True
         scheme, _, key = headers.get("authorization", "").partition(" ")
         key = key.strip()
@@ -147,6 +148,11 @@ class _BodyLimit:
             if not self.answered:
                 await send(message)
         return wrapped
+
+
+def _is_page(path: str) -> bool:
+    """The dashboard's static files hold no data (its JSON is guarded): a browser loads them without a key."""
+    return path == "/dashboard" or path.startswith("/dashboard/")
 
 
 def _content_length(headers: dict[str, str]) -> int:

@@ -31,7 +31,11 @@ NONE = RequestHints()
 
 
 async def hints_of(request: Request) -> RequestHints:
-    headers = request.headers
+    return hints_from(request.headers)
+
+
+def hints_from(headers) -> RequestHints:
+    """The hints in ``headers`` (any mapping with ``get`` and ``in``, lower-case names)."""
     scheme, _, bearer = headers.get("authorization", "").partition(" ")
     credential = bearer.strip() if scheme.lower() == "bearer" and bearer.strip() else None
     if "x-priority" not in headers and "x-slo-ttft-ms" not in headers and "x-slo-tpot-ms" not in headers:

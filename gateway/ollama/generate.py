@@ -12,20 +12,23 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.datastructures import Headers
 
 from adapters.base import Chunk, GenerationRequest, TokenLogprob
+from adapters.router import Router
 
 from gateway.ollama import views as view
-from gateway.deps import ClientDep, RecorderDep, RouterDep
-from gateway.http.disconnect import on_disconnect
-from gateway.http.hints import HintsDep
+from gateway.deps import ClientDep, RecorderDep, RouterDep, client_from
+from gateway.http.disconnect import Receive, on_disconnect
+from gateway.http.hints import HintsDep, RequestHints, hints_from
 from gateway.http.errors import APIError
 from gateway.http.jsonwire import JSONBytes, cost_header
 from gateway.ollama.local import load_or_unload
 from gateway.embeddings import embed as embed_inputs
 from gateway.ollama.wire_models import chat_responses, embed_responses, embeddings_responses, generate_responses
 from gateway.ollama.schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, keep_alive_seconds
-from gateway.recorder import Generation
+from gateway.recorder import Generation, Recorder
 from gateway.http.streaming import ndjson_response
 
 router = APIRouter(tags=["ollama"])
@@ -67,6 +70,25 @@ async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncItera
 @router.post("/api/chat", responses=chat_responses())
 async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
                hints: HintsDep, http: Request) -> Response:
+    return await serve_chat(body, backends, recorder, client, hints, http.receive)
+
+
+async def hot_chat(scope, receive, data: dict) -> Response | None:
+    """``POST /api/chat`` without FastAPI's routing (gateway/http/hot.py): the same validation and
+    answer; None sends a request that does not validate the FastAPI way."""
+    try:
+        body = ChatRequest.model_validate(data)
+        headers = Headers(scope=scope)
+        hints = hints_from(headers)
+    except (ValidationError, APIError):
+        return None
+    state = scope["app"].state
+    return await serve_chat(body, state.router, state.recorder, client_from(headers, scope), hints,
+                            receive)
+
+
+async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, client: str | None,
+                     hints: RequestHints, receive: Receive) -> Response:
     messages = body.messages or []
     if any(m.images for m in messages):
         raise APIError(400, "images are not supported", param="messages.images")
@@ -75,7 +97,7 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONBytes(view.load_answer(body.model, reason, chat=True))
     req = GenerationRequest(
-        model=body.model, engine=body.engine, messages=[m.for_backend() for m in messages],
+        model=body.model, engine=body.engine, messages=body.backend_messages(),
         options=body.sampling_options, format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
         truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools)
     hints.apply(req)
@@ -83,22 +105,28 @@ async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, cl
     gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
         return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready)
-    async with on_disconnect(http.receive, req.cancel.cancel):
+    async with on_disconnect(receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
-    return JSONBytes(with_cost(view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks)), gen),
-                     headers=cost_header(gen.cost_usd))
+    calls = [call for chunk in chunks for call in chunk.tool_calls]
+    final = view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks), tool_calls=calls)
+    return JSONBytes(with_cost(final, gen), headers=cost_header(gen.cost_usd))
 
 
 async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:
-    async for kind, text, logprobs, done in _pieces(gen):
+    calls = 0
+    async for kind, text, logprobs, done in _pieces(gen, with_calls=True):
         if kind == "chunk":
             yield view.chat_chunk(model, text, logprobs)
+        elif kind == "calls":  # Ollama sends a model's calls in a chunk of their own
+            yield view.chat_chunk(model, "", logprobs, tool_calls=text, first_index=calls)
+            calls += len(text)
         else:
             yield with_cost(view.chat_final(model, done, logprobs=logprobs), gen)
 
 
-async def _pieces(gen: Generation):
-    """("chunk", text, logprobs, None) for every chunk with text, then ("done", "", logprobs, done).
+async def _pieces(gen: Generation, *, with_calls: bool = False):
+    """("chunk", text, logprobs, None) for every chunk with text, ("calls", tool calls, logprobs, None)
+    for every chunk with tool calls (``with_calls``), then ("done", "", logprobs, done).
 
     Logprobs of chunks without text (an incomplete UTF-8 sequence, a held-back stop prefix) ride
     on the next chunk that has text, or on the final record."""
@@ -108,6 +136,9 @@ async def _pieces(gen: Generation):
             pending.extend(event.logprobs or [])
             if event.text:
                 yield "chunk", event.text, pending, None
+                pending = []
+            if with_calls and event.tool_calls:
+                yield "calls", event.tool_calls, pending, None
                 pending = []
         else:
             yield "done", "", pending, event

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from adapters.durations import parse_duration
+from adapters.tools import check_tools, internal_calls, name_tool_results
 from gateway.http.bodies import check_text
 from gateway.http.errors import APIError
 
@@ -102,15 +103,22 @@ class ChatMessage(_Body):
     def _lower(cls, value: str) -> str:
         return value.lower()
 
-    def for_backend(self) -> dict[str, Any]:
+    def for_backend(self, index: int = 0) -> dict[str, Any]:
         out = self.model_dump(exclude_none=True, exclude={"images"})
         out["content"] = self.content or ""
+        if self.tool_calls:
+            out["tool_calls"] = internal_calls(self.tool_calls, f"messages[{index}].tool_calls")
         return out
 
 
 class ChatRequest(_Generation):
     messages: list[ChatMessage] | None = None
     tools: list[dict[str, Any]] | None = None
+
+    def backend_messages(self) -> list[dict[str, Any]]:
+        """The messages in the internal shape (``adapters/tools.py``); the tools checked (400 when malformed)."""
+        check_tools(self.tools, None)
+        return name_tool_results([m.for_backend(i) for i, m in enumerate(self.messages or [])])
 
 
 class EmbedRequest(_Body):

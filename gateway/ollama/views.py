@@ -10,7 +10,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from adapters.base import Done, LoadedModel, ModelInfo, TokenLogprob
+from adapters.base import Done, LoadedModel, ModelInfo, TokenLogprob, ToolCall
+from adapters.tool_parser import supports_tools
+from adapters.tools import ollama_call
 from registry.details import ModelDetails
 from registry.store import LocalModel
 
@@ -83,17 +85,20 @@ def generate_final(model: str, done: Done, *, text: str = "", raw: bool = False,
     return out
 
 
-def chat_chunk(model: str, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"model": model, "created_at": utc_now(),
-                           "message": {"role": "assistant", "content": text}, "done": False}
+def chat_chunk(model: str, text: str, logprobs: list[TokenLogprob] | None = None, *,
+               tool_calls: list[ToolCall] | None = None, first_index: int = 0) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = [ollama_call(c, first_index + i) for i, c in enumerate(tool_calls)]
+    out: dict[str, Any] = {"model": model, "created_at": utc_now(), "message": message, "done": False}
     if logprobs:
         out["logprobs"] = logprobs_wire(logprobs)
     return out
 
 
-def chat_final(model: str, done: Done, *, text: str = "",
-               logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-    out = chat_chunk(model, text, logprobs)
+def chat_final(model: str, done: Done, *, text: str = "", logprobs: list[TokenLogprob] | None = None,
+               tool_calls: list[ToolCall] | None = None) -> dict[str, Any]:
+    out = chat_chunk(model, text, logprobs, tool_calls=tool_calls)
     out["done"] = True
     out.update(final_metrics(done))
     return out
@@ -155,6 +160,8 @@ def ps_entry(m: LoadedModel, d: ModelDetails | None) -> dict[str, Any]:
 def show_body(d: ModelDetails) -> dict[str, Any]:
     template = d.chat_template or ""
     capabilities = ["completion"]
+    if supports_tools(d):
+        capabilities.append("tools")
     if d.template and ".Suffix" in d.template:
         capabilities.append("insert")
     return {"license": "\n".join(d.licenses), "modelfile": d.modelfile(), "parameters": parameter_lines(d.parameters),

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from gateway.wire_docs import AssistantMessage, TokenLogprob, error_responses, ndjson_content
+from gateway.wire_docs import TokenLogprob, error_responses, ndjson_content
 
 __all__ = ["ChatChunk", "ChatFinal", "EmbedResponse", "EmbeddingsResponse", "OllamaError", "GenerateChunk",
            "GenerateFinal", "ListResponse", "ProcessResponse", "ProgressResponse", "ShowResponse",
@@ -68,8 +68,26 @@ class GenerateLoad(_Record):
     done_reason: Literal["load", "unload"]
 
 
+class ToolCallFunction(BaseModel):
+    index: int = Field(ge=0)
+    name: str
+    arguments: dict[str, Any] = Field(description="an object (OpenAI's API sends JSON text)")
+
+
+class ToolCall(BaseModel):
+    id: str
+    function: ToolCallFunction
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+    tool_calls: list[ToolCall] | None = Field(default=None, description="the model's calls, in a chunk of their own "
+                                                                        "when streaming (content is then empty)")
+
+
 class ChatChunk(_Record):
-    message: AssistantMessage = Field(description="content is never empty in a chunk")
+    message: AssistantMessage = Field(description="content is never empty in a chunk, except one carrying tool_calls")
     done: Literal[False]
     logprobs: list[TokenLogprob] | None = None
 

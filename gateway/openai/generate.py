@@ -8,10 +8,17 @@ ledger row each). Streams are SSE (``data: {json}\\n\\n`` … ``data: [DONE]``).
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from pydantic import ValidationError
+from starlette.datastructures import Headers
+from starlette.responses import Response
 
-from gateway.deps import ClientDep, RecorderDep, RouterDep
-from gateway.http.disconnect import on_disconnect
-from gateway.http.hints import HintsDep
+from adapters.router import Router
+
+from gateway.deps import ClientDep, RecorderDep, RouterDep, client_from
+from gateway.http.disconnect import Receive, on_disconnect
+from gateway.http.errors import APIError
+from gateway.http.hints import HintsDep, RequestHints, hints_from
+from gateway.recorder import Recorder
 from gateway.http.jsonwire import JSONBytes, cost_header
 from gateway.http.streaming import sse_response
 from gateway.openai.responses import ResponseMeta, chat_completion, text_completion
@@ -28,6 +35,25 @@ COMPLETIONS_ROUTE = "/v1/completions"
 @router.post(CHAT_ROUTE, responses=chat_responses())
 async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, recorder: RecorderDep,
                            client: ClientDep, hints: HintsDep, http: Request):
+    return await serve_chat(body, backends, recorder, client, hints, http.receive)
+
+
+async def hot_chat(scope, receive, data: dict) -> Response | None:
+    """``POST /v1/chat/completions`` without FastAPI's routing (gateway/http/hot.py): the same
+    validation and answer; None sends a request that does not validate the FastAPI way."""
+    try:
+        body = ChatCompletionRequest.model_validate(data)
+        headers = Headers(scope=scope)
+        hints = hints_from(headers)
+    except (ValidationError, APIError):
+        return None
+    state = scope["app"].state
+    return await serve_chat(body, state.router, state.recorder, client_from(headers, scope), hints,
+                            receive)
+
+
+async def serve_chat(body: ChatCompletionRequest, backends: Router, recorder: Recorder, client: str | None,
+                     hints: RequestHints, receive: Receive) -> Response:
     requests = [hints.apply(r) for r in body.generation_requests(client)]
     backend = recorder.resolve(backends, requests[0], route=CHAT_ROUTE, stream=bool(body.stream))
     meta = ResponseMeta("chat.completion", body.model)
@@ -38,7 +64,7 @@ async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, rec
         return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage,
                                         cost=lambda: total_cost(gens)), more_ready)
     gens = []
-    async with on_disconnect(http.receive, lambda: [r.cancel.cancel() for r in requests]):
+    async with on_disconnect(receive, lambda: [r.cancel.cancel() for r in requests]):
         results = await run_all(recorder, backend, requests, CHAT_ROUTE, gens)
     return JSONBytes(chat_completion(meta, results, logprobs=logprobs), headers=cost_header(total_cost(gens)))
 

@@ -11,7 +11,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from adapters.base import Chunk, Done, TokenLogprob
+from adapters.base import Chunk, Done, TokenLogprob, ToolCall
+from adapters.tools import openai_call
 
 SYSTEM_FINGERPRINT = "fp_infer"
 
@@ -34,8 +35,11 @@ class ResponseMeta:
                 "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
 
 
-def finish_reason(done: Done) -> str:
-    return "length" if done.finish_reason == "length" else "stop"
+def finish_reason(done: Done, *, called: bool = False) -> str:
+    """``tool_calls`` when the choice ended after calling tools, ``length`` when cut, else ``stop``."""
+    if done.finish_reason == "length":
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
 def usage(dones: Sequence[Done], prompt_of: Sequence[int] | None = None) -> dict:
@@ -88,14 +92,27 @@ def all_logprobs(chunks: Sequence[Chunk]) -> list[TokenLogprob]:
 
 # -- non-streaming bodies -------------------------------------------------------------------------
 
+def tool_calls(chunks: Sequence[Chunk]) -> list[ToolCall]:
+    return [call for chunk in chunks for call in chunk.tool_calls]
+
+
+def assistant_message(text: str, calls: Sequence[ToolCall]) -> dict:
+    """The reply; with tool calls, ``content`` is null when the model wrote nothing else (as OpenAI)."""
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": text or None, "tool_calls": [openai_call(c) for c in calls]}
+
+
 Result = tuple[str, list[Chunk], Done]
 
 
 def chat_completion(meta: ResponseMeta, results: Sequence[Result], *, logprobs: bool) -> dict:
-    choices = [{"index": i, "message": {"role": "assistant", "content": text},
-                "logprobs": chat_logprobs(all_logprobs(chunks)) if logprobs else None,
-                "finish_reason": finish_reason(done)}
-               for i, (text, chunks, done) in enumerate(results)]
+    choices = []
+    for i, (text, chunks, done) in enumerate(results):
+        calls = tool_calls(chunks)
+        choices.append({"index": i, "message": assistant_message(text, calls),
+                        "logprobs": chat_logprobs(all_logprobs(chunks)) if logprobs else None,
+                        "finish_reason": finish_reason(done, called=bool(calls))})
     body = meta.envelope(choices, stream=False)
     body["usage"] = usage([done for _, _, done in results])
     return body

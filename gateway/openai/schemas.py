@@ -2,7 +2,7 @@
 mapping onto :class:`adapters.base.GenerationRequest`.
 
 Field names mirror the wire exactly. Unknown fields are ignored (clients send extras such as
-``user``, ``tools`` or vLLM's ``top_k``); a known field with the wrong type is a 400 (models are
+``user`` or vLLM's ``top_k``); a known field with the wrong type is a 400 (models are
 strict: ``"temperature": "0.5"`` is refused, not coerced). Absent sampling fields stay absent, so
 the model's own parameters apply (unlike Ollama, which forces ``temperature``/``top_p`` to 1.0).
 """
@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from adapters.base import GenerationRequest
+from adapters.tools import check_tools, internal_calls, name_tool_results
 
 from gateway.http.bodies import check_text
 from gateway.http.errors import APIError
@@ -32,9 +33,45 @@ class ContentPart(_Wire):
     text: str | None = None
 
 
+class FunctionCall(_Wire):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Wire):
+    """An assistant message's call in the history (``arguments`` is JSON text, as OpenAI sends it)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Wire):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Wire):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Wire):
+    name: str
+
+
+class NamedToolChoice(_Wire):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Wire):
@@ -101,6 +138,9 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: one call at most (enforced where the output is forced)
 
     def check(self) -> None:
         super().check()
@@ -109,13 +149,21 @@ class ChatCompletionRequest(_Sampling):
 
     def generation_requests(self, client: str | None) -> list[GenerationRequest]:
         self.check()
-        messages = [_message(i, m) for i, m in enumerate(self.messages)]
+        messages = name_tool_results([_message(i, m) for i, m in enumerate(self.messages)])
         fmt = _format(self.response_format)
         num_predict = self.max_completion_tokens or self.max_tokens
+        tools, choice = self._tools()
         return [GenerationRequest(model=self.model, messages=messages, options=self.options(num_predict, i),
                                   engine=self.engine, format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
-                                  strict_max_tokens=True, client=client)
+                                  strict_max_tokens=True, client=client, tools=tools, tool_choice=choice,
+                                  parallel_tool_calls=self.parallel_tool_calls is not False)
                 for i in range(self.n or 1)]
+
+    def _tools(self) -> tuple[list[dict] | None, str | dict | None]:
+        tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
+        check_tools(tools, choice)
+        return tools, choice
 
 
 class CompletionRequest(_Sampling):
@@ -124,12 +172,11 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool | None = False
 
-    def prompts(self) -> list[str]:
-        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: texts, or token-id lists (``[1, 2]`` is one prompt, ``[[1, 2], [3]]`` two)."""
+        prompts = texts_or_tokens(self.prompt, "prompt")
         if not prompts:
             raise APIError(400, "'prompt' must not be empty", param="prompt")
-        if not all(isinstance(p, str) for p in prompts):
-            raise APIError(400, "token-array prompts are not supported: send the prompt as text", param="prompt")
         return prompts
 
     def generation_requests(self, client: str | None) -> list[tuple[int, GenerationRequest]]:
@@ -138,7 +185,8 @@ class CompletionRequest(_Sampling):
         if self.echo:
             raise APIError(400, "'echo' is not supported", param="echo")
         n = self.n or 1
-        return [(p, GenerationRequest(model=self.model, prompt=text, suffix=self.suffix,
+        return [(p, GenerationRequest(model=self.model, prompt=text if isinstance(text, str) else "",
+                                      prompt_tokens=None if isinstance(text, str) else text, suffix=self.suffix,
                                       options=self.options(self.max_tokens, i), engine=self.engine,
                                       logprobs=self.logprobs is not None,
                                       top_logprobs=self.logprobs or 0, strict_max_tokens=True, client=client))
@@ -151,20 +199,44 @@ class EmbeddingRequest(_Request):
     encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: int | None = Field(default=None, ge=1)
 
-    def inputs(self) -> list[str]:
-        items = [self.input] if isinstance(self.input, str) else self.input
+    def inputs(self) -> list[str] | list[list[int]]:
+        """Texts, or token-id lists as vLLM and OpenAI take them (``[1, 2]`` is one input)."""
+        items = texts_or_tokens(self.input, "input")
         if not items:
             raise APIError(400, "'input' must not be empty", param="input")
-        if not all(isinstance(i, str) for i in items):
-            raise APIError(400, "token-array inputs are not supported: send the input as text", param="input")
         if any(not i for i in items):
-            raise APIError(400, "'input' must not contain empty strings", param="input")
+            raise APIError(400, "'input' must not contain empty strings or token lists", param="input")
+        if len({isinstance(i, str) for i in items}) > 1:
+            raise APIError(400, "'input' mixes texts and token lists: send one kind", param="input")
         return items
+
+
+def texts_or_tokens(value: str | list[Any], param: str) -> list[Any]:
+    """OpenAI's four shapes of a prompt or input: a text, texts, one token list, token lists."""
+    if isinstance(value, str):
+        return [value]
+    if value and all(_is_token(t) for t in value):
+        return [list(value)]
+    for item in value:
+        if not isinstance(item, str) and not (isinstance(item, list) and all(_is_token(t) for t in item)):
+            raise APIError(400, f"'{param}' must be a string, a list of strings, a list of token ids (integers "
+                                ">= 0) or a list of such lists", param=param)
+    return list(value)
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _message(index: int, message: Message) -> dict[str, Any]:
     role = "system" if message.role == "developer" else message.role
-    return {"role": role, "content": _content(index, message.content)}
+    out: dict[str, Any] = {"role": role, "content": _content(index, message.content)}
+    if message.tool_calls and role == "assistant":
+        calls = [c.model_dump() for c in message.tool_calls]
+        out["tool_calls"] = internal_calls(calls, f"messages[{index}].tool_calls")
+    if role == "tool" and message.tool_call_id:  # lenient like Ollama: a result without its id still reads
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 def _content(index: int, content: str | list[ContentPart] | None) -> str:

@@ -7,7 +7,9 @@ then runs all of them concurrently and interleaves their events by choice index.
 Chat stream rules: the first chunk of a choice carries ``{"role": "assistant", "content": <first
 non-empty text>}``; empty texts are never sent (their logprobs ride on the next chunk); the last
 chunk of a choice has ``delta: {}`` and the ``finish_reason``; with ``stream_options.include_usage``
-one more chunk with ``choices: []`` and the usage follows.
+one more chunk with ``choices: []`` and the usage follows. Tool calls arrive whole: one chunk per call
+with ``delta.tool_calls: [{index, id, type, function: {name, arguments}}]`` (``index`` counts the
+choice's calls), and the choice then finishes with ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
 from adapters.base import Backend, Done, GenerationRequest, StreamEvent, TokenLogprob
+
+from adapters.tools import openai_call
 
 from gateway.openai.responses import ResponseMeta, Result, chat_logprobs, finish_reason, legacy_logprobs, usage
 from gateway.recorder import Generation, Recorder
@@ -115,6 +119,7 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
     started: set[int] = set()
     pending: dict[int, list[TokenLogprob]] = defaultdict(list)
     dones: dict[int, Done] = {}
+    called: dict[int, int] = defaultdict(int)  # tool calls sent per choice
     extra = {"usage": None} if include_usage else {}
 
     def chunk(index: int, delta: dict, reason: str | None = None, entries: list[TokenLogprob] | None = None) -> dict:
@@ -128,10 +133,17 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
             if index not in started:  # nothing was generated: the role still has to be announced
                 started.add(index)
                 yield chunk(index, {"role": "assistant"})
-            yield chunk(index, {}, finish_reason(event), _take(pending, index))
+            yield chunk(index, {}, finish_reason(event, called=called[index] > 0), _take(pending, index))
             continue
         if logprobs and event.logprobs:
             pending[index].extend(event.logprobs)
+        if event.tool_calls:
+            for delta in _call_deltas(event, called, index):
+                if index not in started:
+                    started.add(index)
+                    delta = {"role": "assistant", **delta}
+                yield chunk(index, delta, None, _take(pending, index))
+            continue
         if not event.text:
             continue
         delta = {"content": event.text}
@@ -141,6 +153,15 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
         yield chunk(index, delta, None, _take(pending, index))
     if include_usage:
         yield {**meta.envelope([], stream=True), "usage": with_cost(usage([dones[i] for i in sorted(dones)]), cost())}
+
+
+def _call_deltas(event, called: dict[int, int], index: int) -> list[dict]:
+    """The deltas of a chunk with tool calls: its text, then one delta per call (numbered per choice)."""
+    deltas: list[dict] = [{"content": event.text}] if event.text else []
+    for call in event.tool_calls:
+        deltas.append({"tool_calls": [openai_call(call, called[index])]})
+        called[index] += 1
+    return deltas
 
 
 async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Sequence[int], *, logprobs: bool,

@@ -18,13 +18,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from gateway.wire_docs import AssistantMessage, TokenLogprob, error_responses, sse_content
+from gateway.wire_docs import TokenLogprob, error_responses, sse_content
 
 __all__ = ["ChatCompletion", "ChatCompletionChunk", "Embedding", "EmbeddingList", "OpenAIError", "Model",
            "ModelList", "TextCompletion", "TextCompletionChunk", "Usage", "chat_responses", "completion_responses",
            "embedding_responses", "model_responses", "models_responses"]
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class ErrorDetail(BaseModel):
@@ -72,6 +72,28 @@ class _Envelope(BaseModel):
     system_fingerprint: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="the arguments object as JSON text")
+
+
+class ToolCall(BaseModel):
+    id: str = Field(description="call_…; a tool message answers it with this tool_call_id")
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ToolCallDelta(ToolCall):
+    index: int = Field(ge=0, description="the call's position among the choice's calls")
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None = Field(description="null when the model only called tools")
+    tool_calls: list[ToolCall] | None = Field(default=None, description="present when the model called tools "
+                                                                        "(finish_reason tool_calls)")
+
+
 class ChatChoice(BaseModel):
     index: int = Field(ge=0)
     message: AssistantMessage
@@ -90,6 +112,7 @@ class ChatCompletion(_Envelope):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = Field(default=None, description="in the first chunk of each choice")
     content: str | None = Field(default=None, description="never empty; absent in a choice's last chunk")
+    tool_calls: list[ToolCallDelta] | None = Field(default=None, description="one whole call per chunk")
 
 
 class ChunkChoice(BaseModel):

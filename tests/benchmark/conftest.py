@@ -73,13 +73,13 @@ class Scripted:
         return records, end - start
 
 
-@pytest.fixture
-def scripted(tmp_path):
+def _scripted_servers(tmp: Path):
+    """``start(script) -> Scripted`` for servers under ``tmp``; stopped when the generator is closed."""
     servers = []
 
     def start(script: list[dict]) -> Scripted:
-        path = tmp_path / f"script{len(servers)}.json"
-        log = tmp_path / f"log{len(servers)}.jsonl"
+        path = tmp / f"script{len(servers)}.json"
+        log = tmp / f"log{len(servers)}.jsonl"
         path.write_text(json.dumps(script))
         proc = subprocess.Popen([sys.executable, "-m", "tests.benchmark.scripted_server", str(path), str(log)],
                                 cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -92,6 +92,16 @@ def scripted(tmp_path):
         server.proc.terminate()
         server.proc.wait(timeout=10)
         server.proc.stdout.close()
+
+
+@pytest.fixture
+def scripted(tmp_path):
+    yield from _scripted_servers(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def scripted_module(tmp_path_factory):
+    yield from _scripted_servers(tmp_path_factory.mktemp("scripted"))
 
 
 def entry(ttft: float, gaps: list[float], chunk_tokens: list[int] | None = None, prompt_tokens: int = 32,

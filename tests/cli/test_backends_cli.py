@@ -163,3 +163,20 @@ def test_config_from_env_and_errors_are_one_line(tmp_path, fake, monkeypatch):
     result = check("--json", env={"INFER_CONFIG": str(config(tmp_path, entry("oai", fake.url)))})
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)[0]["name"] == "oai"
+
+
+def test_an_ollama_model_without_a_tag_is_listed_as_latest(tmp_path, tiny_store):
+    """Ollama lists ``tiny`` as ``tiny:latest``; ``model: tiny`` is that model, not "not listed"."""
+    from tests.gateway.conftest import start_server, stop_server
+
+    server = start_server(tmp_path, tiny_store.root)
+    try:
+        path = config(tmp_path, entry("short", server.url, type_="ollama", model="tiny"),
+                      entry("other", server.url, type_="ollama", model="tiny:q8"))
+        rows = {r["name"]: r for r in json.loads(check("--config", str(path), "--json").output)}
+    finally:
+        stop_server(server)
+    assert (rows["short"]["health"], rows["short"]["models"], rows["short"]["generate"]) == ("ok", "ok", "ok")
+    assert rows["short"]["ok"] is True and rows["short"]["detail"] == ""
+    assert rows["other"]["models"] == "not listed"
+    assert "does not have model 'tiny:q8'" in rows["other"]["detail"]

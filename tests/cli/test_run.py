@@ -28,6 +28,7 @@ from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from registry.server import RegistryServerThread
 from registry.store import Store
+from tests.gateway.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DURATION = r"(\d+h)?(\d+m)?\d+(\.\d+)?(ns|µs|ms|s)"
@@ -54,8 +55,9 @@ def store(tmp_path, tiny_store, infer_home, monkeypatch) -> Store:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
+    """The test's environment; no server answers at INFER_HOST unless ``extra`` names one (in-process runs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_DATABASE")}
-    env.update(TERM="dumb", PYTHONIOENCODING="utf-8", **extra)
+    env.update({"TERM": "dumb", "PYTHONIOENCODING": "utf-8", "INFER_HOST": f"127.0.0.1:{free_port()}", **extra})
     return env
 
 
@@ -166,10 +168,10 @@ def test_a_missing_model_is_pulled_then_run(store, tmp_path, monkeypatch):
 class Terminal:
     """``infer run`` attached to a pty; ``expect`` reads until a text appears (CRLF folded to LF)."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         master, slave = os.openpty()
         self.proc = subprocess.Popen([sys.executable, "-m", "cli", "run", *args], stdin=slave, stdout=slave,
-                                     stderr=slave, env=cli_env(), cwd=ROOT, start_new_session=True)
+                                     stderr=slave, env=env or cli_env(), cwd=ROOT, start_new_session=True)
         os.close(slave)
         self.fd, self.pending = master, ""
 

@@ -41,7 +41,7 @@ class LiveServer:
 
 
 def server_env(home: Path, models: Path, port: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFER_", "OLLAMA_"))}  # OLLAMA_* are read too
     env.update(INFER_HOME=str(home), INFER_MODELS=str(models), INFER_HOST=f"127.0.0.1:{port}")
     env.update(extra)
     return env

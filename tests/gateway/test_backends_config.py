@@ -73,8 +73,9 @@ def test_valid_config_maps_onto_remote_settings(valid, tmp_path):
         "chat", ["qwen-vllm", "llama-tgi", "tiny"], "slo", True, 2, ["cheap"])
     assert (chat.slo.ttft_ms, chat.slo.tpot_ms, chat.slo.target, chat.first_token_timeout_ms) == (500, 50, 0.9, 1500)
     assert (cheap.strategy, cheap.slo, cheap.retries) == ("slo", None, 1)  # every key but name/backends optional
-    prices = load_config(valid).prices()
-    assert set(prices) == {"llamacpp", "native"} and prices["native"].gpu_hourly_usd == 0.10
+    (local,) = load_config(valid).priced()
+    assert local.members == ("llamacpp", "native", "tiny") and local.entry.gpu_hourly_usd == 0.10  # tiny: a store model
+    assert (local.output_weight, local.weight_source) == (4, "configured")
     assert tgi.timeouts == Timeouts(connect=2, first_byte=20, read=10, total=300)
     assert (triton.model, triton.timeouts, triton.max_inflight, triton.mode) == ("ensemble", Timeouts(), None, None)
 

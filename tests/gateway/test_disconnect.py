@@ -68,7 +68,8 @@ def test_disconnect_frees_the_slot_and_writes_one_cancelled_row(server, path, bo
     assert time.monotonic() - t0 < 10
     metrics = httpx.get(server.url + "/metrics").text
     assert 'infer_requests_in_flight{model="slow"} 0.0' in metrics
-    assert f'infer_requests_total{{model="slow",route="{path}",status="cancelled"}} 1.0' in metrics
+    assert (f'infer_requests_total{{backend="llamacpp",endpoint="{path}",error_type="",finish_reason="cancelled",'
+            f'model="slow",route="",status="cancelled"}} 1.0') in metrics
 
 
 def test_server_survives_many_abandoned_streams(server):

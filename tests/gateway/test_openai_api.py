@@ -349,9 +349,9 @@ def test_chat_errors_then_the_server_keeps_serving(live_server, case):
 
 
 @pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"model": "tiny", "prompt": [[1, 2, 3]]}),
+    ("/v1/completions", {"model": "tiny", "prompt": [[1, "2", 3]]}),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": -5}),
-    ("/v1/embeddings", {"model": "tiny", "input": [1, 2, 3]}),
+    ("/v1/embeddings", {"model": "tiny", "input": [[1, 2, 3], "x"]}),
     ("/v1/embeddings", {"model": "tiny", "input": "x", "encoding_format": "int8"}),
 ])
 def test_other_routes_validate_then_keep_serving(live_server, path, body):

@@ -4,6 +4,8 @@ stream's usage field equal the ledger row, cancelled and failed streams pay for 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import sys
@@ -12,6 +14,10 @@ import time
 import httpx
 import pytest
 import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from cli.main import app
 
 from tests.remote.servers import start_server as start_fake
 from tests.remote.servers.behaviour import Behaviour
@@ -35,7 +41,8 @@ def server(fake, gateway_for):
     return gateway_for([{"name": "api", "type": "vllm", "base_url": fake.url, "model": model, "pricing": API},
                         {"name": "gpu", "type": "vllm", "base_url": fake.url, "model": model,
                          "pricing": {"gpu_hourly_usd": 2.5, "gpus": 1, "output_weight": 5}},
-                        {"name": "free", "type": "vllm", "base_url": fake.url, "model": model}])
+                        {"name": "free", "type": "vllm", "base_url": fake.url, "model": model}],
+                       routes=[{"name": "chat", "backends": ["api", "gpu"], "strategy": "round_robin"}])
 
 
 def rows(server, where: str, count: int) -> list:
@@ -61,7 +68,7 @@ def expected(row) -> float:
 def test_non_streaming_answers_carry_the_cost_the_ledger_records(server):
     r = httpx.post(server.url + "/v1/chat/completions", json={"model": "api", "messages": CHAT, "max_tokens": 4})
     assert r.status_code == 200
-    [row] = rows(server, "backend = 'vllm' AND model = 'api'", 1)
+    [row] = rows(server, "backend = 'api' AND model = 'api'", 1)
     assert float(r.headers["x-infer-cost-usd"]) == pytest.approx(row.total_cost_usd, rel=1e-9)
     assert row.total_cost_usd == pytest.approx(expected(row)) and row.pricing_version
     assert row.input_cost_usd > 0 and row.output_cost_usd > 0
@@ -105,7 +112,8 @@ def test_infer_cost_settles_the_ledger(server):
     assert answer.status_code == 200, answer.text
     report = answer.json()
     groups = {g["key"]: g for g in report["groups"]}
-    assert groups["vllm"]["priced_requests"] >= 5 and groups["vllm"]["total_cost_usd"] > 0
+    served = rows(server, "backend = 'api'", 1)  # rows carry the config's backend name, also asked directly
+    assert groups["api"]["requests"] == len(served) >= 3 and groups["api"]["total_cost_usd"] > 0
     assert report["bills"]["gpu"]["bill_usd"] > 0
     bad = httpx.get(server.url + "/infer/cost", params={"by": "team"})
     assert bad.status_code == 400
@@ -114,3 +122,35 @@ def test_infer_cost_settles_the_ledger(server):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "$/Mtok in" in done.stdout and "api" in done.stdout
+
+
+def test_a_routes_backends_side_by_side_in_csv_and_in_prometheus(server):
+    """Four requests through route ``chat`` (round robin over ``api`` and ``gpu``): ``infer cost compare``
+    shows both with their $/Mtok, ``--csv`` the route's group, ``/metrics`` the cost by route, backend
+    and kind; each adds up to the costs the answers carried."""
+    answers = [httpx.post(server.url + "/v1/chat/completions", json={"model": "chat", "messages": CHAT, "max_tokens": 4})
+               for _ in range(4)]
+    assert [r.status_code for r in answers] == [200] * 4
+    carried = sum(float(r.headers["x-infer-cost-usd"]) for r in answers)
+    rows(server, "route_name = 'chat'", 4)
+    config = str(server.home.parent / "backends.yaml")
+    shown = CliRunner().invoke(app, ["cost", "compare", "--config", config, "--db", server.db_url, "--since", "1h"])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    table = {line.split()[0]: line.split() for line in lines[lines.index("route chat") + 1:] if line.strip()}
+    assert table["backend"] == ["backend", "requests", "$/Mtok", "in", "$/Mtok", "out", "total", "$"]
+    # every request the backend served (asked directly or through the route), at its list prices
+    assert table["api"][1:4] == [str(len(rows(server, "backend = 'api'", 1))), "150.000000", "600.000000"]
+    assert table["gpu"][1] == str(len(rows(server, "backend = 'gpu'", 1))) and float(table["gpu"][3]) == pytest.approx(5 * float(table["gpu"][2]), rel=1e-5)
+
+    as_csv = CliRunner().invoke(app, ["cost", "--config", config, "--db", server.db_url, "--by", "route", "--csv"])
+    assert as_csv.exit_code == 0, as_csv.output
+    groups = {row["key"]: row for row in csv.DictReader(io.StringIO(as_csv.output))}
+    assert groups["chat"]["requests"] == "4" and float(groups["chat"]["provisional_cost_usd"]) == pytest.approx(carried)
+
+    metrics = httpx.get(server.url + "/metrics").text
+    [family] = [f for f in text_string_to_metric_families(metrics) if f.name == "infer_cost_usd"]
+    samples = [s for s in family.samples if s.name == "infer_cost_usd_total" and s.labels["route"] == "chat"]
+    assert {s.labels["backend"] for s in samples} == {"api", "gpu"}
+    assert {s.labels["kind"] for s in samples} == {"input", "output"}  # no cached tokens here
+    assert sum(s.value for s in samples) == pytest.approx(carried)

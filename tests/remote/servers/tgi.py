@@ -129,7 +129,8 @@ def generate_body(b: Behaviour, body: dict[str, Any], gen: Generation, seed: int
 def timing_headers(b: Behaviour, body: dict[str, Any], gen: Generation) -> dict[str, str]:
     """§2.4 response headers; the token counts are left out when ``report_usage`` is off."""
     headers = {"x-compute-type": "gpu+optimized", "x-compute-time": "0.001", "x-compute-characters":
-               str(len(body["inputs"])), "x-total-time": "1", "x-validation-time": "0", "x-queue-time": "0",
+               str(len(body["inputs"])), "x-total-time": "1", "x-validation-time": "0",
+               "x-queue-time": str(round(b.first_byte_delay * 1000)),  # the delay stands for time queued
                "x-inference-time": "1", "x-time-per-token": "0"}
     if b.report_usage:
         headers |= {"x-prompt-tokens": str(gen.prompt_tokens), "x-generated-tokens": str(gen.completion_tokens)}

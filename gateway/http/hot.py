@@ -1,0 +1,79 @@
+"""The two hot routes, ``POST /v1/chat/completions`` and ``POST /api/chat``, without FastAPI's routing.
+
+An ASGI middleware inside the guards and :class:`~gateway.http.bodies.JSONBodies`: for a hot path
+with a declared ``Content-Length`` it reads the body, parses it (orjson) and hands the object to the
+route's ``hot_*`` function, which validates it with the route's own request model and serves it
+with the same code as the FastAPI route. Dependency solving, FastAPI's request handler and two
+middleware layers (about a tenth of the gateway's CPU per request) are skipped.
+
+Anything that does not parse or validate, and any other request, goes to the FastAPI app with the
+body replayed, so error answers (and the OpenAPI schema) stay exactly FastAPI's. Errors raised
+while serving are answered by :func:`~gateway.http.errors.known_error_response`, as the app's
+exception handlers do; any other exception goes up to the server-error handler, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from gateway.http.errors import KNOWN, known_error_response
+
+Handler = Callable[[dict, Callable, dict], Awaitable[Response | None]]
+
+
+class HotRoutes:
+    def __init__(self, app, routes: dict[str, Handler]):
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope, receive, send):
+        handler = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if handler is None or not _has_length(scope["headers"]):
+            return await self.app(scope, receive, send)
+        messages, body = await _read(receive)
+        data = _object(body) if messages[-1]["type"] == "http.request" else None
+        response = None
+        if data is not None:
+            try:
+                response = await handler(scope, receive, data)
+            except KNOWN as exc:
+                response = known_error_response(scope["path"], exc)
+        if response is None:
+            return await self.app(scope, _replay(messages, receive), send)
+        await response(scope, receive, send)
+
+
+def _has_length(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(k == b"content-length" for k, _ in headers)
+
+
+async def _read(receive) -> tuple[list[dict], bytes]:
+    messages, parts = [], []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages, b""
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return messages, b"".join(parts)
+
+
+def _object(body: bytes) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _replay(messages: list[dict], receive):
+    pending = list(messages)
+
+    async def replayed() -> dict:
+        return pending.pop(0) if pending else await receive()
+    return replayed
