@@ -239,7 +239,8 @@ class Generation:
                     yield event
                     return
                 yield event
-                event = await self._queue.get()
+                queue = self._queue
+                event = await queue.get() if queue.empty() else queue.get_nowait()
         finally:
             if not ended:  # the consumer went away: the backend stops and reports a cancelled Done
                 self.request.cancel.cancel()
