@@ -122,12 +122,12 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
     pending: dict[int, list[TokenLogprob]] = defaultdict(list)
     dones: dict[int, Done] = {}
     called: dict[int, int] = defaultdict(int)  # tool calls sent per choice
-    extra = {"usage": None} if include_usage else {}
+    head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}  # every chunk's keys, in order
 
     def chunk(index: int, delta: dict, reason: str | None = None, entries: list[TokenLogprob] | None = None) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(entries) if entries else None,
                   "finish_reason": reason}
-        return {**meta.envelope([choice], stream=True), **extra}
+        return {**head, "choices": [choice]}
 
     async for index, event in events:
         if isinstance(event, Done):
@@ -171,7 +171,7 @@ async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Seque
     pending: dict[int, list[TokenLogprob]] = defaultdict(list)
     offsets: dict[int, int] = defaultdict(int)
     dones: dict[int, Done] = {}
-    extra = {"usage": None} if include_usage else {}
+    head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}  # every chunk's keys, in order
 
     def chunk(index: int, text: str, reason: str | None = None) -> dict:
         entries = _take(pending, index)
@@ -180,7 +180,7 @@ async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Seque
             lp = legacy_logprobs(entries, offsets[index])
             offsets[index] += sum(len(e.token) for e in entries)
         choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
-        return {**meta.envelope([choice], stream=True), **extra}
+        return {**head, "choices": [choice]}
 
     async for index, event in events:
         if isinstance(event, Done):
