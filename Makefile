@@ -36,6 +36,7 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/gateway_overhead.py --json .bench/gateway_overhead/results.json
 	$(BIN)/python bench/gateway_overhead.py --soak --json .bench/gateway_overhead/soak.json
 	$(BIN)/python bench/slo.py --json .bench/slo/results.json
+	$(BIN)/python bench/slo_sim.py
 	$(BIN)/python bench/dashboard.py --json .bench/dashboard/results.json
 
 clean:

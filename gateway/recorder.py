@@ -86,7 +86,7 @@ class Recorder:
         try:
             hold = await self._admit_key(backend, request)
         except (BackendError, APIError) as exc:
-            record = UsageRecord(source=request.source, route=route, model=request.model, backend=backend.name,
+            record = UsageRecord(source=request.source, route=route, model=request.model, backend=label,
                                  stream=stream, client=request.client, status="error", error=exc.message,
                                  key_name=request.key_name)
             self.record(record, backend=label, error_type=type(exc).__name__, span=span)
@@ -200,6 +200,7 @@ class Generation:
         self.label = label or backend_label(backend)  # the backend's name in metrics
         self.span = span  # tracing on: this request's span
         self.error_type = ""
+        self.called = False  # a chunk carried tool calls: the row's finish_reason says tool_calls
         self.done: Done | None = None
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
         self.admission: asyncio.Future[float] | None = None  # its key's budget reservation (the amount), if any
@@ -287,6 +288,8 @@ class Generation:
                     if self.done is None:
                         if isinstance(event, Done):
                             self.done, self.record = event, self._done_record(event)
+                        elif event.tool_calls:
+                            self.called = True
                         self._queue.put_nowait(event)
             if self.done is None:
                 raise BackendProtocolError(f"the {self.backend.name} backend ended a stream without its final record")
@@ -320,7 +323,7 @@ class Generation:
             record = self.recorder.priced(_record(self, partial, "shed" if isinstance(exc, RouteShed) else "error"))
         else:
             record = UsageRecord(source=self.request.source, route=self.route, model=self.request.model,
-                                 backend=self.backend.name, stream=self.stream, client=self.request.client,
+                                 backend=self.label, stream=self.stream, client=self.request.client,
                                  status="error")
         record.error = message
         return record
@@ -373,8 +376,9 @@ def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
         route_name=done.route, attempts=done.attempts if done.route else None,
         slo_met=None if missed is None else not missed, slo_missed=",".join(missed) if missed else None,
         source=gen.request.source, route=gen.route, model=gen.request.model,
-        backend=done.served_by or gen.backend.name,
-        stream=gen.stream, status=status, client=gen.request.client, finish_reason=done.finish_reason,
+        backend=done.served_by or gen.label,
+        stream=gen.stream, status=status, client=gen.request.client,
+        finish_reason="tool_calls" if gen.called and done.finish_reason == "stop" else done.finish_reason,
         input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
         cached_input_tokens=done.usage.cached_input_tokens, usage_source=done.usage.source,
         queue_ms=ms(t.queue), ttft_ms=ms(t.ttft),

@@ -1,69 +1,105 @@
 """Predicted TTFT and TPOT of one more request on a backend, learned online from what the gateway sees.
 
-For each backend the gateway knows what it has in flight there: requests still waiting for their
-first token (with their prompt tokens: prefill work queued ahead of a new request) and requests
-decoding. A backend that publishes its own queue (vLLM, TGI, TensorRT-LLM ``/metrics``) adds
-``requests_waiting`` from clients other than us. Two linear models are fitted by recursive least
-squares with forgetting, so they follow a backend whose speed drifts:
+The model is that of a continuous-batching server (vLLM, TGI, TensorRT-LLM): a new request waits for
+the prefills queued ahead of it, then its own prefill; once decoding, each step lasts longer the more
+sequences share the batch, and every other request's prefill stalls the batch while it runs. For each
+backend the gateway knows what it has in flight there (requests waiting for a first token, with their
+prompt tokens, and requests decoding); a backend that publishes its own queue (``/metrics``) adds
+``requests_waiting``. Two linear models with non-negative weights are fitted by least squares over the
+recent observations (:class:`WindowFit`, so they follow a backend whose speed drifts; the TTFT fit
+minimises the relative error, so the few requests that waited long for a slot do not drown the rest):
 
     TTFT ≈ w0 + w1·own prompt tokens + w2·prompt tokens waiting ahead + w3·requests waiting ahead
-            + w4·requests decoding
-    TPOT ≈ v0 + v1·requests decoding + v2·prompt tokens waiting (their prefills stall the decode)
+            + w4·requests decoding + w5·requests beyond the batch (waiting there for a slot to free)
+    TPOT ≈ v0 + v1·mean batch during the decode + v2·prompt tokens prefilled during the decode / tokens
 
-and a TTFT is never predicted below what the backend takes for such a prompt when idle (a second
-fit, ``idle``, over the requests that found nothing queued).
+The TPOT features are the ones the request actually lived through (the time-weighted number of
+requests decoding there, the prompt tokens whose prefill ended while it decoded), so ``v1`` is the
+per-sequence cost of a decode step and ``v2`` the seconds per prefilled token. A TPOT is predicted for
+the batch the request would join (everything in flight there, plus itself) and the prefill tokens
+arriving at the recent rate ``ρ`` (tokens/s) over its decode, which solves to
+``(v0 + v1·batch) / (1 − v2·ρ)``.
 
-(a prefill rate, the queue in front of the batch, and a per-token time that grows with the batch).
-Until a backend has answered a few requests, the priors (no queueing cost, a generous per-token
-time) keep predictions optimistic, so nothing is shed on a guess.
+Until a backend has answered a few requests the priors (50 ms to a first token, 0.1 ms per prompt
+token, 20 ms per output token) keep predictions optimistic, so nothing is shed on a guess.
+``ratio(kind, q)``: the q-quantile of recent actual / predicted, the margin the dispatcher applies.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 
-class RecursiveLeastSquares:
-    """y ≈ w·x, updated one observation at a time; ``forgetting`` < 1 weights recent ones more."""
 
-    def __init__(self, prior: list[float], *, forgetting: float = 0.98, variance: list[float] | None = None,
-                 confidence: float = 1e-2):
-        """``variance``: how far each weight may be from its prior, squared (in the units of y per unit
-        of that feature); small for per-token slopes, so early errors go to the intercept first."""
-        n = len(prior)
-        self.w = list(prior)
-        spread = variance if variance is not None else [1.0 / confidence] * n
-        self.p = [[spread[i] if i == j else 0.0 for j in range(n)] for i in range(n)]
-        self.forgetting = forgetting
+RELATIVE_TTFT = False
+
+
+class WindowFit:
+    """y ≈ w·x with w ≥ 0, least squares over the last ``size`` observations, pulled toward ``prior``
+    as much as ``strength`` observations would (so the prior decides only until data arrives)."""
+
+    def __init__(self, prior: list[float], size: int = 200, strength: float = 3.0, relative: bool = False):
+        self.prior = np.asarray(prior, dtype=float)
+        self.strength, self.relative = strength, relative
+        self.xs: deque[list[float]] = deque(maxlen=size)
+        self.ys: deque[float] = deque(maxlen=size)
         self.observations = 0
+        self._w: np.ndarray | None = None
 
-    def predict(self, x: list[float]) -> float:
-        return sum(wi * xi for wi, xi in zip(self.w, x))
-
-    def predict_monotone(self, x: list[float]) -> float:
-        """As ``predict``, with negative slopes read as 0: more work ahead never makes a request faster."""
-        return self.w[0] * x[0] + sum(max(0.0, wi) * xi for wi, xi in zip(self.w[1:], x[1:]))
+    @property
+    def w(self) -> list[float]:
+        if self._w is None:
+            self._w = self._solve()
+        return [float(v) for v in self._w]
 
     def update(self, x: list[float], y: float) -> None:
-        n, lam = len(x), self.forgetting
-        px = [sum(self.p[i][j] * x[j] for j in range(n)) for i in range(n)]
-        denominator = lam + sum(x[i] * px[i] for i in range(n))
-        if denominator <= 1e-12:
-            return
-        gain = [v / denominator for v in px]
-        error = y - self.predict(x)
-        self.w = [self.w[i] + gain[i] * error for i in range(n)]
-        xp = [sum(x[i] * self.p[i][j] for i in range(n)) for j in range(n)]
-        self.p = [[(self.p[i][j] - gain[i] * xp[j]) / lam for j in range(n)] for i in range(n)]
+        self.xs.append([float(v) for v in x])
+        self.ys.append(float(y))
         self.observations += 1
+        self._w = None
+
+    def predict(self, x: list[float]) -> float:
+        return float(np.dot(self.w, x))
+
+    predict_monotone = predict  # the weights are never negative: more work ahead never predicts less
+
+    def _solve(self) -> np.ndarray:
+        if not self.ys:
+            return self.prior.copy()
+        x, y = np.asarray(self.xs), np.asarray(self.ys)
+        if self.relative:  # least squares of the relative error: a few long waits do not drown the rest
+            weight = 1.0 / np.maximum(y, 1e-3)
+            x, y = x * weight[:, None], y * weight
+        scale = np.sqrt((x ** 2).mean(axis=0))
+        scale[scale == 0] = 1.0
+        pull = np.sqrt(self.strength)
+        rows = np.vstack([x / scale, pull * np.eye(len(scale))])
+        target = np.concatenate([y, pull * self.prior * scale])
+        active = np.ones(len(scale), dtype=bool)
+        w = np.zeros(len(scale))
+        while active.any():  # least squares; a weight below zero leaves the fit, the rest are refitted
+            solved, *_ = np.linalg.lstsq(rows[:, active], target, rcond=None)
+            w[:] = 0.0
+            w[active] = solved
+            if (solved >= 0).all():
+                break
+            active[np.flatnonzero(active)[solved < 0]] = False
+        return np.maximum(w, 0.0) / scale
 
 
 @dataclass
 class InFlight:
     prompt_tokens: int
     started: float
-    first_token: bool = False
+    predicted: "Prediction"
+    max_tokens: int = 0
+    first_token: float | None = None
+    decode_area: float = 0.0     # the backend's ∫ decoding dt at this request's first token
+    prefilled: float = 0.0       # the backend's prefilled prompt tokens at this request's first token
 
 
 @dataclass
@@ -72,68 +108,159 @@ class Prediction:
     tpot_s: float
 
 
+def _ttft_prior() -> WindowFit:
+    return WindowFit([0.05, 1e-4, 1e-4, 0.0, 0.0, 0.0], relative=True)
+
+
+def _tpot_prior() -> WindowFit:
+    return WindowFit([0.02, 0.0, 0.0])
+
+
 @dataclass
 class LatencyModel:
     """What one backend has in flight and how fast it has been; see the module docstring."""
 
-    # Priors: 50 ms to a first token, 0.1 ms per prompt token, nothing for a queue; the variances let
-    # the intercept move by seconds, a per-token cost by ~1 ms and a per-request cost by ~0.3 s.
-    ttft: RecursiveLeastSquares = field(default_factory=lambda: RecursiveLeastSquares(
-        [0.05, 1e-4, 1e-4, 0.0, 0.0], variance=[1.0, 1e-6, 1e-6, 0.1, 0.1]))
-    tpot: RecursiveLeastSquares = field(default_factory=lambda: RecursiveLeastSquares(
-        [0.02, 0.0, 0.0], variance=[1e-2, 1e-4, 1e-8]))
-    idle: RecursiveLeastSquares = field(default_factory=lambda: RecursiveLeastSquares(
-        [0.0, 0.0], variance=[1.0, 1e-6]))
+    ttft: WindowFit = field(default_factory=_ttft_prior)
+    tpot: WindowFit = field(default_factory=_tpot_prior)
     in_flight: dict[int, InFlight] = field(default_factory=dict)
     reported_waiting: float = 0.0  # the backend's own queue (its /metrics), other clients included
     errors: list[float] = field(default_factory=list)  # |predicted − actual| / actual of recent TTFTs
+    ratios: dict[str, list[float]] = field(default_factory=lambda: {"ttft": [], "tpot": []})  # actual / predicted
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    rate_window_s: float = 30.0  # the prefill token rate ρ is measured over this long
+    _area: float = 0.0           # ∫ (requests decoding) dt
+    _prefilled: float = 0.0      # prompt tokens whose prefill has ended
+    _changed: float | None = None
+    _prefills: deque = field(default_factory=deque)  # (time, prompt tokens) of recent first tokens
+    batch_limit: int = 0         # sequences the backend runs at once, from its /metrics (0: not known yet)
+    _last_report: tuple[float, float] | None = None  # (running, waiting) of the previous report
+    max_decoding: int = 0        # the most of the gateway's requests seen decoding here at once
 
     # -- what is in flight ----------------------------------------------------------------------
 
     def ttft_features(self, prompt_tokens: int) -> list[float]:
-        waiting = [r for r in self.in_flight.values() if not r.first_token]
+        waiting = [r for r in self.in_flight.values() if r.first_token is None]
         decoding = len(self.in_flight) - len(waiting)
         queued = max(float(len(waiting)), self.reported_waiting)
-        return [1.0, float(prompt_tokens), float(sum(r.prompt_tokens for r in waiting)), queued, float(decoding)]
+        beyond = max(0, len(self.in_flight) + 1 - self.batch_limit) if self.batch_limit else 0
+        return [1.0, float(prompt_tokens), float(sum(r.prompt_tokens for r in waiting)), queued, float(decoding),
+                float(beyond)]
+
+    def reported(self, running: float | None, waiting: float | None) -> None:
+        """The backend's own figures (its ``/metrics``). A queue there while it runs as many as in the
+        previous report, which had a queue too, means its batch is full: ``running`` is its limit (one
+        report with a queue may be a request waiting for the next step, not for a slot)."""
+        before = self._last_report
+        self._last_report = (float(running or 0.0), float(waiting or 0.0))
+        self.reported_waiting = self._last_report[1]
+        if before is not None and waiting and before[1] and running and running == before[0] \
+                and running >= self.max_decoding:  # never below what the gateway has seen running there
+            self.batch_limit = max(self.batch_limit, int(running))
+
+    @property
+    def is_full(self) -> bool:
+        """One more request would wait there for a free slot in the batch."""
+        return bool(self.batch_limit) and len(self.in_flight) >= self.batch_limit
 
     def decoding(self) -> int:
-        return sum(1 for r in self.in_flight.values() if r.first_token)
+        return sum(1 for r in self.in_flight.values() if r.first_token is not None)
 
-    def tpot_features(self, extra_decoding: int = 1) -> list[float]:
-        waiting = sum(r.prompt_tokens for r in self.in_flight.values() if not r.first_token)
-        return [1.0, float(self.decoding() + extra_decoding), float(waiting)]
+    def prefill_rate(self) -> float:
+        """Prompt tokens per second prefilled here lately."""
+        now = self.clock()
+        while self._prefills and self._prefills[0][0] < now - self.rate_window_s:
+            self._prefills.popleft()
+        return sum(tokens for _, tokens in self._prefills) / self.rate_window_s
 
     def predict(self, prompt_tokens: int) -> Prediction:
-        features = self.ttft_features(prompt_tokens)
-        floor = self.idle.predict_monotone([1.0, float(prompt_tokens)]) if self.idle.observations else 0.0
-        ttft = max(0.0, floor, self.ttft.predict_monotone(features))
-        tpot = max(0.0, self.tpot.predict_monotone(self.tpot_features()))
+        ttft = max(0.0, self.ttft.predict(self.ttft_features(prompt_tokens)))
+        v0, v1, v2 = self.tpot.w
+        stall = min(0.9, v2 * self.prefill_rate())  # the share of the time prefills hold the batch
+        tpot = max(0.0, (v0 + v1 * (len(self.in_flight) + 1)) / (1.0 - stall))
         return Prediction(ttft, tpot)
 
-    def started(self, key: int, prompt_tokens: int) -> tuple[list[float], Prediction]:
+    def idle_ttft(self, prompt_tokens: int) -> float:
+        """The predicted TTFT of this prompt with nothing queued or decoding here."""
+        return max(0.0, self.ttft.predict([1.0, float(prompt_tokens), 0.0, 0.0, 0.0, 0.0]))
+
+    def ratio(self, kind: str, quantile: float) -> float:
+        """That quantile of recent actual / predicted (``ttft`` or ``tpot``), at least 1; 1 before 10."""
+        seen = sorted(self.ratios[kind])
+        if len(seen) < 10:
+            return 1.0
+        return max(1.0, seen[min(len(seen) - 1, int(quantile * len(seen)))])
+
+    # -- what happens to a request --------------------------------------------------------------
+
+    def started(self, key: int, prompt_tokens: int, max_tokens: int = 0) -> tuple[list[float], Prediction]:
         """A request was sent; returns the features it was predicted from and the prediction."""
         features, prediction = self.ttft_features(prompt_tokens), self.predict(prompt_tokens)
-        self.in_flight[key] = InFlight(prompt_tokens, time.monotonic())
+        self.in_flight[key] = InFlight(prompt_tokens, self.clock(), prediction, max_tokens)
         return features, prediction
 
-    def first_token(self, key: int, features: list[float], predicted: Prediction, ttft_s: float) -> None:
-        entry = self.in_flight.get(key)
-        if entry is not None:
-            entry.first_token = True
-        self.ttft.update(features, ttft_s)
-        if not any(features[2:]):  # nothing was queued or decoding: what this backend takes when idle
-            self.idle.update(features[:2], ttft_s)
-        if ttft_s > 0:
-            self.errors.append(abs(predicted.ttft_s - ttft_s) / ttft_s)
-            del self.errors[:-200]
+    def worst_tpot_with(self, prompt_tokens: int) -> float:
+        """The highest TPOT a request decoding here now would end with if one more request (this
+        prompt) joined: its remaining tokens at the bigger batch's pace, plus the new prefill's stall."""
+        now, v0, v1, v2 = self.clock(), *self.tpot.w
+        stall = min(0.9, v2 * self.prefill_rate())
+        pace_now = (v0 + v1 * len(self.in_flight)) / (1.0 - stall)
+        pace_with = (v0 + v1 * (len(self.in_flight) + 1)) / (1.0 - stall)
+        worst = 0.0
+        for entry in self.in_flight.values():
+            if entry.first_token is None or entry.max_tokens < 2:
+                continue
+            elapsed = now - entry.first_token
+            left = max(0.0, entry.max_tokens - 1 - elapsed / pace_now) if pace_now > 0 else 0.0
+            worst = max(worst, (elapsed + left * pace_with + v2 * prompt_tokens) / (entry.max_tokens - 1))
+        return worst
 
-    def finished(self, key: int, tpot_s: float | None, tpot_features: list[float] | None) -> None:
-        self.in_flight.pop(key, None)
-        if tpot_s is not None and tpot_features is not None:
-            self.tpot.update(tpot_features, tpot_s)
+    def first_token(self, key: int, features: list[float]) -> float | None:
+        """The request's first token arrived; learns its TTFT (from ``started``), returned in seconds."""
+        entry = self.in_flight.get(key)
+        if entry is None or entry.first_token is not None:
+            return None
+        now = self._advance()
+        ttft = now - entry.started
+        self._prefilled += entry.prompt_tokens
+        self._prefills.append((now, entry.prompt_tokens))
+        entry.first_token, entry.decode_area, entry.prefilled = now, self._area, self._prefilled
+        self.max_decoding = max(self.max_decoding, self.decoding())
+        if self.batch_limit and self.max_decoding > self.batch_limit:  # more ran at once: that limit was wrong
+            self.batch_limit = self.max_decoding
+        self.ttft.update(features, ttft)
+        if ttft > 0:
+            self.errors.append(abs(entry.predicted.ttft_s - ttft) / ttft)
+            del self.errors[:-200]
+        self._ratio("ttft", entry.predicted.ttft_s, ttft)
+        return ttft
+
+    def finished(self, key: int, tpot_s: float | None = None, output_tokens: int = 0) -> None:
+        """The request ended (or failed: no ``tpot_s``); learns its TPOT from what it lived through."""
+        now = self._advance()
+        entry = self.in_flight.pop(key, None)
+        if entry is None or entry.first_token is None or tpot_s is None or output_tokens < 2:
+            return
+        span = now - entry.first_token
+        batch = (self._area - entry.decode_area) / span if span > 0 else float(self.decoding() + 1)
+        stall = (self._prefilled - entry.prefilled) / (output_tokens - 1)
+        self.tpot.update([1.0, max(1.0, batch), stall], tpot_s)
+        self._ratio("tpot", entry.predicted.tpot_s, tpot_s)
 
     def median_error(self) -> float | None:
         if not self.errors:
             return None
         ordered = sorted(self.errors)
         return ordered[len(ordered) // 2]
+
+    def _advance(self) -> float:
+        """Accrues ∫ decoding dt up to now (call before the number decoding changes)."""
+        now = self.clock()
+        self._area += self.decoding() * max(0.0, now - (now if self._changed is None else self._changed))
+        self._changed = now
+        return now
+
+    def _ratio(self, kind: str, predicted: float, actual: float) -> None:
+        fitted = (self.ttft if kind == "ttft" else self.tpot).observations >= 10  # not the priors' errors
+        if fitted and predicted > 0 and actual > 0:
+            self.ratios[kind].append(actual / predicted)
+            del self.ratios[kind][:-100]

@@ -4,10 +4,13 @@
 
 1. the SLO: the route's, tightened by the client's ``x-slo-*`` headers;
 2. predictions for every backend whose breaker admits a request (``predictor.py``);
-3. admission: with ``shed``, a request no backend is predicted to start within its TTFT SLO is
-   refused at once (``RouteShed``, 429, Retry-After: when the best backend's queue should have
-   drained); a negative priority is held to a tighter TTFT (each step of −1 takes 25 % off), so low
-   priority goes first; nothing is shed once a byte has been sent;
+3. admission and binding: with ``strategy: slo`` the request is held at the gateway until a backend
+   is predicted to serve it within every part of its SLO without pushing the requests decoding there
+   past theirs, and goes to the one with the most headroom (``dispatch.py``); what cannot be served in
+   time is refused with ``shed`` (``RouteShed``, 429, Retry-After), at once when the queue ahead is
+   already too long. Other strategies with ``shed`` refuse a request no backend is predicted to start
+   within its TTFT SLO. A negative priority is held to a tighter TTFT (each step of −1 takes 25 % off),
+   so low priority goes first; nothing is shed once a byte has been sent;
 4. the order of the backends (``strategies.py``); the request goes to the first;
 5. first-token deadline: no first event within ``first_token_timeout_ms`` cancels that attempt
    (the backend ends it with a cancelled Done) and resubmits to the next backend, unseen by the client;
@@ -31,6 +34,8 @@ from adapters.base import Timings, Usage
 from adapters.errors import BackendError, InvalidRequest, RouteShed, RouteUnavailable
 from adapters.token_count import TokenCounter, load_counter
 
+from . import dispatch
+from .dispatch import Dispatcher, Waiter
 from .predictor import Prediction
 from .slo import SLO, vllm_tpot
 from .stats import Outcome, Window
@@ -59,6 +64,8 @@ class Route:
                  counter: TokenCounter | None = None) -> None:
         self.name, self.members, self.policy = name, members, policy
         self.orderer = Orderer(policy.strategy)
+        self.dispatcher = Dispatcher(policy.shed)
+        self._held: dict[int, asyncio.Event] = {}  # held requests' wake-ups, by waiter key
         self.window = Window(policy.slo.window_s)
         self.resolve_route = resolve_route
         self.counter = counter or load_counter(None)
@@ -71,15 +78,21 @@ class Route:
         prompt_tokens = self.counter.prompt_tokens(request)
         max_tokens = int(request.options.get("num_predict") or 256)
         members = [m for m in self.members if m.breaker.allows()]
+        bound: Waiter | None = None
+        if self.policy.strategy == "slo" and slo.is_set and members:
+            bound = await self._hold(Waiter(prompt_tokens, max_tokens, time.monotonic(), slo, request.priority))
+            members = [m for m in self.members if m.name == bound.backend] + \
+                [m for m in members if m.name != bound.backend]
         predictions = {m.name: m.latency.predict(prompt_tokens) for m in members}
-        self._admit(request, slo, members, predictions)
-        ordered = self.orderer.order(members, predictions, slo, max_tokens)
+        if bound is None:
+            self._admit(request, slo, members, predictions)
+            members = self.orderer.order(members, predictions, slo, max_tokens)
         retries = self.policy.retries
         last_error: BackendError | None = None
         attempts = 0
-        for member in ordered:
+        for member in members:
             attempts += 1
-            outcome = _Attempt(self, member, request, prompt_tokens, slo)
+            outcome = _Attempt(self, member, request, prompt_tokens, slo, max_tokens, bound if attempts == 1 else None)
             try:
                 async for event in outcome.run(attempts):
                     yield event
@@ -110,6 +123,51 @@ class Route:
                                  retry_after=self._breaker_wait())
         error.partial = _annotated(_empty_done(), self.name, "none", attempts, None)
         self._record(Outcome(time.monotonic(), None, "error"))
+        raise error
+
+    async def _hold(self, waiter: Waiter) -> Waiter:
+        """Until the dispatcher binds the request to a backend (returned) or sheds it (RouteShed)."""
+        wake = self._held[waiter.key] = asyncio.Event()
+        try:
+            self.dispatcher.arrive(waiter, [m for m in self.members if m.breaker.allows()])
+            self.pump()
+            while not waiter.decided:
+                wake.clear()
+                timeout = max(0.0, waiter.deadline - time.monotonic()) + 0.001
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+                self.pump()
+        except BaseException:  # the client left while held, or just after it was bound
+            if not waiter.decided:
+                self.dispatcher.forget(waiter)
+            for member in self.members:
+                if member.name == waiter.backend:
+                    member.latency.finished(waiter.key)
+            raise
+        finally:
+            self._held.pop(waiter.key, None)
+        if waiter.backend is None:
+            self._shed(waiter)
+        return waiter
+
+    def pump(self) -> None:
+        """Binds or sheds what the dispatcher can decide now; called whenever a backend's load changes."""
+        if not self.dispatcher.queue:
+            return
+        for waiter in self.dispatcher.ready([m for m in self.members if m.breaker.allows()]):
+            wake = self._held.get(waiter.key)
+            if wake is not None:
+                wake.set()
+
+    def _shed(self, waiter: Waiter) -> None:
+        self._record(Outcome(time.monotonic(), None, "shed"))
+        wait = max(1, math.ceil(waiter.retry_after_s))
+        error = RouteShed(f"route '{self.name}': no backend is predicted to serve it within its SLO (TTFT SLO of "
+                          f"{waiter.ttft_limit_s * 1000:.0f} ms): {waiter.reason}; retry in {wait} s",
+                          retry_after=float(wait))
+        error.partial = _annotated(_empty_done(), self.name, "none", 0, None)
         raise error
 
     def _admit(self, request: GenerationRequest, slo: SLO, members: list[Member],
@@ -167,7 +225,7 @@ class Route:
                     member.up = False
                     continue
                 member.up = health.ok
-                member.latency.reported_waiting = float(health.metrics.get("requests_waiting", 0.0))
+                member.latency.reported(health.metrics.get("requests_running"), health.metrics.get("requests_waiting"))
             await asyncio.sleep(every_s)
 
     def snapshot(self, prompt_tokens: int = 256) -> dict:
@@ -179,11 +237,14 @@ class Route:
             prediction = m.latency.predict(prompt_tokens)
             backends.append({
                 "name": m.name, "model": m.model, "up": m.up, "breaker": m.breaker.state,
-                "in_flight": m.in_flight, "queued": sum(1 for r in m.latency.in_flight.values() if not r.first_token),
+                "in_flight": m.in_flight, "queued": sum(1 for r in m.latency.in_flight.values() if r.first_token is None),
                 "reported_waiting": m.latency.reported_waiting,
                 "predicted_ttft_ms": round(prediction.ttft_s * 1000, 3),
                 "predicted_tpot_ms": round(prediction.tpot_s * 1000, 3),
                 "prediction_error": m.latency.median_error(), "observations": m.latency.ttft.observations,
+                "batch_limit": m.latency.batch_limit or None,
+                "margins": {kind: round(m.latency.ratio(kind, q), 3)
+                            for kind, q in (("ttft", dispatch.TTFT_QUANTILE), ("tpot", dispatch.TPOT_QUANTILE))},
                 **self.window.summary(m.name),
             })
         errors = sorted(e for m in self.members for e in m.latency.errors)
@@ -198,26 +259,31 @@ class _Attempt:
     """One try of one backend: its own cancel token (the client's cancel reaches it), the
     first-token deadline, and the bookkeeping of the backend's latency model and the route's window."""
 
-    def __init__(self, route: Route, member: Member, request: GenerationRequest, prompt_tokens: int, slo: SLO):
+    def __init__(self, route: Route, member: Member, request: GenerationRequest, prompt_tokens: int, slo: SLO,
+                 max_tokens: int, bound: Waiter | None = None):
         self.route, self.member, self.slo = route, member, slo
         self.request = replace(request, model=member.model, cancel=CancelToken())
         request.cancel.on_cancel(self.request.cancel.cancel)
         self.client_cancel = request.cancel
-        self.prompt_tokens = prompt_tokens
+        self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
+        self.bound = bound    # the dispatcher already told the backend's latency model it started
         self.started = False  # a byte went to the client: no retry, no hedge after this
         self.hedged = False
         self.timed_out = False
 
     async def run(self, attempt: int) -> AsyncIterator[StreamEvent]:
-        member, key = self.member, next(_keys)
-        features, predicted = member.latency.started(key, self.prompt_tokens)
+        member, latency = self.member, self.member.latency
+        if self.bound is not None:
+            key, features = self.bound.key, self.bound.features
+        else:
+            key = next(_keys)
+            features, _ = latency.started(key, self.prompt_tokens, self.max_tokens)
         member.breaker.attempt()
         timer = self._first_token_timer()
-        decoding_at_first: list[float] | None = None
         try:
             async for event in member.backend.stream(self.request):
                 if isinstance(event, Done):
-                    self._finish(event, key, decoding_at_first, attempt)
+                    self._finish(event, key, attempt)
                     if self.hedged:
                         return
                     yield event
@@ -226,12 +292,10 @@ class _Attempt:
                     self.started = True
                     if timer is not None:
                         timer.cancel()
-                    ttft = time.perf_counter() - self.request.arrival
-                    decoding_at_first = member.latency.tpot_features()
-                    member.latency.first_token(key, features, predicted, ttft)
+                    latency.first_token(key, features)
+                    self.route.pump()
                 yield event
         except BackendError as exc:
-            member.latency.finished(key, None, None)
             if exc.status in RETRYABLE:
                 member.breaker.failed()
             self.route._record(Outcome(time.monotonic(), member.name, "error"))
@@ -240,6 +304,9 @@ class _Attempt:
         finally:
             if timer is not None:
                 timer.cancel()
+            if key in latency.in_flight:  # failed, or the client left mid-stream
+                latency.finished(key)
+            self.route.pump()
 
     def _first_token_timer(self) -> asyncio.TimerHandle | None:
         limit = self.route.policy.first_token_timeout_s
@@ -252,17 +319,17 @@ class _Attempt:
                 self.request.cancel.cancel()
         return asyncio.get_running_loop().call_later(limit, expire)
 
-    def _finish(self, done: Done, key: int, decoding_at_first: list[float] | None, attempt: int) -> None:
+    def _finish(self, done: Done, key: int, attempt: int) -> None:
         member, timings = self.member, done.timings
         if self.timed_out and not self.started:  # hedge: the client never sees this attempt
             self.hedged = True
-            member.latency.finished(key, None, None)
+            member.latency.finished(key)
             member.breaker.failed()
             return
         member.breaker.succeeded()
         e2e = timings.total or (time.perf_counter() - self.request.arrival)
         tpot = vllm_tpot(timings.ttft, e2e, done.usage.output_tokens)
-        member.latency.finished(key, tpot, decoding_at_first)
+        member.latency.finished(key, tpot, done.usage.output_tokens)
         cancelled = done.finish_reason == "cancelled"
         missed = self.slo.missed(timings.ttft, e2e, done.usage.output_tokens) if self.slo.is_set else ()
         self.route._record(Outcome(time.monotonic(), member.name, "cancelled" if cancelled else "ok",

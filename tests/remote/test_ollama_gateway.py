@@ -53,7 +53,7 @@ def test_streams_match_including_usage(upstream, front):
     assert (got_usage.prompt_tokens, got_usage.completion_tokens) == (want_usage.prompt_tokens,
                                                                       want_usage.completion_tokens)
     row = ledger_row(front, model="tiny-remote", stream=True, status="ok")
-    assert row["backend"] == "ollama" and row["usage_source"] == "backend"
+    assert row["backend"] == "tiny-remote" and row["usage_source"] == "backend"
     assert row["output_tokens"] == want_usage.completion_tokens
 
 

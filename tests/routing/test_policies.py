@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from routing.breaker import CircuitBreaker
-from routing.predictor import LatencyModel, Prediction, RecursiveLeastSquares
+from routing.predictor import LatencyModel, Prediction, WindowFit
 from routing.slo import SLO, vllm_tpot
 from routing.stats import Outcome, Window, percentiles
 from routing.strategies import Member, Orderer, headroom
@@ -74,20 +74,63 @@ def test_orders_of_each_strategy():
     assert sorted(picks) == ["a", "a", "a", "b", "c"]
 
 
-def test_least_squares_recovers_a_linear_backend():
-    rls = RecursiveLeastSquares([0.0, 0.0, 0.0], forgetting=1.0, confidence=1e-4)
+def test_least_squares_recovers_a_linear_backend_and_never_goes_negative():
+    fit = WindowFit([0.0, 0.0, 0.0], strength=1e-9)
     for i in range(200):
         x = [1.0, float(i % 17), float((i * 7) % 5)]
-        rls.update(x, 0.05 + 0.002 * x[1] + 0.03 * x[2])
-    assert rls.w == pytest.approx([0.05, 0.002, 0.03], abs=1e-6)
+        fit.update(x, 0.05 + 0.002 * x[1] + 0.03 * x[2])
+    assert fit.w == pytest.approx([0.05, 0.002, 0.03], abs=1e-6)
+    falling = WindowFit([0.0, 0.0])
+    for i in range(50):  # more work ahead, less time: read as no cost at all, never a negative one
+        falling.update([1.0, float(i)], 1.0 - 0.01 * i)
+    assert falling.w[1] == 0.0 and falling.predict([1.0, 40.0]) >= falling.predict([1.0, 0.0])
 
 
 def test_latency_model_counts_what_is_in_flight_and_scores_its_predictions():
-    m = LatencyModel()
-    f1, p1 = m.started(1, 100)
-    f2, _ = m.started(2, 50)
-    assert f2 == [1.0, 50.0, 100.0, 1.0, 0.0]  # 100 prompt tokens and one request queued ahead
-    m.first_token(1, f1, p1, 0.2)
-    assert m.ttft_features(10)[3:] == [1.0, 1.0]  # one waiting, one decoding
-    m.finished(1, 0.02, m.tpot_features(0))
-    assert list(m.in_flight) == [2] and m.median_error() == pytest.approx(abs(p1.ttft_s - 0.2) / 0.2)
+    clock = [0.0]
+    m = LatencyModel(clock=lambda: clock[0])
+    f1, p1 = m.started(1, 100, max_tokens=11)
+    f2, _ = m.started(2, 50, max_tokens=11)
+    assert f2 == [1.0, 50.0, 100.0, 1.0, 0.0, 0.0]  # 100 prompt tokens and one request queued ahead
+    clock[0] = 0.2
+    assert m.first_token(1, f1) == pytest.approx(0.2)
+    assert m.ttft_features(10)[3:5] == [1.0, 1.0]  # one waiting, one decoding
+    assert m.median_error() == pytest.approx(abs(p1.ttft_s - 0.2) / 0.2)
+    clock[0] = 0.3
+    m.first_token(2, f2)  # its 50 prompt tokens were prefilled while request 1 decoded
+    clock[0] = 1.2
+    m.finished(1, 0.1, 11)  # 1 s of decoding: 0.1 s with one decoding, 0.9 s with two
+    assert m.tpot.xs[-1] == pytest.approx([1.0, 1.9, 5.0])  # mean batch 1.9, 50 tokens / 10 steps
+    assert list(m.in_flight) == [2]
+
+
+def test_the_tpot_model_learns_a_continuous_batching_engine():
+    """TPOT = 30 ms + 3 ms per sequence + the prefills during the decode at 4000 tokens/s."""
+    m = LatencyModel(clock=lambda: 0.0)
+    for _ in range(8):  # 192 observations: the prior weighs as 3 of them
+        for batch in range(1, 9):
+            for tokens in (0, 400, 1600):
+                m.tpot.update([1.0, batch, tokens / 50], 0.030 + 0.003 * batch + tokens / 4000 / 50)
+    assert m.tpot.w == pytest.approx([0.030, 0.003, 1 / 4000], rel=0.05)
+    for key in range(3):
+        m.started(key, 100)
+    assert m.predict(100).tpot_s == pytest.approx(0.030 + 0.003 * 4, rel=0.05)  # the batch it joins: 3 + itself
+
+
+def test_the_batch_limit_comes_from_a_queue_in_two_reports_and_never_stays_below_what_ran():
+    clock = [0.0]
+    m = LatencyModel(clock=lambda: clock[0])
+    m.reported(running=3, waiting=1)  # one report: maybe a request waiting for the next step
+    assert m.batch_limit == 0 and m.reported_waiting == 1.0
+    m.reported(running=3, waiting=2)
+    assert m.batch_limit == 3
+    for key in range(3):
+        m.started(key, 10)
+    assert m.is_full
+    m.started(3, 10)
+    for key in range(4):  # four decode at once: the limit was wrong
+        m.first_token(key, m.ttft_features(10))
+    assert m.batch_limit == 4 and m.max_decoding == 4
+    m.reported(running=2, waiting=1)
+    m.reported(running=2, waiting=1)
+    assert m.batch_limit == 4  # never below what the gateway saw running

@@ -79,8 +79,27 @@ def test_shedding_answers_429_with_retry_after_naming_the_route_and_the_predicti
     assert r.window.summary()["shed"] == 1
 
 
+def test_slo_holds_a_request_while_the_backend_would_miss_its_tpot_then_serves_it():
+    a = Scripted("a", ttft=0.05, tokens=4)
+    r = route(a, strategy="slo", slo=SLO(ttft_ms=2000, tpot_ms=100), shed=True)
+    for _ in range(50):  # TPOT 50 ms alone, 150 ms with two decoding: one at a time
+        r.members[0].latency.tpot.update([1.0, 1.0, 0.0], 0.05)
+        r.members[0].latency.tpot.update([1.0, 2.0, 0.0], 0.15)
+
+    async def two():
+        return await asyncio.gather(*(collect(r, request()) for _ in range(2)))
+    (first, second) = asyncio.run(two())
+    assert first.served_by == second.served_by == "a" and len(a.calls) == 2
+    assert second.timings.ttft >= first.timings.total  # held at the gateway until the first finished
+    assert r.window.summary()["shed"] == 0
+
+
+async def collect(r: Route, req: GenerationRequest) -> Done:
+    return [e async for e in r.stream(req)][-1]
+
+
 def test_lower_priority_is_shed_first():
-    r = route(Scripted("a"), strategy="slo", slo=SLO(ttft_ms=100), shed=True)
+    r = route(Scripted("a", ttft=0.09), strategy="slo", slo=SLO(ttft_ms=100), shed=True)
     learn(r, 0.09)  # just inside the SLO
     _, done = run(r, request(priority=0))
     assert done.served_by == "a"

@@ -131,3 +131,22 @@ def test_required_without_grammar_and_no_call_is_a_500(engine, oai):
         oai.chat.completions.create(model="qwen-tools", messages=ASK, tools=[WEATHER], tool_choice="required")
     assert err.value.body["message"] == ("tool_choice 'required': the model answered without a tool call: "
                                          "'I would rather not.'")
+
+
+def test_the_ledger_row_of_an_answer_that_called_tools_says_tool_calls(engine, oai, url):
+    import time
+
+    import httpx
+
+    engine.script = HERMES
+    reply = oai.chat.completions.create(model="qwen-tools", messages=ASK, tools=[WEATHER, TIME])
+    assert reply.choices[0].finish_reason == "tool_calls"
+    engine.script = ["just text"]
+    oai.chat.completions.create(model="qwen-tools", messages=ASK, tools=[WEATHER])
+    deadline = time.monotonic() + 5
+    while True:  # the writer thread flushes every 50 ms
+        rows = httpx.get(url + "/infer/requests", params={"since": "5m", "limit": 2}).json()["requests"]
+        if len(rows) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert [r["finish_reason"] for r in rows] == ["stop", "tool_calls"]  # newest first

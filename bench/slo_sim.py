@@ -1,0 +1,286 @@
+"""bench/slo.py's fleet and workload in virtual time: the routing policies in seconds instead of minutes.
+
+Each backend is the queueing fake's engine (``tests/remote/servers/queueing.py``) replayed as a
+discrete-event model: FIFO queue, at most ``batch_limit`` sequences in the batch, the queue's head
+enters at a step boundary, a step is the prefill of the oldest unprefilled sequence
+(``prompt / prefill_tok_s``, yields its first token; decode waits) or a decode step of ``tpot(n)``.
+The gateway side is the real ``routing`` code (``LatencyModel``, ``Dispatcher``) driven by a virtual
+clock, so what this prints is what the route's policy does on that engine, minus HTTP and CPU noise
+(``--overhead-ms`` adds a fixed delay per hop). Requests are judged as bench/slo.py judges them.
+
+    .venv/bin/python bench/slo_sim.py [--loads 0.5,0.9,1.2] [--seconds 60] [--seeds 13,14,15] [--policies slo,least_inflight]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from routing.dispatch import Dispatcher, Waiter  # noqa: E402
+from routing.slo import SLO as RouteSLO  # noqa: E402
+from routing.strategies import Member, Orderer  # noqa: E402
+from slo import FLEET, SLO, Call, fleet_capacity, workload  # noqa: E402
+from tests.remote.servers.queueing import QueueModel  # noqa: E402
+
+
+@dataclass(eq=False)
+class SimRequest:
+    call: Call
+    prompt_tokens: int
+    arrival: float
+    backend: str | None = None
+    sent: float | None = None
+    first: float | None = None
+    last: float | None = None
+    produced: int = 0
+    prefilled: bool = False
+    shed: bool = False
+    key: int = 0
+    features: list = field(default_factory=list)
+    predicted: object = None
+    tpot_features: list | None = None
+
+
+POLL_S = 2.0  # routing.route.Route.poll_health's period
+
+
+class SimEngine:
+    """One backend: the queueing fake's step loop, advanced by events."""
+
+    def __init__(self, name: str, model: QueueModel, sim: "Sim"):
+        self.name, self.model, self.sim = name, model, sim
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self.busy_until: float | None = None  # end of the current step
+        self.step: tuple | None = None
+
+    def submit(self, req: SimRequest, now: float) -> None:
+        self.waiting.append(req)
+        if self.busy_until is None:
+            self._next(now)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.model.batch_limit:
+            self.running.append(self.waiting.pop(0))
+
+    def _next(self, now: float) -> None:
+        self._retire(now)
+        self._admit()
+        if not self.running:
+            self.busy_until, self.step = None, None
+            return
+        pending = next((r for r in self.running if not r.prefilled), None)
+        if pending is not None:
+            self.step = ("prefill", pending)
+            duration = self.model.prefill(pending.prompt_tokens)
+        else:
+            self.step = ("decode", list(self.running))
+            duration = self.model.tpot(len(self.running))
+        self.busy_until = now + duration
+        self.sim.at(self.busy_until, self._end_step)
+
+    def _end_step(self, now: float) -> None:
+        kind, what = self.step
+        if kind == "prefill":
+            what.prefilled = True
+            self._emit(what, now)
+        else:
+            for req in what:
+                self._emit(req, now)
+        self._next(now)
+
+    def _emit(self, req: SimRequest, now: float) -> None:
+        if req.produced >= req.call.max_tokens:
+            return
+        req.produced += 1
+        delay = self.sim.overhead
+        if req.produced == 1:
+            self.sim.at(now + delay, lambda t, r=req: self.sim.first_token(r, t))
+        if req.produced == req.call.max_tokens:
+            req.last = now + delay
+
+    def _retire(self, now: float) -> None:
+        for req in [r for r in self.running if r.prefilled and r.produced >= r.call.max_tokens]:
+            self.running.remove(req)
+            self.sim.at(now + self.sim.overhead, lambda t, r=req: self.sim.finished(r, t))
+
+
+class Sim:
+    """The event queue, the fleet, and the gateway's side (a ``Dispatcher`` over ``LatencyModel``s)."""
+
+    def __init__(self, policy: str, slo: RouteSLO, shed: bool, overhead: float = 0.003):
+        self.now, self.overhead = 0.0, overhead
+        self.events: list = []
+        self.seq = itertools.count()
+        self.engines = {name: SimEngine(name, model, self) for name, model in FLEET.items()}
+        self.members = [Member(name=name, backend=None, model=name) for name in FLEET]
+        self.models = {m.name: m.latency for m in self.members}
+        for m in self.members:
+            m.latency.clock = lambda: self.now
+        self.policy, self.slo = policy, slo
+        self.dispatcher = Dispatcher(shed, clock=lambda: self.now)
+        self.orderer = Orderer(policy)
+        self.requests: list[SimRequest] = []
+
+    def at(self, when: float, fn) -> None:
+        heapq.heappush(self.events, (when, next(self.seq), fn))
+
+    def run(self, calls: list[Call], grace: float) -> list[SimRequest]:
+        for call in calls:
+            req = SimRequest(call, call.words + 1, call.at)
+            self.requests.append(req)
+            self.at(call.at, lambda t, r=req: self.arrive(r, t))
+        end = (calls[-1].at if calls else 0) + grace
+        self.at(self.now + POLL_S, self.poll)
+        while self.events and self.events[0][0] <= end:
+            self.now, _, fn = heapq.heappop(self.events)
+            fn(self.now)
+        return self.requests
+
+    def poll(self, now: float) -> None:
+        """The route's health poller: each backend's running and waiting, as its /metrics says."""
+        for name, engine in self.engines.items():
+            self.models[name].reported(len(engine.running), len(engine.waiting))
+        if self.events:
+            self.at(now + POLL_S, self.poll)
+
+    # -- the gateway ------------------------------------------------------------------------------
+
+    def arrive(self, req: SimRequest, now: float) -> None:
+        if self.policy != "slo":
+            predictions = {m.name: m.latency.predict(req.prompt_tokens) for m in self.members}
+            member = self.orderer.order(self.members, predictions, self.slo, req.call.max_tokens)[0]
+            req.key = next(self.seq)
+            req.features, req.predicted = member.latency.started(req.key, req.prompt_tokens)
+            self.send(req, member.name, now)
+            return
+        waiter = Waiter(req.prompt_tokens, req.call.max_tokens, now, self.slo, payload=req)
+        self.dispatcher.arrive(waiter, self.members)
+        if waiter.decided:
+            req.shed = True
+        self.pump(now)
+
+    def send(self, req: SimRequest, name: str, now: float) -> None:
+        req.backend, req.sent = name, now
+        self.engines[name].submit(req, now + self.overhead)
+
+    def pump(self, now: float) -> None:
+        for waiter in self.dispatcher.ready(self.members):
+            req = waiter.payload
+            if waiter.backend is None:
+                req.shed = True
+                continue
+            req.key, req.features, req.predicted = waiter.key, waiter.features, waiter.prediction
+            self.send(req, waiter.backend, now)
+        deadline = self.dispatcher.next_deadline()
+        if deadline is not None:
+            self.at(max(deadline, now + 1e-4), self.pump)
+
+    def first_token(self, req: SimRequest, now: float) -> None:
+        req.first = now
+        self.models[req.backend].first_token(req.key, req.features)
+        self.pump(now)
+
+    def finished(self, req: SimRequest, now: float) -> None:
+        n = req.call.max_tokens
+        tpot = (req.last - req.first) / (n - 1) if n > 1 else None
+        self.models[req.backend].finished(req.key, tpot, n)
+        self.pump(now)
+
+
+def judge(req: SimRequest) -> bool:
+    if req.shed or req.first is None or req.last is None:
+        return False
+    n = req.call.max_tokens
+    tpot = (req.last - req.first) / (n - 1) if n > 1 else 0.0
+    return (req.first - req.arrival) * 1000 <= SLO["ttft_ms"] and tpot * 1000 <= SLO["tpot_ms"] \
+        and (req.last - req.arrival) * 1000 <= SLO["e2e_ms"]
+
+
+def summary(reqs: list[SimRequest], sim: Sim) -> dict:
+    good = [r for r in reqs if judge(r)]
+    shed = sum(1 for r in reqs if r.shed)
+    done = [r for r in reqs if r.last is not None]
+    first = min(r.arrival for r in reqs)
+    duration = max((r.last for r in done), default=first) - first
+    missed = {"ttft": 0, "tpot": 0, "e2e": 0}
+    for r in done:
+        n = r.call.max_tokens
+        missed["ttft"] += (r.first - r.arrival) * 1000 > SLO["ttft_ms"]
+        missed["tpot"] += n > 1 and (r.last - r.first) / (n - 1) * 1000 > SLO["tpot_ms"]
+        missed["e2e"] += (r.last - r.arrival) * 1000 > SLO["e2e_ms"]
+    errors = sorted(e for m in sim.models.values() for e in m.errors)
+    return {"requests": len(reqs), "good": len(good), "shed": shed, "unfinished": len(reqs) - len(done) - shed,
+            "attainment": len(good) / len(reqs), "admitted": len(good) / max(1, len(reqs) - shed),
+            "goodput": len(good) / duration if duration else 0.0, "missed": missed,
+            "pred_err": errors[len(errors) // 2] if errors else None,
+            "served": {n: sum(1 for r in reqs if r.backend == n) for n in FLEET}}
+
+
+def simulate(policy: str, load: float, seconds: float, seed: int, shed: bool, warmup: float,
+             debug: bool = False) -> dict:
+    cap = fleet_capacity()["rps"]
+    slo = RouteSLO(ttft_ms=SLO["ttft_ms"], tpot_ms=SLO["tpot_ms"], e2e_ms=SLO["e2e_ms"])
+    sim = Sim(policy, slo, shed)
+    if warmup:
+        sim.run(workload(0.5 * cap, warmup, seed + 99), grace=30)
+        sim.requests, sim.events, sim.now = [], [], 0.0
+        for model in sim.models.values():
+            model.errors.clear()
+    out = summary(sim.run(workload(load * cap, seconds, seed), grace=30), sim)
+    if debug:
+        for m in sim.members:
+            lat = m.latency
+            print(f"   {m.name}: ttft w={[round(w, 5) for w in lat.ttft.w]} tpot v={[round(v, 5) for v in lat.tpot.w]} "
+                  f"rho={lat.prefill_rate():.0f} L={lat.batch_limit} err={lat.median_error() or 0:.2f} r_ttft={lat.ratio('ttft', 0.8):.2f} "
+                  f"r_tpot={lat.ratio('tpot', 0.8):.2f}")
+    return out
+
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loads", default="0.5,0.9,1.2")
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--seeds", default="13")
+    parser.add_argument("--policies", default="slo,least_inflight,round_robin")
+    parser.add_argument("--warmup", type=float, default=15)
+    parser.add_argument("--debug", action="store_true", help="print each backend's fitted models")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a routing.dispatch constant (e.g. ERROR_QUANTILE=0.9) to compare policies")
+    args = parser.parse_args()
+    import routing.dispatch as dispatch
+    for item in args.set:
+        name, value = item.split("=", 1)
+        current = getattr(dispatch, name)
+        setattr(dispatch, name, value in ("True", "1") if isinstance(current, bool) else type(current)(value))
+    print(f"{'load':>4s} {'policy':15s} {'reqs':>5s} {'good':>5s} {'shed':>4s} {'attain':>6s} {'adm.at':>6s} "
+          f"{'goodput':>7s} {'pred.err':>8s}  missed ttft/tpot/e2e  served")
+    for index, load in enumerate(float(x) for x in args.loads.split(",")):
+        for policy in args.policies.split(","):
+            rows = [simulate(policy, load, args.seconds, int(s) + index, policy == "slo", args.warmup,
+                             args.debug)
+                    for s in args.seeds.split(",")]
+            for row in rows:
+                err = f"{row['pred_err']:8.1%}" if row["pred_err"] is not None else f"{'-':>8s}"
+                print(f"{load:4.1f} {policy:15s} {row['requests']:5d} {row['good']:5d} {row['shed']:4d} "
+                      f"{row['attainment']:6.3f} {row['admitted']:6.3f} {row['goodput']:7.3f} {err}  "
+                      f"{row['missed']['ttft']:3d}/{row['missed']['tpot']:3d}/{row['missed']['e2e']:3d}  "
+                      f"{'/'.join(str(v) for v in row['served'].values())}")
+            if len(rows) > 1:
+                print(f"{'':4s} {'median':15s} attainment {statistics.median(r['attainment'] for r in rows):.3f} "
+                      f"admitted {statistics.median(r['admitted'] for r in rows):.3f} "
+                      f"goodput {statistics.median(r['goodput'] for r in rows):.3f}")
+
+
+if __name__ == "__main__":
+    main()

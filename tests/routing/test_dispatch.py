@@ -1,0 +1,110 @@
+"""The slo strategy's dispatcher on a virtual clock: it holds a request while no backend has room,
+binds it when one frees up, protects the requests already decoding, and sheds at the deadline."""
+
+from __future__ import annotations
+
+from routing.dispatch import Dispatcher, Waiter
+from routing.slo import SLO
+from routing.strategies import Member
+
+SLO_ = SLO(ttft_ms=1000, tpot_ms=100, e2e_ms=20000)
+
+
+def fleet(clock: list[float], *names: str) -> list[Member]:
+    members = [Member(name=n, backend=None, model=n) for n in names]
+    for m in members:
+        m.latency.clock = lambda: clock[0]
+    return members
+
+
+def teach(member: Member, ttft_s: float, tpot_base: float, tpot_per_seq: float) -> None:
+    """What the backend has shown: a TTFT, and a TPOT growing with the batch (no prefill stalls)."""
+    for _ in range(30):
+        member.latency.ttft.update(member.latency.ttft_features(100), ttft_s)
+        for batch in range(1, 9):
+            member.latency.tpot.update([1.0, float(batch), 0.0], tpot_base + tpot_per_seq * batch)
+
+
+def waiter(clock: list[float], **fields) -> Waiter:
+    return Waiter(100, 50, clock[0], fields.pop("slo", SLO_), **fields)
+
+
+def test_the_request_goes_where_it_has_the_most_headroom():
+    clock = [0.0]
+    slow, fast = fleet(clock, "slow", "fast")
+    teach(slow, 0.5, 0.05, 0.01)
+    teach(fast, 0.1, 0.02, 0.005)
+    d = Dispatcher(shed=True, clock=lambda: clock[0])
+    w = waiter(clock)
+    d.arrive(w, [slow, fast])
+    assert d.ready([slow, fast]) == [w] and w.backend == "fast" and w.key in fast.latency.in_flight
+
+
+def test_a_request_is_held_while_it_would_miss_its_tpot_and_bound_when_a_slot_frees():
+    clock = [0.0]
+    (only,) = fleet(clock, "only")
+    teach(only, 0.1, 0.04, 0.018)  # TPOT = 40 + 18 ms per sequence: at most 3 fit a 100 ms SLO
+    d = Dispatcher(shed=True, clock=lambda: clock[0])
+    first = [waiter(clock) for _ in range(3)]
+    for w in first:
+        d.arrive(w, [only])
+    assert [w.backend for w in d.ready([only])] == ["only"] * 3
+    late = waiter(clock)
+    d.arrive(late, [only])
+    assert d.ready([only]) == [] and d.queue == [late]  # a fourth would decode at 112 ms: held
+    clock[0] = 0.3
+    only.latency.finished(first[0].key)
+    assert d.ready([only]) == [late] and late.backend == "only"
+
+
+def test_what_cannot_be_served_by_its_deadline_is_shed_or_with_shed_off_sent_anyway():
+    for shed in (True, False):
+        clock = [0.0]
+        (only,) = fleet(clock, "only")
+        teach(only, 0.2, 0.04, 0.018)
+        d = Dispatcher(shed=shed, clock=lambda: clock[0])
+        busy = [waiter(clock) for _ in range(3)]
+        for w in busy:
+            d.arrive(w, [only])
+        d.ready([only])
+        held = waiter(clock)
+        d.arrive(held, [only])
+        assert d.ready([only]) == [] and d.next_deadline() == held.deadline
+        assert held.deadline < 1.0  # 1 s TTFT SLO minus what the backend needs to start it
+        clock[0] = held.deadline
+        assert d.ready([only]) == [held]
+        assert held.backend == (None if shed else "only")
+        if shed:
+            assert "best: only" in held.reason and held.retry_after_s >= 1
+
+
+def test_a_newcomer_may_not_push_the_requests_decoding_past_their_tpot():
+    clock = [0.0]
+    (only,) = fleet(clock, "only")
+    teach(only, 0.1, 0.05, 0.01)
+    for _ in range(60):  # each prompt token prefilled during a decode costs 1 ms of it
+        only.latency.tpot.update([1.0, 2.0, 5.0], 0.05 + 0.02 + 0.005)
+    d = Dispatcher(shed=True, clock=lambda: clock[0])
+    decoding = waiter(clock)
+    d.arrive(decoding, [only])
+    d.ready([only])
+    only.latency.first_token(decoding.key, decoding.features)
+    clock[0] = 1.0
+    loose = SLO(ttft_ms=10000, tpot_ms=100)
+    short = Waiter(50, 2, clock[0], loose)
+    huge = Waiter(1500, 2, clock[0], loose)  # its prefill would add 1.5 s / 49 tokens to the decoding one
+    d.arrive(short, [only])
+    d.arrive(huge, [only])
+    assert d.ready([only]) == [short] and d.queue == [huge]
+
+
+def test_a_negative_priority_is_held_to_a_tighter_ttft():
+    clock = [0.0]
+    (only,) = fleet(clock, "only")
+    teach(only, 0.8, 0.02, 0.0)
+    d = Dispatcher(shed=True, clock=lambda: clock[0])
+    normal, low = waiter(clock), waiter(clock, priority=-1)  # 1000 ms vs 750 ms
+    d.arrive(normal, [only])
+    d.arrive(low, [only])
+    d.ready([only])
+    assert normal.backend == "only" and low.decided and low.backend is None
