@@ -122,7 +122,8 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
     pending: dict[int, list[TokenLogprob]] = defaultdict(list)
     dones: dict[int, Done] = {}
     called: dict[int, int] = defaultdict(int)  # tool calls sent per choice
-    head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}  # every chunk's keys, in order
+    # every chunk's keys, in order, built once per stream
+    head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}
 
     def chunk(index: int, delta: dict, reason: str | None = None, entries: list[TokenLogprob] | None = None) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(entries) if entries else None,
@@ -171,7 +172,8 @@ async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Seque
     pending: dict[int, list[TokenLogprob]] = defaultdict(list)
     offsets: dict[int, int] = defaultdict(int)
     dones: dict[int, Done] = {}
-    head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}  # every chunk's keys, in order
+    # every chunk's keys, in order, built once per stream
+    head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}
 
     def chunk(index: int, text: str, reason: str | None = None) -> dict:
         entries = _take(pending, index)

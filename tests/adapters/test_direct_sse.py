@@ -11,8 +11,8 @@ import httpx
 from adapters.direct import DirectResponse
 from adapters.wire import ndjson_objects, sse_data
 
-SSE_PIECES = [b"data: one\r\n\r\n: a comment\n", b"event: x\ndata:two\ndata: lines\n\nda", b"ta: cr\r\rdata: {\"k\": 1}\r",
-              b"\n\ndata: last, no blank line"]
+SSE_PIECES = [b"data: one\r\n\r\n: a comment\n", b"event: x\ndata:two\ndata: lines\n\nda",
+              b"ta: cr\r\rdata: {\"k\": 1}\r", b"\n\ndata: last, no blank line"]
 NDJSON_PIECES = [b'{"a": 1}\n\n{"b"', b': 2}\r\n  \n{"c": 3}']
 
 
