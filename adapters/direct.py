@@ -59,6 +59,20 @@ class DirectResponse:
             for part in _parts(held):
                 yield part
 
+    async def aiter_line_batches(self) -> AsyncIterator[list[str]]:
+        """The lines of each block read off the socket, as :meth:`aiter_lines` gives them one by one."""
+        held = b""
+        try:
+            async for data in self._response.content.iter_any():
+                held += data
+                *lines, held = held.split(b"\n")
+                if lines:
+                    yield [part for line in lines for part in _parts(line)]
+        except aiohttp.ClientError as exc:
+            raise self._to_error(exc) from exc
+        if held:
+            yield _parts(held)
+
     async def aclose(self) -> None:
         """Back to the pool when read to the end, else the connection closes (the backend sees it)."""
         self._response.release()

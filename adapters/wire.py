@@ -23,26 +23,40 @@ from .errors import BackendProtocolError
 async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
     """The ``data`` payload of each server-sent event."""
     lines: list[str] = []
-    async for line in response.aiter_lines():
-        if not line:
-            if lines:
-                yield "\n".join(lines)
-                lines = []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        if field == "data":
-            lines.append(value[1:] if value.startswith(" ") else value)
+    async for batch in _line_batches(response):
+        for line in batch:
+            if not line:
+                if lines:
+                    yield "\n".join(lines)
+                    lines = []
+                continue
+            if line.startswith(":"):
+                continue
+            field, _, value = line.partition(":")
+            if field == "data":
+                lines.append(value[1:] if value.startswith(" ") else value)
     if lines:
         yield "\n".join(lines)
 
 
+def _line_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
+    """The lines as they arrive together: a direct aiohttp reply gives one list per block read (no
+    generator step per line); an httpx reply one list per line."""
+    batches = getattr(response, "aiter_line_batches", None)
+    return batches() if batches is not None else _one_each(response.aiter_lines())
+
+
+async def _one_each(lines: AsyncIterator[str]) -> AsyncIterator[list[str]]:
+    async for line in lines:
+        yield [line]
+
+
 async def ndjson_objects(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     """One JSON object per non-empty line (Ollama's streaming format)."""
-    async for line in response.aiter_lines():
-        if line.strip():
-            yield parse_json(line)
+    async for batch in _line_batches(response):
+        for line in batch:
+            if line.strip():
+                yield parse_json(line)
 
 
 def parse_json(text: str | bytes, what: str = "reply") -> Any:

@@ -240,7 +240,8 @@ class Generation:
                     yield event
                     return
                 yield event
-                event = await self._queue.get()
+                queue = self._queue
+                event = await queue.get() if queue.empty() else queue.get_nowait()
         finally:
             if not ended:  # the consumer went away: the backend stops and reports a cancelled Done
                 self.request.cancel.cancel()
@@ -300,7 +301,10 @@ class Generation:
             self._queue.put_nowait(_Failure(exc))
             self._finish(self._error_record(exc))
         else:
-            self._finish(self.record)
+            try:  # the consumer answers first: the row, metrics and key settlement are not on the client's clock
+                await asyncio.sleep(0)
+            finally:
+                self._finish(self.record)
 
     def _done_record(self, done: Done) -> UsageRecord:
         if self._aborted is not None:

@@ -36,7 +36,8 @@ class ModelTotals:
 def stamp(record: UsageRecord, now: datetime | None = None) -> dict:
     """The row for ``record``: its columns plus a fresh ULID ``id`` and ``datetime_utc``."""
     now = now or datetime.now(timezone.utc)
-    row = record.model_dump()
+    # A plain UsageRecord's fields are all scalars, in column order: a copy is its model_dump, faster.
+    row = dict(record.__dict__) if type(record) is UsageRecord else record.model_dump()
     row["id"] = new_ulid(int(now.timestamp() * 1000))
     row["datetime_utc"] = utc_iso(now)
     return row

@@ -58,38 +58,63 @@ class Stream(StreamingResponse):
 def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200,
                    more_ready: Callable[[], bool] = _never) -> StreamingResponse:
     async def lines() -> AsyncIterator[bytes]:
+        held = _Held(more_ready)
         try:
             async for obj in objects:
-                yield dumps(obj) + b"\n"
+                if (ready := held.add(dumps(obj) + b"\n")) is not None:
+                    yield ready
         except Exception as exc:  # headers are sent: the error becomes the last line
-            yield dumps(_error(exc, "/api")) + b"\n"
-    return Stream(_coalesced(lines(), more_ready), status_code=status_code, media_type=NDJSON)
+            if (ready := held.add(dumps(_error(exc, "/api")) + b"\n")) is not None:
+                yield ready
+        if held.pieces:
+            yield held.take()
+    return Stream(lines(), status_code=status_code, media_type=NDJSON)
 
 
 def sse_response(objects: AsyncIterator[dict], more_ready: Callable[[], bool] = _never) -> StreamingResponse:
     """``data: <json>\\n\\n`` per object, then ``data: [DONE]\\n\\n``, always."""
     async def events() -> AsyncIterator[bytes]:
+        held = _Held(more_ready)
         try:
             async for obj in objects:
-                yield b"data: " + dumps(obj) + b"\n\n"
+                if (ready := held.add(b"data: " + dumps(obj) + b"\n\n")) is not None:
+                    yield ready
         except Exception as exc:  # headers are sent: the error is the last event before [DONE]
-            yield b"data: " + dumps(_error(exc, "/v1")) + b"\n\n"
-        yield b"data: [DONE]\n\n"
+            if (ready := held.add(b"data: " + dumps(_error(exc, "/v1")) + b"\n\n")) is not None:
+                yield ready
+        if (ready := held.add(b"data: [DONE]\n\n")) is not None:
+            yield ready
+        if held.pieces:
+            yield held.take()
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return Stream(_coalesced(events(), more_ready), media_type=SSE, headers=headers)
+    return Stream(events(), media_type=SSE, headers=headers)
 
 
-async def _coalesced(pieces: AsyncIterator[bytes], more_ready: Callable[[], bool]) -> AsyncIterator[bytes]:
+class _Held:
     """One write for the pieces that are ready together: a piece is held only while ``more_ready()``
-    says the next event has already arrived, so nothing ever waits to be batched."""
-    held: list[bytes] = []
-    async for piece in pieces:
-        held.append(piece)
-        if not more_ready():
-            yield b"".join(held)
-            held.clear()
-    if held:
-        yield b"".join(held)
+    says the next event has already arrived, so nothing ever waits to be batched. (Kept inside the
+    framing generators: one async generator less per chunk.)"""
+
+    __slots__ = ("more_ready", "pieces")
+
+    def __init__(self, more_ready: Callable[[], bool]):
+        self.more_ready = more_ready
+        self.pieces: list[bytes] = []
+
+    def add(self, piece: bytes) -> bytes | None:
+        """``piece`` held, or what to write now (the held pieces and ``piece``)."""
+        if self.more_ready():
+            self.pieces.append(piece)
+            return None
+        if not self.pieces:
+            return piece
+        self.pieces.append(piece)
+        return self.take()
+
+    def take(self) -> bytes:
+        out = b"".join(self.pieces)
+        self.pieces.clear()
+        return out
 
 
 def _error(exc: Exception, path: str) -> dict:

@@ -39,6 +39,8 @@ async def run_all(recorder: Recorder, backend: Backend, requests: Sequence[Gener
             gens.append(gen)
         return await gen.collect()
 
+    if len(requests) == 1:  # the common case: no task of its own (a loop iteration less)
+        return [await one(requests[0])]
     results = await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
@@ -120,12 +122,13 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
     pending: dict[int, list[TokenLogprob]] = defaultdict(list)
     dones: dict[int, Done] = {}
     called: dict[int, int] = defaultdict(int)  # tool calls sent per choice
-    extra = {"usage": None} if include_usage else {}
+    # every chunk's keys, in order, built once per stream
+    head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}
 
     def chunk(index: int, delta: dict, reason: str | None = None, entries: list[TokenLogprob] | None = None) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(entries) if entries else None,
                   "finish_reason": reason}
-        return {**meta.envelope([choice], stream=True), **extra}
+        return {**head, "choices": [choice]}
 
     async for index, event in events:
         if isinstance(event, Done):
@@ -169,7 +172,8 @@ async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Seque
     pending: dict[int, list[TokenLogprob]] = defaultdict(list)
     offsets: dict[int, int] = defaultdict(int)
     dones: dict[int, Done] = {}
-    extra = {"usage": None} if include_usage else {}
+    # every chunk's keys, in order, built once per stream
+    head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}
 
     def chunk(index: int, text: str, reason: str | None = None) -> dict:
         entries = _take(pending, index)
@@ -178,7 +182,7 @@ async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Seque
             lp = legacy_logprobs(entries, offsets[index])
             offsets[index] += sum(len(e.token) for e in entries)
         choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
-        return {**meta.envelope([choice], stream=True), **extra}
+        return {**head, "choices": [choice]}
 
     async for index, event in events:
         if isinstance(event, Done):
