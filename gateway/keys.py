@@ -84,9 +84,21 @@ class KeyBook:
         return True
 
     def _touch(self, key_name: str, lease: "Lease") -> None:
-        if lease.timer is not None:
-            lease.timer.cancel()
-        lease.timer = asyncio.get_running_loop().call_later(LEASE_IDLE_S, self._give_back, key_name)
+        """The lease was used now: one timer per lease, re-armed at its expiry if it was used since
+        (not cancelled and re-armed on every request)."""
+        loop = asyncio.get_running_loop()
+        lease.used_at = loop.time()
+        if lease.timer is None:
+            lease.timer = loop.call_later(LEASE_IDLE_S, self._expire, key_name)
+
+    def _expire(self, key_name: str) -> None:
+        lease = self._leases[key_name]
+        loop = asyncio.get_running_loop()
+        idle_left = lease.used_at + LEASE_IDLE_S - loop.time()
+        if idle_left > 0:
+            lease.timer = loop.call_later(idle_left, self._expire, key_name)
+        else:
+            self._give_back(key_name)
 
     def _give_back(self, key_name: str) -> None:
         lease = self._leases[key_name]
@@ -185,7 +197,8 @@ async def _redis_admit(redis: Any, key: ApiKey, tokens: int) -> None:
 @dataclass
 class Lease:
     held: float = 0.0  # reserved in the database, not yet handed to a request
-    timer: asyncio.TimerHandle | None = None
+    used_at: float = 0.0  # loop time of the last reservation from it
+    timer: asyncio.TimerHandle | None = None  # gives the room back LEASE_IDLE_S after used_at
 
 
 @dataclass
