@@ -12,16 +12,15 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import ValidationError
-from starlette.datastructures import Headers
 
 from adapters.base import Chunk, GenerationRequest, TokenLogprob
 from adapters.router import Router
 
 from gateway.ollama import views as view
-from gateway.deps import ClientDep, RecorderDep, RouterDep, client_from
+from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.http.disconnect import Receive, on_disconnect
-from gateway.http.hints import HintsDep, RequestHints, hints_from
+from gateway.http.hints import HintsDep, RequestHints
+from gateway.http.hot import hot_route
 from gateway.http.errors import APIError
 from gateway.http.jsonwire import JSONBytes, cost_header
 from gateway.ollama.local import load_or_unload
@@ -71,20 +70,6 @@ async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncItera
 async def chat(body: ChatRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
                hints: HintsDep, http: Request) -> Response:
     return await serve_chat(body, backends, recorder, client, hints, http.receive)
-
-
-async def hot_chat(scope, receive, data: dict) -> Response | None:
-    """``POST /api/chat`` without FastAPI's routing (gateway/http/hot.py): the same validation and
-    answer; None sends a request that does not validate the FastAPI way."""
-    try:
-        body = ChatRequest.model_validate(data)
-        headers = Headers(scope=scope)
-        hints = hints_from(headers)
-    except (ValidationError, APIError):
-        return None
-    state = scope["app"].state
-    return await serve_chat(body, state.router, state.recorder, client_from(headers, scope), hints,
-                            receive)
 
 
 async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, client: str | None,
@@ -179,3 +164,6 @@ async def embeddings(body: EmbeddingsRequest, backends: RouterDep, recorder: Rec
     result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route="/api/embeddings", model=body.model,
                                 inputs=[body.prompt], client=client, keep_alive=keep_alive)
     return {"embedding": result.embeddings[0]}
+
+
+hot_chat = hot_route(ChatRequest, serve_chat)  # ``POST /api/chat`` without FastAPI's routing (gateway/http/hot.py)

@@ -8,16 +8,14 @@ ledger row each). Streams are SSE (``data: {json}\\n\\n`` … ``data: [DONE]``).
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
-from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from adapters.router import Router
 
-from gateway.deps import ClientDep, RecorderDep, RouterDep, client_from
+from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.http.disconnect import Receive, on_disconnect
-from gateway.http.errors import APIError
-from gateway.http.hints import HintsDep, RequestHints, hints_from
+from gateway.http.hints import HintsDep, RequestHints
+from gateway.http.hot import hot_route
 from gateway.recorder import Recorder
 from gateway.http.jsonwire import JSONBytes, cost_header
 from gateway.http.streaming import sse_response
@@ -36,20 +34,6 @@ COMPLETIONS_ROUTE = "/v1/completions"
 async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, recorder: RecorderDep,
                            client: ClientDep, hints: HintsDep, http: Request):
     return await serve_chat(body, backends, recorder, client, hints, http.receive)
-
-
-async def hot_chat(scope, receive, data: dict) -> Response | None:
-    """``POST /v1/chat/completions`` without FastAPI's routing (gateway/http/hot.py): the same
-    validation and answer; None sends a request that does not validate the FastAPI way."""
-    try:
-        body = ChatCompletionRequest.model_validate(data)
-        headers = Headers(scope=scope)
-        hints = hints_from(headers)
-    except (ValidationError, APIError):
-        return None
-    state = scope["app"].state
-    return await serve_chat(body, state.router, state.recorder, client_from(headers, scope), hints,
-                            receive)
 
 
 async def serve_chat(body: ChatCompletionRequest, backends: Router, recorder: Recorder, client: str | None,
@@ -89,3 +73,6 @@ async def completions(body: CompletionRequest, backends: RouterDep, recorder: Re
         results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE, gens)
     return JSONBytes(text_completion(meta, results, prompt_of, logprobs=logprobs),
                      headers=cost_header(total_cost(gens)))
+
+
+hot_chat = hot_route(ChatCompletionRequest, serve_chat)  # ``POST /v1/chat/completions`` without FastAPI's routing (gateway/http/hot.py)
