@@ -297,23 +297,18 @@ class RemoteBackend:
     @asynccontextmanager
     async def post_stream(self, path: str, body: dict[str, Any], accept: str = "text/event-stream"):
         """POST ``body`` and yield the streaming response once its status is known to be a success."""
-        if self._direct is not None:
-            reply = await self._direct.post(path, body, {**self.headers(), "Accept": accept}, self.to_error)
-            try:
-                if reply.status_code >= 400:
-                    raise self.error_from_response(reply.status_code, await reply.aread(), reply.headers)
-                yield reply
-            finally:
-                await reply.aclose()
-            return
-        request = self.client.build_request("POST", path, json=body, headers={**self.headers(), "Accept": accept})
-        response = await self.client.send(request, stream=True)
+        headers = {**self.headers(), "Accept": accept}
+        if self._direct is not None:  # aiohttp without httpx's layer; an injected httpx client keeps httpx
+            reply = await self._direct.post(path, body, headers, self.to_error)
+        else:
+            reply = await self.client.send(self.client.build_request("POST", path, json=body, headers=headers),
+                                           stream=True)
         try:
-            if response.status_code >= 400:
-                raise self.error_from_response(response.status_code, await response.aread(), response.headers)
-            yield response
+            if reply.status_code >= 400:
+                raise self.error_from_response(reply.status_code, await reply.aread(), reply.headers)
+            yield reply
         finally:
-            await response.aclose()
+            await reply.aclose()
 
     async def post_json(self, path: str, body: dict[str, Any]) -> Any:
         if self._direct is not None:
