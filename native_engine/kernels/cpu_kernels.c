@@ -12,6 +12,7 @@
  * add_rms_norm and paged_attention_decode: one call each where PyTorch runs 5-15 small ops. */
 #include <stdint.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -59,6 +60,70 @@ AI void tile(int is_q8, const float *x, int64_t K, const uint8_t *qs, const floa
         for (int t = 0; t < TT; t++) out[(t0 + t) * N + n0 + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
+#ifdef __AVX512VNNI__
+/* One token, 2 rows at a time: x as int16 per group of 32 (x ~ sx[g] * x16, |error| <= sx[g] / 2, i.e. 1.5e-5
+ * of the group's largest |x|), 32 nibble products per vpdpwssd; the Q4_1 offsets m come in through the
+ * group sums xsum. Half the vector work of dequantizing to float32. */
+AI void q4_1_row_vnni(const int16_t *x16, const float *sx, const float *xsum, int64_t G, const uint8_t *qs,
+                      const float *d, const float *m, int64_t n, int64_t N, float *out) {
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    float off0 = 0.0f, off1 = 0.0f;
+    const uint8_t *q0 = qs + n * G * 16, *q1 = q0 + G * 16;
+    const float *d0 = d + n * G, *d1 = d0 + G, *m0 = m + n * G, *m1 = m0 + G;
+    for (int64_t g = 0; g < G; g++) {
+        __m512i xv = _mm512_loadu_si512((const void *)(x16 + g * 32));
+        __m128i b0 = _mm_loadu_si128((const __m128i *)(q0 + g * 16)), b1 = _mm_loadu_si128((const __m128i *)(q1 + g * 16));
+        __m512i w0 = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b0, 4), mask), _mm_and_si128(b0, mask)));
+        __m512i w1 = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b1, 4), mask), _mm_and_si128(b1, mask)));
+        __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w0, xv);
+        __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w1, xv);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(d0[g] * sx[g]), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(d1[g] * sx[g]), acc1);
+        off0 += m0[g] * xsum[g];
+        off1 += m1[g] * xsum[g];
+    }
+    out[n] = _mm512_reduce_add_ps(acc0) + off0;
+    out[n + 1] = _mm512_reduce_add_ps(acc1) + off1;
+}
+
+/* The same for Q8_0 rows (w = d * q8, no offsets). */
+AI void q8_0_row_vnni(const int16_t *x16, const float *sx, int64_t G, const int8_t *qs, const float *d, int64_t n,
+                      float *out) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const int8_t *q0 = qs + n * G * 32, *q1 = q0 + G * 32;
+    const float *d0 = d + n * G, *d1 = d0 + G;
+    for (int64_t g = 0; g < G; g++) {
+        __m512i xv = _mm512_loadu_si512((const void *)(x16 + g * 32));
+        __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q0 + g * 32)));
+        __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(q1 + g * 32)));
+        __m512i s0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w0, xv);
+        __m512i s1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w1, xv);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_set1_ps(d0[g] * sx[g]), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(d1[g] * sx[g]), acc1);
+    }
+    out[n] = _mm512_reduce_add_ps(acc0);
+    out[n + 1] = _mm512_reduce_add_ps(acc1);
+}
+
+/* x [K] -> per group of 32: int16 values, scale and float sum. */
+static void quantize_x16(const float *x, int64_t K, int16_t *x16, float *sx, float *xsum) {
+    for (int64_t g = 0; g < K / 32; g++) {
+        float amax = 0.0f, sum = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float v = x[g * 32 + j];
+            sum += v;
+            amax = fabsf(v) > amax ? fabsf(v) : amax;
+        }
+        float scale = amax / 32767.0f, inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        for (int j = 0; j < 32; j++) x16[g * 32 + j] = (int16_t)lrintf(x[g * 32 + j] * inv);
+        sx[g] = scale;
+        xsum[g] = sum;
+    }
+}
+#define HAVE_VNNI 1
+#endif
+
 AI void rows(int is_q8, const float *x, int64_t T, int64_t K, const uint8_t *qs, const float *d, const float *m,
              int64_t n0, int64_t N, float *out) {
     /* 4 rows of one token (M = 1: four independent chains), else 2 rows x 4 tokens, then leftovers. */
@@ -97,6 +162,21 @@ static void rows(int is_q8, const float *x, int64_t T, int64_t K, const uint8_t 
 /* N must be a multiple of 4 and K of 32; x [T, K] and out [T, N] row-major, contiguous. */
 static void blocks_matmul(int is_q8, const float *x, int64_t T, int64_t K, const uint8_t *qs, const float *d,
                           const float *m, int64_t N, float *out, int num_threads) {
+#ifdef HAVE_VNNI
+    if (T < 4 && K <= 8192) {
+        int16_t x16[8192] __attribute__((aligned(64)));
+        float sx[256], xsum[256];
+        for (int64_t t = 0; t < T; t++) {
+            quantize_x16(x + t * K, K, x16, sx, xsum);
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+            for (int64_t n0 = 0; n0 < N; n0 += 2) {
+                if (is_q8) q8_0_row_vnni(x16, sx, K / 32, (const int8_t *)qs, d, n0, out + t * N);
+                else q4_1_row_vnni(x16, sx, xsum, K / 32, qs, d, m, n0, N, out + t * N);
+            }
+        }
+        return;
+    }
+#endif
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t n0 = 0; n0 < N; n0 += 4) rows(is_q8, x, T, K, qs, d, m, n0, N, out);
 }
@@ -135,14 +215,15 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
 /* One query token per sequence attending over its paged cache.
  * q, out: [B, nh, D]; caches: [num_blocks, block_size, nkv, D]; block_tables [B, W] int32; context_lens [B] int32.
  * Scores are computed a cache block at a time with an online softmax (float32 throughout). */
-void paged_attention_decode(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
-                            const int32_t *context_lens, float scale, int64_t B, int64_t nh, int64_t nkv, int64_t D,
-                            int64_t block_size, int64_t W, float *out, int num_threads) {
+static void attention_rows(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+                           const int32_t *block_tables, const int32_t *context_lens, float scale, int64_t B,
+                           int64_t nh, int64_t nkv, int64_t D, int64_t block_size, int64_t W, float *out,
+                           int num_threads) {
     const int64_t group = nh / nkv, token_stride = nkv * D, block_stride = block_size * nkv * D;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < nh; h++) {
-            const float *qh = q + (b * nh + h) * D;
+            const float *qh = q + b * q_stride + h * D;
             float *oh = out + (b * nh + h) * D;
             const int64_t kvh = h / group, len = context_lens[b];
             float acc[256], scores[256], m = -INFINITY, l = 0.0f;
@@ -173,6 +254,13 @@ void paged_attention_decode(const float *q, const float *k_cache, const float *v
             for (int64_t i = 0; i < D; i++) oh[i] = l > 0.0f ? acc[i] / l : 0.0f;
         }
     }
+}
+
+void paged_attention_decode(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
+                            const int32_t *context_lens, float scale, int64_t B, int64_t nh, int64_t nkv, int64_t D,
+                            int64_t block_size, int64_t W, float *out, int num_threads) {
+    attention_rows(q, nh * D, k_cache, v_cache, block_tables, context_lens, scale, B, nh, nkv, D, block_size, W, out,
+                   num_threads);
 }
 
 /* Rotate-half (NEOX) rotary embedding in place on T rows of `heads` heads of D floats; row r starts at
@@ -212,4 +300,48 @@ void silu_and_mul(const float *x, int64_t T, int64_t I, float *out) {
         float *o = out + t * I;
         for (int64_t i = 0; i < I; i++) o[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
     }
+}
+
+/* The whole Llama decoder stack for T one-token rows (decode only), float32, every linear Q4_1 blocks.
+ * hidden [T, H]: the token embeddings in, the final-norm output out. Per layer, `w` holds 17 pointers:
+ * qkv (qs, d, m, bias or 0), o (qs, d, m), gate_up (qs, d, m), down (qs, d, m), input norm, post-attention
+ * norm, k cache, v cache. Same maths as LlamaModel.forward with the kernels above, one call per step. */
+void llama_decode(int64_t L, int64_t T, float *hidden, const int64_t *positions, const int64_t *slots,
+                  const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
+                  int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
+                  const int64_t *w, const float *final_norm, float scale, int num_threads) {
+    const int64_t Q = nh * D, KV = nkv * D, QKV = Q + 2 * KV;
+    float *buf = malloc(sizeof(float) * T * (2 * H + QKV + Q + 3 * I));
+    float *residual = buf, *h = residual + T * H, *qkv = h + T * H, *attn = qkv + T * QKV, *gu = attn + T * Q,
+          *act = gu + T * 2 * I;
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t *p = w + l * 17;
+#define F(i) ((const float *)p[i])
+#define U(i) ((const uint8_t *)p[i])
+        if (l == 0) {
+            memcpy(residual, hidden, sizeof(float) * T * H);
+            add_rms_norm(hidden, NULL, F(13), eps, T, H, h, NULL);
+        } else {
+            add_rms_norm(hidden, residual, F(13), eps, T, H, h, residual);
+        }
+        blocks_matmul(0, h, T, H, U(0), F(1), F(2), QKV, qkv, num_threads);
+        if (p[3])
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t i = 0; i < QKV; i++) qkv[t * QKV + i] += F(3)[i];
+        rotary_neox(qkv, T, QKV, nh, D, positions, cos_sin);
+        rotary_neox(qkv + Q, T, QKV, nkv, D, positions, cos_sin);
+        cache_write(qkv + Q, qkv + Q + KV, T, QKV, QKV, KV, slots, (float *)p[15], (float *)p[16]);
+        attention_rows(qkv, QKV, F(15), F(16), block_tables, context_lens, scale, T, nh, nkv, D, block_size, W, attn,
+                       num_threads);
+        blocks_matmul(0, attn, T, Q, U(4), F(5), F(6), H, hidden, num_threads);
+        add_rms_norm(hidden, residual, F(14), eps, T, H, h, residual);
+        blocks_matmul(0, h, T, H, U(7), F(8), F(9), 2 * I, gu, num_threads);
+        silu_and_mul(gu, T, I, act);
+        blocks_matmul(0, act, T, I, U(10), F(11), F(12), H, hidden, num_threads);
+#undef F
+#undef U
+    }
+    add_rms_norm(hidden, residual, final_norm, eps, T, H, h, residual);
+    memcpy(hidden, h, sizeof(float) * T * H);
+    free(buf);
 }

@@ -60,7 +60,9 @@ def library() -> ctypes.CDLL | None:
     lib.rotary_neox.argtypes = (_P, *(_I64,) * 4, _P, _P)
     lib.cache_write.argtypes = (_P, _P, *(_I64,) * 4, _P, _P, _P)
     lib.silu_and_mul.argtypes = (_P, _I64, _I64, _P)
-    for fn in (lib.q4_1_matmul, lib.q8_0_matmul, lib.add_rms_norm, lib.paged_attention_decode, lib.rotary_neox,
+    lib.llama_decode.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P, _P,
+                                 ctypes.c_float, _INT)
+    for fn in (lib.llama_decode, lib.q4_1_matmul, lib.q8_0_matmul, lib.add_rms_norm, lib.paged_attention_decode, lib.rotary_neox,
                lib.cache_write, lib.silu_and_mul):
         fn.restype = None
     return lib
