@@ -28,7 +28,9 @@ def test_blocks_matmul_matches_the_dequantized_product(q8, tokens):
     ref = cpu_kernels.blocks_matmul_ref(x.double(), qs, d.double(), None if m is None else m.double())
     out = cpu_kernels.blocks_matmul(x, qs, d, m)
     assert out.shape == (tokens, 968) and out.dtype == torch.float32
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    # 1-3 tokens: activations as int16 per group of 32 (error <= 1.5e-5 of the group's max |x|); else exact f32
+    tol = 5e-5 if tokens < 4 else 1e-6
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=tol * max(float(ref.abs().amax()) if tokens else 1.0, 1.0))
 
 
 def test_pack_q4_1_is_the_gguf_byte_order():
