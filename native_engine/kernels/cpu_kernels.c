@@ -40,7 +40,7 @@ AI void load_q8_0(const int8_t *qs, float d, __m512 *lo, __m512 *hi) {
 AI void tile(int is_q8, const float *x, int64_t K, const uint8_t *qs, const float *d, const float *m,
              int64_t n0, int64_t t0, int64_t N, float *out, const int R, const int TT) {
     const int64_t G = K / 32, row_bytes = is_q8 ? K : K / 2;
-    __m512 acc[4][4];
+    __m512 acc[4][8];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < TT; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
@@ -126,8 +126,12 @@ static void quantize_x16(const float *x, int64_t K, int16_t *x16, float *sx, flo
 
 AI void rows(int is_q8, const float *x, int64_t T, int64_t K, const uint8_t *qs, const float *d, const float *m,
              int64_t n0, int64_t N, float *out) {
-    /* 4 rows of one token (M = 1: four independent chains), else 2 rows x 4 tokens, then leftovers. */
+    /* 2 rows x 8 tokens, then 2 rows x 4 tokens, then 4 rows of one token. */
     int64_t t = 0;
+    for (; t + 8 <= T; t += 8) {
+        tile(is_q8, x, K, qs, d, m, n0, t, N, out, 2, 8);
+        tile(is_q8, x, K, qs, d, m, n0 + 2, t, N, out, 2, 8);
+    }
     for (; t + 4 <= T; t += 4) {
         tile(is_q8, x, K, qs, d, m, n0, t, N, out, 2, 4);
         tile(is_q8, x, K, qs, d, m, n0 + 2, t, N, out, 2, 4);
@@ -344,4 +348,28 @@ void llama_decode(int64_t L, int64_t T, float *hidden, const int64_t *positions,
     add_rms_norm(hidden, residual, final_norm, eps, T, H, h, residual);
     memcpy(hidden, h, sizeof(float) * T * H);
     free(buf);
+}
+
+/* Dense float32 rows [N, K] from Q4_1 (m given) or Q8_0 (m NULL) blocks, for large-batch matmuls (BLAS). */
+void dequantize_blocks(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K, float *out,
+                       int num_threads) {
+    const int64_t G = K / 32;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t g = 0; g < G; g++) {
+            float *o = out + n * K + g * 32;
+            const float dd = d[n * G + g];
+            if (m == NULL) {
+                const int8_t *b = (const int8_t *)qs + n * K + g * 32;
+                for (int j = 0; j < 32; j++) o[j] = dd * (float)b[j];
+            } else {
+                const uint8_t *b = qs + n * (K / 2) + g * 16;
+                const float mm = m[n * G + g];
+                for (int j = 0; j < 16; j++) {
+                    o[j] = dd * (float)(b[j] & 15) + mm;
+                    o[j + 16] = dd * (float)(b[j] >> 4) + mm;
+                }
+            }
+        }
+    }
 }

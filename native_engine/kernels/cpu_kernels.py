@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -28,6 +29,8 @@ import torch
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+BLAS_ROWS = 32  # from this many activation rows on, dequantize once and let BLAS multiply
+_local = threading.local()
 
 
 def kernel_dir() -> Path:
@@ -62,7 +65,8 @@ def library() -> ctypes.CDLL | None:
     lib.silu_and_mul.argtypes = (_P, _I64, _I64, _P)
     lib.llama_decode.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P, _P,
                                  ctypes.c_float, _INT)
-    for fn in (lib.llama_decode, lib.q4_1_matmul, lib.q8_0_matmul, lib.add_rms_norm, lib.paged_attention_decode, lib.rotary_neox,
+    lib.dequantize_blocks.argtypes = (_P, _P, _P, _I64, _I64, _P, _INT)
+    for fn in (lib.dequantize_blocks, lib.llama_decode, lib.q4_1_matmul, lib.q8_0_matmul, lib.add_rms_norm, lib.paged_attention_decode, lib.rotary_neox,
                lib.cache_write, lib.silu_and_mul):
         fn.restype = None
     return lib
@@ -95,6 +99,11 @@ def blocks_matmul(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.T
     if num_tokens == 0:
         return out
     threads = torch.get_num_threads()
+    if num_tokens >= BLAS_ROWS:  # compute-bound: dequantize into a reused buffer, then BLAS (same f32 maths)
+        w = _scratch(n * k)[: n * k].view(n, k)
+        lib.dequantize_blocks(qs.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr(), n, k, w.data_ptr(),
+                              threads)
+        return torch.mm(x, w.t(), out=out)
     if m is None:
         lib.q8_0_matmul(x.data_ptr(), num_tokens, k, qs.data_ptr(), d.data_ptr(), n, out.data_ptr(), threads)
     else:
@@ -164,6 +173,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [T, 2 * I] -> [T, I]
     out = x.new_empty(x.shape[0], x.shape[1] // 2)
     library().silu_and_mul(x.data_ptr(), x.shape[0], out.shape[1], out.data_ptr())
     return out
+
+
+def _scratch(numel: int) -> torch.Tensor:
+    """A float32 buffer of at least `numel` elements, one per thread (engines run in their own threads)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.numel() < numel:
+        buf = _local.buf = torch.empty(numel)
+    return buf
 
 
 def pack_q4_1(q: torch.Tensor) -> torch.Tensor:
