@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any, ClassVar
 
 import orjson
@@ -98,8 +99,8 @@ class OpenAICompatBackend(RemoteBackend):
                 yield Chunk(text=text, tool_calls=calls)
             return
         deltas = CallDeltas()
-        async with self.post_stream(path, body) as response:
-            async for data in sse_data(response):
+        async with self.post_stream(path, body) as response, aclosing(sse_data(response)) as events:
+            async for data in events:
                 if data.strip() == "[DONE]":
                     if deltas:
                         yield Chunk("", tool_calls=deltas.take())

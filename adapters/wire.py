@@ -5,13 +5,15 @@ the space, ``:`` comment lines and ``event:``/``id:`` fields skipped, events end
 several ``data:`` lines in one event are joined with ``\\n``. A stream that ends without a blank
 line still yields its last event (TGI and Triton close the connection after their final event).
 
-    async for payload in sse_data(response):   # str per event, "[DONE]" included
-        ...
+    async with aclosing(sse_data(response)) as events:   # closed when left early: no generator
+        async for payload in events:                       # for the garbage collector to finalize
+            ...                                            # str per event, "[DONE]" included
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import httpx
@@ -23,18 +25,19 @@ from .errors import BackendProtocolError
 async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
     """The ``data`` payload of each server-sent event."""
     lines: list[str] = []
-    async for batch in _line_batches(response):
-        for line in batch:
-            if not line:
-                if lines:
-                    yield "\n".join(lines)
-                    lines = []
-                continue
-            if line.startswith(":"):
-                continue
-            field, _, value = line.partition(":")
-            if field == "data":
-                lines.append(value[1:] if value.startswith(" ") else value)
+    async with aclosing(_line_batches(response)) as batches:
+        async for batch in batches:
+            for line in batch:
+                if not line:
+                    if lines:
+                        yield "\n".join(lines)
+                        lines = []
+                    continue
+                if line.startswith(":"):
+                    continue
+                field, _, value = line.partition(":")
+                if field == "data":
+                    lines.append(value[1:] if value.startswith(" ") else value)
     if lines:
         yield "\n".join(lines)
 
@@ -47,16 +50,18 @@ def _line_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
 
 
 async def _one_each(lines: AsyncIterator[str]) -> AsyncIterator[list[str]]:
-    async for line in lines:
-        yield [line]
+    async with aclosing(lines):
+        async for line in lines:
+            yield [line]
 
 
 async def ndjson_objects(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     """One JSON object per non-empty line (Ollama's streaming format)."""
-    async for batch in _line_batches(response):
-        for line in batch:
-            if line.strip():
-                yield parse_json(line)
+    async with aclosing(_line_batches(response)) as batches:
+        async for batch in batches:
+            for line in batch:
+                if line.strip():
+                    yield parse_json(line)
 
 
 def parse_json(text: str | bytes, what: str = "reply") -> Any:
