@@ -7,11 +7,13 @@ status line was sent (before the first byte, where uvicorn writes it, it was on 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
 import time
 
+import aiohttp
 import httpx
 import pytest
 import yaml
@@ -92,3 +94,24 @@ def test_a_streamed_answer_is_logged_when_it_ends(served):
         rest = list(events)
     assert "data: [DONE]" in rest
     assert wait_for(log_path, before + 1)[before:] == [("POST", "/v1/chat/completions", 200)]
+
+
+def test_a_client_that_stops_at_done_keeps_its_connection(served):
+    """``data: [DONE]`` and the chunked body's end leave in one write, so a client that stops reading
+    at ``[DONE]`` (as the bench and many SDKs do) finds the response complete and reuses the connection:
+    both requests are logged from the same client port."""
+    url, log_path = served
+    before = len(wait_for(log_path, 1))
+    chat = {"model": "pub", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+
+    async def twice() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+            for _ in range(2):
+                async with session.post(url + "/v1/chat/completions", json=chat) as response:
+                    async for line in response.content:
+                        if line.strip() == b"data: [DONE]":
+                            break
+    asyncio.run(twice())
+    wait_for(log_path, before + 2)
+    ports = re.findall(r'127\.0\.0\.1:(\d+) - "POST /v1/chat/completions', log_path.read_text())[-2:]
+    assert len(ports) == 2 and ports[0] == ports[1]
