@@ -1,15 +1,18 @@
-/* CPU kernels for the native engine's float32 decode path, called through ctypes (cpu_kernels.py).
+/* CPU kernels for the native engine's float32 path, called through ctypes (cpu_kernels.py).
  *
  * blocks matmul: out[t, n] = sum_k x[t, k] * w[n, k] for float32 activations x and a weight stored as GGUF blocks of 32:
  *   Q4_1: w = d * q + m, q in 0..15, 16 bytes per block (byte j: low nibble weight j, high nibble weight j + 16);
  *   Q8_0: w = d * q, q int8, 32 bytes per block.
- * d (and m) are float32 [N, K / 32]. Each weight is dequantized to float32 in registers and multiplied with
- * float32 activations, so the result equals the dense float32 product up to summation order.
+ * d (and m) are float32 [N, K / 32]. 1-3 activation rows (decode) with AVX512-VNNI: x as int16 per group of 32
+ * (error <= 1.5e-5 of the group's largest |x|) times the integer weights, one float scaling per group. Otherwise
+ * each weight is dequantized to float32 in registers and multiplied with float32 activations, so the result
+ * equals the dense float32 product up to summation order (cpu_kernels.py hands 32+ rows to BLAS instead).
  * Rows are split over OpenMP threads; `num_threads` comes from the caller (torch.get_num_threads()).
- * Built by cpu_kernels.py with -O3 -march=native -fopenmp; the AVX-512 path is taken when the compiler
- * targets it, a plain loop otherwise.
+ * Built by cpu_kernels.py with -O3 -march=native -fopenmp; the AVX-512 paths are taken when the compiler
+ * targets them, plain loops otherwise.
  *
- * add_rms_norm and paged_attention_decode: one call each where PyTorch runs 5-15 small ops. */
+ * add_rms_norm, paged_attention_decode, rotary_neox, cache_write, silu_and_mul: one call each where PyTorch runs
+ * several small ops. llama_decode: the whole decoder stack of a decode step from these, in one call. */
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
