@@ -23,6 +23,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from gateway.deps import client_from
+from gateway.http.bodies import PARSED_STRICTLY
 from gateway.http.errors import KNOWN, APIError, known_error_response
 from gateway.http.hints import hints_from
 
@@ -34,7 +35,7 @@ def hot_route(model: type[BaseModel], serve: Callable[..., Awaitable[Response]])
     receive)``; None (the request goes to FastAPI) when the body or a hint header does not validate."""
     async def handler(scope: dict, receive: Callable, data: dict) -> Response | None:
         try:
-            body = model.model_validate(data)
+            body = model.model_validate(data, context=PARSED_STRICTLY)
             headers = Headers(scope=scope)
             hints = hints_from(headers)
         except (ValidationError, APIError):
