@@ -1,10 +1,11 @@
 """The two hot routes, ``POST /v1/chat/completions`` and ``POST /api/chat``, without FastAPI's routing.
 
-An ASGI middleware inside the guards and :class:`~gateway.http.bodies.JSONBodies`: for a hot path
-with a declared ``Content-Length`` it reads the body, parses it (orjson) and hands the object to the
-handler :func:`hot_route` made of the route's own request model and serving function (the code the
-FastAPI route calls too). Dependency solving, FastAPI's request handler and two
-middleware layers (about a tenth of the gateway's CPU per request) are skipped.
+An ASGI middleware inside the guards and outside :class:`~gateway.http.bodies.JSONBodies` (which only
+FastAPI's routes need): for a hot path with a declared ``Content-Length`` it reads the body, parses it
+(orjson, whatever the Content-Type) and hands the object to the handler :func:`hot_route` made of
+the route's own request model and serving function (the code the FastAPI route calls too).
+Dependency solving, FastAPI's request handler and two middleware layers (about a tenth of the
+gateway's CPU per request) are skipped.
 
 Anything that does not parse or validate, and any other request, goes to the FastAPI app with the
 body replayed, so error answers (and the OpenAPI schema) stay exactly FastAPI's. Errors raised
