@@ -1,6 +1,7 @@
 import torch
 import torch.nn.functional as F
 
+from native_engine.kernels import cpu_kernels
 from native_engine.kernels._triton import (
     assert_last_dim_contiguous,
     tl,
@@ -85,9 +86,16 @@ def fused_add_rms_norm(
     weight: torch.Tensor,  # [H]
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    fn = fused_add_rms_norm_triton if use_triton(x) else fused_add_rms_norm_ref
-    return fn(x, residual, weight, eps)
+    if use_triton(x):
+        return fused_add_rms_norm_triton(x, residual, weight, eps)
+    if cpu_kernels.serves(x, weight):
+        return cpu_kernels.add_rms_norm(x, residual, weight, eps)
+    return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # x [T, H], weight [H]
-    return rms_norm_triton(x, weight, eps) if use_triton(x) else rms_norm_ref(x, weight, eps)
+    if use_triton(x):
+        return rms_norm_triton(x, weight, eps)
+    if cpu_kernels.serves(x, weight):
+        return cpu_kernels.add_rms_norm(x, None, weight, eps)[0]
+    return rms_norm_ref(x, weight, eps)

@@ -1,5 +1,6 @@
 import torch
 
+from native_engine.kernels import cpu_kernels
 from native_engine.kernels._triton import (
     assert_last_dim_contiguous,
     tl,
@@ -177,5 +178,10 @@ def paged_attention_decode(
     context_lens: torch.Tensor,  # [B]
     scale: float,
 ) -> torch.Tensor:  # [B, nh, D]
-    fn = paged_attention_decode_triton if use_triton(query) else paged_attention_decode_ref
+    if use_triton(query):
+        fn = paged_attention_decode_triton
+    elif cpu_kernels.serves(query, k_cache) and k_cache.is_contiguous() and v_cache.is_contiguous():
+        fn = cpu_kernels.paged_attention_decode
+    else:
+        fn = paged_attention_decode_ref
     return fn(query, k_cache, v_cache, block_tables, context_lens, scale)

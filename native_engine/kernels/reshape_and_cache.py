@@ -1,5 +1,6 @@
 import torch
 
+from native_engine.kernels import cpu_kernels
 from native_engine.kernels._triton import (
     assert_last_dim_contiguous,
     tl,
@@ -81,5 +82,10 @@ def reshape_and_cache(
     v_cache: torch.Tensor,  # [num_blocks, block_size, nkv, D]
     slot_mapping: torch.Tensor,  # [T], -1 = skip
 ) -> None:
-    fn = reshape_and_cache_triton if use_triton(key) else reshape_and_cache_ref
-    fn(key, value, k_cache, v_cache, slot_mapping)
+    if use_triton(key):
+        reshape_and_cache_triton(key, value, k_cache, v_cache, slot_mapping)
+    elif (cpu_kernels.serves(key, value, k_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()
+          and key.stride()[1:] == value.stride()[1:] == (key.shape[2], 1)):
+        cpu_kernels.cache_write(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        reshape_and_cache_ref(key, value, k_cache, v_cache, slot_mapping)

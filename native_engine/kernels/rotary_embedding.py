@@ -1,5 +1,6 @@
 import torch
 
+from native_engine.kernels import cpu_kernels
 from native_engine.kernels._triton import (
     assert_last_dim_contiguous,
     tl,
@@ -105,5 +106,8 @@ def rotary_embedding(
     cos_sin_cache: torch.Tensor,  # [max_pos, D]
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    fn = rotary_embedding_triton if use_triton(query) else rotary_embedding_ref
-    return fn(positions, query, key, head_dim, cos_sin_cache, is_neox)
+    if use_triton(query):
+        return rotary_embedding_triton(positions, query, key, head_dim, cos_sin_cache, is_neox)
+    if is_neox and cpu_kernels.serves(query, key, cos_sin_cache) and query.stride(1) == key.stride(1) == 1:
+        return cpu_kernels.rotary_neox(positions, query, key, head_dim, cos_sin_cache)
+    return rotary_embedding_ref(positions, query, key, head_dim, cos_sin_cache, is_neox)

@@ -1,6 +1,7 @@
 import torch
 import torch.nn.functional as F
 
+from native_engine.kernels import cpu_kernels
 from native_engine.kernels._triton import (
     assert_last_dim_contiguous,
     tl,
@@ -44,4 +45,6 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:  # x [T, 2*I] -> [T, I]
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [T, 2*I] -> [T, I]
-    return silu_and_mul_triton(x) if use_triton(x) else silu_and_mul_ref(x)
+    if use_triton(x):
+        return silu_and_mul_triton(x)
+    return cpu_kernels.silu_and_mul(x) if cpu_kernels.serves(x) else silu_and_mul_ref(x)

@@ -6,7 +6,7 @@ from torch import nn
 
 from ..loader.gguf_loader import Q8Blocks
 from .linear import Linear, default_weight_loader
-from .quant import Int4Weight, from_q8_blocks, pack_int4, pack_int8_as_int4
+from .quant import BlockWeight, Int4Weight, from_q8_blocks, pack_int4, pack_int8_as_int4, use_block_kernels
 
 
 class VocabEmbedding(nn.Module):
@@ -33,12 +33,14 @@ class LMHead(Linear):
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__(hidden_size, vocab_size, bias=False)
-        self.packed: tuple[Int4Weight, ...] = ()
+        self.packed: tuple[Int4Weight | BlockWeight, ...] = ()
 
     def use_packed_weights(self, q8_blocks: Q8Blocks | None = None) -> int:
-        """Int4 copies of the weight: from its Q8_0 blocks when given, else recovered from the dense
+        """Packed copies of the weight: its Q8_0 blocks for the C kernel, or int4 ones from them when given, else recovered from the dense
         weight when it is exactly 4- or 8-bit blocks; returns their bytes (0: stays dense)."""
-        if q8_blocks is not None:
+        if q8_blocks is not None and use_block_kernels(q8_blocks.shape[0]):
+            self.packed = (BlockWeight.q8_0(q8_blocks.q, q8_blocks.d),)
+        elif q8_blocks is not None:
             self.packed = from_q8_blocks(q8_blocks.q, q8_blocks.d)
         elif (int4 := pack_int4(self.weight.data)) is not None:
             self.packed = (int4,)

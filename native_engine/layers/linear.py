@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..loader.gguf_loader import Q4Blocks, Q8Blocks
-from .quant import Int4Weight, from_blocks, pack_int4
+from .quant import BlockWeight, Int4Weight, from_blocks, pack_int4, use_block_kernels
 
 SMALL_BATCH = 2
 
@@ -39,7 +39,7 @@ class Linear(nn.Module):
             self.bias.weight_loader = self.weight_loader
         self.small_batch_weight: torch.Tensor | None = None
         self.small_batch_bias: torch.Tensor | None = None
-        self.int4: Int4Weight | None = None  # set by `use_int4_weights`; the dense weight is then dropped
+        self.int4: Int4Weight | BlockWeight | None = None  # set by `use_int4`; the dense weight is then dropped
         self.blocks: Q4Blocks | None = None  # Q4_1 rows as loaded (`load_gguf(keep_q4_1=True)`)
         self.block_ranges: list[tuple[int, int]] = []
 
@@ -67,7 +67,10 @@ class Linear(nn.Module):
         dense weight; returns the packed bytes (0 when dense)."""
         blocks, self.blocks = self.blocks, None
         rows = self.weight.shape[0]
-        if blocks is not None and int4 and sum(n for _, n in self.block_ranges) == rows and rows % 16 == 0:
+        whole = blocks is not None and int4 and sum(n for _, n in self.block_ranges) == rows
+        if whole and use_block_kernels(rows):
+            self.use_int4(BlockWeight.q4_1(blocks.q, blocks.d, blocks.m))
+        elif whole and rows % 16 == 0:
             self.use_int4(from_blocks(blocks.q, blocks.d, blocks.m))
         elif blocks is not None:
             dense = blocks.dequantize()
@@ -77,7 +80,7 @@ class Linear(nn.Module):
             self.use_int4(packed)
         return self.int4.nbytes if self.int4 is not None else 0
 
-    def use_int4(self, int4: Int4Weight) -> None:
+    def use_int4(self, int4: Int4Weight | BlockWeight) -> None:
         self.int4 = int4
         self.weight = nn.Parameter(torch.empty(0, self.weight.shape[1]), requires_grad=False)
 

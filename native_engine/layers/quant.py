@@ -15,6 +15,11 @@ SmolLM2 this keeps the mean KL to the f32 path at 7e-4 (max 5e-3, llama.cpp's: 2
 kernel call per linear; bf16 heads and tails of activations and scales as well (a second call)
 only reach 5e-4. The residual stream, norms, attention and KV cache stay float32.
 
+When the system has a C compiler, weights that arrive as Q4_1 / Q8_0 blocks skip all of that:
+`BlockWeight` keeps the blocks and multiplies them with float32 activations in registers
+(`kernels/cpu_kernels.c`), which is both exact (float32 up to summation order) and cheaper per call
+(no casts, no zero tail). The int4 path stays as the fallback without a compiler.
+
 The tied LM head of SmolLM-style files is Q8_0 (int8 blocks `w = d * q8`); `pack_int8_as_int4`
 splits each `q8 + 128 = 16 * h + l` into two nibbles, so two int4 matmuls give `d * q8` exactly.
 """
@@ -25,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from ..kernels import cpu_kernels
 
 GROUP_SIZE = 32
 _EXACT_RTOL = 1e-5  # reconstruction error allowed, relative to the group's scale
@@ -48,6 +55,35 @@ class Int4Weight:
     @property
     def nbytes(self) -> int:
         return self.packed.numel() + self.scales_zeros.numel() * 2 + self.zero_tail.numel() * 4
+
+
+@dataclass(slots=True)
+class BlockWeight:
+    """One [out, in] matrix as GGUF blocks: packed Q4_1 nibbles with (d, m), or Q8_0 values with d."""
+
+    qs: torch.Tensor  # Q4_1: [out, in / 2] uint8; Q8_0: [out, in] int8
+    d: torch.Tensor  # [out, in / 32] float32
+    m: torch.Tensor | None = None  # [out, in / 32] float32; None for Q8_0
+
+    @classmethod
+    def q4_1(cls, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> BlockWeight:
+        return cls(cpu_kernels.pack_q4_1(q), d.contiguous(), m.contiguous())
+
+    @classmethod
+    def q8_0(cls, q8: torch.Tensor, d: torch.Tensor) -> BlockWeight:
+        return cls(q8.contiguous(), d.contiguous())
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] float32 -> [T, out] float32
+        return cpu_kernels.blocks_matmul(x, self.qs, self.d, self.m)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
+
+def use_block_kernels(out_features: int) -> bool:
+    """The C kernels serve this matrix (they take rows in fours) and a compiler was found."""
+    return out_features % 4 == 0 and cpu_kernels.library() is not None
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:

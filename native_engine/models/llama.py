@@ -12,6 +12,7 @@ from ..layers.embed_head import LMHead, VocabEmbedding
 from ..layers.layernorm import RMSNorm
 from ..layers.linear import Linear, MergedLinear, QKVLinear
 from ..layers.rotary_embedding import RotaryEmbedding
+from .cpu_decode import CPUDecodeStack
 
 
 class LlamaAttention(nn.Module):
@@ -69,8 +70,16 @@ class LlamaModel(nn.Module):
                                      config.rope_scaling)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary_emb) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.config = config
+        self.cpu_decode: CPUDecodeStack | None = None  # set by `use_cpu_decode` once the KV cache exists
+
+    def use_cpu_decode(self) -> bool:
+        self.cpu_decode = CPUDecodeStack.build(self)
+        return self.cpu_decode is not None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
+        if self.cpu_decode is not None and self.cpu_decode.can_run(len(input_ids), ctx):
+            return self.cpu_decode(self.embed_tokens(input_ids), positions, ctx)
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, ctx)

@@ -72,3 +72,38 @@ def test_default_path_is_within_the_accuracy_goal(smollm2_gguf, f32_engine, toke
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
     answers = [e.generate([prompt], greedy)[0].outputs[0].text for e in (f32_engine, default)]
     assert "Paris" in answers[0] and answers[1] == answers[0]
+
+
+def test_decode_steps_in_one_c_call_match_the_module_path(smollm2_gguf, f32_engine):
+    from native_engine.kernels import cpu_kernels
+
+    if cpu_kernels.library() is None:
+        pytest.skip("no C compiler: decode runs through the modules")
+    in_c, by_modules = engine(smollm2_gguf), engine(smollm2_gguf)  # fresh ones: the same schedule, no prefix hits
+    assert in_c.model_runner.model.model.cpu_decode is not None
+    by_modules.model_runner.model.model.cpu_decode = None
+    prompts = [f32_engine.tokenizer.encode(PROMPT, add_bos=False), f32_engine.tokenizer.encode(TEXT, add_bos=False)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outputs = [[o.outputs[0].token_ids for o in e.generate(prompts, greedy)] for e in (in_c, by_modules)]
+    assert outputs[0] == outputs[1]
+
+
+def test_without_a_c_compiler_the_int4_fallback_keeps_the_goal(smollm2_gguf, f32_engine, token_ids,
+                                                                 reference_logits, monkeypatch):
+    from native_engine.kernels import cpu_kernels
+    from native_engine.layers.quant import Int4Weight
+
+    monkeypatch.setenv("INFER_NO_CPU_KERNELS", "1")
+    cpu_kernels.library.cache_clear()
+    try:
+        fallback = engine(smollm2_gguf)
+        assert fallback.model_runner.model.model.cpu_decode is None
+        assert isinstance(fallback.model_runner.model.model.layers[0].mlp.down_proj.int4, Int4Weight)
+        kl = kl_per_position(reference_logits, fallback.model_runner.score(token_ids))
+        prompt = f32_engine.tokenizer.encode(PROMPT, add_bos=False)
+        greedy = SamplingParams(temperature=0.0, max_tokens=24)
+        answers = [e.generate([prompt], greedy)[0].outputs[0].text for e in (f32_engine, fallback)]
+    finally:
+        cpu_kernels.library.cache_clear()
+    assert kl.mean() < 1e-3, f"mean KL {kl.mean():.3g}, max {kl.max():.3g}"
+    assert answers[1] == answers[0]
