@@ -164,8 +164,10 @@ def oracle(load: float, seconds: float, seed: int, passes: int) -> dict:
         if len(plan.where) == before:
             break
     served = {name: len(p) for name, p in plan.placed.items()}
+    last = max((t[1] for name, p in plan.placed.items() for t in serve(FLEET[name], p).values()), default=0.0)
+    duration = last + OVERHEAD_S - jobs[0].arrival if jobs else 0.0  # first dispatch to last answer
     return {"requests": len(jobs), "good": len(plan.where), "attainment": len(plan.where) / len(jobs),
-            "served": served}
+            "goodput": len(plan.where) / duration if duration else 0.0, "served": served}
 
 
 def main() -> None:
@@ -175,16 +177,17 @@ def main() -> None:
     parser.add_argument("--seeds", default="13")
     parser.add_argument("--passes", type=int, default=3)
     args = parser.parse_args()
-    print(f"{'load':>4s} {'seed':>5s} {'reqs':>5s} {'good':>5s} {'attain':>6s}  served f/m/s")
+    print(f"{'load':>4s} {'seed':>5s} {'reqs':>5s} {'good':>5s} {'attain':>6s} {'goodput':>7s}  served f/m/s")
     for index, load in enumerate(float(x) for x in args.loads.split(",")):
         rows = []
         for seed in (int(s) + index for s in args.seeds.split(",")):  # bench/slo.py's seed for that load
             row = oracle(load, args.seconds, seed, args.passes)
             rows.append(row)
-            print(f"{load:4.1f} {seed:5d} {row['requests']:5d} {row['good']:5d} {row['attainment']:6.3f}  "
+            print(f"{load:4.1f} {seed:5d} {row['requests']:5d} {row['good']:5d} {row['attainment']:6.3f} {row['goodput']:7.3f}  "
                   f"{'/'.join(str(v) for v in row['served'].values())}", flush=True)
         if len(rows) > 1:
-            print(f"{'':4s} median attainment {statistics.median(r['attainment'] for r in rows):.3f}")
+            print(f"{'':4s} median attainment {statistics.median(r['attainment'] for r in rows):.3f} "
+                  f"goodput {statistics.median(r['goodput'] for r in rows):.3f}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ The gateway side is the real ``routing`` code (``LatencyModel``, ``Dispatcher``)
 clock, so what this prints is what the route's policy does on that engine, minus HTTP and CPU noise
 (``--overhead-ms`` adds a fixed delay per hop). Requests are judged as bench/slo.py judges them.
 
-    .venv/bin/python bench/slo_sim.py [--loads 0.5,0.9,1.2] [--seconds 60] [--seeds 13,14,15] [--policies slo,least_inflight] [--fresh]
+    .venv/bin/python bench/slo_sim.py [--loads 0.5,0.9,1.2] [--seconds 60] [--seeds 13,14,15] [--policies slo,least_inflight] [--fresh] [--known-limits]
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class SimRequest:
 
 
 POLL_S = 2.0  # routing.route.Route.poll_health's period
+KNOWN_LIMITS = False
 
 
 class SimEngine:
@@ -126,6 +127,8 @@ class Sim:
         self.models = {m.name: m.latency for m in self.members}
         for m in self.members:
             m.latency.clock = lambda: self.now
+            if KNOWN_LIMITS:  # bench/slo.py's other sides fill the fleet; the slo route's poller sees it
+                m.latency.batch_limit = FLEET[m.name].batch_limit
         self.policy, self.slo = policy, slo
         self.dispatcher = Dispatcher(shed, clock=lambda: self.now)
         self.orderer = Orderer(policy)
@@ -263,12 +266,17 @@ def main() -> None:
     parser.add_argument("--seeds", default="13")
     parser.add_argument("--policies", default="slo,least_inflight,round_robin")
     parser.add_argument("--warmup", type=float, default=15)
+    parser.add_argument("--known-limits", action="store_true",
+                        help="the route knows each backend's batch limit from the start (in bench/slo.py its "
+                             "poller learns them while the other sides fill the fleet)")
     parser.add_argument("--fresh", action="store_true",
                         help="a new gateway and fleet (and warm-up) per load instead of one across the loads")
     parser.add_argument("--debug", action="store_true", help="print each backend's fitted models")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a routing.dispatch constant (e.g. ERROR_QUANTILE=0.9) to compare policies")
     args = parser.parse_args()
+    global KNOWN_LIMITS
+    KNOWN_LIMITS = args.known_limits
     import routing.dispatch as dispatch
     for item in args.set:
         name, value = item.split("=", 1)
