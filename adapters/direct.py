@@ -5,7 +5,7 @@ runs on aiohttp's connection pool (``httpx-aiohttp``). For ``post_stream``/``pos
 default client, :class:`Direct` sends the request on the same aiohttp session without httpx's
 request/response layer (URL parsing, header objects, auth and redirect wrappers, text decoders),
 about a tenth of the gateway's CPU per request. :class:`DirectResponse` offers the part of
-``httpx.Response`` the adapters read (``status_code``, ``headers``, ``aiter_lines``, ``aread``,
+``httpx.Response`` the adapters read (``status_code``, ``headers``, ``aiter_bytes``, ``aread``,
 ``content``); aiohttp failures become the project's errors through the same mapping
 (``adapters/http_errors.py``), so an adapter cannot tell the two paths apart.
 """
@@ -43,48 +43,18 @@ class DirectResponse:
                 raise self._to_error(exc) from exc
         return self._content
 
-    async def aiter_lines(self) -> AsyncIterator[str]:
-        """Lines without their ``\\n``, ``\\r\\n`` or ``\\r``, decoded as UTF-8 (bad bytes replaced)."""
-        held = b""
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, one block per socket read (``adapters/wire.py`` splits the lines)."""
         try:
             async for data in self._response.content.iter_any():
-                held += data
-                *lines, held = held.split(b"\n")
-                for line in lines:
-                    for part in _parts(line):
-                        yield part
+                yield data
         except aiohttp.ClientError as exc:
             raise self._to_error(exc) from exc
-        if held:
-            for part in _parts(held):
-                yield part
-
-    async def aiter_line_batches(self) -> AsyncIterator[list[str]]:
-        """The lines of each block read off the socket, as :meth:`aiter_lines` gives them one by one."""
-        held = b""
-        try:
-            async for data in self._response.content.iter_any():
-                held += data
-                *lines, held = held.split(b"\n")
-                if lines:
-                    yield [part for line in lines for part in _parts(line)]
-        except aiohttp.ClientError as exc:
-            raise self._to_error(exc) from exc
-        if held:
-            yield _parts(held)
 
     async def aclose(self) -> None:
         """Back to the pool when read to the end, else the connection closes (the backend sees it)."""
         self._response.release()
         await self._response.wait_for_close()
-
-
-def _parts(line: bytes) -> list[str]:
-    if line.endswith(b"\r"):
-        line = line[:-1]
-    if b"\r" in line:  # a lone CR ends a line too (SSE)
-        return [p.decode("utf-8", "replace") for p in line.split(b"\r")]
-    return [line.decode("utf-8", "replace")]
 
 
 class Direct:

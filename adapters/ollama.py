@@ -14,6 +14,7 @@ is a backend failure.
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from datetime import datetime
 from typing import Any
 
@@ -39,8 +40,9 @@ class OllamaBackend(RemoteBackend):
     async def generate(self, request: GenerationRequest, turn: Turn):
         path = "/api/chat" if request.is_chat else "/api/generate"
         done = False
-        async with self.post_stream(path, self.request_body(request), accept="application/x-ndjson") as response:
-            async for line in ndjson_objects(response):
+        async with (self.post_stream(path, self.request_body(request), accept="application/x-ndjson") as response,
+                    aclosing(ndjson_objects(response)) as lines):
+            async for line in lines:
                 if "error" in line:
                     raise self.line_error(line["error"])
                 message = line.get("message") or {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any, ClassVar
 
 import orjson
@@ -29,7 +30,7 @@ from .http_errors import error_from_status
 from .remote import RemoteBackend, Turn, message_of
 from .remote_registry import register_remote
 from .tools import from_wire_call, openai_messages
-from .wire import parse_object, sse_data
+from .wire import parse_object, sse_batches
 
 # Ollama option -> OpenAI field, for fields every OpenAI-compatible server takes.
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "presence_penalty": "presence_penalty",
@@ -98,18 +99,19 @@ class OpenAICompatBackend(RemoteBackend):
                 yield Chunk(text=text, tool_calls=calls)
             return
         deltas = CallDeltas()
-        async with self.post_stream(path, body) as response:
-            async for data in sse_data(response):
-                if data.strip() == "[DONE]":
-                    if deltas:
+        async with self.post_stream(path, body) as response, aclosing(sse_batches(response)) as batches:
+            async for batch in batches:
+                for data in batch:
+                    if data.strip() == "[DONE]":
+                        if deltas:
+                            yield Chunk("", tool_calls=deltas.take())
+                        return
+                    event = parse_object(data)
+                    text = self.read_event(event, turn, delta=True)
+                    if text:
+                        yield Chunk(text=text)
+                    if deltas.add(event):
                         yield Chunk("", tool_calls=deltas.take())
-                    return
-                event = parse_object(data)
-                text = self.read_event(event, turn, delta=True)
-                if text:
-                    yield Chunk(text=text)
-                if deltas.add(event):
-                    yield Chunk("", tool_calls=deltas.take())
         raise BackendProtocolError(f"{self.where} ended the stream without data: [DONE]")
 
     def read_event(self, event: dict[str, Any], turn: Turn, *, delta: bool) -> str:

@@ -49,8 +49,8 @@ class TGIBackend(RemoteBackend):
     async def _stream(self, request: GenerationRequest, turn: Turn):
         body = await self.native_body(request)
         final = False
-        async with self.post_stream("/generate_stream", body) as response:
-            async for data in sse_data(response):
+        async with self.post_stream("/generate_stream", body) as response, aclosing(sse_data(response)) as events:
+            async for data in events:
                 event = parse_object(data)
                 if "error" in event:
                     raise self.event_error(event)

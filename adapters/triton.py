@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import aclosing
 from itertools import pairwise
 from typing import Any
 
@@ -66,8 +67,8 @@ class TritonBackend(RemoteBackend):
         route = "generate_stream" if request.stream else "generate"
         counts = Counts()
         accept = "text/event-stream" if request.stream else "application/json"
-        async with self.post_stream(f"/v2/models/{self.model}/{route}", body, accept) as response:
-            events = sse_data(response) if request.stream else _one(response)
+        async with self.post_stream(f"/v2/models/{self.model}/{route}", body, accept) as response, \
+                aclosing(sse_data(response) if request.stream else _one(response)) as events:
             async for data in events:
                 if data.strip() == "[DONE]":
                     continue

@@ -5,13 +5,15 @@ the space, ``:`` comment lines and ``event:``/``id:`` fields skipped, events end
 several ``data:`` lines in one event are joined with ``\\n``. A stream that ends without a blank
 line still yields its last event (TGI and Triton close the connection after their final event).
 
-    async for payload in sse_data(response):   # str per event, "[DONE]" included
-        ...
+    async with aclosing(sse_data(response)) as events:   # closed when left early: no generator
+        async for payload in events:                       # for the garbage collector to finalize
+            ...                                            # str per event, "[DONE]" included
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import httpx
@@ -22,41 +24,70 @@ from .errors import BackendProtocolError
 
 async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
     """The ``data`` payload of each server-sent event."""
-    lines: list[str] = []
-    async for batch in _line_batches(response):
-        for line in batch:
-            if not line:
-                if lines:
-                    yield "\n".join(lines)
-                    lines = []
-                continue
-            if line.startswith(":"):
-                continue
-            field, _, value = line.partition(":")
-            if field == "data":
-                lines.append(value[1:] if value.startswith(" ") else value)
-    if lines:
-        yield "\n".join(lines)
+    async with aclosing(sse_batches(response)) as batches:
+        async for batch in batches:
+            for data in batch:
+                yield data
 
 
-def _line_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
-    """The lines as they arrive together: a direct aiohttp reply gives one list per block read (no
-    generator step per line); an httpx reply one list per line."""
-    batches = getattr(response, "aiter_line_batches", None)
-    return batches() if batches is not None else _one_each(response.aiter_lines())
+async def sse_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
+    """The ``data`` payloads of the events each block read off the socket completes (one generator
+    step per block, not per event or line; lines stay bytes until an event's payload is decoded)."""
+    event: list[bytes] = []
+    async with aclosing(_line_batches(response)) as batches:
+        async for lines in batches:
+            out = []
+            for line in lines:
+                if not line:
+                    if event:
+                        out.append(_payload(event))
+                        event = []
+                    continue
+                if line[0] == 58:  # ":" a comment
+                    continue
+                field, _, value = line.partition(b":")
+                if field == b"data":
+                    event.append(value[1:] if value[:1] == b" " else value)
+            if out:
+                yield out
+    if event:
+        yield [_payload(event)]
 
 
-async def _one_each(lines: AsyncIterator[str]) -> AsyncIterator[list[str]]:
-    async for line in lines:
-        yield [line]
+def _payload(event: list[bytes]) -> str:
+    return (event[0] if len(event) == 1 else b"\n".join(event)).decode("utf-8", "replace")
+
+
+async def _line_batches(response: httpx.Response) -> AsyncIterator[list[bytes]]:
+    """The complete lines (without ``\\n``, ``\\r\\n`` or a lone ``\\r``) of each block read off the
+    socket (``aiter_bytes``: an httpx reply's, or a direct aiohttp reply's)."""
+    held = b""
+    async with aclosing(response.aiter_bytes()) as blocks:
+        async for block in blocks:
+            text = held + block
+            *lines, held = text.split(b"\n")
+            if lines:
+                yield _without_cr(lines) if b"\r" in text else lines
+    if held:
+        yield _without_cr([held])
+
+
+def _without_cr(lines: list[bytes]) -> list[bytes]:
+    out = []
+    for line in lines:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        out.extend(line.split(b"\r"))  # a lone CR ends a line too (SSE)
+    return out
 
 
 async def ndjson_objects(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     """One JSON object per non-empty line (Ollama's streaming format)."""
-    async for batch in _line_batches(response):
-        for line in batch:
-            if line.strip():
-                yield parse_json(line)
+    async with aclosing(_line_batches(response)) as batches:
+        async for batch in batches:
+            for line in batch:
+                if line.strip():
+                    yield parse_json(line.decode("utf-8", "replace"))
 
 
 def parse_json(text: str | bytes, what: str = "reply") -> Any:

@@ -94,9 +94,9 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     app = FastAPI(title="infer", version=health.VERSION, lifespan=lifespan, docs_url=None, redoc_url=None)
     errors.install(app)
     wire_docs.install(app)  # validation errors are 400, so the schema has no 422s
+    app.add_middleware(JSONBodies)  # for FastAPI's routes: the hot routes parse any body as JSON themselves
     app.add_middleware(HotRoutes, routes={openai_generate.CHAT_ROUTE: openai_generate.hot_chat,
                                           "/api/chat": ollama_generate.hot_chat})
-    app.add_middleware(JSONBodies)
     app.add_middleware(GuardMiddleware, settings=settings)
     if tracer is not None:
         app.add_middleware(TraceContextMiddleware, tracer=tracer)  # added last: runs first

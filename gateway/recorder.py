@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -190,6 +191,32 @@ class _Failure:
     exc: BaseException
 
 
+class _Channel:
+    """One producer (the pump), one consumer: a deque and the consumer's wake-up future (an
+    ``asyncio.Queue`` does more bookkeeping per event than this hand-over needs)."""
+
+    __slots__ = ("items", "_waiter")
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self):
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.items.popleft()
+
+
 class Generation:
     """One request's events after the first has arrived; ``done`` is set at the end."""
 
@@ -206,7 +233,7 @@ class Generation:
         self.admission: asyncio.Future[float] | None = None  # its key's budget reservation (the amount), if any
         self._ended = False
         self._aborted: BackendError | None = None
-        self._queue: asyncio.Queue[StreamEvent | _Failure] = asyncio.Queue()
+        self._queue = _Channel()  # the pump's events, in order
         self.finished: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def prime(self) -> None:
@@ -240,8 +267,8 @@ class Generation:
                     yield event
                     return
                 yield event
-                queue = self._queue
-                event = await queue.get() if queue.empty() else queue.get_nowait()
+                items = self._queue.items
+                event = items.popleft() if items else await self._queue.get()
         finally:
             if not ended:  # the consumer went away: the backend stops and reports a cancelled Done
                 self.request.cancel.cancel()
@@ -252,7 +279,7 @@ class Generation:
         if self._aborted is not None or self.finished.done():
             return
         self._aborted = error
-        self._queue.put_nowait(_Failure(error))
+        self._queue.put(_Failure(error))
         self.request.cancel.cancel()
 
     @property
@@ -262,7 +289,7 @@ class Generation:
     def more_ready(self) -> bool:
         """Whether what the consumer reads next is already here (the final record was read, or the next
         event has arrived): the response writer then holds its bytes to send them with the next."""
-        return self._ended or not self._queue.empty()
+        return self._ended or bool(self._queue.items)
 
     async def collect(self) -> tuple[str, list[Chunk], Done]:
         """Non-streaming: the whole text, the chunks and the final record."""
@@ -290,15 +317,15 @@ class Generation:
                             self.done, self.record = event, self._done_record(event)
                         elif event.tool_calls:
                             self.called = True
-                        self._queue.put_nowait(event)
+                        self._queue.put(event)
             if self.done is None:
                 raise BackendProtocolError(f"the {self.backend.name} backend ended a stream without its final record")
         except asyncio.CancelledError as exc:  # shutdown cancelled the pump itself
-            self._queue.put_nowait(_Failure(BackendError("the server is shutting down")))
+            self._queue.put(_Failure(BackendError("the server is shutting down")))
             self._finish(self._error_record(exc))
             raise
         except Exception as exc:
-            self._queue.put_nowait(_Failure(exc))
+            self._queue.put(_Failure(exc))
             self._finish(self._error_record(exc))
         else:
             try:  # the consumer answers first: the row, metrics and key settlement are not on the client's clock

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationInfo
+
 
 class JSONBodies:
     def __init__(self, app):
@@ -35,6 +37,15 @@ def _as_json(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         return headers
     kept = [(k, v) for k, v in headers if k.lower() != b"content-type"]
     return [*kept, (b"content-type", b"application/json")]
+
+
+PARSED_STRICTLY = {"strict_json": True}  # validation context: orjson parsed it, and orjson refuses lone surrogates
+
+
+def checked_text(cls, value: Any, info: ValidationInfo) -> Any:
+    """The request models' before-validator: :func:`check_text`, unless the body was parsed by orjson
+    (the hot routes), which already refuses what it refuses."""
+    return value if info.context and info.context.get("strict_json") else check_text(value)
 
 
 def check_text(value: Any) -> Any:

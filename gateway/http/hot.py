@@ -1,10 +1,11 @@
 """The two hot routes, ``POST /v1/chat/completions`` and ``POST /api/chat``, without FastAPI's routing.
 
-An ASGI middleware inside the guards and :class:`~gateway.http.bodies.JSONBodies`: for a hot path
-with a declared ``Content-Length`` it reads the body, parses it (orjson) and hands the object to the
-handler :func:`hot_route` made of the route's own request model and serving function (the code the
-FastAPI route calls too). Dependency solving, FastAPI's request handler and two
-middleware layers (about a tenth of the gateway's CPU per request) are skipped.
+An ASGI middleware inside the guards and outside :class:`~gateway.http.bodies.JSONBodies` (which only
+FastAPI's routes need): for a hot path with a declared ``Content-Length`` it reads the body, parses it
+(orjson, whatever the Content-Type) and hands the object to the handler :func:`hot_route` made of
+the route's own request model and serving function (the code the FastAPI route calls too).
+Dependency solving, FastAPI's request handler and two middleware layers (about a tenth of the
+gateway's CPU per request) are skipped.
 
 Anything that does not parse or validate, and any other request, goes to the FastAPI app with the
 body replayed, so error answers (and the OpenAPI schema) stay exactly FastAPI's. Errors raised
@@ -23,6 +24,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from gateway.deps import client_from
+from gateway.http.bodies import PARSED_STRICTLY
 from gateway.http.errors import KNOWN, APIError, known_error_response
 from gateway.http.hints import hints_from
 
@@ -34,7 +36,7 @@ def hot_route(model: type[BaseModel], serve: Callable[..., Awaitable[Response]])
     receive)``; None (the request goes to FastAPI) when the body or a hint header does not validate."""
     async def handler(scope: dict, receive: Callable, data: dict) -> Response | None:
         try:
-            body = model.model_validate(data)
+            body = model.model_validate(data, context=PARSED_STRICTLY)
             headers = Headers(scope=scope)
             hints = hints_from(headers)
         except (ValidationError, APIError):

@@ -3,6 +3,11 @@
 The body iterator is cancelled when the client disconnects (:class:`Stream`); the recorder's
 generation then cancels its request (``request.cancel``), so the backend stops generating and
 frees its slot.
+
+The framing's last piece (``data: [DONE]``, or what was held with it) is marked :class:`Final` and
+sent with the end of the body, so the chunked encoding's terminator leaves in the same write: a
+client that stops reading at ``[DONE]`` then finds the response complete and keeps its connection
+(with the terminator in a later write, aiohttp closes it and opens a new one per request).
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ SSE = "text/event-stream"
 
 def _never() -> bool:
     return False
+
+
+class Final(bytes):
+    """The body's last piece: sent with ``more_body: False`` (one write with the terminator)."""
 
 
 class Stream(StreamingResponse):
@@ -54,6 +63,15 @@ class Stream(StreamingResponse):
         if self.background is not None:
             await self.background()
 
+    async def stream_response(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        ended = False
+        async for chunk in self.body_iterator:  # read to its end: no generator left to the finalizer
+            ended = type(chunk) is Final
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
 
 def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200,
                    more_ready: Callable[[], bool] = _never) -> StreamingResponse:
@@ -67,7 +85,7 @@ def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200,
             if (ready := held.add(dumps(_error(exc, "/api")) + b"\n")) is not None:
                 yield ready
         if held.pieces:
-            yield held.take()
+            yield Final(held.take())
     return Stream(lines(), status_code=status_code, media_type=NDJSON)
 
 
@@ -83,9 +101,9 @@ def sse_response(objects: AsyncIterator[dict], more_ready: Callable[[], bool] = 
             if (ready := held.add(b"data: " + dumps(_error(exc, "/v1")) + b"\n\n")) is not None:
                 yield ready
         if (ready := held.add(b"data: [DONE]\n\n")) is not None:
-            yield ready
+            yield Final(ready)
         if held.pieces:
-            yield held.take()
+            yield Final(held.take())
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return Stream(events(), media_type=SSE, headers=headers)
 

@@ -13,7 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, fie
 
 from adapters.durations import parse_duration
 from adapters.tools import check_tools, internal_calls, name_tool_results
-from gateway.http.bodies import check_text
+from gateway.http.bodies import checked_text
 from gateway.http.errors import APIError
 
 __all__ = ["ChatMessage", "ChatRequest", "CopyRequest", "CreateRequest", "EmbedRequest", "EmbeddingsRequest",
@@ -26,7 +26,7 @@ _MODEL = Field(min_length=1, validation_alias=AliasChoices("model", "name"))
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    _text = model_validator(mode="before")(classmethod(lambda cls, value: check_text(value)))
+    _text = model_validator(mode="before")(classmethod(checked_text))
 
 
 def _no_bool(value: Any) -> Any:

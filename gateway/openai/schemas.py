@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from adapters.base import GenerationRequest
 from adapters.tools import check_tools, internal_calls, name_tool_results
 
-from gateway.http.bodies import check_text
+from gateway.http.bodies import checked_text
 from gateway.http.errors import APIError
 
 T = TypeVar("T", bound=BaseModel)
@@ -91,7 +91,7 @@ class ResponseFormat(_Wire):
 class _Request(_Wire):
     """A whole request body: its text is checked once, before field validation."""
 
-    _text = model_validator(mode="before")(classmethod(lambda cls, value: check_text(value)))
+    _text = model_validator(mode="before")(classmethod(checked_text))
 
 
 class _Sampling(_Request):

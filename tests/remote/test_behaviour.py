@@ -9,7 +9,10 @@ that the backend notices a client that went away.
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
 import time
+from contextlib import aclosing
 
 import pytest
 
@@ -107,6 +110,35 @@ def test_streamed_text_and_usage_match_the_backend(remote):
     assert (done.usage.input_tokens, done.usage.output_tokens, done.usage.source) == (prompt_tokens, 6, "backend")
     assert done.finish_reason == "length"
     assert done.timings.ttft is not None and len(done.timings.token_times) == len(chunks)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_every_async_generator_is_closed_not_left_to_the_garbage_collector(remote, stream):
+    """An async generator left suspended (a loop that returns at ``[DONE]``) is closed by the event
+    loop's finalizer hook: a thread-safe wake-up (an eventfd write and read) and one more task for
+    every request on the gateway's loop. The adapter closes each one it opens (httpx's own, under an
+    injected httpx client, are httpx's business)."""
+    finalized: list[str] = []
+
+    async def run():
+        firstiter, finalizer = sys.get_asyncgen_hooks()
+
+        def counting(agen):
+            if not agen.ag_code.co_filename.startswith(sys.modules["httpx"].__path__[0]):
+                finalized.append(agen.ag_code.co_qualname)
+            return finalizer(agen)
+        sys.set_asyncgen_hooks(firstiter, counting)  # generators first iterated from here on report here
+        try:
+            backend = remote()
+            for _ in range(3):
+                async with aclosing(backend.stream(request_for(remote.name, stream=stream))) as events:
+                    assert isinstance([e async for e in events][-1], Done)
+            await backend.aclose()
+            gc.collect()
+        finally:
+            sys.set_asyncgen_hooks(firstiter, finalizer)
+    asyncio.run(run())
+    assert finalized == []
 
 
 def test_one_reply_when_the_client_does_not_stream(remote):
