@@ -68,4 +68,7 @@ def in_process_engines(store, settings: LocalSettings) -> LocalEngines:
 
         return NativeBackend(store=store, settings=settings)
 
-    return LocalEngines({"llamacpp": llamacpp, "native": native}, default=check_engine(settings.engine))
+    engines = LocalEngines({"llamacpp": llamacpp, "native": native}, default=check_engine(settings.engine))
+    if engines.default == "native":
+        engines.get()  # starts importing the engine now (adapters/native.py: preload_engine)
+    return engines

@@ -8,7 +8,9 @@ place that imports `native_engine`, and it does so lazily so `infer serve` start
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ class NativeBackend:
     def __post_init__(self) -> None:
         self._loaded: dict[str, _Loaded] = {}
         self._lock = asyncio.Lock()
+        preload_engine()
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -199,6 +202,23 @@ class NativeBackend:
     async def aclose(self) -> None:
         for entry in list(self._loaded.values()):
             self._drop(entry)
+
+
+_preload_lock = threading.Lock()
+_preloading: threading.Thread | None = None
+
+
+def preload_engine() -> None:
+    """Import the engine (torch and the model code, about a second of a model's load) on a background
+    thread, once per process; a load that follows waits (on the import lock) only for what is left.
+    Called when the native backend is created, which `infer serve` and `infer run` do at start when
+    the native engine is the default, before the first model is asked for."""
+    global _preloading
+    with _preload_lock:
+        if _preloading is None:
+            _preloading = threading.Thread(target=importlib.import_module, args=("native_engine.llm_engine",),
+                                           name="native-engine-import", daemon=True)
+            _preloading.start()
 
 
 async def _engine_outputs(engine, token_ids: list[int], params, arrival: float) -> AsyncIterator:

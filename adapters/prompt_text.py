@@ -51,13 +51,13 @@ def chat_spec(tokenizer: str | None) -> PromptSpec:
 
 
 def _gguf_template(path: Path) -> tuple[str | None, str]:
-    from gguf import GGUFReader
+    from native_engine.loader.gguf_file import GGUFFile
+    from native_engine.loader.model_config import gguf_value
 
-    reader = GGUFReader(str(path))
-    template, eos_id = reader.fields.get("tokenizer.chat_template"), reader.fields.get("tokenizer.ggml.eos_token_id")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    eos = tokens.contents(int(eos_id.contents())) if tokens is not None and eos_id is not None else ""
-    return (template.contents() if template is not None else None), eos
+    reader = GGUFFile(path)  # the fast header walker (gguf-py's GGUFReader takes seconds on a vocabulary)
+    eos_id, tokens = gguf_value(reader, "tokenizer.ggml.eos_token_id"), gguf_value(reader, "tokenizer.ggml.tokens")
+    eos = tokens[int(eos_id)] if tokens is not None and eos_id is not None else ""
+    return gguf_value(reader, "tokenizer.chat_template"), eos
 
 
 def _hf_template(root: Path) -> tuple[str | None, str]:

@@ -70,11 +70,10 @@ def _load(path: str) -> TokenCounter:
     if not source.is_file():
         raise InvalidRequest(f"tokenizer file {path} does not exist")
     if source.suffix == ".gguf":
-        from gguf import GGUFReader
-
+        from native_engine.loader.gguf_file import GGUFFile
         from native_engine.loader.tokenizer import tokenizer_from_gguf
 
-        return TokenizerCounter(tokenizer_from_gguf(GGUFReader(path)))
+        return TokenizerCounter(tokenizer_from_gguf(GGUFFile(path)))
     from tokenizers import Tokenizer
 
     try:

@@ -12,20 +12,21 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from adapters.base import Done, GenerationRequest
-from adapters.remote import RemoteBackend, RemoteSettings, Timeouts
-from adapters.remote_registry import create_remote
-from gateway.backends_config import load_config
 from gateway.settings import SettingsError
 
 from .common import run_async
+
+if TYPE_CHECKING:  # the remote adapters (aiohttp) and rich load only when `infer backends check` runs
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from adapters.remote import RemoteBackend, RemoteSettings
 
 app = typer.Typer(help="Inspect the remote backends of a gateway config (infer serve --config).",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -73,6 +74,8 @@ def check(
     """Probe each backend: GET health, list its models, stream a 1-token completion."""
     if config is None:
         raise SettingsError("no config: pass --config FILE or set INFER_CONFIG")
+    from gateway.backends_config import load_config
+
     settings = load_config(config).remote_settings()
     reports = run_async(check_all(settings, timeout))
     if as_json:
@@ -89,6 +92,8 @@ async def check_all(settings: list[RemoteSettings], timeout: float) -> list[Repo
 
 def capped(settings: RemoteSettings, limit: float) -> RemoteSettings:
     """The entry with every deadline at most ``limit`` seconds, so a dead backend answers in time."""
+    from adapters.remote import Timeouts
+
     t = settings.timeouts
     timeouts = Timeouts(connect=min(t.connect, limit), first_byte=min(t.first_byte, limit),
                         read=min(t.read, limit), total=min(t.total, limit))
@@ -96,6 +101,8 @@ def capped(settings: RemoteSettings, limit: float) -> RemoteSettings:
 
 
 async def check_one(settings: RemoteSettings, timeout: float) -> Report:
+    from adapters.remote_registry import create_remote
+
     report = Report(settings.name, settings.type, settings.base_url)
     try:
         backend = create_remote(settings)
@@ -156,6 +163,10 @@ async def probe_generate(backend: RemoteBackend, report: Report) -> None:
 
 
 def render(reports: list[Report]) -> Table:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     for column in ("name", "type", "base_url", "health", "models", "generate", "latency", "detail"):
         table.add_column(column, overflow="fold", justify="right" if column == "latency" else "left")
@@ -168,6 +179,8 @@ def render(reports: list[Report]) -> Table:
 
 def _console() -> Console:
     """Rich's console; one line per backend when piped (rich would wrap at 80 columns)."""
+    from rich.console import Console
+
     console = Console(highlight=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = 200
@@ -175,6 +188,8 @@ def _console() -> Console:
 
 
 def _mark(state: str) -> Text:
+    from rich.text import Text
+
     return Text(state, style={"ok": "green", "fail": "red", "not listed": "yellow"}.get(state, ""))
 
 

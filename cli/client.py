@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from adapters.errors import BackendError, BackendUnavailable, ModelNotFound
-from gateway.health import VERSION
+from gateway.version import VERSION
 from gateway.settings import client_url
 
 PROBE_TIMEOUT = 2.0  # seconds: nothing listening is refused at once; a busy server still answers in time

@@ -12,7 +12,6 @@ from pathlib import Path
 import typer
 
 from adapters.durations import parse_period
-from gateway.backends_config import load_config
 from gateway.settings import SettingsError
 from ledger.db import database_url_from_env
 from pricing.settle import GROUPS, cost_report
@@ -56,6 +55,8 @@ def cost_cmd(
 def compare_cmd(since: str = SINCE, config: Path = CONFIG, db: str = DB) -> None:
     """Backends serving the same route, side by side: $ per million input and output tokens."""
     path = _config_path(config)
+    from gateway.backends_config import load_config  # the remote adapters: only when a config is read
+
     routes = load_config(path).routes if path else []
     report = {g["key"]: g for g in _report(since, "backend", config, db)["groups"]}
     if not routes:
@@ -75,6 +76,8 @@ def _report(since: str, by: str, config: Path | None, db: str | None) -> dict:
     except ValueError as exc:
         raise SettingsError(f"--since: {exc}") from None
     path = _config_path(config)
+    from gateway.backends_config import load_config
+
     prices = load_config(path).priced(settings().home) if path else []
     engine = _open(db or database_url_from_env(settings().home))
     try:

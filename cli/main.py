@@ -55,7 +55,7 @@ def _root(ctx: typer.Context,
 
 def version_lines() -> None:
     """As ``ollama -v``: the server's version, and the client's when it differs (or no server answers)."""
-    from gateway.health import VERSION
+    from gateway.version import VERSION
 
     from .client import find_server
 

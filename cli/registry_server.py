@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from registry.server import serve_registry
 from registry.store import Store
 
 from .common import get_store
@@ -37,6 +36,8 @@ def serve(
     if auth is None and not _is_loopback(host):
         typer.echo(f"warning: serving on {host} without --auth: anyone who can reach it can push", err=True)
     typer.echo(f"serving {store.root} at http://{host}:{port}")
+    from registry.server import serve_registry  # aiohttp: only for this command
+
     serve_registry(store, host=host, port=port, auth=auth, log_level="warning")
 
 

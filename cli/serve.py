@@ -9,7 +9,6 @@ from pathlib import Path
 
 import typer
 
-from gateway.backends_config import load_config
 from adapters.durations import parse_duration
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
@@ -49,6 +48,8 @@ def serve(
         if keep_alive:
             overrides["keep_alive"] = parse_duration(keep_alive)
         settings = ServerSettings.from_env(**overrides)
+        from gateway.backends_config import load_config  # the remote adapters (aiohttp) load with the server
+
         backends = load_config(settings.config).remote_settings() if settings.config else []
     except ValueError as exc:
         raise SettingsError(str(exc)) from None

@@ -9,8 +9,6 @@ use); otherwise 503 with the reason. Both are open without an API key, as ``/`` 
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 import asyncio
 from contextlib import suppress
 from typing import Literal
@@ -23,10 +21,7 @@ from pydantic import BaseModel, Field
 from gateway.monitor import HEALTH_TIMEOUT_S
 from gateway.ollama.wire_models import VersionResponse, errors
 
-try:
-    VERSION = version("infer")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    VERSION = "0.0.0"
+from gateway.version import VERSION
 
 router = APIRouter(tags=["health"])
 

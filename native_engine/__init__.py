@@ -1,10 +1,33 @@
 """A small PyTorch inference engine in the vLLM / nano-vllm mould: paged KV cache, prefix caching,
-continuous batching with chunked prefill, Triton kernels on GPU and their torch references on CPU."""
+continuous batching with chunked prefill, Triton kernels on GPU and their torch references on CPU.
 
-from .async_engine import AsyncLLMEngine
-from .config import EngineConfig
-from .llm_engine import LLMEngine
-from .output import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams
+The public names load on first use (PEP 562), so `native_engine.loader.gguf_file` and the tokenizer
+can be used without importing torch."""
 
-__all__ = ["AsyncLLMEngine", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "AsyncLLMEngine": ".async_engine",
+    "CompletionOutput": ".output",
+    "EngineConfig": ".config",
+    "LLMEngine": ".llm_engine",
+    "RequestOutput": ".output",
+    "SamplingParams": ".sampling_params",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .async_engine import AsyncLLMEngine
+    from .config import EngineConfig
+    from .llm_engine import LLMEngine
+    from .output import CompletionOutput, RequestOutput
+    from .sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

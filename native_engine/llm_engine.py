@@ -41,11 +41,12 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.device = platform.resolve_device(config.device)
         keep_q4_1 = self.device.type == "cpu" and config.cpu_int4_matmul  # for the int4 matmuls (f32 only)
-        model_config, weights, self.tokenizer = load_checkpoint(config.model, self._compute_dtype, keep_q4_1)
-        self.model_config, self.dtype = model_config, self._compute_dtype(model_config)
-        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
-                                 model_config.max_position_embeddings)
-        self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
+        with platform.loading_threads(self.device):
+            model_config, weights, self.tokenizer = load_checkpoint(config.model, self._compute_dtype, keep_q4_1)
+            self.model_config, self.dtype = model_config, self._compute_dtype(model_config)
+            self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
+                                     model_config.max_position_embeddings)
+            self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
         self.model_runner.allocate_kv_cache(self._kv_budget())
         self.model_runner.capture_cudagraphs(self.max_model_len)
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -15,6 +18,23 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} was asked for but CUDA is not available")
     return device
+
+
+@contextmanager
+def loading_threads(device: torch.device) -> Iterator[None]:
+    """One torch thread while weights are copied and packed on the CPU. The copies are bound by memory
+    bandwidth, so more threads gain little; and when other processes keep the cores busy, the pool's
+    threads wait for each other at every op: SmolLM2's model build took 1.8-5 s with 2 threads on a
+    shared 2-core machine against 0.5 s with one (bench/native_load.py measures the load)."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def resolve_dtype(name: str, device: torch.device, source_dtype: str | None) -> torch.dtype:

@@ -8,14 +8,16 @@ the registry mapping below; nothing a client sends can produce a 500.
 from __future__ import annotations
 
 import logging
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from typing import TYPE_CHECKING
 
 from adapters.errors import BackendError
 from registry import errors as reg
+
+if TYPE_CHECKING:  # `infer run` uses the mapping below through the recorder without the web stack
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ def error_body(path: str, status: int, message: str, *, param: str | None = None
 
 
 def error_response(request: Request, status: int, message: str, **extra) -> JSONResponse:
+    from fastapi.responses import JSONResponse
+
     return JSONResponse(error_body(request.url.path, status, message, **extra), status_code=status)
 
 
@@ -72,6 +76,8 @@ KNOWN = (BackendError, APIError, reg.RegistryError)
 
 def known_error_response(path: str, exc: Exception) -> JSONResponse:
     """The answer to ``exc`` on ``path``, with Retry-After and a key's remaining limits when known."""
+    from fastapi.responses import JSONResponse
+
     status, message, extra = to_status_message(exc)
     response = JSONResponse(error_body(path, status, message, **extra), status_code=status)
     retry_after = getattr(exc, "retry_after", None)
@@ -84,6 +90,9 @@ def known_error_response(path: str, exc: Exception) -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
     async def handle_known(request: Request, exc: Exception) -> JSONResponse:
         return known_error_response(request.url.path, exc)
 

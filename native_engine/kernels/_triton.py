@@ -1,10 +1,18 @@
-"""Optional triton import: kernels are defined either way, but only launched when triton imports."""
+"""Optional triton import: kernels are defined either way, but only launched when triton imports.
 
+Triton is imported only where it can launch or is wanted: with CUDA, under ``TRITON_INTERPRET=1``
+(CPU tests), or when the process has imported it already (ahead-of-time compiles). On a CPU-only
+machine its import (~0.1 s) would only slow the model's load."""
+
+import os
+import sys
 from types import SimpleNamespace
 
 import torch
 
 try:
+    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" or "triton" in sys.modules):
+        raise ImportError("no CUDA device and not interpreting: the torch references run")
     import triton
     import triton.language as tl
 

@@ -1,51 +1,37 @@
-"""Model loading: config, weights (GGUF or HF safetensors) and tokenizer."""
+"""Model loading: config, weights (GGUF or HF safetensors) and tokenizer.
+
+The names load on first use (PEP 562): the GGUF header walker (`gguf_file`) and the tokenizer need no
+torch; `load_checkpoint` and the weight loaders (`checkpoint`, `gguf_loader`, `hf_loader`) do."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import torch
+_EXPORTS = {
+    "GGUFFile": ".gguf_file",
+    "ModelConfig": ".model_config",
+    "Q4Blocks": ".gguf_loader",
+    "Tokenizer": ".tokenizer",
+    "load_checkpoint": ".checkpoint",
+    "load_gguf": ".gguf_loader",
+    "load_hf": ".hf_loader",
+    "load_model": ".checkpoint",
+    "load_tokenizer": ".tokenizer",
+    "tokenizer_from_gguf": ".tokenizer",
+}
+__all__ = sorted(set(_EXPORTS) - {"GGUFFile"})
 
-from .gguf_file import GGUFFile
-from .gguf_loader import Q4Blocks, load_gguf
-from .hf_loader import load_hf
-from .model_config import ModelConfig
-from .tokenizer import Tokenizer, load_tokenizer, tokenizer_from_gguf
-
-__all__ = [
-    "ModelConfig",
-    "Q4Blocks",
-    "Tokenizer",
-    "load_checkpoint",
-    "load_gguf",
-    "load_hf",
-    "load_model",
-    "load_tokenizer",
-    "tokenizer_from_gguf",
-]
-
-Weights = Iterator[tuple[str, torch.Tensor]]
-
-
-def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, Weights]:
-    """``load_hf`` for a checkpoint directory, ``load_gguf`` for a .gguf file."""
-    return load_hf(path, dtype) if Path(path).is_dir() else load_gguf(path, dtype)
+if TYPE_CHECKING:
+    from .checkpoint import load_checkpoint, load_model
+    from .gguf_file import GGUFFile
+    from .gguf_loader import Q4Blocks, load_gguf
+    from .hf_loader import load_hf
+    from .model_config import ModelConfig
+    from .tokenizer import Tokenizer, load_tokenizer, tokenizer_from_gguf
 
 
-def load_checkpoint(
-    path: str | os.PathLike[str], dtype: torch.dtype | Callable[[ModelConfig], torch.dtype] = torch.float32,
-    keep_q4_1: bool = False,
-) -> tuple[ModelConfig, Weights, Tokenizer]:
-    """Config, lazy weights and tokenizer; a GGUF file's metadata is parsed once for all three.
-
-    ``dtype`` may be a function of the config (to follow the checkpoint's own dtype); ``keep_q4_1``:
-    see ``load_gguf``."""
-    if Path(path).is_dir():
-        config = ModelConfig.from_hf(path)
-        return *load_hf(path, dtype(config) if callable(dtype) else dtype), Tokenizer.from_hf(path)
-    reader = GGUFFile(path)
-    if callable(dtype):
-        dtype = dtype(ModelConfig.from_gguf(reader))
-    return *load_gguf(reader, dtype, keep_q4_1), Tokenizer.from_gguf(reader)
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

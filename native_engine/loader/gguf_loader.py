@@ -94,11 +94,10 @@ def _iter_tensors(
     tensors: list[ReaderTensor], names: list[str], config: ModelConfig, dtype: torch.dtype, keep_q4_1: bool
 ) -> Iterator[tuple[str, torch.Tensor | Q4Blocks]]:
     for t, name in zip(tensors, names):
-        if keep_q4_1 and t.tensor_type == QType.Q4_1 and len(t.data.shape) == 2:
-            blocks = q4_1_blocks(t.data)
-            yield name, Q4Blocks(*(unpermute_qk(config, name, part) for part in blocks))
+        if keep_q4_1 and t.tensor_type == QType.Q4_1 and len(t.data.shape) == 2:  # rows of raw blocks reordered
+            yield name, Q4Blocks(*q4_1_blocks(unpermute_qk(config, name, t.data)))
         elif keep_q4_1 and t.tensor_type == QType.Q8_0 and len(t.data.shape) == 2:
-            yield name, Q8Blocks(*(unpermute_qk(config, name, part) for part in q8_0_blocks(t.data)))
+            yield name, Q8Blocks(*q8_0_blocks(unpermute_qk(config, name, t.data)))
         else:
             yield name, unpermute_qk(config, name, tensor_to_torch(t, dtype))
 
@@ -153,8 +152,10 @@ def q4_1_blocks(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     d = torch.from_numpy(raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
     m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
     nibbles = raw[..., 4:]
-    q = torch.from_numpy(np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).reshape(rows, -1))
-    return q, d, m
+    q = np.empty((rows, raw.shape[1], 32), dtype=np.uint8)
+    np.bitwise_and(nibbles, 15, out=q[..., :16])
+    np.right_shift(nibbles, 4, out=q[..., 16:])
+    return torch.from_numpy(q.reshape(rows, -1)), d, m
 
 
 def _check_type(t: ReaderTensor) -> None:
@@ -197,8 +198,9 @@ def _dequantize(t: ReaderTensor, shape: tuple[int, ...], dtype: torch.dtype) -> 
     return out.reshape(shape)
 
 
-def unpermute_qk(config: ModelConfig, name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """Undo convert_hf_to_gguf.py's llama Q/K row permutation (interleaved -> rotate-half per head)."""
+def unpermute_qk(config: ModelConfig, name: str, tensor: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """Undo convert_hf_to_gguf.py's llama Q/K row permutation (interleaved -> rotate-half per head).
+    A numpy array is a quantized matrix's rows of raw blocks (each row whole blocks), reordered as they are."""
     if config.architecture != "llama":
         return tensor
     if ".self_attn.q_proj." in name:
@@ -208,8 +210,10 @@ def unpermute_qk(config: ModelConfig, name: str, tensor: torch.Tensor) -> torch.
     return tensor
 
 
-def _unpermute(tensor: torch.Tensor, n_head: int) -> torch.Tensor:
+def _unpermute(tensor: torch.Tensor | np.ndarray, n_head: int) -> torch.Tensor | np.ndarray:
     # tensor: [n_head * head_dim, ...]; GGUF rows per head are (pair, half) -> HF (half, pair)
     rows = tensor.shape[0]
-    order = torch.arange(rows).reshape(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(-1)
-    return tensor.index_select(0, order)  # a row gather: one pass, any dtype
+    order = np.arange(rows).reshape(n_head, rows // n_head // 2, 2).transpose(0, 2, 1).reshape(-1)
+    if isinstance(tensor, np.ndarray):
+        return np.asarray(tensor)[order]  # a row gather out of the memory map
+    return tensor.index_select(0, torch.from_numpy(order))  # a row gather: one pass, any dtype

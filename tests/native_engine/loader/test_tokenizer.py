@@ -186,10 +186,14 @@ def test_llama3_digits_and_ignore_merges_match_llama_cpp(build, tmp_path):
 
 
 def test_piece_bytes_helpers():
-    from native_engine.loader.tokenizer import _spm_piece, byte_level_bytes
+    from native_engine.loader.tokenizer import _BYTE_DECODER, _spm_piece, byte_level_bytes
 
     assert byte_level_bytes("\u0120hello\u010a") == b" hello\n"
     assert byte_level_bytes("\u00e6\u0139\u00a5") == "日".encode()  # one CJK char as three byte symbols
     assert byte_level_bytes("<|im_end|>") == b"<|im_end|>"
     assert byte_level_bytes("\u4e00") == "\u4e00".encode()  # outside the table: stands for itself
+    assert byte_level_bytes("a b") == b"a b" and byte_level_bytes("\x00\u0120") == "\x00\u0120".encode()  # a space,
+    assert byte_level_bytes("\u00ad\u0100") == "\u00ad\u0100".encode()  # NUL, soft hyphen: not table characters
+    every_byte = "".join(sorted(_BYTE_DECODER, key=_BYTE_DECODER.get))
+    assert byte_level_bytes(every_byte) == bytes(range(256))
     assert _spm_piece("\u2581hello") == b" hello" and _spm_piece("<0x0A>") == b"\n"
