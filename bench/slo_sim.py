@@ -8,7 +8,7 @@ The gateway side is the real ``routing`` code (``LatencyModel``, ``Dispatcher``)
 clock, so what this prints is what the route's policy does on that engine, minus HTTP and CPU noise
 (``--overhead-ms`` adds a fixed delay per hop). Requests are judged as bench/slo.py judges them.
 
-    .venv/bin/python bench/slo_sim.py [--loads 0.5,0.9,1.2] [--seconds 60] [--seeds 13,14,15] [--policies slo,least_inflight]
+    .venv/bin/python bench/slo_sim.py [--loads 0.5,0.9,1.2] [--seconds 60] [--seeds 13,14,15] [--policies slo,least_inflight] [--fresh] [--known-limits]
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class SimRequest:
 
 
 POLL_S = 2.0  # routing.route.Route.poll_health's period
+KNOWN_LIMITS = False
 
 
 class SimEngine:
@@ -126,32 +127,40 @@ class Sim:
         self.models = {m.name: m.latency for m in self.members}
         for m in self.members:
             m.latency.clock = lambda: self.now
+            if KNOWN_LIMITS:  # bench/slo.py's other sides fill the fleet; the slo route's poller sees it
+                m.latency.batch_limit = FLEET[m.name].batch_limit
         self.policy, self.slo = policy, slo
         self.dispatcher = Dispatcher(shed, clock=lambda: self.now)
         self.orderer = Orderer(policy)
         self.requests: list[SimRequest] = []
+        self.polling = False
 
     def at(self, when: float, fn) -> None:
         heapq.heappush(self.events, (when, next(self.seq), fn))
 
     def run(self, calls: list[Call], grace: float) -> list[SimRequest]:
+        """The calls from now on (their times relative to now), then ``grace`` s; the fleet keeps its
+        state and the gateway what it learnt, as one ``infer serve`` does across bench/slo.py's runs."""
+        start, self.requests = self.now, []
         for call in calls:
-            req = SimRequest(call, call.words + 1, call.at)
+            req = SimRequest(call, call.words + 1, start + call.at)
             self.requests.append(req)
-            self.at(call.at, lambda t, r=req: self.arrive(r, t))
-        end = (calls[-1].at if calls else 0) + grace
-        self.at(self.now + POLL_S, self.poll)
+            self.at(req.arrival, lambda t, r=req: self.arrive(r, t))
+        end = start + (calls[-1].at if calls else 0) + grace
+        if not self.polling:
+            self.polling = True
+            self.at(self.now + POLL_S, self.poll)
         while self.events and self.events[0][0] <= end:
             self.now, _, fn = heapq.heappop(self.events)
             fn(self.now)
+        self.now = max(self.now, end)
         return self.requests
 
     def poll(self, now: float) -> None:
         """The route's health poller: each backend's running and waiting, as its /metrics says."""
         for name, engine in self.engines.items():
             self.models[name].reported(len(engine.running), len(engine.waiting))
-        if self.events:
-            self.at(now + POLL_S, self.poll)
+        self.at(now + POLL_S, self.poll)
 
     # -- the gateway ------------------------------------------------------------------------------
 
@@ -226,25 +235,28 @@ def summary(reqs: list[SimRequest], sim: Sim) -> dict:
             "served": {n: sum(1 for r in reqs if r.backend == n) for n in FLEET}}
 
 
-def simulate(policy: str, load: float, seconds: float, seed: int, shed: bool, warmup: float,
-             debug: bool = False) -> dict:
+def simulate(policy: str, loads: list[float], seconds: float, seed: int, shed: bool, warmup: float,
+             fresh: bool = False, debug: bool = False) -> list[dict]:
+    """One row per load: bench/slo.py's sequence (warm-up at 0.5x, then each load with seed + its index)
+    on one gateway and fleet, or with ``fresh`` a new one (and its warm-up) per load."""
     cap = fleet_capacity()["rps"]
     slo = RouteSLO(ttft_ms=SLO["ttft_ms"], tpot_ms=SLO["tpot_ms"], e2e_ms=SLO["e2e_ms"])
-    sim = Sim(policy, slo, shed)
-    if warmup:
-        sim.run(workload(0.5 * cap, warmup, seed + 99), grace=30)
-        sim.requests, sim.events, sim.now = [], [], 0.0
+    rows, sim = [], None
+    for index, load in enumerate(loads):
+        if sim is None or fresh:
+            sim = Sim(policy, slo, shed)
+            if warmup:
+                sim.run(workload(0.5 * cap, warmup, seed + 99), grace=30)
         for model in sim.models.values():
             model.errors.clear()
-    out = summary(sim.run(workload(load * cap, seconds, seed), grace=30), sim)
-    if debug:
-        for m in sim.members:
-            lat = m.latency
-            print(f"   {m.name}: ttft w={[round(w, 5) for w in lat.ttft.w]} tpot v={[round(v, 5) for v in lat.tpot.w]} "
-                  f"rho={lat.prefill_rate():.0f} L={lat.batch_limit} err={lat.median_error() or 0:.2f} r_ttft={lat.ratio('ttft', 0.8):.2f} "
-                  f"r_tpot={lat.ratio('tpot', 0.8):.2f}")
-    return out
-
+        rows.append(summary(sim.run(workload(load * cap, seconds, seed + index), grace=30), sim))
+        if debug:
+            for m in sim.members:
+                lat = m.latency
+                print(f"   {m.name}: ttft w={[round(w, 5) for w in lat.ttft.w]} tpot v={[round(v, 5) for v in lat.tpot.w]} "
+                      f"rho={lat.prefill_rate():.0f} L={lat.batch_limit} err={lat.median_error() or 0:.2f} "
+                      f"r_ttft={lat.ratio('ttft', 0.8):.2f} r_tpot={lat.ratio('tpot', 0.8):.2f}")
+    return rows
 
 
 def main() -> None:
@@ -254,10 +266,17 @@ def main() -> None:
     parser.add_argument("--seeds", default="13")
     parser.add_argument("--policies", default="slo,least_inflight,round_robin")
     parser.add_argument("--warmup", type=float, default=15)
+    parser.add_argument("--known-limits", action="store_true",
+                        help="the route knows each backend's batch limit from the start (in bench/slo.py its "
+                             "poller learns them while the other sides fill the fleet)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="a new gateway and fleet (and warm-up) per load instead of one across the loads")
     parser.add_argument("--debug", action="store_true", help="print each backend's fitted models")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a routing.dispatch constant (e.g. ERROR_QUANTILE=0.9) to compare policies")
     args = parser.parse_args()
+    global KNOWN_LIMITS
+    KNOWN_LIMITS = args.known_limits
     import routing.dispatch as dispatch
     for item in args.set:
         name, value = item.split("=", 1)
@@ -265,11 +284,13 @@ def main() -> None:
         setattr(dispatch, name, value in ("True", "1") if isinstance(current, bool) else type(current)(value))
     print(f"{'load':>4s} {'policy':15s} {'reqs':>5s} {'good':>5s} {'shed':>4s} {'attain':>6s} {'adm.at':>6s} "
           f"{'goodput':>7s} {'pred.err':>8s}  missed ttft/tpot/e2e  served")
-    for index, load in enumerate(float(x) for x in args.loads.split(",")):
-        for policy in args.policies.split(","):
-            rows = [simulate(policy, load, args.seconds, int(s) + index, policy == "slo", args.warmup,
-                             args.debug)
-                    for s in args.seeds.split(",")]
+    loads = [float(x) for x in args.loads.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for policy in args.policies.split(","):
+        table = [simulate(policy, loads, args.seconds, seed, policy == "slo", args.warmup, args.fresh, args.debug)
+                 for seed in seeds]
+        for index, load in enumerate(loads):
+            rows = [per_seed[index] for per_seed in table]
             for row in rows:
                 err = f"{row['pred_err']:8.1%}" if row["pred_err"] is not None else f"{'-':>8s}"
                 print(f"{load:4.1f} {policy:15s} {row['requests']:5d} {row['good']:5d} {row['shed']:4d} "
@@ -277,7 +298,7 @@ def main() -> None:
                       f"{row['missed']['ttft']:3d}/{row['missed']['tpot']:3d}/{row['missed']['e2e']:3d}  "
                       f"{'/'.join(str(v) for v in row['served'].values())}")
             if len(rows) > 1:
-                print(f"{'':4s} {'median':15s} attainment {statistics.median(r['attainment'] for r in rows):.3f} "
+                print(f"{load:4.1f} {policy:15s} median attainment {statistics.median(r['attainment'] for r in rows):.3f} "
                       f"admitted {statistics.median(r['admitted'] for r in rows):.3f} "
                       f"goodput {statistics.median(r['goodput'] for r in rows):.3f}")
 

@@ -3,8 +3,11 @@
 A continuous-batching backend serves what it has admitted at a pace that depends on everything in its
 batch: one more sequence slows every step, and each new prompt's prefill stalls the whole batch. So
 the route does not push a request into a backend whose predicted TPOT or TTFT would miss the SLO; it
-holds it (a FIFO per route, higher ``priority`` first) until some backend has room, and binds it then
-(late binding: the request goes to whichever backend frees up first).
+holds it until some backend has room, and binds it then (late binding: the request goes to whichever
+backend frees up first). The held queue is ordered by ``priority`` (higher first), then by cost
+(output tokens, plus a tenth of the prompt tokens: what the request takes from a backend's batch),
+then arrival: when room frees, the cheapest request of the highest priority takes it, so in a burst
+the requests left to be shed at their deadlines are the costly ones, and fewer are lost.
 
 For each held request and each backend (``predictor.LatencyModel``) the prediction, scaled by the
 backend's recent error (a quantile of actual / predicted, so the margin is what the backend has
@@ -19,8 +22,11 @@ the parts) wins. A request that fits nowhere waits. Its **deadline** is the last
 quickest backend, idle, would still give its first token in time; past it (or at once, when the
 requests held ahead of it, at the pace requests have been leaving the queue, would hold it past its
 deadline) it is shed with ``shed: true``, or sent to the backend with the most headroom without; at
-its deadline a backend whose batch is full (a limit learnt from its ``/metrics``) but where it would
-fit is still taken rather than shedding (so a wrongly learnt limit corrects itself).
+its deadline a backend whose batch is full (a limit learnt from its ``/metrics``; before it is
+known, one more than the gateway has seen decoding there) but where it would fit is still taken
+rather than shedding (so a wrongly learnt limit corrects itself). A request is not bound where its
+prefill would push a request in flight there (decoding, or still waiting for its first token) past
+the TPOT SLO.
 A negative priority takes 25 % off the TTFT SLO per step, so low priority is shed first.
 """
 
@@ -44,6 +50,7 @@ HOLD_WHEN_FULL = True
 PROTECT_DECODING = True
 EARLY_SHED = True  # shed at arrival when the queue ahead would hold it past its deadline
 PICK = "most"  # among the backends where it fits: the most headroom, or the least (pack tightly)
+PROMPT_TOKEN_COST = 0.1  # a prompt token's share of a backend, in output tokens (the held queue's order)
 
 
 @dataclass(eq=False)
@@ -64,6 +71,17 @@ class Waiter:
     prediction: Prediction | None = None
     reason: str = ""                   # why it was shed, for the 429's message
     retry_after_s: float = 1.0
+
+    @property
+    def cost(self) -> float:
+        """What serving it takes from a backend, in output tokens: each is a decode step shared with
+        the batch; a prompt token's prefill is far cheaper (``PROMPT_TOKEN_COST``)."""
+        return self.max_tokens + PROMPT_TOKEN_COST * self.prompt_tokens
+
+    @property
+    def rank(self) -> tuple[int, float]:
+        """The held queue's order: higher priority first, then the cheaper request."""
+        return (-self.priority, self.cost)
 
     @property
     def ttft_limit_s(self) -> float:
@@ -92,13 +110,13 @@ class Dispatcher:
         quickest = min((m.latency.idle_ttft(waiter.prompt_tokens) * m.latency.ratio("ttft", TTFT_QUANTILE)
                         for m in members), default=0.0)
         waiter.deadline = waiter.arrival + waiter.ttft_limit_s - quickest
-        ahead = sum(1 for w in self.queue if w.priority >= waiter.priority)
+        ahead = sum(1 for w in self.queue if w.rank <= waiter.rank)
         expected = now + ahead * self.gap_s
         if EARLY_SHED and self.shed and members and ahead and expected > waiter.deadline:
             self._shed(waiter, f"{ahead} request(s) are held ahead of it, about {ahead * self.gap_s * 1000:.0f} ms")
             return
         self.queue.append(waiter)
-        self.queue.sort(key=lambda w: -w.priority)  # stable: FIFO within a priority
+        self.queue.sort(key=lambda w: w.rank)  # stable: FIFO among equals
 
     # -- binding --------------------------------------------------------------------------------
 

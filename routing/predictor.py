@@ -36,6 +36,7 @@ import numpy as np
 
 
 RELATIVE_TTFT = False
+PROBE = 1  # before a backend's batch limit is known: at most this many beyond the most seen decoding there
 
 
 class WindowFit:
@@ -159,8 +160,12 @@ class LatencyModel:
 
     @property
     def is_full(self) -> bool:
-        """One more request would wait there for a free slot in the batch."""
-        return bool(self.batch_limit) and len(self.in_flight) >= self.batch_limit
+        """One more request would wait there for a free slot in the batch. Before the batch limit is
+        known (a backend without ``/metrics``, or one never seen with a queue), the limit is the most
+        of the gateway's requests seen decoding there at once plus ``PROBE``: the gateway probes for
+        room one request at a time instead of pushing a burst into a queue it cannot see."""
+        limit = self.batch_limit or (self.max_decoding + PROBE if PROBE else 0)
+        return bool(limit) and len(self.in_flight) >= limit
 
     def decoding(self) -> int:
         return sum(1 for r in self.in_flight.values() if r.first_token is not None)
@@ -199,17 +204,19 @@ class LatencyModel:
         return features, prediction
 
     def worst_tpot_with(self, prompt_tokens: int) -> float:
-        """The highest TPOT a request decoding here now would end with if one more request (this
-        prompt) joined: its remaining tokens at the bigger batch's pace, plus the new prefill's stall."""
+        """The highest TPOT a request in flight here would end with if one more request (this prompt)
+        joined: its remaining tokens at the bigger batch's pace, plus the new prefill's stall. A request
+        still waiting for its first token counts too (all its tokens are left): the new prefill runs
+        right after its own, early in its decode."""
         now, v0, v1, v2 = self.clock(), *self.tpot.w
         stall = min(0.9, v2 * self.prefill_rate())
         pace_now = (v0 + v1 * len(self.in_flight)) / (1.0 - stall)
         pace_with = (v0 + v1 * (len(self.in_flight) + 1)) / (1.0 - stall)
         worst = 0.0
         for entry in self.in_flight.values():
-            if entry.first_token is None or entry.max_tokens < 2:
+            if entry.max_tokens < 2:
                 continue
-            elapsed = now - entry.first_token
+            elapsed = now - entry.first_token if entry.first_token is not None else 0.0
             left = max(0.0, entry.max_tokens - 1 - elapsed / pace_now) if pace_now > 0 else 0.0
             worst = max(worst, (elapsed + left * pace_with + v2 * prompt_tokens) / (entry.max_tokens - 1))
         return worst

@@ -44,6 +44,7 @@ def test_a_request_is_held_while_it_would_miss_its_tpot_and_bound_when_a_slot_fr
     clock = [0.0]
     (only,) = fleet(clock, "only")
     teach(only, 0.1, 0.04, 0.018)  # TPOT = 40 + 18 ms per sequence: at most 3 fit a 100 ms SLO
+    only.latency.batch_limit = 8     # its /metrics showed a batch of 8
     d = Dispatcher(shed=True, clock=lambda: clock[0])
     first = [waiter(clock) for _ in range(3)]
     for w in first:
@@ -62,6 +63,7 @@ def test_what_cannot_be_served_by_its_deadline_is_shed_or_with_shed_off_sent_any
         clock = [0.0]
         (only,) = fleet(clock, "only")
         teach(only, 0.2, 0.04, 0.018)
+        only.latency.batch_limit = 8
         d = Dispatcher(shed=shed, clock=lambda: clock[0])
         busy = [waiter(clock) for _ in range(3)]
         for w in busy:
@@ -108,3 +110,62 @@ def test_a_negative_priority_is_held_to_a_tighter_ttft():
     d.arrive(low, [only])
     d.ready([only])
     assert normal.backend == "only" and low.decided and low.backend is None
+
+
+def test_before_the_batch_limit_is_known_one_more_than_seen_decoding_goes_at_a_time():
+    clock = [0.0]
+    (only,) = fleet(clock, "only")
+    teach(only, 0.1, 0.02, 0.0)  # TPOT and TTFT leave room for many: only the unknown batch limit holds
+    d = Dispatcher(shed=True, clock=lambda: clock[0])
+    burst = [waiter(clock) for _ in range(3)]
+    for w in burst:
+        d.arrive(w, [only])
+    assert d.ready([only]) == [burst[0]] and d.queue == burst[1:]  # nothing seen decoding yet: one
+    clock[0] = 0.1
+    only.latency.first_token(burst[0].key, burst[0].features)
+    assert d.ready([only]) == [burst[1]] and d.queue == [burst[2]]  # one seen decoding: two in flight
+    only.latency.batch_limit = 8  # its /metrics showed a full batch of 8
+    assert d.ready([only]) == [burst[2]]
+
+
+def test_a_newcomer_may_not_stall_a_request_still_waiting_for_its_first_token_past_its_tpot():
+    clock = [0.0]
+    (only,) = fleet(clock, "only")
+    teach(only, 0.1, 0.05, 0.01)
+    for _ in range(60):  # each prompt token prefilled during a decode costs 1 ms of it
+        only.latency.tpot.update([1.0, 2.0, 5.0], 0.05 + 0.02 + 0.005)
+    only.latency.batch_limit = 8
+    d = Dispatcher(shed=True, clock=lambda: clock[0])
+    queued = waiter(clock)  # sent, no first token yet: all 49 of its decode steps are ahead
+    d.arrive(queued, [only])
+    d.ready([only])
+    loose = SLO(ttft_ms=10000, tpot_ms=100)
+    short, huge = Waiter(50, 2, clock[0], loose), Waiter(1500, 2, clock[0], loose)
+    d.arrive(huge, [only])
+    d.arrive(short, [only])
+    assert d.ready([only]) == [short] and d.queue == [huge]
+
+
+def test_among_equal_priority_the_cheapest_held_request_takes_a_freed_slot_and_the_costly_one_is_shed():
+    clock = [0.0]
+    (only,) = fleet(clock, "only")
+    teach(only, 0.2, 0.04, 0.018)  # at most 3 in the batch within a 100 ms TPOT
+    only.latency.batch_limit = 8
+    d = Dispatcher(shed=True, clock=lambda: clock[0])
+    busy = [waiter(clock) for _ in range(3)]
+    for w in busy:
+        d.arrive(w, [only])
+    d.ready([only])
+    costly = Waiter(700, 96, clock[0], SLO_)        # arrives first
+    cheap = Waiter(100, 16, clock[0] + 0.01, SLO_)  # arrives later, a sixth of the work
+    urgent = Waiter(700, 96, clock[0] + 0.02, SLO_, priority=1)
+    for w in (costly, cheap, urgent):
+        d.arrive(w, [only])
+    assert d.queue == [urgent, cheap, costly]  # priority first, then cost
+    clock[0] = 0.2
+    only.latency.finished(busy[0].key)
+    assert d.ready([only]) == [urgent]
+    only.latency.finished(busy[1].key)
+    assert d.ready([only]) == [cheap]
+    clock[0] = costly.deadline
+    assert d.ready([only]) == [costly] and costly.backend is None and costly.retry_after_s >= 1
