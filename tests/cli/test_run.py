@@ -165,13 +165,20 @@ def test_a_missing_model_is_pulled_then_run(store, tmp_path, monkeypatch):
 
 # -- the REPL over a pseudo-terminal -----------------------------------------------------------------
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Terminal:
     """``infer run`` attached to a pty; ``expect`` reads until a text appears (CRLF folded to LF)."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         master, slave = os.openpty()
+        # Ctrl+C as a terminal delivers it: SIGINT at its default even when this test run was started in
+        # the background (a non-interactive shell's `cmd &` ignores SIGINT, and children inherit that)
         self.proc = subprocess.Popen([sys.executable, "-m", "cli", "run", *args], stdin=slave, stdout=slave,
-                                     stderr=slave, env=env or cli_env(), cwd=ROOT, start_new_session=True)
+                                     stderr=slave, env=env or cli_env(), cwd=ROOT, start_new_session=True,
+                                     preexec_fn=_default_sigint)
         os.close(slave)
         self.fd, self.pending = master, ""
 
