@@ -25,6 +25,14 @@ def teach(member: Member, ttft_s: float, tpot_base: float, tpot_per_seq: float) 
             member.latency.tpot.update([1.0, float(batch), 0.0], tpot_base + tpot_per_seq * batch)
 
 
+def teach_prefill_stalls(member: Member) -> None:
+    """TTFT 0.1 s, TPOT 50 ms + 10 ms a sequence, and each prompt token prefilled during a decode
+    costs 1 ms of it."""
+    teach(member, 0.1, 0.05, 0.01)
+    for _ in range(60):
+        member.latency.tpot.update([1.0, 2.0, 5.0], 0.05 + 0.02 + 0.005)
+
+
 def waiter(clock: list[float], **fields) -> Waiter:
     return Waiter(100, 50, clock[0], fields.pop("slo", SLO_), **fields)
 
@@ -83,9 +91,7 @@ def test_what_cannot_be_served_by_its_deadline_is_shed_or_with_shed_off_sent_any
 def test_a_newcomer_may_not_push_the_requests_decoding_past_their_tpot():
     clock = [0.0]
     (only,) = fleet(clock, "only")
-    teach(only, 0.1, 0.05, 0.01)
-    for _ in range(60):  # each prompt token prefilled during a decode costs 1 ms of it
-        only.latency.tpot.update([1.0, 2.0, 5.0], 0.05 + 0.02 + 0.005)
+    teach_prefill_stalls(only)
     d = Dispatcher(shed=True, clock=lambda: clock[0])
     decoding = waiter(clock)
     d.arrive(decoding, [only])
@@ -131,9 +137,7 @@ def test_before_the_batch_limit_is_known_one_more_than_seen_decoding_goes_at_a_t
 def test_a_newcomer_may_not_stall_a_request_still_waiting_for_its_first_token_past_its_tpot():
     clock = [0.0]
     (only,) = fleet(clock, "only")
-    teach(only, 0.1, 0.05, 0.01)
-    for _ in range(60):  # each prompt token prefilled during a decode costs 1 ms of it
-        only.latency.tpot.update([1.0, 2.0, 5.0], 0.05 + 0.02 + 0.005)
+    teach_prefill_stalls(only)
     only.latency.batch_limit = 8
     d = Dispatcher(shed=True, clock=lambda: clock[0])
     queued = waiter(clock)  # sent, no first token yet: all 49 of its decode steps are ahead
