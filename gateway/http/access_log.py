@@ -17,7 +17,8 @@ line is off and each request is logged once.
 from __future__ import annotations
 
 import logging
-import urllib.parse
+
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 UVICORN = "uvicorn.access"
 LOG = logging.getLogger("infer.access")
@@ -58,9 +59,5 @@ class AccessLog:
 
 
 def _line(scope, status: int) -> None:
-    path = urllib.parse.quote(scope["path"])
-    if scope["query_string"]:
-        path = f"{path}?{scope['query_string'].decode('ascii')}"
-    client = scope.get("client")
-    LOG.info('%s - "%s %s HTTP/%s" %d', "%s:%d" % client if client else "", scope["method"], path,
+    LOG.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope), scope["method"], get_path_with_query_string(scope),
              scope["http_version"], status)
