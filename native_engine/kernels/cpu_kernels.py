@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_batch.c"))  # one library
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 BLAS_ROWS = 32  # from this many activation rows on, dequantize once and let BLAS multiply
@@ -47,7 +47,7 @@ def library() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + " ".join((compiler, *FLAGS, _cpu_flags())).encode()).hexdigest()[:16]
     path = kernel_dir() / f"cpu_kernels-{key}.so"
     try:
@@ -83,7 +83,7 @@ def _build(compiler: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, renamed into place: atomic
         out = Path(tmp) / path.name
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(out)], check=True, capture_output=True, timeout=120)
+        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(out)], check=True, capture_output=True, timeout=120)
         os.replace(out, path)
 
 
