@@ -169,13 +169,18 @@ static void tiled_matmul_q(int is_q8, const int16_t *x16, const float *sx, const
 /* out [T, N] = x [T, K] @ W.T for W as tiled blocks (mt NULL: Q8_0). N a multiple of 16, K of 32. */
 void tiled_matmul(const float *x, int64_t T, int64_t K, const uint8_t *qt, const float *dt, const float *mt, int64_t N,
                   float *out, int num_threads) {
-    const int64_t G = K / 32;
-    int16_t *x16 = aligned_alloc(64, ((T * K * 2 + 63) / 64) * 64);
-    float *sx = malloc(sizeof(float) * T * G * 2), *xsum = sx + T * G;
+    static __thread void *buf = NULL; /* reused: a fresh large allocation per call costs page faults */
+    static __thread int64_t buf_bytes = 0;
+    const int64_t G = K / 32, x16_bytes = ((T * K * 2 + 63) / 64) * 64, bytes = x16_bytes + sizeof(float) * T * G * 2;
+    if (bytes > buf_bytes) {
+        free(buf);
+        buf = aligned_alloc(64, ((bytes + 63) / 64) * 64);
+        buf_bytes = ((bytes + 63) / 64) * 64;
+    }
+    int16_t *x16 = buf;
+    float *sx = (float *)((char *)buf + x16_bytes), *xsum = sx + T * G;
     quantize_rows16(x, T, K, x16, sx, xsum, num_threads);
     tiled_matmul_q(mt == NULL, x16, sx, xsum, T, K, qt, dt, mt, N, out, num_threads);
-    free(sx);
-    free(x16);
 }
 
 /* exp(x) for x <= 0 (softmax weights): 2^n * p(r), |relative error| ~ 2e-7; lanes below -87 give 0. */
@@ -197,28 +202,74 @@ AI __m512 exp_neg(__m512 x) {
     return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
 }
 
+/* out[t, i] = silu(x[t, i]) * x[t, I + i] for x [T, 2I], out [T, I]; rows split over threads, 16 lanes at a
+ * time (sigmoid from exp(-|a|), so nothing overflows); I a multiple of 16. */
+void silu_mul_rows(const float *x, int64_t T, int64_t I, float *out, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (T * I >= 16384)
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < I; i += 16) {
+            const __m512 a = _mm512_loadu_ps(x + t * 2 * I + i), b = _mm512_loadu_ps(x + t * 2 * I + I + i);
+            const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(a)));
+            const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            const __mmask16 neg = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ);
+            const __m512 sig = _mm512_mask_mul_ps(inv, neg, inv, e);
+            _mm512_storeu_ps(out + t * I + i, _mm512_mul_ps(_mm512_mul_ps(a, sig), b));
+        }
+}
+
+/* The 16 horizontal sums of p[0..15], lane u = sum of p[u]: a transposing add tree (46 shuffles and adds
+ * instead of 16 separate reductions). */
+AI __m512 sum16(const __m512 *p) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)  /* chunks 0, 1: key 2i; chunks 2, 3: key 2i + 1 (8 partial lanes each) */
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)  /* chunk c: key 4i + c (4 partial lanes) */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)  /* chunk c: keys 8i + c (lanes 0, 2) and 8i + 4 + c (lanes 1, 3) */
+        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * i], b[2 * i + 1]), _mm512_unpackhi_ps(b[2 * i], b[2 * i + 1]));
+    /* chunk c: keys c, 8 + c, 4 + c, 12 + c */
+    const __m512 r = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 13, 9, 5, 1, 14, 10, 6, 2, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(order, r);
+}
+
 /* One sequence's query heads of one KV head (`group` of them, <= 8) over its paged cache: all scores first,
  * then a plain softmax and the weighted sum of values; each key and value row is read once for the group. */
 AI void attend_group(const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int64_t len,
                      float scale, int group, int64_t token_stride, int64_t block_size, int64_t block_stride,
                      float *scores, float *out, const int DV) {
     const int64_t D = DV * 16;
-    for (int64_t j = 0; j < len; j++) {
-        const float *k = k_cache + table[j / block_size] * block_stride + (j % block_size) * token_stride;
-        __m512 kv[DV];
-        for (int i = 0; i < DV; i++) kv[i] = _mm512_loadu_ps(k + 16 * i);
+    int64_t j = 0;
+    for (; j + 16 <= len; j += 16) {
+        const float *k[16];
+        for (int u = 0; u < 16; u++)
+            k[u] = k_cache + table[(j + u) / block_size] * block_stride + ((j + u) % block_size) * token_stride;
         for (int h = 0; h < group; h++) {
-            __m512 s = _mm512_mul_ps(kv[0], _mm512_loadu_ps(q + h * D));
-            for (int i = 1; i < DV; i++) s = _mm512_fmadd_ps(kv[i], _mm512_loadu_ps(q + h * D + 16 * i), s);
+            __m512 qv[DV], part[16];
+            for (int i = 0; i < DV; i++) qv[i] = _mm512_loadu_ps(q + h * D + 16 * i);
+            for (int u = 0; u < 16; u++) {
+                part[u] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k[u]));
+                for (int i = 1; i < DV; i++) part[u] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k[u] + 16 * i), part[u]);
+            }
+            _mm512_storeu_ps(scores + h * len + j, _mm512_mul_ps(sum16(part), _mm512_set1_ps(scale)));
+        }
+    }
+    for (; j < len; j++) {
+        const float *k = k_cache + table[j / block_size] * block_stride + (j % block_size) * token_stride;
+        for (int h = 0; h < group; h++) {
+            __m512 s = _mm512_mul_ps(_mm512_loadu_ps(k), _mm512_loadu_ps(q + h * D));
+            for (int i = 1; i < DV; i++) s = _mm512_fmadd_ps(_mm512_loadu_ps(k + 16 * i), _mm512_loadu_ps(q + h * D + 16 * i), s);
             scores[h * len + j] = _mm512_reduce_add_ps(s) * scale;
         }
     }
     for (int h = 0; h < group; h++) {
         float *sc = scores + h * len, mx = -INFINITY, sum = 0.0f;
-        for (int64_t j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
+        for (j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
         const __m512 vmx = _mm512_set1_ps(mx);
         __m512 vsum = _mm512_setzero_ps();
-        int64_t j = 0;
+        j = 0;
         for (; j + 16 <= len; j += 16) {
             __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vmx));
             _mm512_storeu_ps(sc + j, e);
@@ -235,7 +286,7 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
     __m512 acc[8][DV];
     for (int h = 0; h < group; h++)
         for (int i = 0; i < DV; i++) acc[h][i] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < len; j++) {
+    for (j = 0; j < len; j++) {
         const float *v = v_cache + table[j / block_size] * block_stride + (j % block_size) * token_stride;
         __m512 vv[DV];
         for (int i = 0; i < DV; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
@@ -333,7 +384,10 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
         MATMUL(attn, Q, 4, H, hidden);
         add_rms_norm(hidden, residual, post_norm, eps, T, H, h, residual);
         MATMUL(h, H, 7, 2 * I, gu);
-        silu_and_mul(gu, T, I, act);
+        if (I % 16 == 0)
+            silu_mul_rows(gu, T, I, act, num_threads);
+        else
+            silu_and_mul(gu, T, I, act);
         MATMUL(act, I, 10, H, hidden);
     }
 #undef MATMUL
@@ -361,6 +415,10 @@ int attention_batch_serves(int64_t nh, int64_t nkv, int64_t D) {
 void paged_attention_batch(const float *q, const float *k_cache, const float *v_cache, const int32_t *block_tables,
                            const int32_t *context_lens, float scale, int64_t B, int64_t nh, int64_t nkv, int64_t D,
                            int64_t block_size, int64_t W, float *out, int num_threads) {
+    abort(); /* callers check tiled_available() first */
+}
+
+void silu_mul_rows(const float *x, int64_t T, int64_t I, float *out, int num_threads) {
     abort(); /* callers check tiled_available() first */
 }
 

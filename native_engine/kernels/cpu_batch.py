@@ -41,7 +41,8 @@ def _declare(lib: ctypes.CDLL) -> bool:
     lib.paged_attention_batch.argtypes = (_P, _P, _P, _P, _P, ctypes.c_float, *(_I64,) * 6, _P, _INT)
     lib.llama_decode_batch.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P,
                                        _P, ctypes.c_float, _INT)
-    for fn in (lib.tile_blocks, lib.tiled_matmul, lib.paged_attention_batch, lib.llama_decode_batch):
+    lib.silu_mul_rows.argtypes = (_P, _I64, _I64, _P, _INT)
+    for fn in (lib.tile_blocks, lib.tiled_matmul, lib.paged_attention_batch, lib.llama_decode_batch, lib.silu_mul_rows):
         fn.restype = None
     return True
 
@@ -58,6 +59,19 @@ def paged_attention_batch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     library().paged_attention_batch(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
                                     lens.data_ptr(), scale, batch, num_heads, num_kv_heads, head_dim, block_size,
                                     tables.shape[1], out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def serves_silu_and_mul(x: torch.Tensor) -> bool:
+    """`silu_and_mul` takes x: 4+ float32 CPU rows of 2 * I columns, I a multiple of 16, and the tiled build."""
+    return (x.dim() == 2 and x.shape[0] >= MIN_ROWS and x.shape[1] % 32 == 0 and x.dtype == torch.float32
+            and x.device.type == "cpu" and library() is not None)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [T, 2 * I] -> [T, I]: 16 lanes at a time, rows over threads
+    x = x.contiguous()
+    out = x.new_empty(x.shape[0], x.shape[1] // 2)
+    library().silu_mul_rows(x.data_ptr(), x.shape[0], out.shape[1], out.data_ptr(), torch.get_num_threads())
     return out
 
 

@@ -47,3 +47,13 @@ def test_paged_attention_batch(block_size, head_dim):
 def test_attention_batch_serves_head_dims_64_and_128_with_groups_up_to_8():
     assert cpu_batch.serves_attention(9, 3, 64) and cpu_batch.serves_attention(16, 2, 128)
     assert not cpu_batch.serves_attention(9, 3, 80) and not cpu_batch.serves_attention(32, 2, 64)
+
+
+@pytest.mark.parametrize("tokens", [4, 37])
+def test_silu_and_mul_rows(tokens):
+    from native_engine.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
+
+    x = torch.randn(tokens, 2 * 1536, generator=torch.Generator().manual_seed(3)) * 8  # both tails of the sigmoid
+    x[0, :4] = torch.tensor([0.0, -100.0, 100.0, -1e-30])
+    assert cpu_batch.serves_silu_and_mul(x)
+    torch.testing.assert_close(silu_and_mul(x), silu_and_mul_ref(x), rtol=1e-6, atol=1e-6)
