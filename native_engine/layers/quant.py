@@ -17,8 +17,10 @@ only reach 5e-4. The residual stream, norms, attention and KV cache stay float32
 
 When the system has a C compiler, weights that arrive as Q4_1 / Q8_0 blocks skip all of that:
 `BlockWeight` keeps the blocks and multiplies them with float32 activations in registers
-(`kernels/cpu_kernels.c`), which is both exact (float32 up to summation order) and cheaper per call
-(no casts, no zero tail). The int4 path stays as the fallback without a compiler.
+(`kernels/cpu_kernels.c`), which is cheaper per call (no casts, no zero tail) and far more accurate
+(activations as int16 per group of 32 or float32, no bf16 anywhere). For batches of 4+ rows the same
+blocks are also kept repacked in tiles of 16 rows (`kernels/cpu_batch.py`, AVX512-VNNI). The int4
+path stays as the fallback without a compiler.
 
 The tied LM head of SmolLM-style files is Q8_0 (int8 blocks `w = d * q8`); `pack_int8_as_int4`
 splits each `q8 + 128 = 16 * h + l` into two nibbles, so two int4 matmuls give `d * q8` exactly.
