@@ -151,7 +151,7 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
         if index not in started:
             started.add(index)
             delta = {"role": "assistant", **delta}
-        yield chunk(index, delta, None, _take(pending, index))
+        yield chunk(index, delta, None, _take(pending, index) if logprobs else None)
     if include_usage:
         yield {**meta.envelope([], stream=True), "usage": with_cost(usage([dones[i] for i in sorted(dones)]), cost())}
 
