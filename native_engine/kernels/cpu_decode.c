@@ -9,16 +9,16 @@
  * (norms, rotary, attention, silu) is float32.
  *
  * Threads: ONE OpenMP parallel region per step, no barrier inside it. Each matmul (and the attention) is cut
- * into chunks that the threads claim from an atomic counter; a thread that finds no chunk left waits until
- * every chunk is done (a second counter), then goes on. Every small serial piece (residual add, norm, int16
- * rounding of a matmul's input) is done by each thread for itself on its own copy, and every op writes a
- * buffer of its own layer, so a thread the OS has descheduled holds nobody up unless it holds a chunk: the
- * others take the remaining chunks, and it catches up when it runs again. The attention reads the current
+ * into chunks, split evenly over the threads; a thread done with its share waits until every chunk is marked
+ * finished, and computes any that are still unfinished after ~30 us itself (their thread was descheduled:
+ * on a shared machine that is the common case, and with a barrier per op it stalls everybody for a time
+ * slice). Every small serial piece (residual add, norm, int16 rounding of a matmul's input) is done by each
+ * thread for itself on its own copy, and every op writes a buffer of its own layer, so a late thread holds
+ * nobody up and catches up when it runs again. The attention reads the current
  * token's key and value from the step's qkv rows, not from the cache, so the cache write (one chunk) needs no
  * ordering either. The maths is that of LlamaModel.forward (the f32 kernels of cpu_kernels.c), up to the int16
  * rounding of matmul inputs and summation order. */
 #include <math.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,11 +31,6 @@
 #define MAX_GROUPS 512 /* K <= 16384 (cpu_decode.py checks) */
 
 /* ---- claiming work ------------------------------------------------------------------------------ */
-
-typedef struct {
-    int64_t claim, done; /* chunks handed out; distinct chunks finished */
-    char pad[48];        /* one cache line each */
-} counter_t;
 
 typedef void (*chunk_fn)(const void *op, int64_t i);
 
@@ -57,24 +52,27 @@ AI uint64_t ticks(void) {
 #define HELP_TICKS 100000 /* ~30 us: far longer than a chunk takes, far shorter than a scheduler time slice */
 #define MAX_CHUNKS 1024
 
-/* Runs every chunk of one op: claimed ones first; then, while some are unfinished after HELP_TICKS (their
- * holder was descheduled), the unfinished ones again. A chunk's result depends only on the op's inputs, so
- * computing it twice writes the same values; `flags[i] == gen` marks chunk i finished in this step. */
-static void run_op(counter_t *c, int32_t *flags, int32_t gen, int64_t chunks, chunk_fn fn, const void *op) {
-    for (int64_t i; (i = __atomic_fetch_add(&c->claim, 1, __ATOMIC_RELAXED)) < chunks;) {
+/* Runs every chunk of one op on thread `tid` of `nt`: first its own share (chunks split evenly, no atomics),
+ * then it waits for the others' chunks; if some are still unfinished after HELP_TICKS (their thread was
+ * descheduled or has not started yet), it computes them itself, last chunk first (the owner goes forward). A
+ * chunk's result depends only on the op's inputs, so a chunk computed twice writes the same values;
+ * `flags[i] == gen` marks chunk i finished in this step. */
+static void run_op(int32_t *flags, int32_t gen, int64_t chunks, chunk_fn fn, const void *op, int tid, int nt) {
+    for (int64_t i = chunks * tid / nt, end = chunks * (tid + 1) / nt; i < end; i++) {
+        if (__atomic_load_n(&flags[i], __ATOMIC_RELAXED) == gen) continue; /* done by a helper */
         fn(op, i);
-        if (__atomic_exchange_n(&flags[i], gen, __ATOMIC_ACQ_REL) != gen) __atomic_fetch_add(&c->done, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&flags[i], gen, __ATOMIC_RELEASE);
     }
-    for (uint64_t start = ticks(); __atomic_load_n(&c->done, __ATOMIC_ACQUIRE) < chunks;) {
-        if (ticks() - start < HELP_TICKS) {
+    const uint64_t start = ticks();
+    for (int64_t i = chunks - 1; i >= 0;) {
+        if (__atomic_load_n(&flags[i], __ATOMIC_ACQUIRE) == gen) {
+            i--;
+        } else if (ticks() - start < HELP_TICKS) {
             cpu_relax();
-            continue;
+        } else {
+            fn(op, i);
+            __atomic_store_n(&flags[i], gen, __ATOMIC_RELEASE);
         }
-        for (int64_t i = 0; i < chunks; i++)
-            if (__atomic_load_n(&flags[i], __ATOMIC_ACQUIRE) != gen) {
-                fn(op, i);
-                if (__atomic_exchange_n(&flags[i], gen, __ATOMIC_ACQ_REL) != gen) __atomic_fetch_add(&c->done, 1, __ATOMIC_RELEASE);
-            }
     }
 }
 
@@ -126,19 +124,29 @@ AI void rotate(const float *x, const float *cs, int64_t D, float *out) {
     }
 }
 
-/* x [K] -> per group of 32: int16 values, scale and float sum. */
+/* x [K] -> per group of 32: int16 values (round to nearest even), scale and float sum. */
 static void quantize_x16(const float *x, int64_t K, int16_t *x16, float *sx, float *xsum) {
     for (int64_t g = 0; g < K / 32; g++) {
+        const float *xg = x + g * 32;
+#ifdef __AVX512F__
+        const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        const __m512 vinv = _mm512_set1_ps(inv);
+        _mm256_storeu_si256((__m256i *)(x16 + g * 32), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(a, vinv))));
+        _mm256_storeu_si256((__m256i *)(x16 + g * 32 + 16), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(b, vinv))));
+        xsum[g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+#else
         float amax = 0.0f, sum = 0.0f;
         for (int j = 0; j < 32; j++) {
-            float v = x[g * 32 + j];
-            sum += v;
-            amax = fabsf(v) > amax ? fabsf(v) : amax;
+            sum += xg[j];
+            amax = fabsf(xg[j]) > amax ? fabsf(xg[j]) : amax;
         }
-        float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        for (int j = 0; j < 32; j++) x16[g * 32 + j] = (int16_t)lrintf(x[g * 32 + j] * inv);
-        sx[g] = amax / 32767.0f;
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        for (int j = 0; j < 32; j++) x16[g * 32 + j] = (int16_t)lrintf(xg[j] * inv);
         xsum[g] = sum;
+#endif
+        sx[g] = amax / 32767.0f;
     }
 }
 
@@ -256,9 +264,9 @@ typedef struct { /* what every thread reads */
     float *hidden, *logits;
     /* per layer: qkv [T, Q + 2 KV], attn [T, Q], o [T, H], act [T, I], down [T, H] */
     float *qkv, *attn, *o, *act, *down;
-    counter_t *counters; /* 5 per layer (qkv, attention, o, gate_up, down) + the head */
-    int32_t *flags;      /* MAX_CHUNKS per counter */
+    int32_t *flags; /* MAX_CHUNKS per op: 5 per layer (qkv, attention, o, gate_up, down) + the head */
     int32_t gen;
+    int nt;
 } step_t;
 
 typedef struct { /* a thread's own copies */
@@ -388,8 +396,8 @@ static void attention_chunk(const void *arg, int64_t i) {
 AI int64_t chunks_of(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 AI void run(const step_t *s, int64_t k, chunk_fn fn, const op_t *op) {
-    run_op(s->counters + k, s->flags + k * MAX_CHUNKS, s->gen, fn == attention_chunk ? s->T * s->nh + 1
-           : chunks_of(op->N, op->rows), fn, op);
+    run_op(s->flags + k * MAX_CHUNKS, s->gen, fn == attention_chunk ? s->T * s->nh + 1 : chunks_of(op->N, op->rows),
+           fn, op, omp_get_thread_num(), s->nt);
 }
 
 static void run_step(const step_t *s, own_t *own) {
@@ -430,24 +438,22 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
                        int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
                        const int64_t *w, const float *final_norm, float scale, const int8_t *head_qs,
                        const uint16_t *head_d16, int64_t V, float *logits, int num_threads) {
-    static __thread void *shared_buf, *counter_buf, *flag_buf;
-    static __thread size_t shared_cap, counter_cap, flag_cap;
+    static __thread void *shared_buf, *flag_buf;
+    static __thread size_t shared_cap, flag_cap;
     static __thread int32_t gen;
     const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L + 1;
     float *buf = scratch(sizeof(float) * L * T * (QKV + Q + H + I + H), &shared_buf, &shared_cap);
-    counter_t *counters = scratch(sizeof(counter_t) * ops, &counter_buf, &counter_cap);
     const size_t had = flag_cap;
     int32_t *flags = scratch(sizeof(int32_t) * ops * MAX_CHUNKS, &flag_buf, &flag_cap);
-    if (buf == NULL || counters == NULL || flags == NULL) abort();
+    if (buf == NULL || flags == NULL) abort();
     if (flag_cap != had || ++gen == INT32_MAX) { /* a new flags buffer (or generations used up): start over */
         memset(flags, 0, sizeof(int32_t) * ops * MAX_CHUNKS);
         gen = 1;
     }
-    memset(counters, 0, sizeof(counter_t) * ops);
     step_t s = {L, T, H, nh, nkv, D, I, W, block_size, V, eps, scale, positions, slots, w, block_tables,
                 context_lens, cos_sin, final_norm, head_qs, head_d16, hidden, head_qs ? logits : NULL,
                 buf, buf + L * T * QKV, buf + L * T * (QKV + Q), buf + L * T * (QKV + Q + H),
-                buf + L * T * (QKV + Q + H + I), counters, flags, gen};
+                buf + L * T * (QKV + Q + H + I), flags, gen, num_threads};
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
 #pragma omp parallel num_threads(num_threads)
     {

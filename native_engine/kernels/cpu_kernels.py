@@ -2,7 +2,8 @@
 
 `cpu_kernels.c` dequantizes each block in registers and multiplies in float32 (AVX-512 when the
 compiler targets it), so the result is the dense float32 product up to summation order, while only
-the blocks are read: 0.56 byte per Q4_1 weight, 1.06 per Q8_0 one. It is compiled once with the
+the blocks are read: 0.56 byte per Q4_1 weight, 1.06 per Q8_0 one. Decode steps of a few rows run
+the whole model in one call of `cpu_decode.c` (see models/cpu_decode.py). Both files are compiled once with the
 system C compiler (`cc -O3 -march=native -fopenmp`, well under a second) into
 `<infer cache>/kernels/` and loaded with ctypes; its OpenMP calls land in the runtime torch already
 loaded (same soname), so no second thread pool spins. When no compiler is there or the build
