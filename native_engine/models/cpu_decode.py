@@ -112,6 +112,8 @@ def _rows_pointers(model) -> tuple[torch.Tensor, list] | None:
     """llama_decode_rows' pointer table (the same as llama_decode's with float16 d and m), or None when a
     scale is not exactly a float16 or a shape is outside what cpu_decode.c takes."""
     table, keep = [], []
+    if model.config.num_heads * ROWS_MAX + 1 > 1024:  # attention chunks per op <= MAX_CHUNKS
+        return None
     for layer in model.layers:
         row = _layer_pointers(layer)
         for i, w in enumerate(_linears(layer)):
