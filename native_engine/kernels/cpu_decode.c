@@ -10,9 +10,9 @@
  *
  * Threads: ONE OpenMP parallel region per step, no barrier inside it. Each matmul (and the attention) is cut
  * into chunks, split evenly over the threads; a thread done with its share waits until every chunk is marked
- * finished, and computes any that are still unfinished after ~30 us itself (their thread was descheduled:
- * on a shared machine that is the common case, and with a barrier per op it stalls everybody for a time
- * slice). Every small serial piece (residual add, norm, int16 rounding of a matmul's input) is done by each
+ * finished, and computes any unfinished one itself when its thread has not reached the op yet, or after
+ * ~38 us (its thread was descheduled: on a shared machine that is common, and with a barrier per op it
+ * stalls everybody for a time slice). Every small serial piece (residual add, norm, int16 rounding of a matmul's input) is done by each
  * thread for itself on its own copy, and every op writes a buffer of its own layer, so a late thread holds
  * nobody up and catches up when it runs again. The attention reads the current
  * token's key and value from the step's qkv rows, not from the cache, so the cache write (one chunk) needs no
@@ -52,12 +52,15 @@ AI uint64_t ticks(void) {
 #define HELP_TICKS 100000 /* ~30 us: far longer than a chunk takes, far shorter than a scheduler time slice */
 #define MAX_CHUNKS 1024
 
-/* Runs every chunk of one op on thread `tid` of `nt`: first its own share (chunks split evenly, no atomics),
- * then it waits for the others' chunks; if some are still unfinished after HELP_TICKS (their thread was
- * descheduled or has not started yet), it computes them itself, last chunk first (the owner goes forward). A
- * chunk's result depends only on the op's inputs, so a chunk computed twice writes the same values;
- * `flags[i] == gen` marks chunk i finished in this step. */
-static void run_op(int32_t *flags, int32_t gen, int64_t chunks, chunk_fn fn, const void *op, int tid, int nt) {
+/* Runs every chunk of op k on thread `tid` of `nt`: first its own share (chunks split evenly, no atomics), then
+ * it waits for the others' chunks and computes any unfinished one itself, last chunk first (the owner goes
+ * forward): at once when the owner has not reached op k yet (descheduled, or not yet woken at the start of the
+ * step), else after HELP_TICKS (the owner was descheduled in the middle of its share). A chunk's result depends
+ * only on the op's inputs, so a chunk computed twice writes the same values; `flags[i] == gen` marks chunk i
+ * finished in this step; progress[t * 16] is the op thread t is in. */
+static void run_op(int64_t k, int32_t *flags, int32_t gen, int64_t chunks, chunk_fn fn, const void *op, int tid,
+                   int nt, int64_t *progress) {
+    __atomic_store_n(&progress[tid * 16], k, __ATOMIC_RELAXED);
     for (int64_t i = chunks * tid / nt, end = chunks * (tid + 1) / nt; i < end; i++) {
         if (__atomic_load_n(&flags[i], __ATOMIC_RELAXED) == gen) continue; /* done by a helper */
         fn(op, i);
@@ -67,12 +70,16 @@ static void run_op(int32_t *flags, int32_t gen, int64_t chunks, chunk_fn fn, con
     for (int64_t i = chunks - 1; i >= 0;) {
         if (__atomic_load_n(&flags[i], __ATOMIC_ACQUIRE) == gen) {
             i--;
-        } else if (ticks() - start < HELP_TICKS) {
-            cpu_relax();
-        } else {
-            fn(op, i);
-            __atomic_store_n(&flags[i], gen, __ATOMIC_RELEASE);
+            continue;
         }
+        int owner = nt - 1;
+        while (owner > 0 && chunks * owner / nt > i) owner--;
+        if (__atomic_load_n(&progress[owner * 16], __ATOMIC_RELAXED) >= k && ticks() - start < HELP_TICKS) {
+            cpu_relax();
+            continue;
+        }
+        fn(op, i);
+        __atomic_store_n(&flags[i], gen, __ATOMIC_RELEASE);
     }
 }
 
@@ -267,6 +274,7 @@ typedef struct { /* what every thread reads */
     int32_t *flags; /* MAX_CHUNKS per op: 5 per layer (qkv, attention, o, gate_up, down) + the head */
     int32_t gen;
     int nt;
+    int64_t *progress; /* the op each thread is in, one cache line each */
 } step_t;
 
 typedef struct { /* a thread's own copies */
@@ -396,8 +404,8 @@ static void attention_chunk(const void *arg, int64_t i) {
 AI int64_t chunks_of(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 AI void run(const step_t *s, int64_t k, chunk_fn fn, const op_t *op) {
-    run_op(s->flags + k * MAX_CHUNKS, s->gen, fn == attention_chunk ? s->T * s->nh + 1 : chunks_of(op->N, op->rows),
-           fn, op, omp_get_thread_num(), s->nt);
+    run_op(k, s->flags + k * MAX_CHUNKS, s->gen, fn == attention_chunk ? s->T * s->nh + 1 : chunks_of(op->N, op->rows),
+           fn, op, omp_get_thread_num(), s->nt, s->progress);
 }
 
 static void run_step(const step_t *s, own_t *own) {
@@ -438,14 +446,16 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
                        int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
                        const int64_t *w, const float *final_norm, float scale, const int8_t *head_qs,
                        const uint16_t *head_d16, int64_t V, float *logits, int num_threads) {
-    static __thread void *shared_buf, *flag_buf;
-    static __thread size_t shared_cap, flag_cap;
+    static __thread void *shared_buf, *flag_buf, *progress_buf;
+    static __thread size_t shared_cap, flag_cap, progress_cap;
     static __thread int32_t gen;
     const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L + 1;
     float *buf = scratch(sizeof(float) * L * T * (QKV + Q + H + I + H), &shared_buf, &shared_cap);
     const size_t had = flag_cap;
     int32_t *flags = scratch(sizeof(int32_t) * ops * MAX_CHUNKS, &flag_buf, &flag_cap);
-    if (buf == NULL || flags == NULL) abort();
+    int64_t *progress = scratch(sizeof(int64_t) * 16 * num_threads, &progress_buf, &progress_cap);
+    if (buf == NULL || flags == NULL || progress == NULL) abort();
+    for (int t = 0; t < num_threads; t++) progress[t * 16] = -1;
     if (flag_cap != had || ++gen == INT32_MAX) { /* a new flags buffer (or generations used up): start over */
         memset(flags, 0, sizeof(int32_t) * ops * MAX_CHUNKS);
         gen = 1;
@@ -453,7 +463,7 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
     step_t s = {L, T, H, nh, nkv, D, I, W, block_size, V, eps, scale, positions, slots, w, block_tables,
                 context_lens, cos_sin, final_norm, head_qs, head_d16, hidden, head_qs ? logits : NULL,
                 buf, buf + L * T * QKV, buf + L * T * (QKV + Q), buf + L * T * (QKV + Q + H),
-                buf + L * T * (QKV + Q + H + I), flags, gen, num_threads};
+                buf + L * T * (QKV + Q + H + I), flags, gen, num_threads, progress};
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
 #pragma omp parallel num_threads(num_threads)
     {
