@@ -210,21 +210,23 @@ class LatencyModel:
 
     def worst_tpot_with(self, prompt_tokens: int) -> float:
         """The highest TPOT a request in flight here would end with if one more request (this prompt)
-        joined: its remaining tokens at the bigger batch's pace, plus the new prefill's stall. A request
-        still waiting for its first token counts too (all its tokens are left): the new prefill runs
-        right after its own, early in its decode. A decoding request's tokens so far are counted from
+        joined: its remaining tokens at the bigger batch's pace, plus the stalls of the new prefill and
+        of every prefill still due there after its own first token (the requests sent after it that
+        have no first token yet: a FIFO backend prefills them during its decode). A request still
+        waiting for its first token counts too (all its tokens are left). A decoding request's tokens so far are counted from
         what it lived through (its mean batch, the prefills that stalled it), not from today's batch:
         one that was slowed by a prefill has fewer tokens behind it, so more of its decode is ahead."""
         now, v0, v1, v2 = self._advance(), *self.tpot.w
         stall = min(0.9, v2 * self.prefill_rate())
         pace_with = (v0 + v1 * (len(self.in_flight) + 1)) / (1.0 - stall)
-        worst = 0.0
-        for entry in self.in_flight.values():
-            if entry.max_tokens < 2:
-                continue
-            elapsed = now - entry.first_token if entry.first_token is not None else 0.0
-            left = max(0.0, entry.max_tokens - 1 - self._tokens_done(entry, elapsed))
-            worst = max(worst, (elapsed + left * pace_with + v2 * prompt_tokens) / (entry.max_tokens - 1))
+        worst, due = 0.0, float(prompt_tokens)  # prompt tokens prefilled after the entry's first token
+        for entry in reversed(list(self.in_flight.values())):  # the latest sent first (a FIFO backend)
+            if entry.max_tokens >= 2:
+                elapsed = now - entry.first_token if entry.first_token is not None else 0.0
+                left = max(0.0, entry.max_tokens - 1 - self._tokens_done(entry, elapsed))
+                worst = max(worst, (elapsed + left * pace_with + v2 * due) / (entry.max_tokens - 1))
+            if entry.first_token is None:
+                due += entry.prompt_tokens
         return worst
 
     def _tokens_done(self, entry: InFlight, elapsed: float) -> float:
