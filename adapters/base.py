@@ -164,7 +164,7 @@ class ToolCall:
     id: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class Chunk:
     """A piece of generated text; ``token_ids`` when the backend knows them; ``tool_calls`` completed
     in this piece (each call arrives whole, in one chunk)."""

@@ -1,7 +1,7 @@
 """llama.cpp's HTTP server: ``llama-server``, or llama-cpp-python's ``python -m llama_cpp.server``.
 
-OpenAI-compatible, plus llama.cpp's sampling fields (``top_k``, ``min_p``, ``repeat_penalty``) and
-its ``timings`` object (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``), which gives the
+OpenAI-compatible, plus llama.cpp's sampling fields (``top_k``, ``min_p``, ``repeat_penalty``; ``ignore_eos``
+as llama-server's ``ignore_eos`` and llama-cpp-python's ``min_tokens``) and its ``timings`` object (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``), which gives the
 server-measured prompt and generation times and, when no ``usage`` came, the token counts.
 ``health()`` asks ``/health`` (llama-server; llama-cpp-python has none, so ``/v1/models`` stands in)
 and reads ``/slots`` and ``/metrics`` when the server exposes them (501 when disabled).
@@ -25,6 +25,16 @@ class LlamaCppServerBackend(OpenAICompatBackend):
     type: ClassVar[str] = "llamacpp-server"
     health_path: ClassVar[str] = "/health"
     EXTENSIONS: ClassVar[dict[str, str]] = {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repeat_penalty"}
+
+    def sampling(self, options: dict[str, Any]) -> dict[str, Any]:
+        """``ignore_eos`` as llama-server takes it, and as ``min_tokens = max_tokens`` for llama-cpp-python's
+        server (which has no ``ignore_eos``; each ignores the other's field)."""
+        out = super().sampling(options)
+        if options.get("ignore_eos"):
+            out["ignore_eos"] = True
+            if "max_tokens" in out:
+                out["min_tokens"] = out["max_tokens"]
+        return out
 
     def read_event(self, event: dict[str, Any], turn: Turn, *, delta: bool) -> str:
         text = super().read_event(event, turn, delta=delta)

@@ -10,7 +10,9 @@ as bench/gateway.py; cached under .bench/), then starts on free loopback ports:
   ``bench-fake`` (type openai) in front of the fake server below.
 
 The same client code (httpx, streaming ``POST /v1/completions``, ``stream: true``,
-``stream_options.include_usage``, ``temperature: 0``, ``max_tokens`` N) then ALTERNATES direct and
+``stream_options.include_usage``, ``temperature: 0``, ``max_tokens`` N, and exactly N: ``min_tokens`` N for
+llama-cpp-python's server called directly, ``ignore_eos`` for the gateway, whose llama.cpp adapter sends it on
+as ``min_tokens``; the vllm and openai types do not, so their sides may stop early) then ALTERNATES direct and
 gateway requests, the order rotated every run; only the base URL and the model name differ. Each
 request's prompt starts with its own number, so llama.cpp's KV prefix reuse cannot skip a prefill.
 
@@ -150,7 +152,7 @@ class FakeServer:
 def stream(client: httpx.Client, base_url: str, model: str, prompt: str, max_tokens: int) -> dict:
     """One streamed completion, the same code for every side; times in seconds."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "ignore_eos": True, "min_tokens": max_tokens}
     times, unfinished, finish = [], 0, None
     st = time.perf_counter()
     with client.stream("POST", base_url + "/v1/completions", json=body) as r:

@@ -8,17 +8,16 @@ need a key and the cost report an operator key (``INFER_API_KEYS``), as the dash
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from adapters.durations import parse_period
 from gateway.deps import DbDep, OperatorDep, RouterDep, ViewerDep
 from gateway.http.errors import APIError
 from pricing.settle import cost_report
 from gateway.http.jsonwire import JSONBytes
+from gateway.http.period import since_epoch
 from gateway.ollama.wire_models import errors
 
 router = APIRouter(tags=["infer"])
@@ -84,14 +83,11 @@ async def cost(request: Request, db: DbDep, _operator: OperatorDep, since: str =
     """What ``infer cost --json`` prints: requests since ``since`` grouped ``by`` backend, route,
     model, key or day, settled against each hour-priced backend's bill (with its output weight and
     where that came from)."""
-    try:
-        seconds = parse_period(since)
-    except ValueError as exc:
-        raise APIError(400, f"since: {exc}", param="since") from None
+    start = since_epoch(since)
     config_prices = getattr(request.app.state, "prices", None)
     prices = config_prices.priced if config_prices is not None else []
     try:
-        report = await asyncio.to_thread(cost_report, db, prices, since=time.time() - seconds, by=by)
+        report = await asyncio.to_thread(cost_report, db, prices, since=start, by=by)
     except ValueError as exc:
         raise APIError(400, str(exc), param="by") from None
     return JSONBytes(report)

@@ -2,8 +2,9 @@
 
 - ``GET /infer/requests?since=1h&limit=100&route=&backend=&status=``: recent ledger rows, newest first
   (``tpot_ms`` derived from e2e, TTFT and tokens where the backend reported none).
-- ``GET /infer/series?since=1h&step=&route=&backend=``: fixed buckets of counts, rates, attainment,
-  latency percentiles, tokens and spend (``series.py``), and the period's totals.
+- ``GET /infer/series?since=1h&step=&route=&backend=&by=``: fixed buckets of counts, rates, attainment,
+  latency percentiles, tokens and spend (``series.py``), and the period's totals; ``by=route`` adds each
+  SLO route's series from the same read (the dashboard's tiles: one request, not one per route).
 - ``GET /infer/keys?since=24h``: each API key's budget, what its period has spent and reserved, and
   its requests and spend in the ledger since ``since``.
 - ``GET /infer/dashboard``: which optional views the page can poll (``GET /infer/backends``).
@@ -17,15 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from adapters.durations import parse_period
 from gateway.deps import DbDep, ViewerDep
-from gateway.http.errors import APIError
+from gateway.http.period import since_epoch
 from gateway.http.jsonwire import JSONBytes, dumps
 from gateway.ollama.wire_models import errors
 from ledger.views import RowFilter, key_budgets, recent_requests, series_rows
@@ -51,6 +51,7 @@ class Series(BaseModel):
     step_s: float
     buckets: list[dict[str, Any]]
     totals: dict[str, Any]
+    routes: dict[str, dict[str, Any]] | None = None  # by=route: each SLO route's since/now/step_s/buckets/totals
 
 
 class KeysView(BaseModel):
@@ -63,13 +64,7 @@ class KeysView(BaseModel):
 
 
 def _since(text: str) -> float:
-    try:
-        seconds = parse_period(text)
-    except ValueError as exc:
-        raise APIError(400, f"since: {exc}", param="since") from None
-    if not 0 < seconds <= MAX_PERIOD_S:
-        raise APIError(400, "since: a period longer than 0 and at most 90d", param="since")
-    return time.time() - seconds
+    return since_epoch(text, MAX_PERIOD_S)
 
 
 class PageConfig(BaseModel):
@@ -102,18 +97,28 @@ async def requests(db: DbDep, key_name: ViewerDep, since: str = "1h",
 @router.get("/infer/series", responses={200: {"model": Series}, **errors(400, 401)})
 async def series(db: DbDep, key_name: ViewerDep, since: str = "1h",
                  step: Annotated[float | None, Query(gt=0, le=86400)] = None, route: str | None = None,
-                 backend: str | None = None) -> Response:
-    """Requests, sheds, errors, attainment, goodput, TTFT/TPOT/e2e percentiles and spend per bucket."""
+                 backend: str | None = None, by: Literal["route"] | None = None) -> Response:
+    """Requests, sheds, errors, attainment, goodput, TTFT/TPOT/e2e percentiles and spend per bucket;
+    with ``by=route`` also each SLO route's own series (``routes``), from the same read."""
     start = _since(since)
     now = time.time()
     step_s = bucket_seconds(now - start, step)
     rows = RowFilter(start, route=route or None, backend=backend or None, key_name=key_name)
 
     def read() -> bytes:  # the read, the buckets and the encoding: all off the event loop
-        buckets = build_series(series_rows(db, rows), start, now, step_s)
-        return dumps({"since": start, "now": now, "step_s": step_s, "buckets": buckets,
-                      "totals": window_totals(buckets)})
+        found = series_rows(db, rows)
+        body = _series(found, start, now, step_s)
+        if by == "route":
+            names = sorted({r.route_name for r in found if r.route_name})
+            body["routes"] = {name: _series([r for r in found if r.route_name == name], start, now, step_s)
+                              for name in names}
+        return dumps(body)
     return Response(await asyncio.to_thread(read), media_type="application/json")
+
+
+def _series(rows: list, start: float, now: float, step_s: float) -> dict:
+    buckets = build_series(rows, start, now, step_s)
+    return {"since": start, "now": now, "step_s": step_s, "buckets": buckets, "totals": window_totals(buckets)}
 
 
 @router.get("/infer/keys", responses={200: {"model": KeysView}, **errors(400, 401)})

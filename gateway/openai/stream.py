@@ -55,8 +55,9 @@ async def start_stream(recorder: Recorder, backend: Backend, requests: Sequence[
     gens = [] if gens is None else gens
     first = await recorder.start(backend, requests[0], route=route, stream=True)
     gens.append(first)
-    more_ready = first.more_ready if len(requests) == 1 else _never
-    return _merge(first, recorder, backend, requests[1:], route, gens), more_ready
+    if len(requests) == 1:
+        return first.indexed(0), first.more_ready
+    return _merge(first, recorder, backend, requests[1:], route, gens), _never
 
 
 def total_cost(gens: Sequence[Generation]) -> float | None:
@@ -71,10 +72,7 @@ def _never() -> bool:
 
 async def _merge(first: Generation, recorder: Recorder, backend: Backend,
                  rest: Sequence[GenerationRequest], route: str, gens: list[Generation]) -> Events:
-    if not rest:
-        async for event in first:
-            yield 0, event
-        return
+    """The events of ``first`` and of the ``rest`` (started here), interleaved as they arrive."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, req: GenerationRequest | None) -> None:
@@ -153,7 +151,7 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
         if index not in started:
             started.add(index)
             delta = {"role": "assistant", **delta}
-        yield chunk(index, delta, None, _take(pending, index))
+        yield chunk(index, delta, None, _take(pending, index) if logprobs else None)
     if include_usage:
         yield {**meta.envelope([], stream=True), "usage": with_cost(usage([dones[i] for i in sorted(dones)]), cost())}
 

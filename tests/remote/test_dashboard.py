@@ -143,6 +143,18 @@ def test_the_series_counts_every_row_once_with_the_ledger_percentiles(live):
     assert everything["shed"] == 1 and everything["requests"] == ledger(server, "SELECT count(*) FROM requests")[0][0]
 
 
+def test_series_by_route_is_each_routes_own_series_from_one_request(live):
+    server = live[0]
+    grouped = get(server, "/infer/series", since="15m", step=60, by="route").json()
+    names = sorted(r[0] for r in ledger(server, "SELECT DISTINCT route_name FROM requests WHERE route_name IS NOT NULL"))
+    assert sorted(grouped["routes"]) == names and "chat" in names
+    for name in names:
+        alone = get(server, "/infer/series", since="15m", step=60, route=name).json()
+        assert grouped["routes"][name]["totals"] == alone["totals"]
+        assert [b["requests"] for b in grouped["routes"][name]["buckets"]][-3:] == [b["requests"] for b in alone["buckets"]][-3:]
+    assert get(server, "/infer/series", by="backend").status_code == 400
+
+
 def test_keys_show_budget_use_and_a_ledger_key_sees_only_itself(live):
     server, team, _ = live
     assert get(server, "/infer/keys", key=None).status_code == 401

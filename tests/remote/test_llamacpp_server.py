@@ -80,6 +80,21 @@ def test_streamed_text_matches_and_usage_is_estimated_when_the_server_reports_no
     assert (row["input_tokens"], row["output_tokens"]) == (usage.prompt_tokens, usage.completion_tokens)
 
 
+def test_ignore_eos_generates_exactly_max_tokens_as_min_tokens_does_on_the_server(llama_server, gateway):
+    """vLLM's ``ignore_eos`` (sent by benchmarks) reaches llama-cpp-python's server as ``min_tokens``."""
+    direct, proxied = clients(llama_server, gateway)
+    prompt, n = "The end.", 24
+    plain = direct.completions.create(model=llama_server.model, prompt=prompt, max_tokens=n, temperature=0)
+    assert plain.usage.completion_tokens < n  # this prompt ends early on its own
+    want = direct.completions.create(model=llama_server.model, prompt=prompt, max_tokens=n, temperature=0,
+                                     extra_body={"min_tokens": n})
+    got = proxied.completions.create(model="via-llamacpp", prompt=prompt, max_tokens=n, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert want.usage.completion_tokens == n
+    assert got.choices[0].text == want.choices[0].text
+    assert got.usage.completion_tokens == n and got.choices[0].finish_reason == "length"
+
+
 def test_models_are_listed_next_to_the_store(gateway):
     proxied = OpenAI(base_url=gateway.url + "/v1", api_key="none")
     listed = {m.id: m.owned_by for m in proxied.models.list()}

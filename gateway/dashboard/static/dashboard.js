@@ -209,6 +209,17 @@ function renderRequests(page) {
 
 // -- the refresh loop -----------------------------------------------------------------------------
 
+// A route with no rows in the window: the period's buckets, all empty.
+function emptySeries(all) {
+  const none = {p50: null, p95: null, p99: null};
+  const zero = {requests: 0, ok: 0, errors: 0, shed: 0, cancelled: 0, good: 0, judged: 0, attainment: null,
+                requests_per_s: 0, errors_per_s: 0, shed_per_s: 0, goodput_rps: 0, input_tokens: 0, output_tokens: 0,
+                spend_usd: 0, ttft: none, tpot: none, e2e: none};
+  const totals = {requests: 0, ok: 0, errors: 0, shed: 0, cancelled: 0, good: 0, judged: 0, input_tokens: 0,
+                  output_tokens: 0, spend_usd: 0, attainment: null};
+  return {...all, buckets: all.buckets.map(b => ({...zero, t: b.t})), totals};
+}
+
 function query(extra) {
   const q = new URLSearchParams({since: $("window").value, ...extra});
   for (const [name, value] of [...q]) if (value === "") q.delete(name);
@@ -224,13 +235,13 @@ async function refresh() {
     const filters = {route: $("f-route").value, backend: $("f-backend").value, status: $("f-status").value,
                      limit: $("f-limit").value};
     state.views = state.views || (await getJSON("/infer/dashboard")).views;
-    const [all, perRoute, cost, keys, recent, monitor] = await Promise.all([
-      getJSON("/infer/series?" + query()),
-      Promise.all(routes.map(r => getJSON("/infer/series?" + query({route: r.name})))),
+    const [all, cost, keys, recent, monitor] = await Promise.all([
+      getJSON("/infer/series?" + query({by: "route"})),
       getOptional("/infer/cost?" + query({by: "backend"})),
       getJSON("/infer/keys?" + query()),
       getJSON("/infer/requests?" + query(filters)),
       state.views.backends ? getJSON("/infer/backends") : null]);
+    const perRoute = routes.map(r => all.routes[r.name] || emptySeries(all));
     $("routes").replaceChildren(...routes.map((r, i) => routeTile(r, perRoute[i].totals)));
     if (!routes.length) $("routes").textContent = "no routes configured (routes: in the config file)";
     renderBackends(routes, monitor?.backends);
