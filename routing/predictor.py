@@ -213,9 +213,9 @@ class LatencyModel:
         joined: its remaining tokens at the bigger batch's pace, plus the stalls of the new prefill and
         of every prefill still due there after its own first token (the requests sent after it that
         have no first token yet: a FIFO backend prefills them during its decode). A request still
-        waiting for its first token counts too (all its tokens are left). A decoding request's tokens so far are counted from
-        what it lived through (its mean batch, the prefills that stalled it), not from today's batch:
-        one that was slowed by a prefill has fewer tokens behind it, so more of its decode is ahead."""
+        waiting for its first token counts too (all its tokens are left). A decoding request's tokens
+        so far are counted from what it lived through (its mean batch, the prefills that stalled it),
+        not from today's batch: one slowed by a prefill has more of its decode ahead."""
         now, v0, v1, v2 = self._advance(), *self.tpot.w
         stall = min(0.9, v2 * self.prefill_rate())
         pace_with = (v0 + v1 * (len(self.in_flight) + 1)) / (1.0 - stall)
