@@ -50,7 +50,7 @@ class SimRequest:
     tpot_features: list | None = None
 
 
-POLL_S = 2.0  # routing.route.Route.poll_health's period
+POLL_S = 2.0  # the gateway's health poll with routes (routing.route.HEALTH_POLL_S)
 KNOWN_LIMITS = False
 
 

@@ -70,8 +70,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
                                       keys=app.state.keys, monitor=app.state.monitor, tracer=tracer)
         app.state.loop = asyncio.get_running_loop()
         routes = list(app.state.router.routes.values())
-        pollers = [asyncio.create_task(route.poll_health()) for route in routes]
-        pollers.append(asyncio.create_task(app.state.monitor.run()))
+        pollers = [asyncio.create_task(app.state.monitor.run())]  # also tells the routes their members' health
         if routes:
             app.state.metrics.routes = RouteMetrics(app.state.metrics.registry, routes)
             for route in routes:

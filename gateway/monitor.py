@@ -1,8 +1,9 @@
 """Every backend's state for ``/metrics``, ``/ready`` and ``GET /infer/backends``.
 
 :class:`BackendMonitor` polls each backend's ``health()`` in the background (at start, then every
-``every_s`` seconds; a remote's check also reads its ``/metrics`` load figures) and keeps the last
-answer. The gateway's own view is added at read time: requests in flight per backend (counted by
+``every_s`` seconds, every ``HEALTH_POLL_S`` when routes are configured; a remote's check also reads its
+``/metrics`` load figures) and keeps the last answer. It is the only poller: each route is told its
+members' answers (``Route.health_checked``), so a backend is asked once per period, not once per reader. The gateway's own view is added at read time: requests in flight per backend (counted by
 the recorder) and each backend's ``current_load()`` when it has one (in-process engines: the scheduler's
 running/waiting and the KV cache's used share; remote adapters: requests waiting for a
 ``max_inflight`` slot). Nothing here runs per request except ``started``/``finished``, two dict
@@ -23,8 +24,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from adapters.base import Backend
+from adapters.base import Backend, Health
 from adapters.router import Router
+from routing.route import HEALTH_POLL_S
 
 HEALTH_TIMEOUT_S = 3.0  # one slow backend must not hold the others' figures
 
@@ -38,6 +40,7 @@ class BackendState:
     latency_ms: float | None = None
     checked_at: float | None = None  # epoch seconds
     reported: dict[str, float] = field(default_factory=dict)  # load figures from the backend's health
+    health: Health | None = None  # the last answer (None: the check failed or timed out)
 
 
 def backend_label(backend: Any) -> str:
@@ -49,7 +52,8 @@ def backend_label(backend: Any) -> str:
 
 class BackendMonitor:
     def __init__(self, router: Router, registry: CollectorRegistry, every_s: float = 5.0) -> None:
-        self.router, self.every_s = router, every_s
+        self.router = router
+        self.every_s = min(every_s, HEALTH_POLL_S) if router.routes else every_s  # routes predict from the load
         self.states: dict[str, BackendState] = {}
         self.in_flight: dict[str, int] = {}
         self.first_poll = asyncio.Event()
@@ -98,6 +102,10 @@ class BackendMonitor:
         named = self.targets()
         checks = await asyncio.gather(*(self._check(n, b) for n, b in named.items()))
         self.states = {s.name: s for s in checks}
+        for route in self.router.routes.values():
+            if hasattr(route, "health_checked"):
+                for state in checks:
+                    route.health_checked(state.name, state.health)
 
     async def _check(self, name: str, backend: Backend) -> BackendState:
         state = BackendState(name, getattr(getattr(backend, "settings", None), "type", None) or backend.name)
@@ -109,7 +117,7 @@ class BackendMonitor:
         except Exception as exc:  # a health check never takes the monitor down
             state.up, state.detail = False, f"health check failed: {exc or type(exc).__name__}"
         else:
-            state.up, state.detail, state.reported = health.ok, health.detail, dict(health.metrics)
+            state.up, state.detail, state.reported, state.health = health.ok, health.detail, dict(health.metrics), health
             state.latency_ms = health.latency_ms
         if state.latency_ms is None:
             state.latency_ms = round((time.perf_counter() - t0) * 1000, 3)

@@ -42,6 +42,7 @@ from .stats import Outcome, Window
 from .strategies import Member, Orderer
 
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
+HEALTH_POLL_S = 2.0  # how fresh a route needs its members' health and queue figures
 _keys = itertools.count()
 
 
@@ -215,18 +216,16 @@ class Route:
     async def aclose(self) -> None:
         return None
 
-    async def poll_health(self, every_s: float = 2.0) -> None:
-        """Forever: each backend's health and its own queue figures (vLLM/TGI/TRT-LLM /metrics)."""
-        while True:
-            for member in self.members:
-                try:
-                    health = await member.backend.health()
-                except Exception:  # a health check must never take the route down
-                    member.up = False
-                    continue
-                member.up = health.ok
+    def health_checked(self, name: str, health: Health | None) -> None:
+        """The last health check of the member ``name`` (None: it failed or did not answer in time), with
+        its backend's own queue figures (vLLM/TGI/TRT-LLM /metrics). The gateway's backend monitor polls
+        every backend once, every ``HEALTH_POLL_S`` while there are routes, and tells each route."""
+        for member in self.members:
+            if member.name != name:
+                continue
+            member.up = health is not None and health.ok
+            if health is not None:
                 member.latency.reported(health.metrics.get("requests_running"), health.metrics.get("requests_waiting"))
-            await asyncio.sleep(every_s)
 
     def snapshot(self, prompt_tokens: int = 256) -> dict:
         """The live view of ``GET /infer/routes``: the route's window, and per backend its window,

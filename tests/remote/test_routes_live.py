@@ -129,3 +129,31 @@ def test_a_backend_with_no_first_token_in_time_is_cancelled_and_the_next_one_ans
     assert stalled.behaviour.wait_for(lambda b: b.disconnects >= 1, timeout=5.0)  # we hung up on it
     [row] = settle(server, "route_name = 'hedged'", 1)
     assert (row.backend, row.attempts, row.status) == ("fast", 2, "ok")
+
+
+def test_a_member_whose_health_fails_is_down_in_every_route_and_up_again_when_it_answers(server, fakes):
+    """One poller (the backend monitor) asks each backend; every route holding it hears the answer."""
+    import time
+
+    slow = fakes[1]
+
+    def members(name: str) -> dict[str, bool]:
+        routes = {r["name"]: r for r in httpx.get(server.url + "/infer/routes", timeout=10).json()["routes"]}
+        return {b["name"]: b["up"] for b in routes[name]["backends"]}
+
+    def wait(predicate) -> bool:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.2)
+        return False
+
+    slow.behaviour.healthy = False
+    try:
+        assert wait(lambda: members("chat") == {"slow": False, "fast": True} and members("strict") == {"slow": False})
+        backends = {b["name"]: b["up"] for b in httpx.get(server.url + "/infer/backends", timeout=10).json()["backends"]}
+        assert backends["slow"] is False and backends["fast"] is True
+    finally:
+        slow.behaviour.healthy = True
+    assert wait(lambda: members("chat") == {"slow": True, "fast": True} and members("strict") == {"slow": True})
