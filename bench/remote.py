@@ -10,9 +10,11 @@ as bench/gateway.py; cached under .bench/), then starts on free loopback ports:
   ``bench-fake`` (type openai) in front of the fake server below.
 
 The same client code (httpx, streaming ``POST /v1/completions``, ``stream: true``,
-``stream_options.include_usage``, ``temperature: 0``, ``max_tokens`` N, and exactly N: ``min_tokens`` N for
-llama-cpp-python's server called directly, ``ignore_eos`` for the gateway, whose llama.cpp adapter sends it on
-as ``min_tokens``; the vllm and openai types do not, so their sides may stop early) then ALTERNATES direct and
+``stream_options.include_usage``, ``temperature: 0``, ``max_tokens`` N; ``min_tokens`` N for
+llama-cpp-python's server called directly and ``ignore_eos`` for the gateway, whose llama.cpp adapter sends it
+on as ``min_tokens`` — it holds back the EOS token only, so a random-weight model can still end early at
+another end-of-generation token, and E2EL is compared over the longest output length both sides reached)
+then ALTERNATES direct and
 gateway requests, the order rotated every run; only the base URL and the model name differ. Each
 request's prompt starts with its own number, so llama.cpp's KV prefix reuse cannot skip a prefill.
 
@@ -214,8 +216,18 @@ def compare(results: dict) -> dict:
                                         zip(res["requests"], results["direct"]["requests"]))
         out[name] = {"ttft_overhead_ms": g["ttft_ms"] - d["ttft_ms"], "ttft_overhead_paired_ms": paired_ttft * 1e3,
                      "tpot_overhead_ms": g["tpot_ms"] - d["tpot_ms"], "ttft_ratio": g["ttft_ms"] / d["ttft_ms"],
-                     "tpot_ratio": g["tpot_ms"] / d["tpot_ms"], "e2el_ratio": g["e2el_ms"] / d["e2el_ms"]}
+                     "tpot_ratio": g["tpot_ms"] / d["tpot_ms"],
+                     "e2el_ratio": _e2el_ratio(res["requests"], results["direct"]["requests"])}
     return out
+
+
+def _e2el_ratio(side: list[dict], direct: list[dict]) -> float | None:
+    """E2EL over direct's, from the requests of the longest output length both sides reached (a model that
+    may end early — EOS other than the one ``min_tokens`` holds back — makes the other lengths incomparable)."""
+    for n in sorted({r["output_len"] for r in side} & {r["output_len"] for r in direct}, reverse=True):
+        mine, theirs = [r["e2el"] for r in side if r["output_len"] == n], [r["e2el"] for r in direct if r["output_len"] == n]
+        return statistics.median(mine) / statistics.median(theirs)
+    return None
 
 
 def table(title: str, results: dict, overhead: dict, per_chunk_us: bool) -> None:
@@ -228,7 +240,8 @@ def table(title: str, results: dict, overhead: dict, per_chunk_us: bool) -> None
     for name, o in overhead.items():
         tpot = f"{o['tpot_overhead_ms'] * 1e3:+8.1f} us/chunk" if per_chunk_us else f"{o['tpot_overhead_ms']:+7.3f} ms/token"
         print(f"  {name} - direct: TTFT {o['ttft_overhead_ms']:+7.2f} ms (paired {o['ttft_overhead_paired_ms']:+7.2f}), "
-              f"TPOT {tpot}; ratios TTFT {o['ttft_ratio']:.3f}, TPOT {o['tpot_ratio']:.3f}, E2EL {o['e2el_ratio']:.3f}")
+              f"TPOT {tpot}; ratios TTFT {o['ttft_ratio']:.3f}, TPOT {o['tpot_ratio']:.3f}, "
+              f"E2EL {'n/a (no output length in common)' if o['e2el_ratio'] is None else format(o['e2el_ratio'], '.3f')}")
 
 
 def main() -> None:
