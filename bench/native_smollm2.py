@@ -13,7 +13,9 @@ a busy neighbour slows both; figures are medians over ``runs``.
 5. accuracy on a 90-token chat text: per-position KL of ours (default path) and of llama.cpp
    against the exact f32 path (dequantized weights, `cpu_int4_matmul=False`, itself equal to
    transformers to KL < 1e-9 in tests/realmodel); goal mean < 1e-3 and max no worse than llama.cpp's;
-   and the greedy answer to "What is the capital of France?" of each.
+   the same KL for ours at the decode steps of a 48-token greedy answer (decode steps compute apart from
+   a prefill: `llama_decode_rows`, int16-rounded matmul inputs); and the greedy answer to "What is the
+   capital of France?" of each.
 """
 
 from __future__ import annotations
@@ -123,6 +125,19 @@ def llama_logits(llm, ids: list[int]) -> torch.Tensor:
     return torch.tensor(llm.scores[: len(ids)]).float()
 
 
+def decode_kl(engine: LLMEngine, exact: LLMEngine, prompt: list[int], n: int) -> torch.Tensor:
+    """KL of ours against the exact path at the decode steps of a greedy answer (the prefill's row left out)."""
+    model, rows = engine.model_runner.model, []
+    compute_logits = model.compute_logits
+    model.compute_logits = lambda hidden, ctx: rows.append(compute_logits(hidden, ctx)) or rows[-1]
+    try:
+        tokens = engine.generate([prompt], greedy(n))[0].outputs[0].token_ids
+    finally:
+        del model.compute_logits
+    ref = exact.model_runner.score(prompt + tokens)[len(prompt) - 1 : len(prompt) - 1 + n]
+    return kl(ref[1:], torch.cat(rows[1:]))
+
+
 def accuracy(path, engine: LLMEngine, llm_all) -> dict:
     exact = LLMEngine.from_model(path, dtype="float32", cpu_int4_matmul=False, max_num_seqs=2, max_model_len=512,
                                  kv_cache_memory_bytes=16 << 20)
@@ -134,7 +149,10 @@ def accuracy(path, engine: LLMEngine, llm_all) -> dict:
     llm_all.reset()
     llama_answer = llm_all.detokenize([t for _, t in zip(range(16), llm_all.generate(
         chat, temp=0.0, top_k=1, repeat_penalty=1.0))]).decode("utf-8", errors="replace")
+    dec_kl = decode_kl(engine, exact, chat, 48)
     out = {"positions": len(ids), "ours_kl_mean": float(ours_kl.mean()), "ours_kl_max": float(ours_kl.max()),
+           "decode_positions": len(dec_kl), "ours_decode_kl_mean": float(dec_kl.mean()),
+           "ours_decode_kl_max": float(dec_kl.max()),
            "llama_kl_mean": float(llama_kl.mean()), "llama_kl_max": float(llama_kl.max()),
            "f32_answer": answer(exact), "ours_answer": answer(engine), "llama_answer": llama_answer}
     del exact
@@ -217,6 +235,9 @@ def report(res: dict) -> None:
     print(f"  KL vs the exact f32 path over {a['positions']} positions: ours mean {a['ours_kl_mean']:.2e} max "
           f"{a['ours_kl_max']:.2e}; llama.cpp mean {a['llama_kl_mean']:.2e} max {a['llama_kl_max']:.2e} "
           f"(goal: ours mean < 1e-3, max <= llama.cpp's) {ok(good)}")
+    good = a["ours_decode_kl_mean"] < 1e-3 and a["ours_decode_kl_max"] <= a["llama_kl_max"]
+    print(f"  KL vs the exact f32 path at {a['decode_positions']} decode steps: ours mean "
+          f"{a['ours_decode_kl_mean']:.2e} max {a['ours_decode_kl_max']:.2e} {ok(good)}")
     same = a["ours_answer"] == a["f32_answer"]
     print(f"  greedy 'capital of France': f32 {a['f32_answer']!r}; ours {a['ours_answer']!r} "
           f"({'same' if same else 'DIFFERENT'}); llama.cpp {a['llama_answer']!r}")

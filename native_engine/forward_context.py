@@ -29,3 +29,4 @@ class Context:
     context_lens: torch.Tensor | None = None  # [num_decodes] int32
     prefills: list[PrefillChunk] = field(default_factory=list)
     sample_indices: torch.Tensor | None = None  # rows whose logits are needed
+    logits: torch.Tensor | None = None  # [num_tokens, V], set by a forward that computed the LM head itself

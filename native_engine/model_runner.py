@@ -95,7 +95,7 @@ class ModelRunner:
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
         if self.device.type == "cpu" and hasattr(self.model, "model") and hasattr(self.model.model, "use_cpu_decode"):
-            self.model.model.use_cpu_decode()  # decode steps in one C call when every layer qualifies
+            self.model.model.use_cpu_decode(getattr(self.model, "lm_head", None))  # decode steps in one C call
         return self.num_kvcache_blocks
 
     def capture_cudagraphs(self, max_model_len: int) -> None:

@@ -45,7 +45,7 @@ from .strategies import Member
 _keys = itertools.count()
 # The policy's knobs, chosen with bench/slo_sim.py over 8 seeds (``--set NAME=VALUE`` compares others).
 TTFT_QUANTILE = 0.8  # the margins: these quantiles of a backend's recent actual / predicted
-TPOT_QUANTILE = 0.7
+TPOT_QUANTILE = 0.5
 HOLD_WHEN_FULL = True
 PROTECT_DECODING = True
 EARLY_SHED = True  # shed at arrival when the queue ahead would hold it past its deadline

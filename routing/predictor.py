@@ -36,6 +36,7 @@ import numpy as np
 
 
 RELATIVE_TTFT = False
+TPOT_PRIOR_STRENGTH = 0.3  # the TPOT fit's pull toward its prior, in observations
 PROBE = 1  # before a backend's batch limit is known: at most this many beyond the most seen decoding there
 
 
@@ -114,7 +115,11 @@ def _ttft_prior() -> WindowFit:
 
 
 def _tpot_prior() -> WindowFit:
-    return WindowFit([0.02, 0.0, 0.0])
+    # A light prior (a third of an observation): it is optimistic (no cost per sequence, no stall), and
+    # a backend that has answered only a few requests, mostly alone, would keep that optimism about
+    # its batch for long: at strength 3, seven observations of a 60 + 16 ms/sequence backend fitted
+    # 53 + 12 ms, and the gateway bound a third sequence there that decoded at 108 ms.
+    return WindowFit([0.02, 0.0, 0.0], strength=TPOT_PRIOR_STRENGTH)
 
 
 @dataclass
@@ -205,21 +210,34 @@ class LatencyModel:
 
     def worst_tpot_with(self, prompt_tokens: int) -> float:
         """The highest TPOT a request in flight here would end with if one more request (this prompt)
-        joined: its remaining tokens at the bigger batch's pace, plus the new prefill's stall. A request
-        still waiting for its first token counts too (all its tokens are left): the new prefill runs
-        right after its own, early in its decode."""
-        now, v0, v1, v2 = self.clock(), *self.tpot.w
+        joined: its remaining tokens at the bigger batch's pace, plus the stalls of the new prefill and
+        of every prefill still due there after its own first token (the requests sent after it that
+        have no first token yet: a FIFO backend prefills them during its decode). A request still
+        waiting for its first token counts too (all its tokens are left). A decoding request's tokens
+        so far are counted from what it lived through (its mean batch, the prefills that stalled it),
+        not from today's batch: one slowed by a prefill has more of its decode ahead."""
+        now, v0, v1, v2 = self._advance(), *self.tpot.w
         stall = min(0.9, v2 * self.prefill_rate())
-        pace_now = (v0 + v1 * len(self.in_flight)) / (1.0 - stall)
         pace_with = (v0 + v1 * (len(self.in_flight) + 1)) / (1.0 - stall)
-        worst = 0.0
-        for entry in self.in_flight.values():
-            if entry.max_tokens < 2:
-                continue
-            elapsed = now - entry.first_token if entry.first_token is not None else 0.0
-            left = max(0.0, entry.max_tokens - 1 - elapsed / pace_now) if pace_now > 0 else 0.0
-            worst = max(worst, (elapsed + left * pace_with + v2 * prompt_tokens) / (entry.max_tokens - 1))
+        worst, due = 0.0, float(prompt_tokens)  # prompt tokens prefilled after the entry's first token
+        for entry in reversed(list(self.in_flight.values())):  # the latest sent first (a FIFO backend)
+            if entry.max_tokens >= 2:
+                elapsed = now - entry.first_token if entry.first_token is not None else 0.0
+                left = max(0.0, entry.max_tokens - 1 - self._tokens_done(entry, elapsed))
+                worst = max(worst, (elapsed + left * pace_with + v2 * due) / (entry.max_tokens - 1))
+            if entry.first_token is None:
+                due += entry.prompt_tokens
         return worst
+
+    def _tokens_done(self, entry: InFlight, elapsed: float) -> float:
+        """The tokens a decoding request has produced after its first, by the TPOT model over what it
+        lived through: ``elapsed − v2·prefilled since`` at ``v0 + v1·mean batch since`` a token."""
+        if entry.first_token is None or elapsed <= 0:
+            return 0.0
+        v0, v1, v2 = self.tpot.w
+        batch = max(1.0, (self._area - entry.decode_area) / elapsed)
+        step = v0 + v1 * batch
+        return max(0.0, elapsed - v2 * (self._prefilled - entry.prefilled)) / step if step > 0 else 0.0
 
     def first_token(self, key: int, features: list[float]) -> float | None:
         """The request's first token arrived; learns its TTFT (from ``started``), returned in seconds."""

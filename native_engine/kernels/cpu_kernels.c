@@ -12,7 +12,8 @@
  * targets them, plain loops otherwise.
  *
  * add_rms_norm, paged_attention_decode, rotary_neox, cache_write, silu_and_mul: one call each where PyTorch runs
- * several small ops. llama_decode: the whole decoder stack of a decode step from these, in one call. */
+ * several small ops. llama_decode: the whole decoder stack of a decode step from these, in one call (1-3 rows:
+ * llama_decode_rows in cpu_decode.c). */
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>

@@ -2,7 +2,8 @@
 
 `cpu_kernels.c` dequantizes each block in registers and multiplies in float32 (AVX-512 when the
 compiler targets it), so the result is the dense float32 product up to summation order, while only
-the blocks are read: 0.56 byte per Q4_1 weight, 1.06 per Q8_0 one. It is compiled once with the
+the blocks are read: 0.56 byte per Q4_1 weight, 1.06 per Q8_0 one. Decode steps of a few rows run
+the whole model in one call of `cpu_decode.c` (see models/cpu_decode.py). Both files are compiled once with the
 system C compiler (`cc -O3 -march=native -fopenmp`, well under a second) into
 `<infer cache>/kernels/` and loaded with ctypes; its OpenMP calls land in the runtime torch already
 loaded (same soname), so no second thread pool spins. When no compiler is there or the build
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_batch.c"))  # one library
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_decode.c", "cpu_batch.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 BLAS_ROWS = 32  # from this many activation rows on, dequantize once and let BLAS multiply
@@ -47,7 +48,7 @@ def library() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(p.read_bytes() for p in SOURCES)
     key = hashlib.sha256(source + " ".join((compiler, *FLAGS, _cpu_flags())).encode()).hexdigest()[:16]
     path = kernel_dir() / f"cpu_kernels-{key}.so"
     try:
@@ -65,8 +66,10 @@ def library() -> ctypes.CDLL | None:
     lib.silu_and_mul.argtypes = (_P, _I64, _I64, _P)
     lib.llama_decode.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P, _P,
                                  ctypes.c_float, _INT)
+    lib.llama_decode_rows.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P, _P,
+                                      ctypes.c_float, _P, _P, _I64, _P, _INT)
     lib.dequantize_blocks.argtypes = (_P, _P, _P, _I64, _I64, _P, _INT)
-    for fn in (lib.dequantize_blocks, lib.llama_decode, lib.q4_1_matmul, lib.q8_0_matmul, lib.add_rms_norm, lib.paged_attention_decode, lib.rotary_neox,
+    for fn in (lib.dequantize_blocks, lib.llama_decode, lib.llama_decode_rows, lib.q4_1_matmul, lib.q8_0_matmul, lib.add_rms_norm, lib.paged_attention_decode, lib.rotary_neox,
                lib.cache_write, lib.silu_and_mul):
         fn.restype = None
     return lib

@@ -73,8 +73,8 @@ class LlamaModel(nn.Module):
         self.config = config
         self.cpu_decode: CPUDecodeStack | None = None  # set by `use_cpu_decode` once the KV cache exists
 
-    def use_cpu_decode(self) -> bool:
-        self.cpu_decode = CPUDecodeStack.build(self)
+    def use_cpu_decode(self, lm_head=None) -> bool:
+        self.cpu_decode = CPUDecodeStack.build(self, lm_head)
         return self.cpu_decode is not None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -108,4 +108,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, ctx)  # [T] -> [T, H]
 
     def compute_logits(self, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:  # [T, H] -> [S, V] float32
+        if ctx.logits is not None:  # the C decode step computed every row's
+            rows = ctx.sample_indices
+            return ctx.logits if rows is None or len(rows) == len(ctx.logits) else ctx.logits.index_select(0, rows)
         return self.lm_head(hidden, ctx.sample_indices)

@@ -173,3 +173,49 @@ def test_among_equal_priority_the_cheapest_held_request_takes_a_freed_slot_and_t
     assert d.ready([only]) == [cheap]
     clock[0] = costly.deadline
     assert d.ready([only]) == [costly] and costly.backend is None and costly.retry_after_s >= 1
+
+
+def test_a_decoding_request_slowed_by_a_prefill_is_protected_for_the_tokens_it_really_has_left():
+    clock = [0.0]
+    (only,) = fleet(clock, "only")
+    teach_prefill_stalls(only)  # 50 ms + 10 ms a sequence, 1 ms per prompt token prefilled meanwhile
+    only.latency.batch_limit = 8
+    latency = only.latency
+    features, _ = latency.started(1, 100, max_tokens=51)  # decoding from t = 0, 50 steps to go
+    latency.first_token(1, features)
+    features, _ = latency.started(2, 600, max_tokens=4)   # its 600-token prefill stalls request 1 for 0.6 s
+    clock[0] = 0.7
+    latency.first_token(2, features)
+    clock[0] = 1.0
+    latency.finished(2)
+    # At t = 1 s request 1 has made about 6 steps (0.6 s stalled, then 0.3 s at a batch of two), not the
+    # 16 that 1 s at today's pace would give: with a newcomer its TPOT ends near 84 ms, over an 80 ms SLO.
+    tight = SLO(ttft_ms=10000, tpot_ms=80)
+    d = Dispatcher(shed=True, clock=lambda: clock[0])
+    newcomer = Waiter(100, 2, clock[0], tight)
+    d.arrive(newcomer, [only])
+    assert d.ready([only]) == [] and d.queue == [newcomer]
+    clock[0] = 3.7  # request 1 ended (alone it made 72 ms): the newcomer is bound
+    latency.finished(1)
+    assert d.ready([only]) == [newcomer] and newcomer.backend == "only"
+
+
+def test_a_newcomer_counts_the_prefills_still_due_before_it_among_those_it_would_stall():
+    clock = [0.0]
+    (only,) = fleet(clock, "only")
+    teach_prefill_stalls(only)  # 50 ms + 10 ms a sequence, 1 ms per prompt token prefilled meanwhile
+    only.latency.batch_limit = 8
+    latency = only.latency
+    features, _ = latency.started(1, 100, max_tokens=51)  # decoding, 50 steps to go
+    latency.first_token(1, features)
+    for key in (2, 3):  # sent after it, one token each, none yet: their 600-token prefills stall it by 1.2 s
+        latency.started(key, 600, max_tokens=1)
+    # Request 1 alone with the newcomer: 50 steps at a batch of four (90 ms) + 0.1 s of its prefill, 92 ms;
+    # with the 1.2 s of prefills still due there, 116 ms: over a 100 ms SLO.
+    d = Dispatcher(shed=True, clock=lambda: clock[0])
+    newcomer = Waiter(100, 2, clock[0], SLO(ttft_ms=10000, tpot_ms=100))
+    d.arrive(newcomer, [only])
+    assert d.ready([only]) == [] and d.queue == [newcomer]
+    for key in (2, 3):
+        latency.finished(key)
+    assert d.ready([only]) == [newcomer] and newcomer.backend == "only"

@@ -134,3 +134,13 @@ def test_the_batch_limit_comes_from_a_queue_in_two_reports_and_never_stays_below
     m.reported(running=2, waiting=1)
     m.reported(running=2, waiting=1)
     assert m.batch_limit == 4  # never below what the gateway saw running
+
+
+def test_a_few_observations_are_enough_to_learn_the_cost_of_a_sequence():
+    """A backend at 60 ms + 16 ms per sequence, seen seven times (five alone, two at a batch of two):
+    the prior (20 ms, nothing per sequence) must not keep the prediction at a batch of two optimistic."""
+    m = LatencyModel(clock=lambda: 0.0)
+    for batch in (1, 1, 1, 1, 1, 2, 2):
+        m.tpot.update([1.0, batch, 0.0], 0.060 + 0.016 * batch)
+    m.started(0, 100)
+    assert m.predict(100).tpot_s == pytest.approx(0.092, rel=0.03)

@@ -1,0 +1,87 @@
+"""Decode steps of 1-3 rows in one C call (`llama_decode_rows`, kernels/cpu_decode.c) against the module path.
+
+tiny-llama with its linears requantized to Q4_1 blocks (float16 d and m, as GGUF stores them) and its LM
+head to Q8_0 blocks; at every decode step the module path (each layer's kernels, themselves checked against
+torch references in kernels/test_cpu_kernels.py) runs first on the same inputs, then the one C call, and
+their logits are compared.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from native_engine.kernels import cpu_kernels
+from native_engine.layers.quant import BlockWeight
+from native_engine.models.cpu_decode import CPUDecodeStack
+
+from .conftest import PRESETS, new_engine
+from .helpers import greedy, kl_per_position
+
+pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="no C compiler: decode runs through modules")
+
+
+def q4_1(w: torch.Tensor) -> BlockWeight:
+    groups = w.view(w.shape[0], -1, 32)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    d, m = ((hi - lo) / 15).half().float(), lo.half().float()
+    q = ((groups - m[..., None]) / d[..., None].clamp_min(1e-8)).round().clamp(0, 15).to(torch.uint8)
+    return BlockWeight.q4_1(q.view(w.shape), d, m)
+
+
+def q8_0(w: torch.Tensor) -> BlockWeight:
+    groups = w.view(w.shape[0], -1, 32)
+    d = (groups.abs().amax(-1) / 127).half().float()
+    q = (groups / d[..., None].clamp_min(1e-8)).round().clamp(-127, 127).to(torch.int8)
+    return BlockWeight.q8_0(q.view(w.shape), d)
+
+
+class Checked:
+    """Stands in for the model's CPUDecodeStack: module path, then the C call; records the logits' distance."""
+
+    def __init__(self, lm, stack: CPUDecodeStack) -> None:
+        self.lm, self.stack, self.rows, self.kl, self.diff = lm, stack, [], [], []
+
+    def can_run(self, num_tokens, ctx) -> bool:
+        return self.stack.can_run(num_tokens, ctx)
+
+    def __call__(self, hidden, positions, ctx):
+        model = self.lm.model
+        h, residual = hidden.clone(), None
+        for layer in model.layers:
+            h, residual = layer(positions, h, residual, ctx)
+        expected = self.lm.lm_head(model.norm(h, residual)[0])
+        out = self.stack(hidden, positions, ctx)
+        assert ctx.logits is not None and ctx.logits.shape == expected.shape
+        self.rows.append(len(hidden))
+        self.kl.append(float(kl_per_position(expected, ctx.logits).max()))
+        self.diff.append(float((ctx.logits - expected).abs().max() / expected.abs().max()))
+        return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_rows_in_one_c_call_match_the_module_path(tmp_path, threads, monkeypatch):
+    from registry.modelbuilder import build_gguf
+
+    from .conftest import BuiltModel
+
+    spec = PRESETS["tiny-llama"]
+    path = build_gguf(tmp_path / "tiny-llama.gguf", spec, dtype="f32")
+    engine = new_engine(BuiltModel("tiny-llama", spec, path, path), num_blocks=64, block_size=4)
+    lm = engine.model_runner.model
+    for layer in lm.model.layers:
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            linear.int4 = q4_1(linear.weight.data)
+    lm.lm_head.packed = (q8_0(lm.lm_head.weight.data),)
+    stack = CPUDecodeStack.build(lm.model, lm.lm_head)
+    assert stack is not None and stack.rows is not None and stack.head is not None
+    lm.model.cpu_decode = checked = Checked(lm, stack)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # what the C call is given
+
+    prompts = [[5, 17, 300, 2, 9], list(range(40, 61)), [7]]
+    outputs = engine.generate(prompts, [greedy(n) for n in (6, 12, 20)])
+
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [6, 12, 20]
+    assert {1, 2, 3} <= set(checked.rows)  # three rows, then two, then one
+    # both round matmul inputs to int16 per group of 32 (module path: per matmul call), so not bit-equal
+    assert max(checked.kl) < 1e-8 and max(checked.diff) < 1e-3, (max(checked.kl), max(checked.diff))
