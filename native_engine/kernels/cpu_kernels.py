@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("cpu_decode.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_decode.c", "cpu_batch.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 BLAS_ROWS = 32  # from this many activation rows on, dequantize once and let BLAS multiply

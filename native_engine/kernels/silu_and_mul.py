@@ -1,7 +1,7 @@
 import torch
 import torch.nn.functional as F
 
-from native_engine.kernels import cpu_kernels
+from native_engine.kernels import cpu_batch, cpu_kernels
 from native_engine.kernels._triton import (
     assert_last_dim_contiguous,
     tl,
@@ -47,4 +47,6 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:  # x [T, 2*I] -> [T, I]
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [T, 2*I] -> [T, I]
     if use_triton(x):
         return silu_and_mul_triton(x)
+    if cpu_batch.serves_silu_and_mul(x):
+        return cpu_batch.silu_and_mul(x)
     return cpu_kernels.silu_and_mul(x) if cpu_kernels.serves(x) else silu_and_mul_ref(x)

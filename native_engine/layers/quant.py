@@ -17,8 +17,10 @@ only reach 5e-4. The residual stream, norms, attention and KV cache stay float32
 
 When the system has a C compiler, weights that arrive as Q4_1 / Q8_0 blocks skip all of that:
 `BlockWeight` keeps the blocks and multiplies them with float32 activations in registers
-(`kernels/cpu_kernels.c`), which is both exact (float32 up to summation order) and cheaper per call
-(no casts, no zero tail). The int4 path stays as the fallback without a compiler.
+(`kernels/cpu_kernels.c`), which is cheaper per call (no casts, no zero tail) and far more accurate
+(activations as int16 per group of 32 or float32, no bf16 anywhere). For batches of 4+ rows the same
+blocks are also kept repacked in tiles of 16 rows (`kernels/cpu_batch.py`, AVX512-VNNI). The int4
+path stays as the fallback without a compiler.
 
 The tied LM head of SmolLM-style files is Q8_0 (int8 blocks `w = d * q8`); `pack_int8_as_int4`
 splits each `q8 + 128 = 16 * h + l` into two nibbles, so two int4 matmuls give `d * q8` exactly.
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..kernels import cpu_kernels
+from ..kernels import cpu_batch, cpu_kernels
 
 GROUP_SIZE = 32
 _EXACT_RTOL = 1e-5  # reconstruction error allowed, relative to the group's scale
@@ -64,21 +66,29 @@ class BlockWeight:
     qs: torch.Tensor  # Q4_1: [out, in / 2] uint8; Q8_0: [out, in] int8
     d: torch.Tensor  # [out, in / 32] float32
     m: torch.Tensor | None = None  # [out, in / 32] float32; None for Q8_0
+    tiled: cpu_batch.TiledBlocks | None = None  # the same blocks for batches of 4+ rows (`kernels/cpu_batch.py`)
 
     @classmethod
     def q4_1(cls, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> BlockWeight:
-        return cls(cpu_kernels.pack_q4_1(q), d.contiguous(), m.contiguous())
+        return cls.with_tiles(cpu_kernels.pack_q4_1(q), d.contiguous(), m.contiguous())
 
     @classmethod
     def q8_0(cls, q8: torch.Tensor, d: torch.Tensor) -> BlockWeight:
-        return cls(q8.contiguous(), d.contiguous())
+        return cls.with_tiles(q8.contiguous(), d.contiguous(), None)
+
+    @classmethod
+    def with_tiles(cls, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> BlockWeight:
+        return cls(qs, d, m, cpu_batch.TiledBlocks.build(qs, d, m))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] float32 -> [T, out] float32
+        if self.tiled is not None and x.shape[0] >= cpu_batch.MIN_ROWS:
+            return self.tiled.matmul(x)
         return cpu_kernels.blocks_matmul(x, self.qs, self.d, self.m)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+        tiled = self.tiled.nbytes if self.tiled is not None else 0
+        return tiled + sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
 
 
 def use_block_kernels(out_features: int) -> bool:

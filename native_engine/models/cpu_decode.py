@@ -9,7 +9,8 @@ same maths as `LlamaModel.forward` in C for batches of one-token rows:
 - 1..ROWS_MAX rows (single-stream decode): `llama_decode_rows` (cpu_decode.c), one OpenMP region per step,
   weights read with float16 block scales (copies made here, exact: GGUF stores them as float16), and the
   LM head too when it is Q8_0 blocks; the logits land in `ctx.logits`.
-- more rows: `llama_decode` (cpu_kernels.c), the batched kernels; the LM head stays in Python.
+- ROWS_MAX+1.. rows: `llama_decode_batch` (cpu_batch.c: tiled int16 matmuls, attention a KV head group
+  at a time) when every linear has tiled blocks, else `llama_decode` (cpu_kernels.c); the LM head stays in Python.
 
 Prefill chunks, other dtypes and weights that are not Q4_1 blocks keep the module path.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..forward_context import Context
-from ..kernels import cpu_kernels
+from ..kernels import cpu_batch, cpu_kernels
 from ..layers.quant import BlockWeight
 
 _LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -33,6 +34,7 @@ class CPUDecodeStack:
         self.model, self.pointers = model, pointers  # the model's tensors keep every pointer alive
         self.rows = rows  # (pointers with float16 scales, the float16 scale tensors they point to) or None
         self.head, self.head_d16 = head, head_d16
+        self.batch_pointers: torch.Tensor | None = None  # `pointers` with tiled weights, for llama_decode_batch
         config = model.config
         self.shape = (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
                       config.intermediate_size)
@@ -48,8 +50,14 @@ class CPUDecodeStack:
             return None
         head = _q8_head(lm_head)
         head_d16 = _exact_f16(head.d) if head is not None else None
-        return cls(model, torch.tensor(rows, dtype=torch.int64), _rows_pointers(model),
-                   head if head_d16 is not None else None, head_d16)
+        stack = cls(model, torch.tensor(rows, dtype=torch.int64), _rows_pointers(model),
+                    head if head_d16 is not None else None, head_d16)
+        batch = [_tiled_pointers(layer, row) for layer, row in zip(model.layers, rows, strict=True)]
+        config = model.config
+        if all(r is not None for r in batch) and cpu_batch.serves_attention(config.num_heads, config.num_kv_heads,
+                                                                             config.head_dim):
+            stack.batch_pointers = torch.tensor(batch, dtype=torch.int64)
+        return stack
 
     def can_run(self, num_tokens: int, ctx: Context) -> bool:
         return num_tokens > 0 and ctx.num_decode_tokens == num_tokens and not ctx.prefills
@@ -67,6 +75,11 @@ class CPUDecodeStack:
                 tables.data_ptr(), lens.data_ptr(), tables.shape[1], h, nh, nkv, d, inter, self.model.norm.eps,
                 rotary.data_ptr(), attn.k_cache.shape[1])
         lib = cpu_kernels.library()
+        if self.batch_pointers is not None and hidden.shape[0] >= max(ROWS_MAX + 1, cpu_batch.MIN_ROWS):
+            cpu_batch.library().llama_decode_batch(*args, self.batch_pointers.data_ptr(),
+                                                   self.model.norm.weight.data_ptr(), attn.scale,
+                                                   torch.get_num_threads())
+            return hidden
         if self.rows is None or hidden.shape[0] > ROWS_MAX:
             lib.llama_decode(*args, self.pointers.data_ptr(), self.model.norm.weight.data_ptr(), attn.scale,
                              torch.get_num_threads())
@@ -141,3 +154,12 @@ def _q8_head(lm_head) -> BlockWeight | None:
         if head.qs.shape[0] % 2 == 0 and head.qs.shape[1] <= _MAX_K:
             return head
     return None
+
+
+def _tiled_pointers(layer, row: list[int]) -> list[int] | None:
+    """`row` (see `_layer_pointers`) with each linear's blocks replaced by their tiles, or None without tiles."""
+    tiles = [w.tiled for w in _linears(layer)]
+    if any(t is None or t.mt is None for t in tiles):
+        return None
+    qkv, o, gate_up, down = (t.pointers for t in tiles)
+    return [*qkv, row[3], *o, *gate_up, *down, *row[13:]]

@@ -88,6 +88,23 @@ def test_decode_steps_in_one_c_call_match_the_module_path(smollm2_gguf, f32_engi
     assert outputs[0] == outputs[1]
 
 
+def test_batched_decode_steps_match_the_module_path_and_the_f32_answers(smollm2_gguf, f32_engine):
+    from native_engine.kernels import cpu_batch
+
+    if cpu_batch.library() is None:
+        pytest.skip("no AVX512-VNNI build: batches use the float32 kernels")
+    in_c, by_modules = (LLMEngine.from_model(smollm2_gguf, max_num_seqs=8, max_model_len=1024,
+                                             kv_cache_memory_bytes=64 << 20) for _ in range(2))
+    assert in_c.model_runner.model.model.cpu_decode.batch_pointers is not None
+    by_modules.model_runner.model.model.cpu_decode = None
+    chat = f32_engine.tokenizer.encode(PROMPT, add_bos=False)
+    prompts = [chat] + [f32_engine.tokenizer.encode(TEXT, add_bos=False)[: 20 + 9 * i] for i in range(5)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outputs = [[o.outputs[0].token_ids for o in e.generate(prompts, greedy)] for e in (in_c, by_modules)]
+    assert outputs[0] == outputs[1]  # decode batches of 6 rows: tiled int16 matmuls, grouped attention
+    assert outputs[0][0] == f32_engine.generate([chat], greedy)[0].outputs[0].token_ids
+
+
 def test_without_a_c_compiler_the_int4_fallback_keeps_the_goal(smollm2_gguf, f32_engine, token_ids,
                                                                  reference_logits, monkeypatch):
     from native_engine.kernels import cpu_kernels
