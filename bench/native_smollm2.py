@@ -38,6 +38,7 @@ CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, traine
 TEXT = CHAT + ("The capital of France is Paris. It is known for the Eiffel Tower, the Louvre and its cafés; "
                "about two million people live in the city itself, and more than twelve million in the region.")
 CORPUS = Path(__file__).resolve().parents[1] / "registry" / "modelbuilder" / "data" / "corpus.txt"
+MIXED_RUNS = 2
 SERVE = dict(max_num_seqs=64, max_model_len=2048, max_num_batched_tokens=512)  # adapters/native.py defaults
 
 
@@ -45,7 +46,7 @@ SERVE = dict(max_num_seqs=64, max_model_len=2048, max_num_batched_tokens=512)  #
 class Workload:
     single: list[int]
     ttft: list[list[int]]
-    mixed: list[list[int]]
+    mixed: list[list[list[int]]]  # one set of prompts per mixed run: the same lengths, no prefix shared
     outputs: list[int]
 
 
@@ -59,7 +60,10 @@ def workload(tokenizer, runs: int, quick: bool) -> Workload:
         return [next(firsts)] + ids[start : start + n - 1]
 
     n, (p_lo, p_hi), (o_lo, o_hi) = (4, (32, 64), (16, 32)) if quick else (16, (32, 256), (64, 128))
-    mixed = [prompt(lengths.randint(p_lo, p_hi)) for _ in range(n)]
+    first = [prompt(lengths.randint(p_lo, p_hi)) for _ in range(n)]
+    # Each later run: the same prompts under a fresh first token, so the prefix cache (ours; llama.cpp's is
+    # reset per request) cannot skip a prefill a previous run did.
+    mixed = [first] + [[[next(firsts)] + p[1:] for p in first] for _ in range(MIXED_RUNS - 1)]
     return Workload(prompt(16), [prompt(128 if quick else 512) for _ in range(runs)], mixed,
                     [lengths.randint(o_lo, o_hi) for _ in range(n)])
 
@@ -84,9 +88,9 @@ def ours_stream(engine: LLMEngine, prompt: list[int], n: int) -> tuple[float, li
     return t0, times
 
 
-def ours_mixed(engine: LLMEngine, w: Workload) -> float:
+def ours_mixed(engine: LLMEngine, w: Workload, run: int) -> float:
     t0 = time.perf_counter()
-    for i, (p, n) in enumerate(zip(w.mixed, w.outputs, strict=True)):
+    for i, (p, n) in enumerate(zip(w.mixed[run], w.outputs, strict=True)):
         engine.add_request(f"m{i}-{time.monotonic_ns()}", p, greedy(n))
     generated = 0
     while engine.has_unfinished_requests():
@@ -105,9 +109,9 @@ def llama_stream(llm, prompt: list[int], n: int) -> tuple[float, list[float]]:
     return t0, times
 
 
-def llama_mixed(llm, w: Workload) -> float:
+def llama_mixed(llm, w: Workload, run: int) -> float:
     t0 = time.perf_counter()
-    generated = sum(len(llama_stream(llm, p, n)[1]) for p, n in zip(w.mixed, w.outputs, strict=True))
+    generated = sum(len(llama_stream(llm, p, n)[1]) for p, n in zip(w.mixed[run], w.outputs, strict=True))
     return generated / (time.perf_counter() - t0)
 
 
@@ -190,7 +194,8 @@ def run(runs: int, threads: int, quick: bool) -> dict:
     llm = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
     w = workload(engine.tokenizer, runs, quick)
     n = 32 if quick else 128
-    ours_stream(engine, w.mixed[0][:24], 8), llama_stream(llm, w.mixed[0][:24], 8)  # warm up
+    warm = [w.single[0]] + w.mixed[0][0][1:24]  # no block shared with a measured prompt
+    ours_stream(engine, warm, 8), llama_stream(llm, warm, 8)  # warm up
     dec, ttft, mixed = ([], []), ([], []), ([], [])
     for i in range(runs):  # alternate the sides within every run
         dec[0].append(rate(ours_stream(engine, [9 + i] + w.single[1:], n)[1]))
@@ -198,15 +203,15 @@ def run(runs: int, threads: int, quick: bool) -> dict:
         for side, fn in enumerate((ours_stream, llama_stream)):
             t0, times = fn(engine if side == 0 else llm, w.ttft[i], 1)
             ttft[side].append(times[0] - t0)
-        if i < (1 if quick else 2):
-            mixed[0].append(ours_mixed(engine, w))
-            mixed[1].append(llama_mixed(llm, w))
+        if i < (1 if quick else MIXED_RUNS):
+            mixed[0].append(ours_mixed(engine, w, i))
+            mixed[1].append(llama_mixed(llm, w, i))
     llm.close()
     for key, pair in (("decode_tps", dec), ("ttft_s", ttft), ("mixed_tps", mixed)):
         res[f"{key}_ours"], res[f"{key}_llama"] = (statistics.median(v) for v in pair)
         res[f"{key}_runs"] = pair
     res["workload"] = {"single_prompt": len(w.single), "single_tokens": n, "ttft_prompt": len(w.ttft[0]),
-                       "mixed": len(w.mixed), "mixed_prompts": [len(p) for p in w.mixed], "mixed_outputs": w.outputs}
+                       "mixed": len(w.mixed[0]), "mixed_prompts": [len(p) for p in w.mixed[0]], "mixed_outputs": w.outputs}
     llm_all = llama_cpp.Llama(str(path), n_ctx=512, logits_all=True, n_threads=threads, verbose=False)
     res["accuracy"] = accuracy(path, engine, llm_all)
     llm_all.close()
