@@ -229,8 +229,7 @@ class Generation:
         self.error_type = ""
         self.called = False  # a chunk carried tool calls: the row's finish_reason says tool_calls
         self.done: Done | None = None
-        self._record: UsageRecord | None = None  # built (and costed) when first asked for, after the final Done
-        self._aborted_at_done: BackendError | None = None  # an abort before the final Done makes its row an error
+        self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
         self.admission: asyncio.Future[float] | None = None  # its key's budget reservation (the amount), if any
         self._ended = False
         self._aborted: BackendError | None = None
@@ -292,19 +291,8 @@ class Generation:
         self.request.cancel.cancel()
 
     @property
-    def record(self) -> UsageRecord | None:
-        """The ledger row of the final Done (None before it), built and costed once, when first asked for:
-        the row is off the client's clock unless the answer itself needs its cost."""
-        if self._record is None and self.done is not None:
-            self._record = self._done_record(self.done)
-        return self._record
-
-    @property
     def cost_usd(self) -> float | None:
-        if self.recorder.prices is None:  # nothing is priced: no row to build for the answer
-            return None
-        record = self.record
-        return None if record is None else record.total_cost_usd
+        return None if self.record is None else self.record.total_cost_usd
 
     def more_ready(self) -> bool:
         """Whether what the consumer reads next is already here (the final record was read, or the next
@@ -334,7 +322,7 @@ class Generation:
                 async for event in events:
                     if self.done is None:
                         if isinstance(event, Done):
-                            self.done, self._aborted_at_done = event, self._aborted
+                            self.done, self.record = event, self._done_record(event)
                         elif event.tool_calls:
                             self.called = True
                         self._queue.put(event)
@@ -354,11 +342,10 @@ class Generation:
                 self._finish(self.record)
 
     def _done_record(self, done: Done) -> UsageRecord:
-        aborted = self._aborted_at_done
-        if aborted is not None:
+        if self._aborted is not None:
             record = _record(self, done, "error")
-            record.error = aborted.message
-            self.error_type = type(aborted).__name__
+            record.error = self._aborted.message
+            self.error_type = type(self._aborted).__name__
         else:
             record = _record(self, done, "cancelled" if done.finish_reason == "cancelled" else "ok")
         return self.recorder.priced(record)
