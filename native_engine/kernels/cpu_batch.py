@@ -51,15 +51,9 @@ def paged_attention_batch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """The decode attention of `llama_decode_batch`: query [B, nh, D]; caches [num_blocks, block_size, nkv, D];
     int32 tables [B, W] and lengths [B]. Needs `serves_attention(nh, nkv, D)`."""
-    (batch, num_heads, head_dim), (block_size, num_kv_heads) = query.shape, k_cache.shape[1:3]
-    assert serves_attention(num_heads, num_kv_heads, head_dim) and k_cache.is_contiguous() and v_cache.is_contiguous()
-    query, tables = query.contiguous(), block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
-    out = torch.empty_like(query)
-    library().paged_attention_batch(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                                    lens.data_ptr(), scale, batch, num_heads, num_kv_heads, head_dim, block_size,
-                                    tables.shape[1], out.data_ptr(), torch.get_num_threads())
-    return out
+    assert serves_attention(query.shape[1], k_cache.shape[2], query.shape[2])
+    return cpu_kernels.paged_attention_call(library().paged_attention_batch, query, k_cache, v_cache, block_tables,
+                                            context_lens, scale)
 
 
 def serves_silu_and_mul(x: torch.Tensor) -> bool:

@@ -138,15 +138,23 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 def paged_attention_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """query [B, nh, D]; caches [num_blocks, block_size, nkv, D]; int32 tables [B, W] and lengths [B]."""
+    head_dim, block_size = query.shape[2], k_cache.shape[1]
+    assert head_dim <= 256 and block_size <= 256
+    return paged_attention_call(library().paged_attention_decode, query, k_cache, v_cache, block_tables,
+                                context_lens, scale)
+
+
+def paged_attention_call(kernel, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """``kernel`` (a paged decode attention of the library, one signature) on these tensors: contiguous query,
+    int32 tables and lengths, a new output."""
     (batch, num_heads, head_dim), (block_size, num_kv_heads) = query.shape, k_cache.shape[1:3]
-    assert head_dim <= 256 and block_size <= 256 and k_cache.is_contiguous() and v_cache.is_contiguous()
-    query = query.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    query, tables = query.contiguous(), block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
     out = torch.empty_like(query)
-    library().paged_attention_decode(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                                     lens.data_ptr(), scale, batch, num_heads, num_kv_heads, head_dim, block_size,
-                                     tables.shape[1], out.data_ptr(), torch.get_num_threads())
+    kernel(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), scale, batch,
+           num_heads, num_kv_heads, head_dim, block_size, tables.shape[1], out.data_ptr(), torch.get_num_threads())
     return out
 
 
