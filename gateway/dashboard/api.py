@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import defaultdict
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -63,10 +64,6 @@ class KeysView(BaseModel):
 
 
 
-def _since(text: str) -> float:
-    return since_epoch(text, MAX_PERIOD_S)
-
-
 class PageConfig(BaseModel):
     """``GET /infer/dashboard`` (documentation only): which optional views this server has."""
 
@@ -86,7 +83,7 @@ async def requests(db: DbDep, key_name: ViewerDep, since: str = "1h",
                    limit: Annotated[int, Query(ge=1, le=1000)] = 100, route: str | None = None,
                    backend: str | None = None, status: str | None = None) -> JSONBytes:
     """The newest ledger rows (route, backend, status, tokens, TTFT, TPOT, cost, …)."""
-    start = _since(since)
+    start = since_epoch(since, MAX_PERIOD_S)
     rows = RowFilter(start, route=route or None, backend=backend or None, status=status or None, key_name=key_name)
     found = await asyncio.to_thread(recent_requests, db, rows, limit)
     for row in found:
@@ -100,7 +97,7 @@ async def series(db: DbDep, key_name: ViewerDep, since: str = "1h",
                  backend: str | None = None, by: Literal["route"] | None = None) -> Response:
     """Requests, sheds, errors, attainment, goodput, TTFT/TPOT/e2e percentiles and spend per bucket;
     with ``by=route`` also each SLO route's own series (``routes``), from the same read."""
-    start = _since(since)
+    start = since_epoch(since, MAX_PERIOD_S)
     now = time.time()
     step_s = bucket_seconds(now - start, step)
     rows = RowFilter(start, route=route or None, backend=backend or None, key_name=key_name)
@@ -109,9 +106,11 @@ async def series(db: DbDep, key_name: ViewerDep, since: str = "1h",
         found = series_rows(db, rows)
         body = _series(found, start, now, step_s)
         if by == "route":
-            names = sorted({r.route_name for r in found if r.route_name})
-            body["routes"] = {name: _series([r for r in found if r.route_name == name], start, now, step_s)
-                              for name in names}
+            grouped: dict[str, list] = defaultdict(list)
+            for row in found:
+                if row.route_name:
+                    grouped[row.route_name].append(row)
+            body["routes"] = {name: _series(grouped[name], start, now, step_s) for name in sorted(grouped)}
         return dumps(body)
     return Response(await asyncio.to_thread(read), media_type="application/json")
 
@@ -124,6 +123,6 @@ def _series(rows: list, start: float, now: float, step_s: float) -> dict:
 @router.get("/infer/keys", responses={200: {"model": KeysView}, **errors(400, 401)})
 async def keys(db: DbDep, key_name: ViewerDep, since: str = "24h") -> JSONBytes:
     """API keys: budget, spent and reserved this period, share used; requests and spend since ``since``."""
-    start = _since(since)
+    start = since_epoch(since, MAX_PERIOD_S)
     found = await asyncio.to_thread(key_budgets, db, start, key_name)
     return JSONBytes({"since": start, "keys": found})
