@@ -224,10 +224,12 @@ def compare(results: dict) -> dict:
 def _e2el_ratio(side: list[dict], direct: list[dict]) -> float | None:
     """E2EL over direct's, from the requests of the longest output length both sides reached (a model that
     may end early — EOS other than the one ``min_tokens`` holds back — makes the other lengths incomparable)."""
-    for n in sorted({r["output_len"] for r in side} & {r["output_len"] for r in direct}, reverse=True):
-        mine, theirs = [r["e2el"] for r in side if r["output_len"] == n], [r["e2el"] for r in direct if r["output_len"] == n]
-        return statistics.median(mine) / statistics.median(theirs)
-    return None
+    common = {r["output_len"] for r in side} & {r["output_len"] for r in direct}
+    if not common:
+        return None
+    n = max(common)
+    return statistics.median(r["e2el"] for r in side if r["output_len"] == n) / \
+        statistics.median(r["e2el"] for r in direct if r["output_len"] == n)
 
 
 def table(title: str, results: dict, overhead: dict, per_chunk_us: bool) -> None:

@@ -3,7 +3,8 @@
 :class:`BackendMonitor` polls each backend's ``health()`` in the background (at start, then every
 ``every_s`` seconds, every ``HEALTH_POLL_S`` when routes are configured; a remote's check also reads its
 ``/metrics`` load figures) and keeps the last answer. It is the only poller: each route is told its
-members' answers (``Route.health_checked``), so a backend is asked once per period, not once per reader. The gateway's own view is added at read time: requests in flight per backend (counted by
+members' answers (``Route.health_checked``), so a backend is asked once per period, not once per reader.
+The gateway's own view is added at read time: requests in flight per backend (counted by
 the recorder) and each backend's ``current_load()`` when it has one (in-process engines: the scheduler's
 running/waiting and the KV cache's used share; remote adapters: requests waiting for a
 ``max_inflight`` slot). Nothing here runs per request except ``started``/``finished``, two dict

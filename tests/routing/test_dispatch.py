@@ -175,14 +175,21 @@ def test_among_equal_priority_the_cheapest_held_request_takes_a_freed_slot_and_t
     assert d.ready([only]) == [costly] and costly.backend is None and costly.retry_after_s >= 1
 
 
+def decoding_one(clock: list[float]):
+    """A backend that has learnt 50 ms + 10 ms a sequence and 1 ms per prompt token prefilled meanwhile
+    (batch limit 8), with request 1 (100 prompt tokens) decoding since ``clock[0]``, 50 steps to go."""
+    (only,) = fleet(clock, "only")
+    teach_prefill_stalls(only)
+    only.latency.batch_limit = 8
+    features, _ = only.latency.started(1, 100, max_tokens=51)
+    only.latency.first_token(1, features)
+    return only
+
+
 def test_a_decoding_request_slowed_by_a_prefill_is_protected_for_the_tokens_it_really_has_left():
     clock = [0.0]
-    (only,) = fleet(clock, "only")
-    teach_prefill_stalls(only)  # 50 ms + 10 ms a sequence, 1 ms per prompt token prefilled meanwhile
-    only.latency.batch_limit = 8
+    only = decoding_one(clock)  # request 1 decoding from t = 0, 50 steps to go
     latency = only.latency
-    features, _ = latency.started(1, 100, max_tokens=51)  # decoding from t = 0, 50 steps to go
-    latency.first_token(1, features)
     features, _ = latency.started(2, 600, max_tokens=4)   # its 600-token prefill stalls request 1 for 0.6 s
     clock[0] = 0.7
     latency.first_token(2, features)
@@ -202,12 +209,8 @@ def test_a_decoding_request_slowed_by_a_prefill_is_protected_for_the_tokens_it_r
 
 def test_a_newcomer_counts_the_prefills_still_due_before_it_among_those_it_would_stall():
     clock = [0.0]
-    (only,) = fleet(clock, "only")
-    teach_prefill_stalls(only)  # 50 ms + 10 ms a sequence, 1 ms per prompt token prefilled meanwhile
-    only.latency.batch_limit = 8
+    only = decoding_one(clock)  # request 1 decoding from t = 0, 50 steps to go
     latency = only.latency
-    features, _ = latency.started(1, 100, max_tokens=51)  # decoding, 50 steps to go
-    latency.first_token(1, features)
     for key in (2, 3):  # sent after it, one token each, none yet: their 600-token prefills stall it by 1.2 s
         latency.started(key, 600, max_tokens=1)
     # Request 1 alone with the newcomer: 50 steps at a batch of four (90 ms) + 0.1 s of its prefill, 92 ms;
