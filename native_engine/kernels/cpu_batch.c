@@ -237,15 +237,22 @@ AI __m512 sum16(const __m512 *p) {
 
 /* One sequence's query heads of one KV head (`group` of them, <= 8) over its paged cache: all scores first,
  * then a plain softmax and the weighted sum of values; each key and value row is read once for the group. */
-AI void attend_group(const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int64_t len,
-                     float scale, int group, int64_t token_stride, int64_t block_size, int64_t block_stride,
-                     float *scores, float *out, const int DV) {
+AI void attend_group(const float *q, const float *k_cache, const float *v_cache, const int64_t *at, int64_t len,
+                     float scale, int group, float *scores, float *out, const int DV) {
     const int64_t D = DV * 16;
     int64_t j = 0;
+    for (int64_t u = 0; u < len; u++) /* every key and value row of the task towards L2 at once */
+        for (int i = 0; i < DV; i++) {
+            _mm_prefetch((const char *)(k_cache + at[u] + 16 * i), _MM_HINT_T1);
+            _mm_prefetch((const char *)(v_cache + at[u] + 16 * i), _MM_HINT_T1);
+        }
     for (; j + 16 <= len; j += 16) {
         const float *k[16];
-        for (int u = 0; u < 16; u++)
-            k[u] = k_cache + table[(j + u) / block_size] * block_stride + ((j + u) % block_size) * token_stride;
+        for (int u = 0; u < 16; u++) {
+            k[u] = k_cache + at[j + u];
+            if (j + 32 + u < len) /* L2 -> L1, two iterations ahead */
+                for (int i = 0; i < DV; i++) _mm_prefetch((const char *)(k_cache + at[j + 32 + u] + 16 * i), _MM_HINT_T0);
+        }
         for (int h = 0; h < group; h++) {
             __m512 qv[DV], part[16];
             for (int i = 0; i < DV; i++) qv[i] = _mm512_loadu_ps(q + h * D + 16 * i);
@@ -257,7 +264,7 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
         }
     }
     for (; j < len; j++) {
-        const float *k = k_cache + table[j / block_size] * block_stride + (j % block_size) * token_stride;
+        const float *k = k_cache + at[j];
         for (int h = 0; h < group; h++) {
             __m512 s = _mm512_mul_ps(_mm512_loadu_ps(k), _mm512_loadu_ps(q + h * D));
             for (int i = 1; i < DV; i++) s = _mm512_fmadd_ps(_mm512_loadu_ps(k + 16 * i), _mm512_loadu_ps(q + h * D + 16 * i), s);
@@ -287,7 +294,9 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
     for (int h = 0; h < group; h++)
         for (int i = 0; i < DV; i++) acc[h][i] = _mm512_setzero_ps();
     for (j = 0; j < len; j++) {
-        const float *v = v_cache + table[j / block_size] * block_stride + (j % block_size) * token_stride;
+        const float *v = v_cache + at[j];
+        if (j + 16 < len)
+            for (int i = 0; i < DV; i++) _mm_prefetch((const char *)(v_cache + at[j + 16] + 16 * i), _MM_HINT_T0);
         __m512 vv[DV];
         for (int i = 0; i < DV; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
         for (int h = 0; h < group; h++) {
@@ -311,17 +320,19 @@ static void attention_batch(const float *q, int64_t q_stride, const float *k_cac
     for (int64_t b = 0; b < B; b++)
         for (int64_t kvh = 0; kvh < nkv; kvh++) {
             const int64_t len = context_lens[b];
-            float *scores = malloc(sizeof(float) * group * (len + 16));
+            int64_t *at = malloc(sizeof(int64_t) * len + sizeof(float) * group * (len + 16)); /* key offsets */
+            float *scores = (float *)(at + len);
+            for (int64_t j = 0, i = 0; j < len; i++)
+                for (int64_t u = 0; u < block_size && j < len; u++, j++)
+                    at[j] = block_tables[b * W + i] * block_stride + u * token_stride;
             const float *qh = q + b * q_stride + kvh * group * D;
             float *oh = out + b * nh * D + kvh * group * D;
             const float *kc = k_cache + kvh * D, *vc = v_cache + kvh * D;
             if (D == 64)
-                attend_group(qh, kc, vc, block_tables + b * W, len, scale, group, token_stride, block_size,
-                             block_stride, scores, oh, 4);
+                attend_group(qh, kc, vc, at, len, scale, group, scores, oh, 4);
             else
-                attend_group(qh, kc, vc, block_tables + b * W, len, scale, group, token_stride, block_size,
-                             block_stride, scores, oh, 8);
-            free(scores);
+                attend_group(qh, kc, vc, at, len, scale, group, scores, oh, 8);
+            free(at);
         }
 }
 
