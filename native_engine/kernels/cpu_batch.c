@@ -244,22 +244,34 @@ AI __m512 sum16(const __m512 *p) {
  * then a plain softmax and the weighted sum of values; each key and value row is read once for the group.
  * `at[j]`: key j's offset in the caches. The rows are requested towards L2 up front (the reads are bound by
  * memory latency: one task's rows, ~150 KB at 300 keys, are far from each other's blocks), the next keys to L1. */
+typedef struct { /* the key and value rows of one task: row j at k + at[j], v + at[j] */
+    const float *k, *v;
+    const int64_t *at;
+    int64_t len;
+} kv_rows_t;
+
+/* Prefetch rows [from, to) of `r` towards L2. */
+AI void prefetch_rows(kv_rows_t r, int64_t from, int64_t to, const int DV) {
+    for (int64_t u = from; u < to && u < r.len; u++)
+        for (int i = 0; i < DV; i++) {
+            _mm_prefetch((const char *)(r.k + r.at[u] + 16 * i), _MM_HINT_T1);
+            _mm_prefetch((const char *)(r.v + r.at[u] + 16 * i), _MM_HINT_T1);
+        }
+}
+
 AI void attend_group(const float *q, const float *k_cache, const float *v_cache, const int64_t *at, int64_t len,
-                     float scale, int group, float *scores, float *out, const int DV) {
+                     float scale, int group, float *scores, float *out, kv_rows_t next, const int DV) {
     const int64_t D = DV * 16;
     int64_t j = 0;
-    for (int64_t u = 0; u < len; u++) /* every key and value row of the task towards L2 at once */
-        for (int i = 0; i < DV; i++) {
-            _mm_prefetch((const char *)(k_cache + at[u] + 16 * i), _MM_HINT_T1);
-            _mm_prefetch((const char *)(v_cache + at[u] + 16 * i), _MM_HINT_T1);
-        }
+    prefetch_rows((kv_rows_t){k_cache, v_cache, at, len}, 0, 32, DV); /* the rest came with the previous task */
     for (; j + 16 <= len; j += 16) {
         const float *k[16];
         for (int u = 0; u < 16; u++) {
             k[u] = k_cache + at[j + u];
-            if (j + 32 + u < len) /* L2 -> L1, two iterations ahead */
+            if (j + 32 + u < len) /* two iterations ahead */
                 for (int i = 0; i < DV; i++) _mm_prefetch((const char *)(k_cache + at[j + 32 + u] + 16 * i), _MM_HINT_T0);
         }
+        prefetch_rows(next, j * next.len / len, (j + 16) * next.len / len + (j + 32 > len ? next.len : 0), DV);
         for (int h = 0; h < group; h++) {
             __m512 qv[DV], part[16];
             for (int i = 0; i < DV; i++) qv[i] = _mm512_loadu_ps(q + h * D + 16 * i);
@@ -270,6 +282,7 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
             _mm512_storeu_ps(scores + h * len + j, _mm512_mul_ps(sum16(part), _mm512_set1_ps(scale)));
         }
     }
+    if (len < 32) prefetch_rows(next, 0, next.len, DV);
     for (; j < len; j++) {
         const float *k = k_cache + at[j];
         for (int h = 0; h < group; h++) {
@@ -315,32 +328,49 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
         for (int i = 0; i < DV; i++) _mm512_storeu_ps(out + h * D + 16 * i, acc[h][i]);
 }
 
+typedef struct { /* the paged caches and the rows' tables */
+    const float *k_cache, *v_cache;
+    const int32_t *block_tables, *context_lens;
+    int64_t B, nh, nkv, D, block_size, W;
+    float scale;
+} paged_t;
+
+/* Task t's rows (t = b * nkv + kvh; len 0 past the last task) with their offsets written to `at`. */
+static kv_rows_t task_rows(const paged_t *c, int64_t t, int64_t *at) {
+    if (t >= c->B * c->nkv) return (kv_rows_t){c->k_cache, c->v_cache, at, 0};
+    const int64_t b = t / c->nkv, kvh = t % c->nkv, len = c->context_lens[b], token_stride = c->nkv * c->D;
+    for (int64_t j = 0, blk = 0; j < len; blk++)
+        for (int64_t u = 0; u < c->block_size && j < len; u++, j++)
+            at[j] = (c->block_tables[b * c->W + blk] * c->block_size + u) * token_stride;
+    return (kv_rows_t){c->k_cache + kvh * c->D, c->v_cache + kvh * c->D, at, len};
+}
+
+/* Task t: the `group` query heads at q ([group, D], rotated) of row t / nkv over KV head t % nkv into out; the
+ * rows of task t + 1 (most often the same thread's next) are requested towards L2 meanwhile. */
+static void attend_task(const paged_t *c, int64_t t, const float *q, float *out) {
+    const int group = (int)(c->nh / c->nkv);
+    const int64_t len = c->context_lens[t / c->nkv], next_len = t + 1 < c->B * c->nkv ? c->context_lens[(t + 1) / c->nkv] : 0;
+    int64_t *at = malloc(sizeof(int64_t) * (len + next_len) + sizeof(float) * group * (len + 16));
+    if (at == NULL) abort();
+    const kv_rows_t rows = task_rows(c, t, at), next = task_rows(c, t + 1, at + len);
+    float *scores = (float *)(at + len + next_len);
+    if (c->D == 64)
+        attend_group(q, rows.k, rows.v, rows.at, len, c->scale, group, scores, out, next, 4);
+    else
+        attend_group(q, rows.k, rows.v, rows.at, len, c->scale, group, scores, out, next, 8);
+    free(at);
+}
+
 /* Decode attention for B one-token rows: q rows at q + b * q_stride ([nh, D]); out [B, nh * D].
  * Caches [num_blocks, block_size, nkv, D]; D 64 or 128; nh / nkv <= 8. */
 static void attention_batch(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                             const int32_t *block_tables, const int32_t *context_lens, float scale, int64_t B,
                             int64_t nh, int64_t nkv, int64_t D, int64_t block_size, int64_t W, float *out,
                             int num_threads) {
-    const int group = (int)(nh / nkv);
-    const int64_t token_stride = nkv * D, block_stride = block_size * token_stride;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t kvh = 0; kvh < nkv; kvh++) {
-            const int64_t len = context_lens[b];
-            int64_t *at = malloc(sizeof(int64_t) * len + sizeof(float) * group * (len + 16)); /* key offsets */
-            float *scores = (float *)(at + len);
-            for (int64_t j = 0, i = 0; j < len; i++)
-                for (int64_t u = 0; u < block_size && j < len; u++, j++)
-                    at[j] = block_tables[b * W + i] * block_stride + u * token_stride;
-            const float *qh = q + b * q_stride + kvh * group * D;
-            float *oh = out + b * nh * D + kvh * group * D;
-            const float *kc = k_cache + kvh * D, *vc = v_cache + kvh * D;
-            if (D == 64)
-                attend_group(qh, kc, vc, at, len, scale, group, scores, oh, 4);
-            else
-                attend_group(qh, kc, vc, at, len, scale, group, scores, oh, 8);
-            free(at);
-        }
+    const paged_t c = {k_cache, v_cache, block_tables, context_lens, B, nh, nkv, D, block_size, W, scale};
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t t = 0; t < B * nkv; t++)
+        attend_task(&c, t, q + (t / nkv) * q_stride + (t % nkv) * (nh / nkv) * D, out + t * (nh / nkv) * D);
 }
 
 int attention_batch_serves(int64_t nh, int64_t nkv, int64_t D) {
@@ -443,25 +473,16 @@ AI void rotate_head(const float *x, const float *cs, int64_t D, float *out) { /*
 static void attention_pair_chunk(const void *arg, int64_t i) {
     const batch_op_t *op = arg;
     const batch_step_t *s = op->s;
-    const int64_t *p = s->w + op->layer * 17, b = i / s->nkv, kvh = i % s->nkv, D = s->D, len = s->context_lens[b];
-    const int64_t Q = s->nh * D, QKV = Q + 2 * s->nkv * D, token_stride = s->nkv * D;
+    const int64_t *p = s->w + op->layer * 17, b = i / s->nkv, kvh = i % s->nkv, D = s->D;
+    const int64_t QKV = (s->nh + 2 * s->nkv) * D;
     const int group = (int)(s->nh / s->nkv);
     float q[8 * 128];
     for (int h = 0; h < group; h++)
         rotate_head(s->qkv + op->layer * s->T * QKV + b * QKV + (kvh * group + h) * D, s->cos_sin + s->positions[b] * D,
                     D, q + h * D);
-    int64_t *at = malloc(sizeof(int64_t) * len + sizeof(float) * group * (len + 16)); /* key offsets, then scores */
-    float *scores = (float *)(at + len);
-    for (int64_t j = 0, blk = 0; j < len; blk++)
-        for (int64_t u = 0; u < s->block_size && j < len; u++, j++)
-            at[j] = s->block_tables[b * s->W + blk] * s->block_size * token_stride + u * token_stride;
-    const float *kc = (const float *)p[15] + kvh * D, *vc = (const float *)p[16] + kvh * D;
-    float *out = op->out + b * Q + kvh * group * D;
-    if (D == 64)
-        attend_group(q, kc, vc, at, len, s->scale, group, scores, out, 4);
-    else
-        attend_group(q, kc, vc, at, len, s->scale, group, scores, out, 8);
-    free(at);
+    const paged_t c = {(const float *)p[15], (const float *)p[16], s->block_tables, s->context_lens, s->T, s->nh,
+                       s->nkv, D, s->block_size, s->W, s->scale};
+    attend_task(&c, i, q, op->out + i * group * D);
 }
 
 /* The step's keys (rotated) and values into the layer's cache. */
