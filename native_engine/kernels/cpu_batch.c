@@ -100,10 +100,10 @@ AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *
                    const int TT) {
     const int64_t G = K / 32;
     const __m512i mask = _mm512_set1_epi16(0x0F);
-    __m512 acc[TT];
+    __m512 acc[8]; /* TT <= 8: fixed sizes keep them in registers (a VLA lives on the stack) */
     for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m512i s[TT];
+        __m512i s[8];
         for (int t = 0; t < TT; t++) s[t] = _mm512_setzero_si512();
         const int16_t *xg = x16 + t0 * K + g * 32;
         if (is_q8) {
@@ -273,7 +273,7 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
         }
         prefetch_rows(next, j * next.len / len, (j + 16) * next.len / len + (j + 32 > len ? next.len : 0), DV);
         for (int h = 0; h < group; h++) {
-            __m512 qv[DV], part[16];
+            __m512 qv[8], part[16]; /* DV <= 8 */
             for (int i = 0; i < DV; i++) qv[i] = _mm512_loadu_ps(q + h * D + 16 * i);
             for (int u = 0; u < 16; u++) {
                 part[u] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k[u]));
@@ -310,14 +310,14 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
         const float inv = 1.0f / sum;
         for (j = 0; j < len; j++) sc[j] *= inv;
     }
-    __m512 acc[8][DV];
+    __m512 acc[8][8];
     for (int h = 0; h < group; h++)
         for (int i = 0; i < DV; i++) acc[h][i] = _mm512_setzero_ps();
     for (j = 0; j < len; j++) {
         const float *v = v_cache + at[j];
         if (j + 16 < len)
             for (int i = 0; i < DV; i++) _mm_prefetch((const char *)(v_cache + at[j + 16] + 16 * i), _MM_HINT_T0);
-        __m512 vv[DV];
+        __m512 vv[8];
         for (int i = 0; i < DV; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
         for (int h = 0; h < group; h++) {
             const __m512 p = _mm512_set1_ps(scores[h * len + j]);
