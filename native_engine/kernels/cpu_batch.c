@@ -259,6 +259,27 @@ AI void prefetch_rows(kv_rows_t r, int64_t from, int64_t to, const int DV) {
         }
 }
 
+/* out[h] = sum_j p[h][j] v_j for G (<= 4) heads, p [G, len] (row stride len); the accumulators in registers. */
+AI void weigh_values(const float *p, int64_t len, const float *v_cache, const int64_t *at, float *out, const int G,
+                     const int DV) {
+    __m512 acc[4][8];
+    for (int h = 0; h < G; h++)
+        for (int i = 0; i < DV; i++) acc[h][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; j++) {
+        const float *v = v_cache + at[j];
+        if (j + 16 < len)
+            for (int i = 0; i < DV; i++) _mm_prefetch((const char *)(v_cache + at[j + 16] + 16 * i), _MM_HINT_T0);
+        __m512 vv[8];
+        for (int i = 0; i < DV; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
+        for (int h = 0; h < G; h++) {
+            const __m512 w = _mm512_set1_ps(p[h * len + j]);
+            for (int i = 0; i < DV; i++) acc[h][i] = _mm512_fmadd_ps(w, vv[i], acc[h][i]);
+        }
+    }
+    for (int h = 0; h < G; h++)
+        for (int i = 0; i < DV; i++) _mm512_storeu_ps(out + h * DV * 16 + 16 * i, acc[h][i]);
+}
+
 AI void attend_group(const float *q, const float *k_cache, const float *v_cache, const int64_t *at, int64_t len,
                      float scale, int group, float *scores, float *out, kv_rows_t next, const int DV) {
     const int64_t D = DV * 16;
@@ -310,22 +331,17 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
         const float inv = 1.0f / sum;
         for (j = 0; j < len; j++) sc[j] *= inv;
     }
-    __m512 acc[8][8];
-    for (int h = 0; h < group; h++)
-        for (int i = 0; i < DV; i++) acc[h][i] = _mm512_setzero_ps();
-    for (j = 0; j < len; j++) {
-        const float *v = v_cache + at[j];
-        if (j + 16 < len)
-            for (int i = 0; i < DV; i++) _mm_prefetch((const char *)(v_cache + at[j + 16] + 16 * i), _MM_HINT_T0);
-        __m512 vv[8];
-        for (int i = 0; i < DV; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
-        for (int h = 0; h < group; h++) {
-            const __m512 p = _mm512_set1_ps(scores[h * len + j]);
-            for (int i = 0; i < DV; i++) acc[h][i] = _mm512_fmadd_ps(p, vv[i], acc[h][i]);
+    const int per = DV == 4 ? 4 : 2; /* heads a pass: their accumulators and a value row fit in registers */
+    for (int h = 0; h < group; h += per) {
+        const float *sc = scores + h * len;
+        float *o = out + h * D;
+        switch (group - h < per ? group - h : per) {
+        case 1: weigh_values(sc, len, v_cache, at, o, 1, DV); break;
+        case 2: weigh_values(sc, len, v_cache, at, o, 2, DV); break;
+        case 3: weigh_values(sc, len, v_cache, at, o, 3, DV); break;
+        default: weigh_values(sc, len, v_cache, at, o, 4, DV); break;
         }
     }
-    for (int h = 0; h < group; h++)
-        for (int i = 0; i < DV; i++) _mm512_storeu_ps(out + h * D + 16 * i, acc[h][i]);
 }
 
 typedef struct { /* the paged caches and the rows' tables */
