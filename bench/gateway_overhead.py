@@ -394,7 +394,9 @@ async def latency_c1(client, sides: list[Side], chunks: int, rounds: int, warmup
     if pairs:
         for m in MODES:
             out[m][direct.name] = [x for g in gateways for x in out[m][f"direct@{g.name}"]]
-    requests = {s.name: rounds * len(MODES) * (len(groups) if s is direct else 1) for s in sides}
+    blocks = -(-rounds // block_rounds) if pairs else 0  # each gateway's warm-up requests, one per block
+    requests = {s.name: rounds * len(MODES) * (len(groups) if s is direct else 1) + (0 if s is direct else blocks)
+                for s in sides}
     out["cpu_ms_per_request"] = {s.name: (cpu_seconds(s.pid) - cpu0[s.name]) * 1e3 / requests[s.name]
                                  for s in sides}
     out["after_answer_cpu_ms"] = {m: {name: statistics.median(xs) for name, xs in after[m].items()} for m in MODES}
