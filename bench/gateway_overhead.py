@@ -19,9 +19,14 @@ One async aiohttp client (uvloop when installed) drives every side with the same
 streaming (``stream_options.include_usage``); a request counts when the answer is complete (JSON
 with content, or an SSE stream up to ``[DONE]`` with every content chunk and a usage chunk).
 
-- concurrency 1: ``--rounds`` rounds, each sending one request per side and mode in an order rotated
-  every round, so the sides share the machine's noise; median latency per side, "added" = median
-  through a gateway - median direct, and the median of the per-round differences ("paired");
+- concurrency 1: each gateway is measured against ``direct`` in pairs: blocks of 10 rounds per gateway,
+  gateways taking turns, each round one request direct and one through the gateway per mode, in an
+  order alternated every round (``--rounds`` rounds per gateway in all; a block's first round is a
+  warm-up). "added" = median through the gateway - median direct of the same blocks, "paired" = the
+  median of the per-round differences. Pairs, not one rotation over every side: a server's work after
+  its answer (LiteLLM logs each call in the background, ~2 ms of CPU) lands on the next request, and
+  that should be its own or direct's, not another gateway's. ``--settle`` instead waits, before each
+  request, until every server has been idle for 2 ms and reports the CPU each ran after its answer;
 - concurrency 32: ``--tput-rounds`` rounds of ``--tput-seconds`` per side and mode, alternated;
   requests/s (median over rounds) and each server's CPU ms per request (from /proc/PID/stat).
 
@@ -313,21 +318,88 @@ async def request(client: aiohttp.ClientSession, side: Side, stream: bool, chunk
 # ---------------------------------------------------------------- the three measurements
 
 
-async def latency_c1(client, sides: list[Side], chunks: int, rounds: int, warmup: int) -> dict:
-    """{mode: {side: [seconds per round]}}; one request per side and mode per round, order rotated."""
+def run_ns(pids: list[int | None]) -> int:
+    """Nanoseconds the processes' threads have run (/proc/PID/task/*/schedstat), summed."""
+    total = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except (OSError, TypeError):
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
+
+
+async def settle(pids: list[int | None], window_s: float = 0.002, quiet_ns: int = 50_000,
+                 limit_s: float = 0.05) -> int:
+    """Wait until the servers ran < ``quiet_ns`` within one ``window_s`` (at most ``limit_s``);
+    returns the nanoseconds they ran meanwhile (their work after the last answer)."""
+    start = last = run_ns(pids)
+    deadline = time.perf_counter() + limit_s
+    while time.perf_counter() < deadline:
+        await asyncio.sleep(window_s)
+        now = run_ns(pids)
+        if now - last < quiet_ns:
+            return now - start
+        last = now
+    return last - start
+
+
+BLOCK_ROUNDS = 10  # c=1 rounds per gateway before the next gateway's turn
+
+
+async def _timed(client, side: Side, mode: str, chunks: int, pids: list | None, after: dict) -> float:
+    latency = await request(client, side, mode == "stream", chunks)
+    if pids is not None:
+        after[mode].setdefault(side.name, []).append(await settle(pids) / 1e6)
+    return latency
+
+
+async def latency_c1(client, sides: list[Side], chunks: int, rounds: int, warmup: int,
+                     settled: bool = False, pairs: bool = True) -> dict:
+    """{mode: {side: [seconds]}, "direct@G": ...}. ``pairs``: per gateway G, ``rounds`` rounds of (direct, G)
+    per mode in blocks of :data:`BLOCK_ROUNDS`, gateways taking turns, ``direct@G`` holding direct's
+    latencies of G's rounds; else every round has one request per side and mode, order rotated.
+    ``settled``: each request also waits for the servers to go idle first (see :func:`settle`)."""
+    direct, gateways = sides[0], sides[1:]
     for _ in range(warmup):
         for side in sides:
             for mode in MODES:
                 await request(client, side, mode == "stream", chunks)
-    pairs = [(s, m) for m in MODES for s in sides]
+    pids = [s.pid for s in sides] if settled else None
+    groups = [[direct, g] for g in gateways] if pairs else [sides]
+    block_rounds = BLOCK_ROUNDS if pairs else rounds
     out: dict = {m: {s.name: [] for s in sides} for m in MODES}
+    after: dict = {m: {} for m in MODES}
     cpu0 = {s.name: cpu_seconds(s.pid) for s in sides}
-    for i in range(rounds):
-        k = i % len(pairs)
-        for side, mode in pairs[k:] + pairs[:k]:
-            out[mode][side.name].append(await request(client, side, mode == "stream", chunks))
-    out["cpu_ms_per_request"] = {s.name: (cpu_seconds(s.pid) - cpu0[s.name]) * 1e3 / (rounds * len(MODES))
+    done = 0
+    while done < rounds:
+        block = min(block_rounds, rounds - done)
+        for group in groups:
+            label = f"direct@{group[1].name}" if pairs else direct.name
+            if pairs:  # the block's warm-up: the previous gateway's after-answer work lands here
+                await request(client, group[1], False, chunks)
+            for i in range(block):
+                order = [(side, mode) for mode in MODES for side in group]
+                k = (done + i) % len(order)
+                for side, mode in order[k:] + order[:k]:
+                    latency = await _timed(client, side, mode, chunks, pids, after)
+                    out[mode].setdefault(label if side is direct else side.name, []).append(latency)
+        done += block
+    if pairs:
+        for m in MODES:
+            out[m][direct.name] = [x for g in gateways for x in out[m][f"direct@{g.name}"]]
+    blocks = -(-rounds // block_rounds) if pairs else 0  # each gateway's warm-up requests, one per block
+    requests = {s.name: rounds * len(MODES) * (len(groups) if s is direct else 1) + (0 if s is direct else blocks)
+                for s in sides}
+    out["cpu_ms_per_request"] = {s.name: (cpu_seconds(s.pid) - cpu0[s.name]) * 1e3 / requests[s.name]
                                  for s in sides}
+    out["after_answer_cpu_ms"] = {m: {name: statistics.median(xs) for name, xs in after[m].items()} for m in MODES}
     return out
 
 
@@ -379,9 +451,12 @@ def summarize(lat: dict, tput: dict, sides: list[Side]) -> dict:
             xs = lat[mode][name]
             row[name] = {"p50_ms": statistics.median(xs) * 1e3, "c1_cpu_ms_per_request": lat["cpu_ms_per_request"][name],
                          "p90_ms": statistics.quantiles(xs, n=10)[8] * 1e3, "n": len(xs)}
+            if name in lat["after_answer_cpu_ms"][mode]:
+                row[name]["after_answer_cpu_ms"] = lat["after_answer_cpu_ms"][mode][name]
             if name != "direct":
-                row[name]["added_ms"] = row[name]["p50_ms"] - statistics.median(direct) * 1e3
-                row[name]["added_paired_ms"] = statistics.median(a - b for a, b in zip(xs, direct)) * 1e3
+                own = lat[mode][f"direct@{name}"]  # direct's latencies in this gateway's rounds
+                row[name]["added_ms"] = row[name]["p50_ms"] - statistics.median(own) * 1e3
+                row[name]["added_paired_ms"] = statistics.median(a - b for a, b in zip(xs, own)) * 1e3
             rounds = tput[mode][name]
             row[name]["rps"] = statistics.median(r["rps"] for r in rounds)
             row[name]["rps_rounds"] = [round(r["rps"], 1) for r in rounds]
@@ -397,7 +472,8 @@ def summarize(lat: dict, tput: dict, sides: list[Side]) -> dict:
 
 
 def print_table(summary: dict, names: list[str], args) -> None:
-    print(f"\n{args.chunks} content chunks per answer; c=1: median over {args.rounds} rounds (sides alternated); "
+    print(f"\n{args.chunks} content chunks per answer; c=1: median over {args.rounds} rounds per gateway, each "
+          f"paired with direct (alternated); "
           f"c={args.concurrency}: median of {args.tput_rounds} rounds x {args.tput_seconds:g} s")
     head = f"  {'mode':10s} {'side':8s} {'c=1 p50 ms':>11s} {'p90 ms':>8s} {'added ms':>9s} {'paired':>8s} " \
            f"{'c=' + str(args.concurrency) + ' req/s':>11s} {'cpu ms/req':>10s} {'errors':>6s}"
@@ -411,6 +487,11 @@ def print_table(summary: dict, names: list[str], args) -> None:
                   f"{r['errors']:6d}")
     c1 = summary[MODES[0]]["c1_cpu_ms_per_request"]
     print("  server CPU ms per request at c=1 (both modes): " + ", ".join(f"{k} {v:.2f}" for k, v in c1.items()))
+    for mode in MODES:
+        after = {name: summary[mode][name].get("after_answer_cpu_ms") for name in names}
+        if any(v is not None for v in after.values()):
+            print(f"  {mode}: servers' CPU ms after the answer, waited out before the next request (median): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in after.items() if v is not None))
     print("\n  goals:")
     for mode in MODES:
         row = summary[mode]
@@ -442,7 +523,7 @@ async def overhead_run(args, sides: list[Side]) -> dict:
     noise.start()
     async with make_client(args.concurrency + 8) as client:
         print(f"c=1: {args.rounds} rounds x {len(sides)} sides x 2 modes ...", flush=True)
-        lat = await latency_c1(client, sides, args.chunks, args.rounds, args.warmup)
+        lat = await latency_c1(client, sides, args.chunks, args.rounds, args.warmup, args.settle)
         print(f"c={args.concurrency}: {args.tput_rounds} rounds x {len(sides)} sides x 2 modes x "
               f"{args.tput_seconds:g} s ...", flush=True)
         tput = await throughput_rounds(client, sides, args.chunks, args.concurrency, args.tput_seconds,
@@ -489,7 +570,7 @@ async def cost_run(args, sides: list[Side]) -> dict:
     noise.start()
     async with make_client(8) as client:
         print(f"cost path, c=1: {args.rounds} rounds x {len(sides)} sides x 2 modes ...", flush=True)
-        lat = await latency_c1(client, sides, args.chunks, args.rounds, args.warmup)
+        lat = await latency_c1(client, sides, args.chunks, args.rounds, args.warmup, args.settle, pairs=False)
     summary: dict = {}
     for mode in MODES:
         base = lat[mode]["infer"]
@@ -572,6 +653,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tput-seconds", type=float, default=3.0)
     parser.add_argument("--tput-rounds", type=int, default=3)
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
+    parser.add_argument("--settle", action="store_true", help="c=1: before each request wait for every server "
+                        "to go idle, and report the CPU each ran after its answer")
     parser.add_argument("--no-minimal", action="store_true", help="skip the bare uvicorn + aiohttp reference proxy")
     parser.add_argument("--soak", action="store_true", help="run the soak test instead")
     parser.add_argument("--cost", action="store_true", help="the cost path instead (issue 15): infer unpriced vs "

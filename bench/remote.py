@@ -178,9 +178,12 @@ def stream(client: httpx.Client, base_url: str, model: str, prompt: str, max_tok
 
 
 def summarize(rows: list[dict]) -> dict:
+    """Medians; TPOT over the requests with more than one output token only (vLLM's rule: it is undefined
+    for one token, and a random-weight model can stop at its first)."""
     itl = sorted(x for r in rows for x in r["itl"])
+    tpots = [r["tpot"] for r in rows if r["output_len"] > 1]
     return {"ttft_ms": statistics.median(r["ttft"] for r in rows) * 1e3,
-            "tpot_ms": statistics.median(r["tpot"] for r in rows) * 1e3,
+            "tpot_ms": statistics.median(tpots) * 1e3 if tpots else float("nan"),
             "e2el_ms": statistics.median(r["e2el"] for r in rows) * 1e3,
             "itl_median_ms": statistics.median(itl) * 1e3 if itl else float("nan"),
             "itl_p90_ms": statistics.quantiles(itl, n=10, method="inclusive")[8] * 1e3 if len(itl) > 1 else float("nan"),

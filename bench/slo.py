@@ -397,6 +397,37 @@ def goals(runs: list[dict]) -> list[dict]:
     return out
 
 
+def system_goodput(runs: list[dict], side: str, target: float) -> tuple[str, float] | None:
+    """DistServe's goodput of one side: the largest arrival rate whose attainment is >= ``target``, linear
+    between the measured loads. ("=", rate), ("<", lowest rate) when even the lowest load misses, (">=",
+    highest rate) when the highest meets; None without runs. Coarse: only as fine as ``--loads``."""
+    points = sorted((r["rate_rps"], r["attainment"]) for r in runs if r["side"] == side)
+    if not points:
+        return None
+    if points[0][1] < target:
+        return "<", points[0][0]
+    for (rate, att), (next_rate, next_att) in zip(points, points[1:]):
+        if next_att < target:
+            return "=", rate + (next_rate - rate) * (att - target) / (att - next_att)
+    return ">=", points[-1][0]
+
+
+def print_system_goodput(runs: list[dict]) -> None:
+    sides = sorted({r["side"] for r in runs}, key=lambda name: (name != "slo", name))
+    if len({r["load"] for r in runs}) < 2:
+        return
+    print("\n  system goodput (DistServe: the largest arrival rate with attainment >= the target, linear between "
+          "the loads run; not a goal of the issue, which compares good req/s at 0.9x):")
+    for target in (0.9, SLO["target"]):
+        cells = []
+        for side in sides:
+            found = system_goodput(runs, side, target)
+            if found:
+                bound, rate = found
+                cells.append(f"{side} {'' if bound == '=' else bound + ' '}{rate:.2f}")
+        print(f"    attainment >= {target:g}: " + ", ".join(cells) + " req/s")
+
+
 def print_report(runs: list[dict], cap: dict, args) -> None:
     print(f"\nfleet capacity at the TPOT SLO: {cap['rps']:.2f} req/s ("
           + ", ".join(f"{n} {b['rps']:.2f} at batch {b['batch']}" for n, b in cap["backends"].items())
@@ -414,6 +445,7 @@ def print_report(runs: list[dict], cap: dict, args) -> None:
     print("\n  goals:")
     for g in goals(runs):
         print(f"    {g['goal']}: {g['value']:.3f} -> {'met' if g['met'] else 'MISSED'}")
+    print_system_goodput(runs)
 
 
 def parse_args() -> argparse.Namespace:
@@ -428,6 +460,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="20 s runs, 15 s grace, 8 s warm-up")
     parser.add_argument("--wait-idle", type=float, default=60, help="wait up to this many s for a quiet machine")
     parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--report", type=Path, metavar="JSON", help="print the report of an earlier run's --json "
+                        "file (its fleet and loads) instead of running")
     args = parser.parse_args()
     args.loads = [float(x) for x in args.loads.split(",")]
     args.sides = [s for s in args.sides.split(",") if s and not (s == "litellm" and args.no_litellm)]
@@ -439,8 +473,18 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def reprint(path: Path, args) -> None:
+    saved = json.loads(path.read_text())
+    for key in ("seconds", "seed"):
+        setattr(args, key, saved["config"].get(key, getattr(args, key)))
+    print(f"{path} (loadavg at its start {' '.join(saved.get('loadavg_at_start', []))})")
+    print_report(saved["runs"], saved["capacity"], args)
+
+
 def main() -> None:
     args = parse_args()
+    if args.report:
+        return reprint(args.report, args)
     cap = fleet_capacity()
     print(f"fleet capacity {cap['rps']:.2f} req/s at TPOT <= {SLO['tpot_ms']} ms: "
           + json.dumps({n: {k: round(v, 2) for k, v in b.items() if v is not None} for n, b in cap["backends"].items()}))

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from routing.dispatch import Dispatcher, Waiter  # noqa: E402
 from routing.slo import SLO as RouteSLO  # noqa: E402
 from routing.strategies import Member, Orderer  # noqa: E402
-from slo import FLEET, SLO, Call, fleet_capacity, workload  # noqa: E402
+from slo import FLEET, SLO, Call, fleet_capacity, print_system_goodput, workload  # noqa: E402
 from tests.remote.servers.queueing import QueueModel  # noqa: E402
 
 
@@ -286,11 +286,15 @@ def main() -> None:
           f"{'goodput':>7s} {'pred.err':>8s}  missed ttft/tpot/e2e  served")
     loads = [float(x) for x in args.loads.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
+    medians = []  # per policy and load: the median attainment over the seeds, for the system goodput
+    capacity = fleet_capacity()["rps"]
     for policy in args.policies.split(","):
         table = [simulate(policy, loads, args.seconds, seed, policy == "slo", args.warmup, args.fresh, args.debug)
                  for seed in seeds]
         for index, load in enumerate(loads):
             rows = [per_seed[index] for per_seed in table]
+            medians.append({"side": policy, "load": load, "rate_rps": load * capacity,
+                            "attainment": statistics.median(r["attainment"] for r in rows)})
             for row in rows:
                 err = f"{row['pred_err']:8.1%}" if row["pred_err"] is not None else f"{'-':>8s}"
                 print(f"{load:4.1f} {policy:15s} {row['requests']:5d} {row['good']:5d} {row['shed']:4d} "
@@ -301,6 +305,7 @@ def main() -> None:
                 print(f"{load:4.1f} {policy:15s} median attainment {statistics.median(r['attainment'] for r in rows):.3f} "
                       f"admitted {statistics.median(r['admitted'] for r in rows):.3f} "
                       f"goodput {statistics.median(r['goodput'] for r in rows):.3f}")
+    print_system_goodput(medians)  # from the median attainment over the seeds at each load
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -95,7 +96,9 @@ def test_batch_limit_and_fifo_order():
     assert records[2].admitted >= records[0].finished and records[3].admitted >= records[1].finished
     service = 9 * model.tpot(2)  # the 1st token comes with the prefill, nine decode steps follow
     assert near(results[2]["ttft"], service - 0.06, abs_s=0.03), results[2]["ttft"]  # waited for the 1st to finish
-    assert all(near(r["tpot"], model.tpot(2), abs_s=0.004) for r in results), [r["tpot"] for r in results]
+    # the step time each stream saw: the median gap, so one scheduler stall of a busy test machine is not a step
+    steps = [statistics.median(b - a for a, b in zip(r["times"], r["times"][1:])) for r in results]
+    assert all(near(step, model.tpot(2), abs_s=0.004) for step in steps), steps
 
 
 def test_a_prefill_blocks_the_running_decode():
