@@ -1,5 +1,6 @@
 """Prefill attention (`layers/attention.prefill_attention`): right against a float64 reference with grouped
-KV heads, with and without a cached prefix, and on CPU through PyTorch's flash kernel, not its math kernel."""
+KV heads, with and without a cached prefix, and on CPU in float32 through PyTorch's flash kernel, not its math
+kernel (bf16 keeps the math kernel: test_batching checks it stays batch-invariant)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ def reference(q, k, v, num_cached, scale):  # q [n, nh, D]; k, v [num_cached + n
 
 @pytest.mark.parametrize("num_cached", [0, 37])
 @pytest.mark.parametrize("heads", [(9, 3), (4, 4)])
-def test_prefill_attention_matches_reference(num_cached, heads):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_attention_matches_reference(num_cached, heads, dtype):
     gen = torch.Generator().manual_seed(0)
     n, (nh, nkv), d = 45, heads, 64
-    q = torch.randn(n, nh, d, generator=gen)
-    k, v = (torch.randn(num_cached + n, nkv, d, generator=gen) for _ in range(2))
+    q = torch.randn(n, nh, d, generator=gen).to(dtype)
+    k, v = (torch.randn(num_cached + n, nkv, d, generator=gen).to(dtype) for _ in range(2))
     out = prefill_attention(q, k, v, num_cached, d**-0.5)
-    assert out.shape == (n, nh, d)
-    torch.testing.assert_close(out.double(), reference(q, k, v, num_cached, d**-0.5), rtol=0, atol=2e-6)
+    assert out.shape == (n, nh, d) and out.dtype == dtype
+    atol = 2e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), reference(q, k, v, num_cached, d**-0.5), rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("num_cached", [0, 16])
