@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -66,23 +67,25 @@ void tile_blocks(const uint8_t *qs, const float *d, const float *m, int64_t N, i
 
 int tiled_available(void) { return 1; }
 
+/* Group r (32 values at x + 32 r) -> x16, sx[r], xsum[r]. */
+AI void quantize_group16(const float *x, int64_t r, int16_t *x16, float *sx, float *xsum) {
+    const float *xg = x + r * 32;
+    __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+    __m512 vi = _mm512_set1_ps(inv);
+    __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, vi));
+    _mm256_storeu_si256((__m256i *)(x16 + r * 32), _mm512_cvtsepi32_epi16(qa));
+    _mm256_storeu_si256((__m256i *)(x16 + r * 32 + 16), _mm512_cvtsepi32_epi16(qb));
+    sx[r] = amax / 32767.0f;
+    xsum[r] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+}
+
 /* x [T, K] -> x16 [T, K] int16, sx and xsum [T, K / 32] (scale and float sum of each group). */
 static void quantize_rows16(const float *x, int64_t T, int64_t K, int16_t *x16, float *sx, float *xsum,
                             int num_threads) {
-    const int64_t G = K / 32;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (T * K >= 65536)
-    for (int64_t r = 0; r < T * G; r++) {
-        const float *xg = x + r * 32;
-        __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        __m512 vi = _mm512_set1_ps(inv);
-        __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, vi));
-        _mm256_storeu_si256((__m256i *)(x16 + r * 32), _mm512_cvtsepi32_epi16(qa));
-        _mm256_storeu_si256((__m256i *)(x16 + r * 32 + 16), _mm512_cvtsepi32_epi16(qb));
-        sx[r] = amax / 32767.0f;
-        xsum[r] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
-    }
+    for (int64_t r = 0; r < T * (K / 32); r++) quantize_group16(x, r, x16, sx, xsum);
 }
 
 AI __m512i pair(const int16_t *p) {
@@ -97,10 +100,10 @@ AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *
                    const int TT) {
     const int64_t G = K / 32;
     const __m512i mask = _mm512_set1_epi16(0x0F);
-    __m512 acc[TT];
+    __m512 acc[8]; /* TT <= 8: fixed sizes keep them in registers (a VLA lives on the stack) */
     for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m512i s[TT];
+        __m512i s[8];
         for (int t = 0; t < TT; t++) s[t] = _mm512_setzero_si512();
         const int16_t *xg = x16 + t0 * K + g * 32;
         if (is_q8) {
@@ -155,7 +158,9 @@ static void tiled_matmul_q(int is_q8, const int16_t *x16, const float *sx, const
                            const uint8_t *qt, const float *dt, const float *mt, int64_t N, float *out,
                            int num_threads) {
     const int64_t tiles = N / TILE, blocks = (T + ROW_BLOCK - 1) / ROW_BLOCK, G = K / 32;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
+    /* in 8 pieces per thread, taken dynamically: a descheduled thread holds up one piece, not half the work */
+    const int64_t piece = blocks * tiles / (8 * num_threads) > 1 ? blocks * tiles / (8 * num_threads) : 1;
+#pragma omp parallel for collapse(2) schedule(dynamic, piece) num_threads(num_threads)
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t n16 = 0; n16 < tiles; n16++) {
             const int64_t t0 = b * ROW_BLOCK, rows = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
@@ -236,18 +241,60 @@ AI __m512 sum16(const __m512 *p) {
 }
 
 /* One sequence's query heads of one KV head (`group` of them, <= 8) over its paged cache: all scores first,
- * then a plain softmax and the weighted sum of values; each key and value row is read once for the group. */
-AI void attend_group(const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int64_t len,
-                     float scale, int group, int64_t token_stride, int64_t block_size, int64_t block_stride,
-                     float *scores, float *out, const int DV) {
+ * then a plain softmax and the weighted sum of values; each key and value row is read once for the group.
+ * `at[j]`: key j's offset in the caches. The rows are requested towards L2 up front (the reads are bound by
+ * memory latency: one task's rows, ~150 KB at 300 keys, are far from each other's blocks), the next keys to L1. */
+typedef struct { /* the key and value rows of one task: row j at k + at[j], v + at[j] */
+    const float *k, *v;
+    const int64_t *at;
+    int64_t len;
+} kv_rows_t;
+
+/* Prefetch rows [from, to) of `r` towards L2. */
+AI void prefetch_rows(kv_rows_t r, int64_t from, int64_t to, const int DV) {
+    for (int64_t u = from; u < to && u < r.len; u++)
+        for (int i = 0; i < DV; i++) {
+            _mm_prefetch((const char *)(r.k + r.at[u] + 16 * i), _MM_HINT_T1);
+            _mm_prefetch((const char *)(r.v + r.at[u] + 16 * i), _MM_HINT_T1);
+        }
+}
+
+/* out[h] = sum_j p[h][j] v_j for G (<= 4) heads, p [G, len] (row stride len); the accumulators in registers. */
+AI void weigh_values(const float *p, int64_t len, const float *v_cache, const int64_t *at, float *out, const int G,
+                     const int DV) {
+    __m512 acc[4][8];
+    for (int h = 0; h < G; h++)
+        for (int i = 0; i < DV; i++) acc[h][i] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; j++) {
+        const float *v = v_cache + at[j];
+        if (j + 16 < len)
+            for (int i = 0; i < DV; i++) _mm_prefetch((const char *)(v_cache + at[j + 16] + 16 * i), _MM_HINT_T0);
+        __m512 vv[8];
+        for (int i = 0; i < DV; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
+        for (int h = 0; h < G; h++) {
+            const __m512 w = _mm512_set1_ps(p[h * len + j]);
+            for (int i = 0; i < DV; i++) acc[h][i] = _mm512_fmadd_ps(w, vv[i], acc[h][i]);
+        }
+    }
+    for (int h = 0; h < G; h++)
+        for (int i = 0; i < DV; i++) _mm512_storeu_ps(out + h * DV * 16 + 16 * i, acc[h][i]);
+}
+
+AI void attend_group(const float *q, const float *k_cache, const float *v_cache, const int64_t *at, int64_t len,
+                     float scale, int group, float *scores, float *out, kv_rows_t next, const int DV) {
     const int64_t D = DV * 16;
     int64_t j = 0;
+    prefetch_rows((kv_rows_t){k_cache, v_cache, at, len}, 0, 32, DV); /* the rest came with the previous task */
     for (; j + 16 <= len; j += 16) {
         const float *k[16];
-        for (int u = 0; u < 16; u++)
-            k[u] = k_cache + table[(j + u) / block_size] * block_stride + ((j + u) % block_size) * token_stride;
+        for (int u = 0; u < 16; u++) {
+            k[u] = k_cache + at[j + u];
+            if (j + 32 + u < len) /* two iterations ahead */
+                for (int i = 0; i < DV; i++) _mm_prefetch((const char *)(k_cache + at[j + 32 + u] + 16 * i), _MM_HINT_T0);
+        }
+        prefetch_rows(next, j * next.len / len, (j + 16) * next.len / len + (j + 32 > len ? next.len : 0), DV);
         for (int h = 0; h < group; h++) {
-            __m512 qv[DV], part[16];
+            __m512 qv[8], part[16]; /* DV <= 8 */
             for (int i = 0; i < DV; i++) qv[i] = _mm512_loadu_ps(q + h * D + 16 * i);
             for (int u = 0; u < 16; u++) {
                 part[u] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k[u]));
@@ -256,8 +303,9 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
             _mm512_storeu_ps(scores + h * len + j, _mm512_mul_ps(sum16(part), _mm512_set1_ps(scale)));
         }
     }
+    if (len < 32) prefetch_rows(next, 0, next.len, DV);
     for (; j < len; j++) {
-        const float *k = k_cache + table[j / block_size] * block_stride + (j % block_size) * token_stride;
+        const float *k = k_cache + at[j];
         for (int h = 0; h < group; h++) {
             __m512 s = _mm512_mul_ps(_mm512_loadu_ps(k), _mm512_loadu_ps(q + h * D));
             for (int i = 1; i < DV; i++) s = _mm512_fmadd_ps(_mm512_loadu_ps(k + 16 * i), _mm512_loadu_ps(q + h * D + 16 * i), s);
@@ -283,20 +331,50 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
         const float inv = 1.0f / sum;
         for (j = 0; j < len; j++) sc[j] *= inv;
     }
-    __m512 acc[8][DV];
-    for (int h = 0; h < group; h++)
-        for (int i = 0; i < DV; i++) acc[h][i] = _mm512_setzero_ps();
-    for (j = 0; j < len; j++) {
-        const float *v = v_cache + table[j / block_size] * block_stride + (j % block_size) * token_stride;
-        __m512 vv[DV];
-        for (int i = 0; i < DV; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
-        for (int h = 0; h < group; h++) {
-            const __m512 p = _mm512_set1_ps(scores[h * len + j]);
-            for (int i = 0; i < DV; i++) acc[h][i] = _mm512_fmadd_ps(p, vv[i], acc[h][i]);
+    const int per = DV == 4 ? 4 : 2; /* heads a pass: their accumulators and a value row fit in registers */
+    for (int h = 0; h < group; h += per) {
+        const float *sc = scores + h * len;
+        float *o = out + h * D;
+        switch (group - h < per ? group - h : per) {
+        case 1: weigh_values(sc, len, v_cache, at, o, 1, DV); break;
+        case 2: weigh_values(sc, len, v_cache, at, o, 2, DV); break;
+        case 3: weigh_values(sc, len, v_cache, at, o, 3, DV); break;
+        default: weigh_values(sc, len, v_cache, at, o, 4, DV); break;
         }
     }
-    for (int h = 0; h < group; h++)
-        for (int i = 0; i < DV; i++) _mm512_storeu_ps(out + h * D + 16 * i, acc[h][i]);
+}
+
+typedef struct { /* the paged caches and the rows' tables */
+    const float *k_cache, *v_cache;
+    const int32_t *block_tables, *context_lens;
+    int64_t B, nh, nkv, D, block_size, W;
+    float scale;
+} paged_t;
+
+/* Task t's rows (t = b * nkv + kvh; len 0 past the last task) with their offsets written to `at`. */
+static kv_rows_t task_rows(const paged_t *c, int64_t t, int64_t *at) {
+    if (t >= c->B * c->nkv) return (kv_rows_t){c->k_cache, c->v_cache, at, 0};
+    const int64_t b = t / c->nkv, kvh = t % c->nkv, len = c->context_lens[b], token_stride = c->nkv * c->D;
+    for (int64_t j = 0, blk = 0; j < len; blk++)
+        for (int64_t u = 0; u < c->block_size && j < len; u++, j++)
+            at[j] = (c->block_tables[b * c->W + blk] * c->block_size + u) * token_stride;
+    return (kv_rows_t){c->k_cache + kvh * c->D, c->v_cache + kvh * c->D, at, len};
+}
+
+/* Task t: the `group` query heads at q ([group, D], rotated) of row t / nkv over KV head t % nkv into out; the
+ * rows of task t + 1 (most often the same thread's next) are requested towards L2 meanwhile. */
+static void attend_task(const paged_t *c, int64_t t, const float *q, float *out) {
+    const int group = (int)(c->nh / c->nkv);
+    const int64_t len = c->context_lens[t / c->nkv], next_len = t + 1 < c->B * c->nkv ? c->context_lens[(t + 1) / c->nkv] : 0;
+    int64_t *at = malloc(sizeof(int64_t) * (len + next_len) + sizeof(float) * group * (len + 16));
+    if (at == NULL) abort();
+    const kv_rows_t rows = task_rows(c, t, at), next = task_rows(c, t + 1, at + len);
+    float *scores = (float *)(at + len + next_len);
+    if (c->D == 64)
+        attend_group(q, rows.k, rows.v, rows.at, len, c->scale, group, scores, out, next, 4);
+    else
+        attend_group(q, rows.k, rows.v, rows.at, len, c->scale, group, scores, out, next, 8);
+    free(at);
 }
 
 /* Decode attention for B one-token rows: q rows at q + b * q_stride ([nh, D]); out [B, nh * D].
@@ -305,24 +383,10 @@ static void attention_batch(const float *q, int64_t q_stride, const float *k_cac
                             const int32_t *block_tables, const int32_t *context_lens, float scale, int64_t B,
                             int64_t nh, int64_t nkv, int64_t D, int64_t block_size, int64_t W, float *out,
                             int num_threads) {
-    const int group = (int)(nh / nkv);
-    const int64_t token_stride = nkv * D, block_stride = block_size * token_stride;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t kvh = 0; kvh < nkv; kvh++) {
-            const int64_t len = context_lens[b];
-            float *scores = malloc(sizeof(float) * group * (len + 16));
-            const float *qh = q + b * q_stride + kvh * group * D;
-            float *oh = out + b * nh * D + kvh * group * D;
-            const float *kc = k_cache + kvh * D, *vc = v_cache + kvh * D;
-            if (D == 64)
-                attend_group(qh, kc, vc, block_tables + b * W, len, scale, group, token_stride, block_size,
-                             block_stride, scores, oh, 4);
-            else
-                attend_group(qh, kc, vc, block_tables + b * W, len, scale, group, token_stride, block_size,
-                             block_stride, scores, oh, 8);
-            free(scores);
-        }
+    const paged_t c = {k_cache, v_cache, block_tables, context_lens, B, nh, nkv, D, block_size, W, scale};
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t t = 0; t < B * nkv; t++)
+        attend_task(&c, t, q + (t / nkv) * q_stride + (t % nkv) * (nh / nkv) * D, out + t * (nh / nkv) * D);
 }
 
 int attention_batch_serves(int64_t nh, int64_t nkv, int64_t D) {
@@ -339,62 +403,200 @@ void paged_attention_batch(const float *q, const float *k_cache, const float *v_
 
 void add_rms_norm(const float *x, const float *residual, const float *weight, float eps, int64_t T, int64_t H,
                   float *out, float *residual_out);
-void rotary_neox(float *x, int64_t T, int64_t row_stride, int64_t heads, int64_t D, const int64_t *positions,
-                 const float *cos_sin);
-void cache_write(const float *key, const float *value, int64_t T, int64_t key_stride, int64_t value_stride,
-                 int64_t width, const int64_t *slots, float *k_cache, float *v_cache);
-void silu_and_mul(const float *x, int64_t T, int64_t I, float *out);
 
-/* The same decoder stack as llama_decode (cpu_kernels.c), for batches of 4+ one-token rows: the 17 pointers
- * per layer are those of llama_decode with each linear's (qs, d, m) replaced by its tiled (qt, dt, mt). */
+/* ---- llama_decode_batch: one OpenMP parallel region per decode step -------------------------------------------
+ * The scheme of llama_decode_rows (cpu_decode.c, `step_run_op`): each op (a layer's qkv, attention, o, gate_up
+ * and down) is cut into chunks split evenly over the threads; a thread done with its share takes over the
+ * unfinished chunks of a thread that is late (not yet in the op, or descheduled in it), so no op ends in a barrier.
+ * The serial pieces (residual add + RMSNorm, int16 rounding of a matmul's input, rotary and the cache write of the
+ * step's keys and values) are done by every thread for itself (the same bytes), and each op writes a buffer of its
+ * own layer. Chunks: a matmul's tile of 16 output rows for every activation row (gate_up: a gate tile with its up
+ * tile, silu * up fused); the attention's (row, KV head) pairs. */
+
+typedef void (*chunk_fn)(const void *op, int64_t i);
+void step_run_op(int64_t k, int32_t *flags, int32_t gen, int64_t chunks, chunk_fn fn, const void *op, int tid, int nt,
+                 int64_t *progress);
+void *step_scratch(size_t bytes, void **buf, size_t *cap);
+
+#define BATCH_MAX_CHUNKS 1024 /* per op: N / 16 tiles, T * nkv attention pairs (cpu_decode.py checks) */
+
+typedef struct { /* what every thread reads */
+    int64_t L, T, H, nh, nkv, D, I, W, block_size;
+    float eps, scale;
+    const int64_t *positions, *slots, *w;
+    const int32_t *block_tables, *context_lens;
+    const float *cos_sin;
+    float *qkv, *attn, *o, *gu, *act, *down; /* per layer: [T, QKV], [T, Q], [T, H], [T, 2I], [T, I], [T, H] */
+    int32_t *flags, gen;
+    int nt;
+    int64_t *progress;
+} batch_step_t;
+
+typedef struct { /* one op as a thread sees it: the int16 input rows are the thread's own */
+    const batch_step_t *s;
+    const int16_t *x16;
+    const float *sx, *xsum, *bias;
+    const int64_t *p; /* the linear's tiled (qt, dt, mt) */
+    int64_t K, N;
+    float *out;
+    int64_t layer;
+} batch_op_t;
+
+/* out [T, N] (+ bias) for the 16 output rows of tile n16, every activation row. */
+static void tile_rows(const batch_op_t *op, int64_t n16, float *out, int64_t N) {
+    const int64_t T = op->s->T, G = op->K / 32;
+    for (int64_t t0 = 0; t0 < T; t0 += ROW_BLOCK) {
+        const int64_t rows = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
+        tiled_tile(0, op->x16 + t0 * op->K, op->sx + t0 * G, op->xsum + t0 * G, rows, op->K, (const uint8_t *)op->p[0],
+                   (const float *)op->p[1], (const float *)op->p[2], n16, N, out + t0 * N);
+    }
+}
+
+static void matmul_tile_chunk(const void *arg, int64_t i) {
+    const batch_op_t *op = arg;
+    tile_rows(op, i, op->out, op->N);
+    if (op->bias)
+        for (int64_t t = 0; t < op->s->T; t++)
+            for (int64_t n = i * TILE; n < (i + 1) * TILE; n++) op->out[t * op->N + n] += op->bias[n];
+}
+
+/* gate_up tiles i (gate) and I / 16 + i (up) into gu [T, 2I], then act [T, I] columns 16 i .. 16 i + 15. */
+static void gate_up_tile_chunk(const void *arg, int64_t i) {
+    const batch_op_t *op = arg;
+    const int64_t I = op->N / 2, T = op->s->T;
+    tile_rows(op, i, op->out, op->N);
+    tile_rows(op, I / TILE + i, op->out, op->N);
+    float *act = op->s->act + op->layer * T * I;
+    for (int64_t t = 0; t < T; t++) {
+        const __m512 a = _mm512_loadu_ps(op->out + t * op->N + i * TILE), b = _mm512_loadu_ps(op->out + t * op->N + I + i * TILE);
+        const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(a)));
+        const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        const __m512 sig = _mm512_mask_mul_ps(inv, _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ), inv, e);
+        _mm512_storeu_ps(act + t * I + i * TILE, _mm512_mul_ps(_mm512_mul_ps(a, sig), b));
+    }
+}
+
+AI void rotate_head(const float *x, const float *cs, int64_t D, float *out) { /* NEOX rotary of one head */
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i++) {
+        out[i] = x[i] * cs[i] - x[half + i] * cs[half + i];
+        out[half + i] = x[half + i] * cs[i] + x[i] * cs[half + i];
+    }
+}
+
+/* Attention pair i = (row b, KV head kvh): the group's queries rotated here, keys and values from the cache
+ * (the step's own already written by every thread before the op). */
+static void attention_pair_chunk(const void *arg, int64_t i) {
+    const batch_op_t *op = arg;
+    const batch_step_t *s = op->s;
+    const int64_t *p = s->w + op->layer * 17, b = i / s->nkv, kvh = i % s->nkv, D = s->D;
+    const int64_t QKV = (s->nh + 2 * s->nkv) * D;
+    const int group = (int)(s->nh / s->nkv);
+    float q[8 * 128];
+    for (int h = 0; h < group; h++)
+        rotate_head(s->qkv + op->layer * s->T * QKV + b * QKV + (kvh * group + h) * D, s->cos_sin + s->positions[b] * D,
+                    D, q + h * D);
+    const paged_t c = {(const float *)p[15], (const float *)p[16], s->block_tables, s->context_lens, s->T, s->nh,
+                       s->nkv, D, s->block_size, s->W, s->scale};
+    attend_task(&c, i, q, op->out + i * group * D);
+}
+
+/* The step's keys (rotated) and values into the layer's cache. */
+static void write_cache(const batch_step_t *s, int64_t l) {
+    const int64_t *p = s->w + l * 17, D = s->D, Q = s->nh * D, KV = s->nkv * D, QKV = Q + 2 * KV;
+    float *k_cache = (float *)p[15], *v_cache = (float *)p[16];
+    for (int64_t t = 0; t < s->T; t++) {
+        if (s->slots[t] < 0) continue;
+        const float *row = s->qkv + l * s->T * QKV + t * QKV, *cs = s->cos_sin + s->positions[t] * D;
+        for (int64_t kvh = 0; kvh < s->nkv; kvh++) rotate_head(row + Q + kvh * D, cs, D, k_cache + s->slots[t] * KV + kvh * D);
+        memcpy(v_cache + s->slots[t] * KV, row + Q + KV, KV * sizeof(float));
+    }
+}
+
+typedef struct { /* a thread's own copies */
+    float *residual, *h, *sx, *xsum;
+    int16_t *x16;
+} batch_own_t;
+
+AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn, const batch_op_t *op) {
+    step_run_op(k, s->flags + k * BATCH_MAX_CHUNKS, s->gen, chunks, fn, op, omp_get_thread_num(), s->nt, s->progress);
+}
+
+/* One thread's walk through the step; `linear(x, K, i, N, out)`: x [T, K] rounded to int16 in the thread's own
+ * buffers, then op k's chunks over the tiles of linear i (pointers p[i..i+2]). */
+static void batch_step(const batch_step_t *s, batch_own_t *own, float *hidden, const float *final_norm) {
+    const int64_t T = s->T, H = s->H, Q = s->nh * s->D, QKV = Q + 2 * s->nkv * s->D, I = s->I;
+#define LINEAR(k, x, K_, i, N_, out_, fn, bias_)                                                                    \
+    do {                                                                                                           \
+        for (int64_t r = 0; r < T * ((K_) / 32); r++) quantize_group16(x, r, own->x16, own->sx, own->xsum);        \
+        const batch_op_t op = {s, own->x16, own->sx, own->xsum, bias_, p + (i), K_, N_, out_, l};                  \
+        batch_run(s, k, (N_) / TILE / ((fn) == gate_up_tile_chunk ? 2 : 1), fn, &op);                              \
+    } while (0)
+    memcpy(own->residual, hidden, sizeof(float) * T * H);
+    for (int64_t l = 0; l < s->L; l++) {
+        const int64_t *p = s->w + l * 17;
+        float *qkv = s->qkv + l * T * QKV, *attn = s->attn + l * T * Q, *o = s->o + l * T * H;
+        add_rms_norm(l ? s->down + (l - 1) * T * H : own->residual, l ? own->residual : NULL, (const float *)p[13],
+                     s->eps, T, H, own->h, own->residual);
+        LINEAR(5 * l, own->h, H, 0, QKV, qkv, matmul_tile_chunk, (const float *)p[3]);
+        write_cache(s, l);
+        const batch_op_t pairs = {s, NULL, NULL, NULL, NULL, NULL, 0, 0, attn, l};
+        batch_run(s, 5 * l + 1, T * s->nkv, attention_pair_chunk, &pairs);
+        LINEAR(5 * l + 2, attn, Q, 4, H, o, matmul_tile_chunk, NULL);
+        add_rms_norm(o, own->residual, (const float *)p[14], s->eps, T, H, own->h, own->residual);
+        LINEAR(5 * l + 3, own->h, H, 7, 2 * I, s->gu + l * T * 2 * I, gate_up_tile_chunk, NULL);
+        LINEAR(5 * l + 4, s->act + l * T * I, I, 10, H, s->down + l * T * H, matmul_tile_chunk, NULL);
+    }
+#undef LINEAR
+    add_rms_norm(s->down + (s->L - 1) * T * H, own->residual, final_norm, s->eps, T, H, own->h, own->residual);
+    if (omp_get_thread_num() == 0) memcpy(hidden, own->h, sizeof(float) * T * H);
+}
+
+int decode_batch_serves(int64_t T, int64_t H, int64_t nh, int64_t nkv, int64_t D, int64_t I) {
+    const int64_t QKV = (nh + 2 * nkv) * D;
+    return attention_batch_serves(nh, nkv, D) && T * nkv <= BATCH_MAX_CHUNKS && H % TILE == 0 && QKV % TILE == 0 &&
+           I % TILE == 0 && 2 * I / TILE <= 2 * BATCH_MAX_CHUNKS && QKV / TILE <= BATCH_MAX_CHUNKS &&
+           H / TILE <= BATCH_MAX_CHUNKS && H % 32 == 0 && I % 32 == 0 && (nh * D) % 32 == 0;
+}
+
+/* The decoder stack of a decode step of 4+ one-token rows (`decode_batch_serves`): the 17 pointers per layer are
+ * those of llama_decode (cpu_kernels.c) with each linear's (qs, d, m) replaced by its tiled (qt, dt, mt).
+ * hidden [T, H]: the token embeddings in, the final-norm output out. */
 void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *positions, const int64_t *slots,
                         const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
                         int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
                         const int64_t *w, const float *final_norm, float scale, int num_threads) {
-    const int64_t Q = nh * D, KV = nkv * D, QKV = Q + 2 * KV, KMAX = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
-    float *buf = malloc(sizeof(float) * T * (2 * H + QKV + Q + 3 * I + 2 * (KMAX / 32)));
-    float *residual = buf, *h = residual + T * H, *qkv = h + T * H, *attn = qkv + T * QKV, *gu = attn + T * Q,
-          *act = gu + T * 2 * I, *sx = act + T * I, *xsum = sx + T * (KMAX / 32);
-    int16_t *x16 = aligned_alloc(64, ((T * KMAX * 2 + 63) / 64) * 64);
-#define MATMUL(x, K, i, N, out)                                                                                   \
-    do {                                                                                                         \
-        quantize_rows16(x, T, K, x16, sx, xsum, num_threads);                                                    \
-        tiled_matmul_q(0, x16, sx, xsum, T, K, (const uint8_t *)p[i], (const float *)p[(i) + 1],                 \
-                       (const float *)p[(i) + 2], N, out, num_threads);                                          \
-    } while (0)
-    for (int64_t l = 0; l < L; l++) {
-        const int64_t *p = w + l * 17;
-        const float *in_norm = (const float *)p[13], *post_norm = (const float *)p[14];
-        float *k_cache = (float *)p[15], *v_cache = (float *)p[16];
-        if (l == 0) {
-            memcpy(residual, hidden, sizeof(float) * T * H);
-            add_rms_norm(hidden, NULL, in_norm, eps, T, H, h, NULL);
-        } else {
-            add_rms_norm(hidden, residual, in_norm, eps, T, H, h, residual);
-        }
-        MATMUL(h, H, 0, QKV, qkv);
-        if (p[3])
-            for (int64_t t = 0; t < T; t++)
-                for (int64_t i = 0; i < QKV; i++) qkv[t * QKV + i] += ((const float *)p[3])[i];
-        rotary_neox(qkv, T, QKV, nh, D, positions, cos_sin);
-        rotary_neox(qkv + Q, T, QKV, nkv, D, positions, cos_sin);
-        cache_write(qkv + Q, qkv + Q + KV, T, QKV, QKV, KV, slots, k_cache, v_cache);
-        attention_batch(qkv, QKV, k_cache, v_cache, block_tables, context_lens, scale, T, nh, nkv, D, block_size, W,
-                        attn, num_threads);
-        MATMUL(attn, Q, 4, H, hidden);
-        add_rms_norm(hidden, residual, post_norm, eps, T, H, h, residual);
-        MATMUL(h, H, 7, 2 * I, gu);
-        if (I % 16 == 0)
-            silu_mul_rows(gu, T, I, act, num_threads);
-        else
-            silu_and_mul(gu, T, I, act);
-        MATMUL(act, I, 10, H, hidden);
+    static __thread void *shared_buf, *flag_buf, *progress_buf;
+    static __thread size_t shared_cap, flag_cap, progress_cap;
+    static __thread int32_t gen;
+    const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L, per_layer = T * (QKV + Q + H + 2 * I + I + H);
+    float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
+    const size_t had = flag_cap;
+    int32_t *flags = step_scratch(sizeof(int32_t) * ops * BATCH_MAX_CHUNKS, &flag_buf, &flag_cap);
+    int64_t *progress = step_scratch(sizeof(int64_t) * 16 * num_threads, &progress_buf, &progress_cap);
+    if (buf == NULL || flags == NULL || progress == NULL) abort();
+    for (int t = 0; t < num_threads; t++) progress[t * 16] = -1;
+    if (flag_cap != had || ++gen == INT32_MAX) { /* a new flags buffer (or generations used up): start over */
+        memset(flags, 0, sizeof(int32_t) * ops * BATCH_MAX_CHUNKS);
+        gen = 1;
     }
-#undef MATMUL
-    add_rms_norm(hidden, residual, final_norm, eps, T, H, h, residual);
-    memcpy(hidden, h, sizeof(float) * T * H);
-    free(x16);
-    free(buf);
+    batch_step_t s = {L, T, H, nh, nkv, D, I, W, block_size, eps, scale, positions, slots, w, block_tables,
+                      context_lens, cos_sin, buf, buf + L * T * QKV, buf + L * T * (QKV + Q),
+                      buf + L * T * (QKV + Q + H), buf + L * T * (QKV + Q + H + 2 * I),
+                      buf + L * T * (QKV + Q + H + 3 * I), flags, gen, num_threads, progress};
+    const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
+#pragma omp parallel num_threads(num_threads)
+    {
+        static __thread void *own_buf;
+        static __thread size_t own_cap;
+        char *b = step_scratch(sizeof(float) * T * (2 * H + 2 * K / 32) + sizeof(int16_t) * T * K + 256, &own_buf,
+                               &own_cap);
+        if (b == NULL) abort();
+        batch_own_t own = {(float *)b, (float *)b + T * H, (float *)b + 2 * T * H,
+                           (float *)b + 2 * T * H + T * K / 32, NULL};
+        own.x16 = (int16_t *)(((uintptr_t)(own.xsum + T * K / 32) + 63) & ~(uintptr_t)63);
+        batch_step(&s, &own, hidden, final_norm);
+    }
 }
 
 #else
@@ -409,6 +611,11 @@ void tiled_matmul(const float *x, int64_t T, int64_t K, const uint8_t *qt, const
 
 int attention_batch_serves(int64_t nh, int64_t nkv, int64_t D) {
     (void)nh, (void)nkv, (void)D;
+    return 0;
+}
+
+int decode_batch_serves(int64_t T, int64_t H, int64_t nh, int64_t nkv, int64_t D, int64_t I) {
+    (void)T, (void)H, (void)nh, (void)nkv, (void)D, (void)I;
     return 0;
 }
 

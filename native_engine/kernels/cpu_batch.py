@@ -32,12 +32,13 @@ def library() -> ctypes.CDLL | None:
 
 @functools.cache
 def _declare(lib: ctypes.CDLL) -> bool:
-    lib.tiled_available.restype = lib.attention_batch_serves.restype = _INT
+    lib.tiled_available.restype = lib.attention_batch_serves.restype = lib.decode_batch_serves.restype = _INT
     if not lib.tiled_available():
         return False
     lib.tile_blocks.argtypes = (_P, _P, _P, _I64, _I64, _P, _P, _P)
     lib.tiled_matmul.argtypes = (_P, _I64, _I64, _P, _P, _P, _I64, _P, _INT)
     lib.attention_batch_serves.argtypes = (_I64, _I64, _I64)
+    lib.decode_batch_serves.argtypes = (_I64,) * 6
     lib.paged_attention_batch.argtypes = (_P, _P, _P, _P, _P, ctypes.c_float, *(_I64,) * 6, _P, _INT)
     lib.llama_decode_batch.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P,
                                        _P, ctypes.c_float, _INT)
@@ -67,6 +68,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # x [T, 2 * I] -> [T, I]: 16
     out = x.new_empty(x.shape[0], x.shape[1] // 2)
     library().silu_mul_rows(x.data_ptr(), x.shape[0], out.shape[1], out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def serves_decode_batch(num_rows: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                        intermediate: int) -> bool:
+    """Whether `llama_decode_batch` takes a decode step of `num_rows` rows of this model shape."""
+    lib = library()
+    return lib is not None and bool(lib.decode_batch_serves(num_rows, hidden, num_heads, num_kv_heads, head_dim,
+                                                            intermediate))
 
 
 def serves_attention(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:

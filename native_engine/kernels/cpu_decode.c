@@ -58,8 +58,8 @@ AI uint64_t ticks(void) {
  * step), else after HELP_TICKS (the owner was descheduled in the middle of its share). A chunk's result depends
  * only on the op's inputs, so a chunk computed twice writes the same values; `flags[i] == gen` marks chunk i
  * finished in this step; progress[t * 16] is the op thread t is in. */
-static void run_op(int64_t k, int32_t *flags, int32_t gen, int64_t chunks, chunk_fn fn, const void *op, int tid,
-                   int nt, int64_t *progress) {
+void step_run_op(int64_t k, int32_t *flags, int32_t gen, int64_t chunks, chunk_fn fn, const void *op, int tid,
+                 int nt, int64_t *progress) { /* also llama_decode_batch's (cpu_batch.c) */
     __atomic_store_n(&progress[tid * 16], k, __ATOMIC_RELAXED);
     for (int64_t i = chunks * tid / nt, end = chunks * (tid + 1) / nt; i < end; i++) {
         if (__atomic_load_n(&flags[i], __ATOMIC_RELAXED) == gen) continue; /* done by a helper */
@@ -84,7 +84,7 @@ static void run_op(int64_t k, int32_t *flags, int32_t gen, int64_t chunks, chunk
 }
 
 /* A per-thread buffer of at least `bytes`, reused across calls (thread-local: engines may run in several threads). */
-static void *scratch(size_t bytes, void **buf, size_t *cap) {
+void *step_scratch(size_t bytes, void **buf, size_t *cap) {
     if (*cap < bytes) {
         free(*buf);
         *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -404,7 +404,7 @@ static void attention_chunk(const void *arg, int64_t i) {
 AI int64_t chunks_of(int64_t n, int64_t per) { return (n + per - 1) / per; }
 
 AI void run(const step_t *s, int64_t k, chunk_fn fn, const op_t *op) {
-    run_op(k, s->flags + k * MAX_CHUNKS, s->gen, fn == attention_chunk ? s->T * s->nh + 1 : chunks_of(op->N, op->rows),
+    step_run_op(k, s->flags + k * MAX_CHUNKS, s->gen, fn == attention_chunk ? s->T * s->nh + 1 : chunks_of(op->N, op->rows),
            fn, op, omp_get_thread_num(), s->nt, s->progress);
 }
 
@@ -450,10 +450,10 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
     static __thread size_t shared_cap, flag_cap, progress_cap;
     static __thread int32_t gen;
     const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L + 1;
-    float *buf = scratch(sizeof(float) * L * T * (QKV + Q + H + I + H), &shared_buf, &shared_cap);
+    float *buf = step_scratch(sizeof(float) * L * T * (QKV + Q + H + I + H), &shared_buf, &shared_cap);
     const size_t had = flag_cap;
-    int32_t *flags = scratch(sizeof(int32_t) * ops * MAX_CHUNKS, &flag_buf, &flag_cap);
-    int64_t *progress = scratch(sizeof(int64_t) * 16 * num_threads, &progress_buf, &progress_cap);
+    int32_t *flags = step_scratch(sizeof(int32_t) * ops * MAX_CHUNKS, &flag_buf, &flag_cap);
+    int64_t *progress = step_scratch(sizeof(int64_t) * 16 * num_threads, &progress_buf, &progress_cap);
     if (buf == NULL || flags == NULL || progress == NULL) abort();
     for (int t = 0; t < num_threads; t++) progress[t * 16] = -1;
     if (flag_cap != had || ++gen == INT32_MAX) { /* a new flags buffer (or generations used up): start over */
@@ -469,7 +469,7 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
     {
         static __thread void *own_buf;
         static __thread size_t own_cap;
-        char *b = scratch(sizeof(float) * T * (2 * H + 2 * K / 32) + sizeof(int16_t) * T * K + 256, &own_buf, &own_cap);
+        char *b = step_scratch(sizeof(float) * T * (2 * H + 2 * K / 32) + sizeof(int16_t) * T * K + 256, &own_buf, &own_cap);
         if (b == NULL) abort();
         own_t own = {(float *)b, (float *)b + T * H, (float *)b + 2 * T * H, (float *)b + 2 * T * H + T * K / 32,
                      NULL};

@@ -26,12 +26,18 @@ def prefill_attention(
     else:
         rows = torch.arange(n, device=q.device)[:, None] + num_cached
         mask, causal = torch.arange(total, device=q.device)[None, :] <= rows, False
-    if q.device.type == "cpu" and k.shape[1] != q.shape[1]:  # on CPU `enable_gqa` takes the slow math kernel
-        k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1],
-    )
+    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    if q.device.type == "cpu" and q.dtype == torch.float32:
+        # [1, heads, tokens, D]: with a batch dimension PyTorch's CPU flash kernel takes the call (GQA included),
+        # ~3x faster than the math kernel at 512 tokens. Not in bf16: the flash kernel's blocks follow the
+        # chunk's length, so a prompt's tokens would depend on how it was chunked (bf16 stays batch-invariant).
+        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, is_causal=causal, scale=scale,
+                                             enable_gqa=k.shape[0] != q.shape[0])
+        return out[0].transpose(0, 1)
+    if q.device.type == "cpu" and k.shape[0] != q.shape[0]:  # 3-D inputs: the math kernel, also for `enable_gqa`
+        k, v = (x.repeat_interleave(q.shape[0] // k.shape[0], dim=0) for x in (k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                         enable_gqa=k.shape[0] != q.shape[0])
     return out.transpose(0, 1)
 
 

@@ -10,7 +10,8 @@ same maths as `LlamaModel.forward` in C for batches of one-token rows:
   weights read with float16 block scales (copies made here, exact: GGUF stores them as float16), and the
   LM head too when it is Q8_0 blocks; the logits land in `ctx.logits`.
 - ROWS_MAX+1.. rows: `llama_decode_batch` (cpu_batch.c: tiled int16 matmuls, attention a KV head group
-  at a time) when every linear has tiled blocks, else `llama_decode` (cpu_kernels.c); the LM head stays in Python.
+  at a time, one OpenMP region per step as above) when every linear has tiled blocks and the shape is served
+  (`cpu_batch.serves_decode_batch`), else `llama_decode` (cpu_kernels.c); the LM head stays in Python.
 
 Prefill chunks, other dtypes and weights that are not Q4_1 blocks keep the module path.
 """
@@ -75,7 +76,8 @@ class CPUDecodeStack:
                 tables.data_ptr(), lens.data_ptr(), tables.shape[1], h, nh, nkv, d, inter, self.model.norm.eps,
                 rotary.data_ptr(), attn.k_cache.shape[1])
         lib = cpu_kernels.library()
-        if self.batch_pointers is not None and hidden.shape[0] >= max(ROWS_MAX + 1, cpu_batch.MIN_ROWS):
+        if (self.batch_pointers is not None and hidden.shape[0] >= max(ROWS_MAX + 1, cpu_batch.MIN_ROWS)
+                and cpu_batch.serves_decode_batch(hidden.shape[0], h, nh, nkv, d, inter)):
             cpu_batch.library().llama_decode_batch(*args, self.batch_pointers.data_ptr(),
                                                    self.model.norm.weight.data_ptr(), attn.scale,
                                                    torch.get_num_threads())

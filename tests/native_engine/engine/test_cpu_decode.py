@@ -85,3 +85,55 @@ def test_decode_rows_in_one_c_call_match_the_module_path(tmp_path, threads, monk
     assert {1, 2, 3} <= set(checked.rows)  # three rows, then two, then one
     # both round matmul inputs to int16 per group of 32 (module path: per matmul call), so not bit-equal
     assert max(checked.kl) < 1e-8 and max(checked.diff) < 1e-3, (max(checked.kl), max(checked.diff))
+
+
+class CheckedBatch:
+    """The same for decode steps of 4+ rows (`llama_decode_batch`, head left to Python): the final-norm outputs."""
+
+    def __init__(self, lm, stack: CPUDecodeStack) -> None:
+        self.lm, self.stack, self.rows, self.diff = lm, stack, [], []
+
+    def can_run(self, num_tokens, ctx) -> bool:
+        return self.stack.can_run(num_tokens, ctx)
+
+    def __call__(self, hidden, positions, ctx):
+        model = self.lm.model
+        h, residual = hidden.clone(), None
+        for layer in model.layers:
+            h, residual = layer(positions, h, residual, ctx)
+        expected = model.norm(h, residual)[0]
+        out = self.stack(hidden.clone(), positions, ctx)
+        if len(hidden) >= 4:
+            self.rows.append(len(hidden))
+            self.diff.append(float((out - expected).abs().max() / expected.abs().max()))
+        return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_batches_in_one_parallel_region_match_the_module_path(tmp_path, threads, monkeypatch):
+    from native_engine.kernels import cpu_batch
+    from registry.modelbuilder import build_gguf
+
+    from .conftest import BuiltModel
+
+    if cpu_batch.library() is None:
+        pytest.skip("no AVX512-VNNI build: batches use the float32 kernels")
+    spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)  # head_dim 64, 2 heads a group
+    path = build_gguf(tmp_path / "tiny-llama-64.gguf", spec, dtype="f32")
+    engine = new_engine(BuiltModel("tiny-llama-64", spec, path, path), num_blocks=96, block_size=4)
+    lm = engine.model_runner.model
+    for layer in lm.model.layers:
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            linear.int4 = q4_1(linear.weight.data)
+    stack = CPUDecodeStack.build(lm.model, lm.lm_head)
+    assert stack is not None and stack.batch_pointers is not None
+    lm.model.cpu_decode = checked = CheckedBatch(lm, stack)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+
+    prompts = [[5, 17, 300, 2, 9], list(range(40, 61)), [7], [8, 9], list(range(100, 137)), [11, 12, 13]]
+    outputs = engine.generate(prompts, [greedy(n) for n in (6, 9, 12, 15, 18, 21)])
+
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [6, 9, 12, 15, 18, 21]
+    assert {4, 5, 6} <= set(checked.rows)
+    # int16-rounded matmul inputs on both sides, attention summed in another order: ~2e-4 of max |hidden|
+    assert max(checked.diff) < 1e-3, max(checked.diff)

@@ -36,8 +36,9 @@ def test_block_weights_take_the_tiles_from_four_rows_on():
 
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_paged_attention_batch(block_size, head_dim):
-    query, k_cache, v_cache, tables, lens = make_inputs(CONTEXT_LENS + [70], 9, 3, head_dim, torch.float32, "cpu",
+@pytest.mark.parametrize("heads", [(9, 3), (7, 1), (10, 2), (16, 2), (5, 5)])  # query heads per KV head 3, 7, 5, 8, 1
+def test_paged_attention_batch(block_size, head_dim, heads):
+    query, k_cache, v_cache, tables, lens = make_inputs(CONTEXT_LENS + [70], *heads, head_dim, torch.float32, "cpu",
                                                         block_size)
     out = cpu_batch.paged_attention_batch(query, k_cache, v_cache, tables, lens, 0.125)
     ref = paged_attention_decode_ref(query, k_cache, v_cache, tables, lens, 0.125)
