@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+
+#include "cpu_step.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -413,11 +415,6 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
  * own layer. Chunks: a matmul's tile of 16 output rows for every activation row (gate_up: a gate tile with its up
  * tile, silu * up fused); the attention's (row, KV head) pairs. */
 
-typedef void (*chunk_fn)(const void *op, int64_t i);
-void step_run_op(int64_t k, int32_t *flags, int32_t gen, int64_t chunks, chunk_fn fn, const void *op, int tid, int nt,
-                 int64_t *progress);
-void *step_scratch(size_t bytes, void **buf, size_t *cap);
-
 #define BATCH_MAX_CHUNKS 1024 /* per op: N / 16 tiles, T * nkv attention pairs (cpu_decode.py checks) */
 
 typedef struct { /* what every thread reads */
@@ -513,10 +510,6 @@ static void write_cache(const batch_step_t *s, int64_t l) {
     }
 }
 
-typedef struct { /* a thread's own copies */
-    float *residual, *h, *sx, *xsum;
-    int16_t *x16;
-} batch_own_t;
 
 AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn, const batch_op_t *op) {
     step_run_op(k, s->flags + k * BATCH_MAX_CHUNKS, s->gen, chunks, fn, op, omp_get_thread_num(), s->nt, s->progress);
@@ -524,7 +517,7 @@ AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn,
 
 /* One thread's walk through the step; `linear(x, K, i, N, out)`: x [T, K] rounded to int16 in the thread's own
  * buffers, then op k's chunks over the tiles of linear i (pointers p[i..i+2]). */
-static void batch_step(const batch_step_t *s, batch_own_t *own, float *hidden, const float *final_norm) {
+static void batch_step(const batch_step_t *s, own_t *own, float *hidden, const float *final_norm) {
     const int64_t T = s->T, H = s->H, Q = s->nh * s->D, QKV = Q + 2 * s->nkv * s->D, I = s->I;
 #define LINEAR(k, x, K_, i, N_, out_, fn, bias_)                                                                    \
     do {                                                                                                           \
@@ -566,20 +559,14 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
                         const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
                         int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
                         const int64_t *w, const float *final_norm, float scale, int num_threads) {
-    static __thread void *shared_buf, *flag_buf, *progress_buf;
-    static __thread size_t shared_cap, flag_cap, progress_cap;
-    static __thread int32_t gen;
+    static __thread void *shared_buf;
+    static __thread size_t shared_cap;
     const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L, per_layer = T * (QKV + Q + H + 2 * I + I + H);
     float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
-    const size_t had = flag_cap;
-    int32_t *flags = step_scratch(sizeof(int32_t) * ops * BATCH_MAX_CHUNKS, &flag_buf, &flag_cap);
-    int64_t *progress = step_scratch(sizeof(int64_t) * 16 * num_threads, &progress_buf, &progress_cap);
-    if (buf == NULL || flags == NULL || progress == NULL) abort();
-    for (int t = 0; t < num_threads; t++) progress[t * 16] = -1;
-    if (flag_cap != had || ++gen == INT32_MAX) { /* a new flags buffer (or generations used up): start over */
-        memset(flags, 0, sizeof(int32_t) * ops * BATCH_MAX_CHUNKS);
-        gen = 1;
-    }
+    if (buf == NULL) abort();
+    int32_t *flags;
+    int64_t *progress;
+    const int32_t gen = step_begin(ops * BATCH_MAX_CHUNKS, num_threads, &flags, &progress);
     batch_step_t s = {L, T, H, nh, nkv, D, I, W, block_size, eps, scale, positions, slots, w, block_tables,
                       context_lens, cos_sin, buf, buf + L * T * QKV, buf + L * T * (QKV + Q),
                       buf + L * T * (QKV + Q + H), buf + L * T * (QKV + Q + H + 2 * I),
@@ -587,14 +574,7 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
 #pragma omp parallel num_threads(num_threads)
     {
-        static __thread void *own_buf;
-        static __thread size_t own_cap;
-        char *b = step_scratch(sizeof(float) * T * (2 * H + 2 * K / 32) + sizeof(int16_t) * T * K + 256, &own_buf,
-                               &own_cap);
-        if (b == NULL) abort();
-        batch_own_t own = {(float *)b, (float *)b + T * H, (float *)b + 2 * T * H,
-                           (float *)b + 2 * T * H + T * K / 32, NULL};
-        own.x16 = (int16_t *)(((uintptr_t)(own.xsum + T * K / 32) + 63) & ~(uintptr_t)63);
+        own_t own = step_own(T, H, K);
         batch_step(&s, &own, hidden, final_norm);
     }
 }

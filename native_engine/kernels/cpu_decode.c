@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+
+#include "cpu_step.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -31,8 +33,6 @@
 #define MAX_GROUPS 512 /* K <= 16384 (cpu_decode.py checks) */
 
 /* ---- claiming work ------------------------------------------------------------------------------ */
-
-typedef void (*chunk_fn)(const void *op, int64_t i);
 
 AI void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -91,6 +91,36 @@ void *step_scratch(size_t bytes, void **buf, size_t *cap) {
         *cap = *buf ? bytes : 0;
     }
     return *buf;
+}
+
+/* The claiming state of a step of `flag_count` chunks and `nt` threads: the chunk flags, each thread's progress (a
+ * cache line apart, all -1) and the step's generation. Kept per caller thread (engines may run in several threads):
+ * a flag equal to an older generation is a chunk of an earlier step, so the flags are only cleared when new. */
+int32_t step_begin(int64_t flag_count, int nt, int32_t **flags, int64_t **progress) {
+    static __thread void *flag_buf, *progress_buf;
+    static __thread size_t flag_cap, progress_cap;
+    static __thread int32_t gen;
+    const size_t had = flag_cap;
+    *flags = step_scratch(sizeof(int32_t) * flag_count, &flag_buf, &flag_cap);
+    *progress = step_scratch(sizeof(int64_t) * 16 * nt, &progress_buf, &progress_cap);
+    if (*flags == NULL || *progress == NULL) abort();
+    for (int t = 0; t < nt; t++) (*progress)[t * 16] = -1;
+    if (flag_cap != had || ++gen == INT32_MAX) { /* a new flags buffer (or generations used up): start over */
+        memset(*flags, 0, flag_cap);
+        gen = 1;
+    }
+    return gen;
+}
+
+/* The calling thread's own buffers for a step of T rows of width H whose matmul inputs are at most K wide. */
+own_t step_own(int64_t T, int64_t H, int64_t K) {
+    static __thread void *own_buf;
+    static __thread size_t own_cap;
+    char *b = step_scratch(sizeof(float) * T * (2 * H + 2 * K / 32) + sizeof(int16_t) * T * K + 256, &own_buf, &own_cap);
+    if (b == NULL) abort();
+    own_t own = {(float *)b, (float *)b + T * H, (float *)b + 2 * T * H, (float *)b + 2 * T * H + T * K / 32, NULL};
+    own.x16 = (int16_t *)(((uintptr_t)(own.xsum + T * K / 32) + 63) & ~(uintptr_t)63);
+    return own;
 }
 
 /* ---- small float32 pieces ----------------------------------------------------------------------- */
@@ -277,10 +307,6 @@ typedef struct { /* what every thread reads */
     int64_t *progress; /* the op each thread is in, one cache line each */
 } step_t;
 
-typedef struct { /* a thread's own copies */
-    float *residual, *h, *sx, *xsum;
-    int16_t *x16;
-} own_t;
 
 typedef struct { /* one op as a thread sees it */
     const step_t *s;
@@ -446,20 +472,14 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
                        int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
                        const int64_t *w, const float *final_norm, float scale, const int8_t *head_qs,
                        const uint16_t *head_d16, int64_t V, float *logits, int num_threads) {
-    static __thread void *shared_buf, *flag_buf, *progress_buf;
-    static __thread size_t shared_cap, flag_cap, progress_cap;
-    static __thread int32_t gen;
+    static __thread void *shared_buf;
+    static __thread size_t shared_cap;
     const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L + 1;
     float *buf = step_scratch(sizeof(float) * L * T * (QKV + Q + H + I + H), &shared_buf, &shared_cap);
-    const size_t had = flag_cap;
-    int32_t *flags = step_scratch(sizeof(int32_t) * ops * MAX_CHUNKS, &flag_buf, &flag_cap);
-    int64_t *progress = step_scratch(sizeof(int64_t) * 16 * num_threads, &progress_buf, &progress_cap);
-    if (buf == NULL || flags == NULL || progress == NULL) abort();
-    for (int t = 0; t < num_threads; t++) progress[t * 16] = -1;
-    if (flag_cap != had || ++gen == INT32_MAX) { /* a new flags buffer (or generations used up): start over */
-        memset(flags, 0, sizeof(int32_t) * ops * MAX_CHUNKS);
-        gen = 1;
-    }
+    if (buf == NULL) abort();
+    int32_t *flags;
+    int64_t *progress;
+    const int32_t gen = step_begin(ops * MAX_CHUNKS, num_threads, &flags, &progress);
     step_t s = {L, T, H, nh, nkv, D, I, W, block_size, V, eps, scale, positions, slots, w, block_tables,
                 context_lens, cos_sin, final_norm, head_qs, head_d16, hidden, head_qs ? logits : NULL,
                 buf, buf + L * T * QKV, buf + L * T * (QKV + Q), buf + L * T * (QKV + Q + H),
@@ -467,13 +487,7 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
 #pragma omp parallel num_threads(num_threads)
     {
-        static __thread void *own_buf;
-        static __thread size_t own_cap;
-        char *b = step_scratch(sizeof(float) * T * (2 * H + 2 * K / 32) + sizeof(int16_t) * T * K + 256, &own_buf, &own_cap);
-        if (b == NULL) abort();
-        own_t own = {(float *)b, (float *)b + T * H, (float *)b + 2 * T * H, (float *)b + 2 * T * H + T * K / 32,
-                     NULL};
-        own.x16 = (int16_t *)(((uintptr_t)(own.xsum + T * K / 32) + 63) & ~(uintptr_t)63);
+        own_t own = step_own(T, H, K);
         run_step(&s, &own);
     }
 }

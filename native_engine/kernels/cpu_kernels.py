@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_decode.c", "cpu_batch.c"))
+HEADERS = (Path(__file__).with_name("cpu_step.h"),)  # part of the build's key, not of the command line
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 BLAS_ROWS = 32  # from this many activation rows on, dequantize once and let BLAS multiply
@@ -48,7 +49,10 @@ def library() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None
-    source = b"".join(p.read_bytes() for p in SOURCES)
+    try:
+        source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
+    except OSError:  # an install without the kernel sources
+        return None
     key = hashlib.sha256(source + " ".join((compiler, *FLAGS, _cpu_flags())).encode()).hexdigest()[:16]
     path = kernel_dir() / f"cpu_kernels-{key}.so"
     try:
