@@ -36,11 +36,27 @@ def q8_0(w: torch.Tensor) -> BlockWeight:
     return BlockWeight.q8_0(q.view(w.shape), d)
 
 
-class Checked:
-    """Stands in for the model's CPUDecodeStack: module path, then the C call; records the logits' distance."""
+def requantized_engine(tmp_path, name: str, spec, num_blocks: int):
+    """An engine of `spec` (random f32 weights) whose linears compute on Q4_1 blocks; its model."""
+    from registry.modelbuilder import build_gguf
+
+    from .conftest import BuiltModel
+
+    path = build_gguf(tmp_path / f"{name}.gguf", spec, dtype="f32")
+    engine = new_engine(BuiltModel(name, spec, path, path), num_blocks=num_blocks, block_size=4)
+    lm = engine.model_runner.model
+    for layer in lm.model.layers:
+        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            linear.int4 = q4_1(linear.weight.data)
+    return engine, lm
+
+
+class ModulePath:
+    """Stands in for the model's CPUDecodeStack: each step through the layers' modules first (`expected`, the
+    final-norm output), then through the stack, whose output is returned; subclasses record the distance."""
 
     def __init__(self, lm, stack: CPUDecodeStack) -> None:
-        self.lm, self.stack, self.rows, self.kl, self.diff = lm, stack, [], [], []
+        self.lm, self.stack, self.rows, self.diff = lm, stack, [], []
 
     def can_run(self, num_tokens, ctx) -> bool:
         return self.stack.can_run(num_tokens, ctx)
@@ -50,28 +66,30 @@ class Checked:
         h, residual = hidden.clone(), None
         for layer in model.layers:
             h, residual = layer(positions, h, residual, ctx)
-        expected = self.lm.lm_head(model.norm(h, residual)[0])
-        out = self.stack(hidden, positions, ctx)
+        expected = model.norm(h, residual)[0]
+        out = self.stack(hidden.clone(), positions, ctx)
+        self.compare(len(hidden), expected, out, ctx)
+        return out
+
+
+class Checked(ModulePath):
+    """1-3 rows: the logits the C call left in ctx.logits against the module path's LM head."""
+
+    def __init__(self, lm, stack: CPUDecodeStack) -> None:
+        super().__init__(lm, stack)
+        self.kl = []
+
+    def compare(self, rows, normed, out, ctx) -> None:
+        expected = self.lm.lm_head(normed)
         assert ctx.logits is not None and ctx.logits.shape == expected.shape
-        self.rows.append(len(hidden))
+        self.rows.append(rows)
         self.kl.append(float(kl_per_position(expected, ctx.logits).max()))
         self.diff.append(float((ctx.logits - expected).abs().max() / expected.abs().max()))
-        return out
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_decode_rows_in_one_c_call_match_the_module_path(tmp_path, threads, monkeypatch):
-    from registry.modelbuilder import build_gguf
-
-    from .conftest import BuiltModel
-
-    spec = PRESETS["tiny-llama"]
-    path = build_gguf(tmp_path / "tiny-llama.gguf", spec, dtype="f32")
-    engine = new_engine(BuiltModel("tiny-llama", spec, path, path), num_blocks=64, block_size=4)
-    lm = engine.model_runner.model
-    for layer in lm.model.layers:
-        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-            linear.int4 = q4_1(linear.weight.data)
+    engine, lm = requantized_engine(tmp_path, "tiny-llama", PRESETS["tiny-llama"], num_blocks=64)
     lm.lm_head.packed = (q8_0(lm.lm_head.weight.data),)
     stack = CPUDecodeStack.build(lm.model, lm.lm_head)
     assert stack is not None and stack.rows is not None and stack.head is not None
@@ -87,44 +105,23 @@ def test_decode_rows_in_one_c_call_match_the_module_path(tmp_path, threads, monk
     assert max(checked.kl) < 1e-8 and max(checked.diff) < 1e-3, (max(checked.kl), max(checked.diff))
 
 
-class CheckedBatch:
-    """The same for decode steps of 4+ rows (`llama_decode_batch`, head left to Python): the final-norm outputs."""
+class CheckedBatch(ModulePath):
+    """4+ rows (`llama_decode_batch`, head left to Python): the final-norm outputs."""
 
-    def __init__(self, lm, stack: CPUDecodeStack) -> None:
-        self.lm, self.stack, self.rows, self.diff = lm, stack, [], []
-
-    def can_run(self, num_tokens, ctx) -> bool:
-        return self.stack.can_run(num_tokens, ctx)
-
-    def __call__(self, hidden, positions, ctx):
-        model = self.lm.model
-        h, residual = hidden.clone(), None
-        for layer in model.layers:
-            h, residual = layer(positions, h, residual, ctx)
-        expected = model.norm(h, residual)[0]
-        out = self.stack(hidden.clone(), positions, ctx)
-        if len(hidden) >= 4:
-            self.rows.append(len(hidden))
+    def compare(self, rows, expected, out, ctx) -> None:
+        if rows >= 4:
+            self.rows.append(rows)
             self.diff.append(float((out - expected).abs().max() / expected.abs().max()))
-        return out
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_decode_batches_in_one_parallel_region_match_the_module_path(tmp_path, threads, monkeypatch):
     from native_engine.kernels import cpu_batch
-    from registry.modelbuilder import build_gguf
-
-    from .conftest import BuiltModel
 
     if cpu_batch.library() is None:
         pytest.skip("no AVX512-VNNI build: batches use the float32 kernels")
     spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)  # head_dim 64, 2 heads a group
-    path = build_gguf(tmp_path / "tiny-llama-64.gguf", spec, dtype="f32")
-    engine = new_engine(BuiltModel("tiny-llama-64", spec, path, path), num_blocks=96, block_size=4)
-    lm = engine.model_runner.model
-    for layer in lm.model.layers:
-        for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-            linear.int4 = q4_1(linear.weight.data)
+    engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=96)
     stack = CPUDecodeStack.build(lm.model, lm.lm_head)
     assert stack is not None and stack.batch_pointers is not None
     lm.model.cpu_decode = checked = CheckedBatch(lm, stack)
