@@ -25,7 +25,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from gateway.deps import DbDep, ViewerDep
+from gateway.deps import DbDep, RouterDep, ViewerDep
 from gateway.http.period import since_epoch
 from gateway.http.jsonwire import JSONBytes, dumps
 from gateway.ollama.wire_models import errors
@@ -52,7 +52,7 @@ class Series(BaseModel):
     step_s: float
     buckets: list[dict[str, Any]]
     totals: dict[str, Any]
-    routes: dict[str, dict[str, Any]] | None = None  # by=route: each SLO route's since/now/step_s/buckets/totals
+    routes: dict[str, dict[str, Any]] | None = None  # by=route: each route's since/now/step_s/buckets/totals
 
 
 class KeysView(BaseModel):
@@ -92,11 +92,12 @@ async def requests(db: DbDep, key_name: ViewerDep, since: str = "1h",
 
 
 @router.get("/infer/series", responses={200: {"model": Series}, **errors(400, 401)})
-async def series(db: DbDep, key_name: ViewerDep, since: str = "1h",
+async def series(db: DbDep, key_name: ViewerDep, router: RouterDep, since: str = "1h",
                  step: Annotated[float | None, Query(gt=0, le=86400)] = None, route: str | None = None,
                  backend: str | None = None, by: Literal["route"] | None = None) -> Response:
     """Requests, sheds, errors, attainment, goodput, TTFT/TPOT/e2e percentiles and spend per bucket;
-    with ``by=route`` also each SLO route's own series (``routes``), from the same read."""
+    with ``by=route`` also each route's own series (``routes``: every configured route, and any other the
+    period's rows name), from the same read."""
     start = since_epoch(since, MAX_PERIOD_S)
     now = time.time()
     step_s = bucket_seconds(now - start, step)
@@ -110,7 +111,8 @@ async def series(db: DbDep, key_name: ViewerDep, since: str = "1h",
             for row in found:
                 if row.route_name:
                     grouped[row.route_name].append(row)
-            body["routes"] = {name: _series(grouped[name], start, now, step_s) for name in sorted(grouped)}
+            names = sorted({*router.routes, *grouped})
+            body["routes"] = {name: _series(grouped.get(name, []), start, now, step_s) for name in names}
         return dumps(body)
     return Response(await asyncio.to_thread(read), media_type="application/json")
 

@@ -155,6 +155,16 @@ def test_series_by_route_is_each_routes_own_series_from_one_request(live):
     assert get(server, "/infer/series", by="backend").status_code == 400
 
 
+def test_series_by_route_lists_every_configured_route_also_one_without_rows(live):
+    server, team, _ = live  # the team key sent no request to "strict"
+    grouped = get(server, "/infer/series", key=team, since="15m", step=60, by="route").json()
+    assert sorted(grouped["routes"]) == ["chat", "strict"]
+    strict = grouped["routes"]["strict"]
+    assert strict["totals"]["requests"] == 0 and len(strict["buckets"]) == len(grouped["buckets"])
+    assert all(b["requests"] == 0 for b in strict["buckets"])
+    assert grouped["routes"]["chat"]["totals"]["requests"] == grouped["totals"]["requests"] == 3
+
+
 def test_keys_show_budget_use_and_a_ledger_key_sees_only_itself(live):
     server, team, _ = live
     assert get(server, "/infer/keys", key=None).status_code == 401

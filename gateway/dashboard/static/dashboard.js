@@ -209,17 +209,6 @@ function renderRequests(page) {
 
 // -- the refresh loop -----------------------------------------------------------------------------
 
-// A route with no rows in the window: the period's buckets, all empty.
-function emptySeries(all) {
-  const none = {p50: null, p95: null, p99: null};
-  const zero = {requests: 0, ok: 0, errors: 0, shed: 0, cancelled: 0, good: 0, judged: 0, attainment: null,
-                requests_per_s: 0, errors_per_s: 0, shed_per_s: 0, goodput_rps: 0, input_tokens: 0, output_tokens: 0,
-                spend_usd: 0, ttft: none, tpot: none, e2e: none};
-  const totals = {requests: 0, ok: 0, errors: 0, shed: 0, cancelled: 0, good: 0, judged: 0, input_tokens: 0,
-                  output_tokens: 0, spend_usd: 0, attainment: null};
-  return {...all, buckets: all.buckets.map(b => ({...zero, t: b.t})), totals};
-}
-
 function query(extra) {
   const q = new URLSearchParams({since: $("window").value, ...extra});
   for (const [name, value] of [...q]) if (value === "") q.delete(name);
@@ -241,7 +230,7 @@ async function refresh() {
       getJSON("/infer/keys?" + query()),
       getJSON("/infer/requests?" + query(filters)),
       state.views.backends ? getJSON("/infer/backends") : null]);
-    const perRoute = routes.map(r => all.routes[r.name] || emptySeries(all));
+    const perRoute = routes.map(r => all.routes[r.name]);  // every configured route, rows or not
     $("routes").replaceChildren(...routes.map((r, i) => routeTile(r, perRoute[i].totals)));
     if (!routes.length) $("routes").textContent = "no routes configured (routes: in the config file)";
     renderBackends(routes, monitor?.backends);
