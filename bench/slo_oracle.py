@@ -6,23 +6,31 @@ serves only what it is sent, the best a gateway can do is a partition of the req
 backend plus the shed ones, each request sent at its arrival or held for a while at the gateway
 (``HOLDS``), such that the most requests meet every SLO part. The search:
 
-1. greedy in arrival order: each request takes the option (backend, hold) that keeps every request
+1. greedy, in arrival order: each request takes the option (backend, hold) that keeps every request
    already placed on that backend good, and among those the one that adds the least work there (the
    backend's busy time with it); shed if none;
 2. repair, a few passes: each shed request tries every option again now that the later requests are
    placed, evicting at most one request of that backend which then tries every other option (so a
-   place it blocked can be taken when it fits elsewhere).
+   place it blocked can be taken when it fits elsewhere);
+3. with ``--restarts N``, the same search again over other orders of the requests (cheapest first, then
+   shuffled), keeping the schedule with the most good requests (then the shortest run). The greedy is
+   order-sensitive: on the standard 0.9x draw (seed 14), arrival order finds 175 of 181 good, the best
+   of 12 orders 178.
 
 What it prints is a feasible schedule (every good request really is good on the replayed engines), so
 it is a lower bound on the true optimum and an upper bound on what this fleet gives an online policy
 only as far as the search is good; the gap between the two is what no policy tweak can close.
+``li.gput`` is ``least_inflight``'s goodput on the same draw (bench/slo_sim.py's replay) and ``bound/li``
+the ratio of the two: the most any gateway could show against ``least_inflight`` there (issue 13's
+0.9x goal asks 1.3x of it).
 
-    .venv/bin/python bench/slo_oracle.py [--loads 0.5,0.9,1.2] [--seeds 13,23,...] [--passes 3]
+    .venv/bin/python bench/slo_oracle.py [--loads 0.5,0.9,1.2] [--seeds 13,23,...] [--passes 3] [--restarts 1] [--seconds 60]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 from dataclasses import dataclass
@@ -148,26 +156,57 @@ class Plan:
         return False
 
 
-def oracle(load: float, seconds: float, seed: int, passes: int) -> dict:
-    calls = workload(load * fleet_capacity()["rps"], seconds, seed)
-    jobs = [Job(i, c.at, c.words + 1, c.max_tokens) for i, c in enumerate(calls)]
+def search(jobs: list[Job], order: list[Job], passes: int) -> Plan:
+    """The greedy placement in ``order``, then the repair passes (module docstring)."""
     plan = Plan()
-    for job in jobs:
+    for job in order:
         found = plan.options(job)
         if found:
             plan.place(job, found[0][1], found[0][2])
     for _ in range(passes):
         before = len(plan.where)
-        for job in jobs:
+        for job in order:
             if job.index not in plan.where:
                 plan.try_insert(job)
         if len(plan.where) == before:
             break
+    return plan
+
+
+def orders(jobs: list[Job], restarts: int) -> list[list[Job]]:
+    """Arrival order, then cheapest first (output tokens plus a tenth of the prompt), then shuffles."""
+    found = [list(jobs), sorted(jobs, key=lambda j: (j.max_tokens + 0.1 * j.prompt_tokens, j.arrival))]
+    for seed in range(2, restarts):
+        shuffled = list(jobs)
+        random.Random(seed).shuffle(shuffled)
+        found.append(shuffled)
+    return found[:max(1, restarts)]
+
+
+def oracle(load: float, seconds: float, seed: int, passes: int, restarts: int = 1) -> dict:
+    """The best of ``restarts`` searches: the most good requests, then the shortest run."""
+    calls = workload(load * fleet_capacity()["rps"], seconds, seed)
+    jobs = [Job(i, c.at, c.words + 1, c.max_tokens) for i, c in enumerate(calls)]
+    best = None
+    for order in orders(jobs, restarts):
+        row = summarize(jobs, search(jobs, order, passes))
+        if best is None or (row["good"], row["goodput"]) > (best["good"], best["goodput"]):
+            best = row
+    return best
+
+
+def summarize(jobs: list[Job], plan: Plan) -> dict:
     served = {name: len(p) for name, p in plan.placed.items()}
     last = max((t[1] for name, p in plan.placed.items() for t in serve(FLEET[name], p).values()), default=0.0)
     duration = last + OVERHEAD_S - jobs[0].arrival if jobs else 0.0  # first dispatch to last answer
     return {"requests": len(jobs), "good": len(plan.where), "attainment": len(plan.where) / len(jobs),
             "goodput": len(plan.where) / duration if duration else 0.0, "served": served}
+
+
+def least_inflight_goodput(load: float, seconds: float, seed: int) -> float:
+    """``least_inflight`` on the same draw, replayed by bench/slo_sim.py (its warm-up included)."""
+    from slo_sim import simulate
+    return simulate("least_inflight", [load], seconds, seed, shed=False, warmup=15)[0]["goodput"]
 
 
 def main() -> None:
@@ -176,18 +215,25 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--seeds", default="13")
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--restarts", type=int, default=1,
+                        help="searches per draw (arrival order, cheapest first, then shuffled orders); the best counts")
     args = parser.parse_args()
-    print(f"{'load':>4s} {'seed':>5s} {'reqs':>5s} {'good':>5s} {'attain':>6s} {'goodput':>7s}  served f/m/s")
+    print(f"{'load':>4s} {'seed':>5s} {'reqs':>5s} {'good':>5s} {'attain':>6s} {'goodput':>7s} {'li.gput':>7s} "
+          f"{'bound/li':>8s}  served f/m/s")
     for index, load in enumerate(float(x) for x in args.loads.split(",")):
         rows = []
         for seed in (int(s) + index for s in args.seeds.split(",")):  # bench/slo.py's seed for that load
-            row = oracle(load, args.seconds, seed, args.passes)
+            row = oracle(load, args.seconds, seed, args.passes, args.restarts)
+            row["li_goodput"] = least_inflight_goodput(load, args.seconds, seed)
+            row["ratio"] = row["goodput"] / row["li_goodput"] if row["li_goodput"] else float("inf")
             rows.append(row)
-            print(f"{load:4.1f} {seed:5d} {row['requests']:5d} {row['good']:5d} {row['attainment']:6.3f} {row['goodput']:7.3f}  "
-                  f"{'/'.join(str(v) for v in row['served'].values())}", flush=True)
+            print(f"{load:4.1f} {seed:5d} {row['requests']:5d} {row['good']:5d} {row['attainment']:6.3f} {row['goodput']:7.3f} "
+                  f"{row['li_goodput']:7.3f} {row['ratio']:8.3f}  {'/'.join(str(v) for v in row['served'].values())}",
+                  flush=True)
         if len(rows) > 1:
             print(f"{'':4s} median attainment {statistics.median(r['attainment'] for r in rows):.3f} "
-                  f"goodput {statistics.median(r['goodput'] for r in rows):.3f}")
+                  f"goodput {statistics.median(r['goodput'] for r in rows):.3f} "
+                  f"bound/li {statistics.median(r['ratio'] for r in rows):.3f}")
 
 
 if __name__ == "__main__":
