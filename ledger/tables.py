@@ -58,4 +58,5 @@ class RequestLog(UsageRecord, table=True):
     __tablename__ = "requests"  # type: ignore[assignment]
 
     id: str = Field(primary_key=True, max_length=26, description="ULID, sorts by time.")
-    datetime_utc: str = Field(index=True, description="Start time, ISO-8601 UTC with a Z.")
+    datetime_utc: str = Field(index=True, description="When the request ended (its row was written), ISO-8601 "
+                              "UTC with a Z; it started total_ms earlier.")
