@@ -29,8 +29,8 @@ the fleet's model, which no adaptive strategy is told).
 **Per run** (metrics-and-cost.md §1): TTFT = first content chunk, TPOT = (last - first) / (chunks - 1), e2e =
 last content chunk; good = complete and every SLO part met; attainment = good / all requests (sheds and errors
 are misses); admitted attainment = good / (all - shed); goodput = good / duration (first dispatch to last
-answer, vLLM's ``dur_s``); p50/p99 TTFT and TPOT of completed requests; the route's prediction error
-(median |predicted - actual| / actual) from ``GET /infer/routes``.
+answer, vLLM's ``dur_s``); p50/p99 TTFT and TPOT of completed requests; the route's prediction errors
+(median |predicted - actual| / actual of TTFT, and of TPOT) from ``GET /infer/routes``.
 
 Goals (issue 13): at 0.9x, slo attainment >= 0.95 and goodput >= 1.3x the best other side; at 1.2x, slo
 admitted attainment >= 0.95 and goodput >= 1.5x LiteLLM's; prediction error median <= 20 %.
@@ -343,6 +343,7 @@ async def bench(args, sides: list[Side], fleet: dict[str, str], capacity: float,
                 row["gateway_cores"] = (go.cpu_seconds(side.pid) - cpu0) / row["noise"]["wall_s"]
                 view = await route_view(client, side)
                 row["prediction_error"] = view.get("prediction_error") if view else None
+                row["tpot_prediction_error"] = view.get("tpot_prediction_error") if view else None
                 row["route_view"] = view
                 row["drain_s"] = await drain(client, fleet)
                 after = await served(client, fleet)
@@ -358,14 +359,14 @@ def fmt(value, spec: str = ".0f", width: int = 6) -> str:
 
 HEADER = (f"  {'load':>4s} {'side':15s} {'reqs':>5s} {'good':>5s} {'shed':>5s} {'err':>4s} {'attain':>6s} "
           f"{'adm.at':>6s} {'goodput':>7s} {'ttft50':>6s} {'ttft99':>6s} {'tpot50':>6s} {'tpot99':>6s} {'pred.err':>8s} "
-          f"{'served f/m/s':>12s} {'gw cpu':>6s} {'others':>6s}")
+          f"{'tpot.err':>8s} {'served f/m/s':>12s} {'gw cpu':>6s} {'others':>6s}")
 
 
 def print_row(r: dict) -> None:
     print(f"  {r['load']:4.1f} {r['side']:15s} {r['requests']:5d} {r['good']:5d} {r['shed']:5d} {r['errors']:4d} "
           f"{fmt(r['attainment'], '.3f')} {fmt(r['admitted_attainment'], '.3f')} {r['goodput_rps']:7.3f} "
           f"{fmt(r['ttft_p50_ms'])} {fmt(r['ttft_p99_ms'])} {fmt(r['tpot_p50_ms'])} {fmt(r['tpot_p99_ms'])} "
-          f"{fmt(r['prediction_error'], '.1%', 8)} {'/'.join(str(v) for v in r.get('served', {}).values()):>12s} "
+          f"{fmt(r['prediction_error'], '.1%', 8)} {fmt(r.get('tpot_prediction_error'), '.1%', 8)} {'/'.join(str(v) for v in r.get('served', {}).values()):>12s} "
           f"{r['gateway_cores']:6.2f} {r['noise']['others_cores']:6.2f}", flush=True)
 
 
@@ -436,8 +437,9 @@ def print_report(runs: list[dict], cap: dict, args) -> None:
     print(HEADER)
     for r in sorted(runs, key=lambda r: (r["load"], r["side"])):
         print_row(r)
-    print("  (ms; goodput in good req/s; pred.err = the route's median |predicted - actual| / actual; served = requests\n"
-          "   each backend finished; gw cpu = cores the gateway process used; others = cores used by processes\n"
+    print("  (ms; goodput in good req/s; pred.err = the route's median |predicted - actual| / actual of TTFT, tpot.err\n"
+          "   the same of TPOT (predicted at binding, for the batch it joined); served = requests each backend finished;\n"
+          "   gw cpu = cores the gateway process used; others = cores used by processes\n"
           "   other than this client, the gateway and the fleet)")
     for r in runs:
         if r["errors"]:

@@ -228,10 +228,12 @@ def summary(reqs: list[SimRequest], sim: Sim) -> dict:
         missed["tpot"] += n > 1 and (r.last - r.first) / (n - 1) * 1000 > SLO["tpot_ms"]
         missed["e2e"] += (r.last - r.arrival) * 1000 > SLO["e2e_ms"]
     errors = sorted(e for m in sim.models.values() for e in m.errors)
+    tpot_errors = sorted(e for m in sim.models.values() for e in m.tpot_errors)
     return {"requests": len(reqs), "good": len(good), "shed": shed, "unfinished": len(reqs) - len(done) - shed,
             "attainment": len(good) / len(reqs), "admitted": len(good) / max(1, len(reqs) - shed),
             "goodput": len(good) / duration if duration else 0.0, "missed": missed,
             "pred_err": errors[len(errors) // 2] if errors else None,
+            "tpot_err": tpot_errors[len(tpot_errors) // 2] if tpot_errors else None,
             "served": {n: sum(1 for r in reqs if r.backend == n) for n in FLEET}}
 
 
@@ -249,6 +251,7 @@ def simulate(policy: str, loads: list[float], seconds: float, seed: int, shed: b
                 sim.run(workload(0.5 * cap, warmup, seed + 99), grace=30)
         for model in sim.models.values():
             model.errors.clear()
+            model.tpot_errors.clear()
         rows.append(summary(sim.run(workload(load * cap, seconds, seed + index), grace=30), sim))
         if debug:
             for m in sim.members:
@@ -283,7 +286,7 @@ def main() -> None:
         current = getattr(dispatch, name)
         setattr(dispatch, name, value in ("True", "1") if isinstance(current, bool) else type(current)(value))
     print(f"{'load':>4s} {'policy':15s} {'reqs':>5s} {'good':>5s} {'shed':>4s} {'attain':>6s} {'adm.at':>6s} "
-          f"{'goodput':>7s} {'pred.err':>8s}  missed ttft/tpot/e2e  served")
+          f"{'goodput':>7s} {'pred.err':>8s} {'tpot.err':>8s}  missed ttft/tpot/e2e  served")
     loads = [float(x) for x in args.loads.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     medians = []  # per policy and load: the median attainment over the seeds, for the system goodput
@@ -296,7 +299,7 @@ def main() -> None:
             medians.append({"side": policy, "load": load, "rate_rps": load * capacity,
                             "attainment": statistics.median(r["attainment"] for r in rows)})
             for row in rows:
-                err = f"{row['pred_err']:8.1%}" if row["pred_err"] is not None else f"{'-':>8s}"
+                err = " ".join(f"{row[k]:8.1%}" if row[k] is not None else f"{'-':>8s}" for k in ("pred_err", "tpot_err"))
                 print(f"{load:4.1f} {policy:15s} {row['requests']:5d} {row['good']:5d} {row['shed']:4d} "
                       f"{row['attainment']:6.3f} {row['admitted']:6.3f} {row['goodput']:7.3f} {err}  "
                       f"{row['missed']['ttft']:3d}/{row['missed']['tpot']:3d}/{row['missed']['e2e']:3d}  "

@@ -54,7 +54,7 @@ def _route_table(route: dict) -> str:
     head = (f"route {route['name']} ({route['strategy']}{', shed' if route['sheds_early'] else ''}; SLO {parts or 'none'}, "
             f"target {slo['target']:.0%}, window {slo['window_s']:g} s)")
     header = ("", "requests", "good", "shed", "errors", "attain", "goodput/s", "ttft p50", "ttft p99",
-              "tpot p50", "tpot p99", "pred ttft", "pred err", "in flight", "breaker")
+              "tpot p50", "tpot p99", "pred ttft", "pred tpot", "ttft err", "tpot err", "in flight", "breaker")
     rows = [_row("(route)", route, None)] + [_row(b["name"], b, b) for b in route["backends"]]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
@@ -67,5 +67,6 @@ def _row(name: str, s: dict, backend: dict | None) -> tuple:
     return (name, s["requests"], s["good"], s["shed"], s["errors"], fmt(s["attainment"], "{:.1%}"),
             fmt(s["goodput_rps"], "{:.2f}"), fmt(s["ttft"]["p50"]), fmt(s["ttft"]["p99"]), fmt(s["tpot"]["p50"]),
             fmt(s["tpot"]["p99"]), fmt(backend and backend["predicted_ttft_ms"]),
-            fmt(s.get("prediction_error"), "{:.0%}"), "-" if backend is None else backend["in_flight"],
+            fmt(backend and backend["predicted_tpot_ms"]), fmt(s.get("prediction_error"), "{:.0%}"),
+            fmt(s.get("tpot_prediction_error"), "{:.0%}"), "-" if backend is None else backend["in_flight"],
             "-" if backend is None else backend["breaker"])

@@ -93,6 +93,11 @@ class WindowFit:
         return np.maximum(w, 0.0) / scale
 
 
+def median(values: list[float]) -> float | None:
+    """The upper median (the value at half the sorted length), None for none."""
+    return sorted(values)[len(values) // 2] if values else None
+
+
 @dataclass
 class InFlight:
     prompt_tokens: int
@@ -131,6 +136,7 @@ class LatencyModel:
     in_flight: dict[int, InFlight] = field(default_factory=dict)
     reported_waiting: float = 0.0  # the backend's own queue (its /metrics), other clients included
     errors: list[float] = field(default_factory=list)  # |predicted − actual| / actual of recent TTFTs
+    tpot_errors: list[float] = field(default_factory=list)  # the same of recent TPOTs (requests of 2+ tokens)
     ratios: dict[str, list[float]] = field(default_factory=lambda: {"ttft": [], "tpot": []})  # actual / predicted
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     rate_window_s: float = 30.0  # the prefill token rate ρ is measured over this long
@@ -269,13 +275,15 @@ class LatencyModel:
         batch = (self._area - entry.decode_area) / span if span > 0 else float(self.decoding() + 1)
         stall = (self._prefilled - entry.prefilled) / (output_tokens - 1)
         self.tpot.update([1.0, max(1.0, batch), stall], tpot_s)
+        if tpot_s > 0:
+            self.tpot_errors.append(abs(entry.predicted.tpot_s - tpot_s) / tpot_s)
+            del self.tpot_errors[:-200]
         self._ratio("tpot", entry.predicted.tpot_s, tpot_s)
 
-    def median_error(self) -> float | None:
-        if not self.errors:
-            return None
-        ordered = sorted(self.errors)
-        return ordered[len(ordered) // 2]
+    def median_error(self, kind: str = "ttft") -> float | None:
+        """The median |predicted − actual| / actual of recent TTFTs (or, ``kind="tpot"``, TPOTs)."""
+        errors = self.errors if kind == "ttft" else self.tpot_errors
+        return median(errors)
 
     def _advance(self) -> float:
         """Accrues ∫ decoding dt up to now (call before the number decoding changes)."""

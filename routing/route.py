@@ -36,7 +36,7 @@ from adapters.token_count import TokenCounter, load_counter
 
 from . import dispatch
 from .dispatch import Dispatcher, Waiter
-from .predictor import Prediction
+from .predictor import Prediction, median
 from .slo import SLO, vllm_tpot
 from .stats import Outcome, Window
 from .strategies import Member, Orderer
@@ -240,17 +240,18 @@ class Route:
                 "reported_waiting": m.latency.reported_waiting,
                 "predicted_ttft_ms": round(prediction.ttft_s * 1000, 3),
                 "predicted_tpot_ms": round(prediction.tpot_s * 1000, 3),
-                "prediction_error": m.latency.median_error(), "observations": m.latency.ttft.observations,
+                "prediction_error": m.latency.median_error(), "tpot_prediction_error": m.latency.median_error("tpot"),
+                "observations": m.latency.ttft.observations,
                 "batch_limit": m.latency.batch_limit or None,
                 "margins": {kind: round(m.latency.ratio(kind, q), 3)
                             for kind, q in (("ttft", dispatch.TTFT_QUANTILE), ("tpot", dispatch.TPOT_QUANTILE))},
                 **self.window.summary(m.name),
             })
-        errors = sorted(e for m in self.members for e in m.latency.errors)
         return {"name": self.name, "strategy": self.policy.strategy, "sheds_early": self.policy.shed,
                 "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms, "target": slo.target,
                         "window_s": slo.window_s},
-                "prediction_error": errors[len(errors) // 2] if errors else None,
+                "prediction_error": median([e for m in self.members for e in m.latency.errors]),
+                "tpot_prediction_error": median([e for m in self.members for e in m.latency.tpot_errors]),
                 **self.window.summary(), "backends": backends}
 
 

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from tests.remote.servers import start_server as start_fake
 from tests.remote.servers.behaviour import Behaviour
+from tests.remote.servers.queueing import QueueModel, start_queueing
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 
@@ -21,25 +22,30 @@ CHAT = [{"role": "user", "content": "name four letters"}]
 def fakes():
     fast, slow = start_fake("vllm", Behaviour()), start_fake("vllm", Behaviour(first_byte_delay=0.4))
     stalled = start_fake("vllm", Behaviour(first_byte_delay=5.0))
+    paced = start_queueing(QueueModel(batch_limit=4, prefill_tok_s=1e6, tpot_base_ms=60, tpot_slope_ms=0,
+                                      model=fast.behaviour.models[0]))  # 60 ms a token, streamed or not
     try:
-        yield fast, slow, stalled
+        yield fast, slow, stalled, paced
     finally:
-        for fake in (fast, slow, stalled):
+        for fake in (fast, slow, stalled, paced):
             fake.stop()
 
 
 @pytest.fixture(scope="module")
 def server(fakes, gateway_for):
-    fast, slow, stalled = fakes
+    fast, slow, stalled, paced = fakes
     model = fast.behaviour.models[0]
     return gateway_for([{"name": "fast", "type": "vllm", "base_url": fast.url, "model": model},
                         {"name": "slow", "type": "vllm", "base_url": slow.url, "model": model},
-                        {"name": "stalled", "type": "vllm", "base_url": stalled.url, "model": model}],
+                        {"name": "stalled", "type": "vllm", "base_url": stalled.url, "model": model},
+                        {"name": "paced", "type": "vllm", "base_url": paced.url, "model": model}],
                        routes=[{"name": "chat", "backends": ["slow", "fast"], "strategy": "round_robin",
                                 "slo": {"ttft_ms": 260, "window_s": 60}},
                                {"name": "strict", "backends": ["slow"], "slo": {"ttft_ms": 100}, "shed": True},
                                {"name": "hedged", "backends": ["stalled", "fast"], "strategy": "round_robin",
-                                "first_token_timeout_ms": 300}])
+                                "first_token_timeout_ms": 300},
+                               {"name": "chat-paced", "backends": ["paced"], "strategy": "slo",
+                                "slo": {"ttft_ms": 250, "tpot_ms": 100}, "first_token_timeout_ms": 300}])
 
 
 def rows(server, where: str) -> list:
@@ -77,6 +83,8 @@ def test_round_robin_attainment_goodput_and_the_rows_say_which_backend_met_the_s
     assert by_name["fast"]["good"] == 2 and by_name["slow"]["good"] == 0
     assert by_name["slow"]["ttft"]["p50"] > 260 > by_name["fast"]["ttft"]["p50"]
     assert chat["goodput_rps"] > 0 and by_name["fast"]["breaker"] == "closed"
+    for view_of in (chat, by_name["fast"], by_name["slow"]):  # 4-token answers: a TPOT to predict and score
+        assert view_of["prediction_error"] >= 0 and view_of["tpot_prediction_error"] >= 0
     found = settle(server, "route_name = 'chat'", 4)
     assert sorted((r.backend, r.slo_met, r.slo_missed) for r in found) == [
         ("fast", True, None), ("fast", True, None), ("slow", False, "ttft"), ("slow", False, "ttft")]
@@ -114,6 +122,7 @@ def test_infer_routes_prints_the_table(server):
     assert "route chat (round_robin; SLO ttft 260 ms, target 95%, window 60 s)" in done.stdout
     lines = done.stdout.splitlines()
     assert any(line.startswith("fast ") for line in lines) and any(line.startswith("(route)") for line in lines)
+    assert "pred tpot" in lines[1] and "ttft err" in lines[1] and "tpot err" in lines[1]
 
 
 def test_a_backend_with_no_first_token_in_time_is_cancelled_and_the_next_one_answers(server, fakes):

@@ -101,6 +101,7 @@ def test_latency_model_counts_what_is_in_flight_and_scores_its_predictions():
     clock[0] = 1.2
     m.finished(1, 0.1, 11)  # 1 s of decoding: 0.1 s with one decoding, 0.9 s with two
     assert m.tpot.xs[-1] == pytest.approx([1.0, 1.9, 5.0])  # mean batch 1.9, 50 tokens / 10 steps
+    assert m.median_error("tpot") == pytest.approx(abs(p1.tpot_s - 0.1) / 0.1)
     assert list(m.in_flight) == [2]
 
 
