@@ -18,6 +18,9 @@
    backend, ``retries`` times; when every backend is out, the ``fallbacks`` routes are tried in turn;
 7. accounting: the final Done names the route, the backend that served, the attempts and the SLO
    parts missed; the route's window and the backend's latency model learn from it.
+
+A route asks its backends for a stream even when the client wants one reply (the gateway joins the
+chunks), so TTFT is the backend's first token for every request, as vLLM's own metrics count it.
 """
 
 from __future__ import annotations
@@ -262,7 +265,10 @@ class _Attempt:
     def __init__(self, route: Route, member: Member, request: GenerationRequest, prompt_tokens: int, slo: SLO,
                  max_tokens: int, bound: Waiter | None = None):
         self.route, self.member, self.slo = route, member, slo
-        self.request = replace(request, model=member.model, cancel=CancelToken())
+        # Always a stream from the backend, also for a client that wants one reply (the gateway joins the
+        # chunks for it): the route times the backend's first token for the SLO, the predictor and the
+        # first-token deadline, which a one-reply call would put at its last token.
+        self.request = replace(request, model=member.model, cancel=CancelToken(), stream=True)
         request.cancel.on_cancel(self.request.cancel.cancel)
         self.client_cancel = request.cancel
         self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens

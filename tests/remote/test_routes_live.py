@@ -140,6 +140,25 @@ def test_a_backend_with_no_first_token_in_time_is_cancelled_and_the_next_one_ans
     assert (row.backend, row.attempts, row.status) == ("fast", 2, "ok")
 
 
+def test_a_reply_not_streamed_to_the_client_is_streamed_from_the_backend_so_its_first_token_is_timed(server):
+    """A non-streaming client's request takes 12 x 60 ms: longer than the route's TTFT SLO and its
+    first-token deadline, though the backend's first token comes at once. The route must not hedge it
+    away nor count it a TTFT miss: it times the backend's first token, as vLLM's own metrics do."""
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for _ in range(2):
+            r = http.post("/v1/chat/completions", json={"model": "chat-paced", "messages": CHAT, "max_tokens": 12})
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == 12 and r.json()["choices"][0]["message"]["content"]
+        ollama = http.post("/api/chat", json={"model": "chat-paced", "messages": CHAT, "stream": False,
+                                              "options": {"num_predict": 12}})
+        assert ollama.status_code == 200 and ollama.json()["eval_count"] == 12
+        view = next(r for r in http.get("/infer/routes").json()["routes"] if r["name"] == "chat-paced")
+    found = settle(server, "route_name = 'chat-paced'", 3)
+    assert [(r.backend, r.status, r.attempts, r.slo_met) for r in found] == [("paced", "ok", 1, True)] * 3
+    assert (view["requests"], view["good"]) == (3, 3)
+    assert view["ttft"]["p50"] < 250 and 50 < view["tpot"]["p50"] < 100
+
+
 def test_a_member_whose_health_fails_is_down_in_every_route_and_up_again_when_it_answers(server, fakes):
     """One poller (the backend monitor) asks each backend; every route holding it hears the answer."""
     import time
