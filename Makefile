@@ -38,7 +38,7 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/gateway_overhead.py --soak --json .bench/gateway_overhead/soak.json
 	$(BIN)/python bench/slo.py --json .bench/slo/results.json
 	$(BIN)/python bench/slo_sim.py
-	$(BIN)/python bench/slo_oracle.py --loads 0.5,0.9 --seeds 13
+	$(BIN)/python bench/slo_oracle.py --loads 0.5,0.9 --seeds 13 --restarts 12
 	$(BIN)/python bench/dashboard.py --json .bench/dashboard/results.json
 
 clean:
