@@ -283,6 +283,7 @@ def test_a_ledger_key_sees_its_own_rows_and_no_cost_report(live, browser):
 def assert_routes(page, server) -> None:
     routes = {r["name"]: r for r in get(server, "/infer/routes").json()["routes"]}
     assert routes["chat"]["requests"] == 6 and routes["strict"]["shed"] == 1
+    assert any(b["tpot_prediction_error"] is not None for b in routes["chat"]["backends"])
     for name, route in routes.items():
         for field in ("requests", "good", "shed", "errors"):
             assert shown(page, f"route.{name}.{field}") == str(route[field]), (name, field)
@@ -293,6 +294,8 @@ def assert_routes(page, server) -> None:
         for b in route["backends"]:
             assert shown(page, f"backend.{name}.{b['name']}.breaker") == b["breaker"]
             assert shown(page, f"backend.{name}.{b['name']}.in_flight") == str(b["in_flight"])
+            for field in ("prediction_error", "tpot_prediction_error"):  # fixed once the traffic has ended
+                assert shown(page, f"backend.{name}.{b['name']}.{field}") == pct(b[field]), (name, b["name"], field)
 
 
 def assert_backends_health(page, server) -> None:

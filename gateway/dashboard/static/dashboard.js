@@ -125,7 +125,9 @@ function backendRow(routeName, b, h) {
     cell(fmt.int(b.queued), k("queued")), cell(num(h.requests_running), k("running")),
     cell(num(h.requests_waiting ?? b.reported_waiting), k("waiting")), cell(fmt.pct(h.kv_cache_usage ?? null), k("kv_cache")),
     cell(fmt.ms(b.predicted_ttft_ms), k("predicted_ttft_ms")), cell(fmt.ms(b.ttft?.p50 ?? null), k("ttft_p50")),
-    cell(fmt.pct(b.prediction_error ?? null), k("prediction_error"))]);
+    cell(fmt.pct(b.prediction_error ?? null), k("prediction_error")),
+    cell(fmt.ms(b.predicted_tpot_ms), k("predicted_tpot_ms")), cell(fmt.ms(b.tpot?.p50 ?? null), k("tpot_p50")),
+    cell(fmt.pct(b.tpot_prediction_error ?? null), k("tpot_prediction_error"))]);
 }
 
 // -- latency and traffic --------------------------------------------------------------------------
