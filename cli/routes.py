@@ -59,7 +59,9 @@ def _route_table(route: dict) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in [header, *rows]]
-    return "\n".join([head, *lines, ""])
+    note = (f"(predictions for a prompt of {route['predicted_for_prompt_tokens']} tokens, the median of the route's "
+            "latest requests)") if "predicted_for_prompt_tokens" in route else None
+    return "\n".join([head, *lines, *([note] if note else []), ""])
 
 
 def _row(name: str, s: dict, backend: dict | None) -> tuple:

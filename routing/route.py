@@ -28,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
@@ -74,12 +76,14 @@ class Route:
         self.resolve_route = resolve_route
         self.counter = counter or load_counter(None)
         self.on_outcome: list[Callable[[str, Outcome], None]] = []  # metrics hooks
+        self.recent_prompts: deque[int] = deque(maxlen=200)  # prompt tokens of the latest requests
 
     # -- the Backend protocol -------------------------------------------------------------------
 
     async def stream(self, request: GenerationRequest, _visited: frozenset[str] = frozenset()) -> AsyncIterator[StreamEvent]:
         slo = self.policy.slo.tightened(request.slo_ttft_ms, request.slo_tpot_ms)
         prompt_tokens = self.counter.prompt_tokens(request)
+        self.recent_prompts.append(prompt_tokens)
         max_tokens = int(request.options.get("num_predict") or 256)
         members = [m for m in self.members if m.breaker.allows()]
         bound: Waiter | None = None
@@ -230,10 +234,13 @@ class Route:
             if health is not None:
                 member.latency.reported(health.metrics.get("requests_running"), health.metrics.get("requests_waiting"))
 
-    def snapshot(self, prompt_tokens: int = 256) -> dict:
+    def snapshot(self) -> dict:
         """The live view of ``GET /infer/routes``: the route's window, and per backend its window,
-        in flight, predictions now, prediction error and breaker state."""
+        in flight, predictions now (for the median prompt of the route's latest requests, so they
+        compare with the measured percentiles beside them; 256 tokens before any), prediction error
+        and breaker state."""
         slo = self.policy.slo
+        prompt_tokens = int(statistics.median(self.recent_prompts)) if self.recent_prompts else 256
         backends = []
         for m in self.members:
             prediction = m.latency.predict(prompt_tokens)
@@ -251,6 +258,7 @@ class Route:
                 **self.window.summary(m.name),
             })
         return {"name": self.name, "strategy": self.policy.strategy, "sheds_early": self.policy.shed,
+                "predicted_for_prompt_tokens": prompt_tokens,
                 "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms, "target": slo.target,
                         "window_s": slo.window_s},
                 "prediction_error": median([e for m in self.members for e in m.latency.errors]),

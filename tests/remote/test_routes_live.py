@@ -83,6 +83,7 @@ def test_round_robin_attainment_goodput_and_the_rows_say_which_backend_met_the_s
     assert by_name["fast"]["good"] == 2 and by_name["slow"]["good"] == 0
     assert by_name["slow"]["ttft"]["p50"] > 260 > by_name["fast"]["ttft"]["p50"]
     assert chat["goodput_rps"] > 0 and by_name["fast"]["breaker"] == "closed"
+    assert 0 < chat["predicted_for_prompt_tokens"] < 50  # the requests' own short prompt, not a default
     for view_of in (chat, by_name["fast"], by_name["slow"]):  # 4-token answers: a TPOT to predict and score
         assert view_of["prediction_error"] >= 0 and view_of["tpot_prediction_error"] >= 0
     found = settle(server, "route_name = 'chat'", 4)
@@ -123,6 +124,7 @@ def test_infer_routes_prints_the_table(server):
     lines = done.stdout.splitlines()
     assert any(line.startswith("fast ") for line in lines) and any(line.startswith("(route)") for line in lines)
     assert "pred tpot" in lines[1] and "ttft err" in lines[1] and "tpot err" in lines[1]
+    assert any(line.startswith("(predictions for a prompt of ") and " tokens, the median" in line for line in lines)
 
 
 def test_a_backend_with_no_first_token_in_time_is_cancelled_and_the_next_one_answers(server, fakes):
