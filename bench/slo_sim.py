@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from routing.dispatch import Dispatcher, Waiter  # noqa: E402
+from routing.predictor import median  # noqa: E402
 from routing.slo import SLO as RouteSLO  # noqa: E402
 from routing.strategies import Member, Orderer  # noqa: E402
 from slo import FLEET, SLO, Call, fleet_capacity, print_system_goodput, workload  # noqa: E402
@@ -227,13 +228,11 @@ def summary(reqs: list[SimRequest], sim: Sim) -> dict:
         missed["ttft"] += (r.first - r.arrival) * 1000 > SLO["ttft_ms"]
         missed["tpot"] += n > 1 and (r.last - r.first) / (n - 1) * 1000 > SLO["tpot_ms"]
         missed["e2e"] += (r.last - r.arrival) * 1000 > SLO["e2e_ms"]
-    errors = sorted(e for m in sim.models.values() for e in m.errors)
-    tpot_errors = sorted(e for m in sim.models.values() for e in m.tpot_errors)
     return {"requests": len(reqs), "good": len(good), "shed": shed, "unfinished": len(reqs) - len(done) - shed,
             "attainment": len(good) / len(reqs), "admitted": len(good) / max(1, len(reqs) - shed),
             "goodput": len(good) / duration if duration else 0.0, "missed": missed,
-            "pred_err": errors[len(errors) // 2] if errors else None,
-            "tpot_err": tpot_errors[len(tpot_errors) // 2] if tpot_errors else None,
+            "pred_err": median([e for m in sim.models.values() for e in m.errors]),
+            "tpot_err": median([e for m in sim.models.values() for e in m.tpot_errors]),
             "served": {n: sum(1 for r in reqs if r.backend == n) for n in FLEET}}
 
 

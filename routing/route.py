@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -240,7 +239,7 @@ class Route:
         compare with the measured percentiles beside them; 256 tokens before any), prediction error
         and breaker state."""
         slo = self.policy.slo
-        prompt_tokens = int(statistics.median(self.recent_prompts)) if self.recent_prompts else 256
+        prompt_tokens = median(list(self.recent_prompts)) or 256
         backends = []
         for m in self.members:
             prediction = m.latency.predict(prompt_tokens)
