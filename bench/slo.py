@@ -366,7 +366,8 @@ def print_row(r: dict) -> None:
     print(f"  {r['load']:4.1f} {r['side']:15s} {r['requests']:5d} {r['good']:5d} {r['shed']:5d} {r['errors']:4d} "
           f"{fmt(r['attainment'], '.3f')} {fmt(r['admitted_attainment'], '.3f')} {r['goodput_rps']:7.3f} "
           f"{fmt(r['ttft_p50_ms'])} {fmt(r['ttft_p99_ms'])} {fmt(r['tpot_p50_ms'])} {fmt(r['tpot_p99_ms'])} "
-          f"{fmt(r['prediction_error'], '.1%', 8)} {fmt(r.get('tpot_prediction_error'), '.1%', 8)} {'/'.join(str(v) for v in r.get('served', {}).values()):>12s} "
+          f"{fmt(r['prediction_error'], '.1%', 8)} {fmt(r.get('tpot_prediction_error'), '.1%', 8)} "
+          f"{'/'.join(str(v) for v in r.get('served', {}).values()):>12s} "
           f"{r['gateway_cores']:6.2f} {r['noise']['others_cores']:6.2f}", flush=True)
 
 
@@ -437,10 +438,10 @@ def print_report(runs: list[dict], cap: dict, args) -> None:
     print(HEADER)
     for r in sorted(runs, key=lambda r: (r["load"], r["side"])):
         print_row(r)
-    print("  (ms; goodput in good req/s; pred.err = the route's median |predicted - actual| / actual of TTFT, tpot.err\n"
-          "   the same of TPOT (predicted at binding, for the batch it joined); served = requests each backend finished;\n"
-          "   gw cpu = cores the gateway process used; others = cores used by processes\n"
-          "   other than this client, the gateway and the fleet)")
+    print("  (ms; goodput in good req/s; pred.err = the route's median |predicted - actual| / actual of TTFT,\n"
+          "   tpot.err the same of TPOT (predicted at binding, for the batch it joined); served = requests each\n"
+          "   backend finished; gw cpu = cores the gateway process used; others = cores used by processes other\n"
+          "   than this client, the gateway and the fleet)")
     for r in runs:
         if r["errors"]:
             print(f"  {r['load']:g}x {r['side']}: {r['errors']} errors, e.g. {'; '.join(r['first_errors'])}")

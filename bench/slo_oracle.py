@@ -24,7 +24,8 @@ only as far as the search is good; the gap between the two is what no policy twe
 the ratio of the two: the most any gateway could show against ``least_inflight`` there (issue 13's
 0.9x goal asks 1.3x of it).
 
-    .venv/bin/python bench/slo_oracle.py [--loads 0.5,0.9,1.2] [--seeds 13,23,...] [--passes 3] [--restarts 1] [--seconds 60]
+    .venv/bin/python bench/slo_oracle.py [--loads 0.5,0.9,1.2] [--seeds 13,23,...] [--passes 3] [--restarts 1]
+                                         [--seconds 60]
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from slo import FLEET, SLO, fleet_capacity, workload  # noqa: E402
+from slo_sim import simulate  # noqa: E402
 
 OVERHEAD_S = 0.003        # one hop, as bench/slo_sim.py
 HOLDS = (0.0, 0.25, 0.5, 1.0)  # seconds a request may be held at the gateway before it is sent
@@ -156,7 +158,13 @@ class Plan:
         return False
 
 
-def search(jobs: list[Job], order: list[Job], passes: int) -> Plan:
+def draw(load: float, seconds: float, seed: int) -> list[Job]:
+    """bench/slo.py's requests at ``load`` x the fleet's capacity, seeded."""
+    calls = workload(load * fleet_capacity()["rps"], seconds, seed)
+    return [Job(i, c.at, c.words + 1, c.max_tokens) for i, c in enumerate(calls)]
+
+
+def search(order: list[Job], passes: int) -> Plan:
     """The greedy placement in ``order``, then the repair passes (module docstring)."""
     plan = Plan()
     for job in order:
@@ -185,11 +193,10 @@ def orders(jobs: list[Job], restarts: int) -> list[list[Job]]:
 
 def oracle(load: float, seconds: float, seed: int, passes: int, restarts: int = 1) -> dict:
     """The best of ``restarts`` searches: the most good requests, then the shortest run."""
-    calls = workload(load * fleet_capacity()["rps"], seconds, seed)
-    jobs = [Job(i, c.at, c.words + 1, c.max_tokens) for i, c in enumerate(calls)]
+    jobs = draw(load, seconds, seed)
     best = None
     for order in orders(jobs, restarts):
-        row = summarize(jobs, search(jobs, order, passes))
+        row = summarize(jobs, search(order, passes))
         if best is None or (row["good"], row["goodput"]) > (best["good"], best["goodput"]):
             best = row
     return best
@@ -205,7 +212,6 @@ def summarize(jobs: list[Job], plan: Plan) -> dict:
 
 def least_inflight_goodput(load: float, seconds: float, seed: int) -> float:
     """``least_inflight`` on the same draw, replayed by bench/slo_sim.py (its warm-up included)."""
-    from slo_sim import simulate
     return simulate("least_inflight", [load], seconds, seed, shed=False, warmup=15)[0]["goodput"]
 
 
@@ -227,8 +233,8 @@ def main() -> None:
             row["li_goodput"] = least_inflight_goodput(load, args.seconds, seed)
             row["ratio"] = row["goodput"] / row["li_goodput"] if row["li_goodput"] else float("inf")
             rows.append(row)
-            print(f"{load:4.1f} {seed:5d} {row['requests']:5d} {row['good']:5d} {row['attainment']:6.3f} {row['goodput']:7.3f} "
-                  f"{row['li_goodput']:7.3f} {row['ratio']:8.3f}  {'/'.join(str(v) for v in row['served'].values())}",
+            print(f"{load:4.1f} {seed:5d} {row['requests']:5d} {row['good']:5d} {row['attainment']:6.3f} "
+                  f"{row['goodput']:7.3f} {row['li_goodput']:7.3f} {row['ratio']:8.3f}  {'/'.join(str(v) for v in row['served'].values())}",
                   flush=True)
         if len(rows) > 1:
             print(f"{'':4s} median attainment {statistics.median(r['attainment'] for r in rows):.3f} "

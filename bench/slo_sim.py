@@ -298,7 +298,8 @@ def main() -> None:
             medians.append({"side": policy, "load": load, "rate_rps": load * capacity,
                             "attainment": statistics.median(r["attainment"] for r in rows)})
             for row in rows:
-                err = " ".join(f"{row[k]:8.1%}" if row[k] is not None else f"{'-':>8s}" for k in ("pred_err", "tpot_err"))
+                err = " ".join(f"{row[k]:8.1%}" if row[k] is not None else f"{'-':>8s}"
+                               for k in ("pred_err", "tpot_err"))
                 print(f"{load:4.1f} {policy:15s} {row['requests']:5d} {row['good']:5d} {row['shed']:4d} "
                       f"{row['attainment']:6.3f} {row['admitted']:6.3f} {row['goodput']:7.3f} {err}  "
                       f"{row['missed']['ttft']:3d}/{row['missed']['tpot']:3d}/{row['missed']['e2e']:3d}  "

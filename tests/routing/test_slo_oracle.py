@@ -25,14 +25,9 @@ def oracle_bench():
     return module
 
 
-def draw(oracle_bench, load: float, seconds: float, seed: int) -> list:
-    calls = oracle_bench.workload(load * oracle_bench.fleet_capacity()["rps"], seconds, seed)
-    return [oracle_bench.Job(i, c.at, c.words + 1, c.max_tokens) for i, c in enumerate(calls)]
-
-
 def test_every_request_the_schedule_counts_is_good_when_replayed(oracle_bench):
-    jobs = draw(oracle_bench, 1.2, 12, 5)  # over capacity: some requests cannot be placed
-    plan = oracle_bench.search(jobs, jobs, passes=2)
+    jobs = oracle_bench.draw(1.2, 12, 5)  # over capacity: some requests cannot be placed
+    plan = oracle_bench.search(jobs, passes=2)
     placed = [job.index for name in plan.placed for _, job in plan.placed[name]]
     assert sorted(placed) == sorted(plan.where) and len(set(placed)) == len(placed)
     assert 0 < len(placed) < len(jobs)
