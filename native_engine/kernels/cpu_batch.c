@@ -510,7 +510,6 @@ static void write_cache(const batch_step_t *s, int64_t l) {
     }
 }
 
-
 AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn, const batch_op_t *op) {
     step_run_op(k, s->flags + k * BATCH_MAX_CHUNKS, s->gen, chunks, fn, op, omp_get_thread_num(), s->nt, s->progress);
 }

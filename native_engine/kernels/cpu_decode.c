@@ -307,7 +307,6 @@ typedef struct { /* what every thread reads */
     int64_t *progress; /* the op each thread is in, one cache line each */
 } step_t;
 
-
 typedef struct { /* one op as a thread sees it */
     const step_t *s;
     const qrow_t *x;
