@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from native_engine.loader.tokenizer import Tokenizer
+from gguf_io.tokenizer import Tokenizer
 
 
 class TokenCounter:

@@ -1,7 +1,7 @@
 """A small PyTorch inference engine in the vLLM / nano-vllm mould: paged KV cache, prefix caching,
 continuous batching with chunked prefill, Triton kernels on GPU and their torch references on CPU.
 
-The public names load on first use (PEP 562), so `native_engine.loader.gguf_file` and the tokenizer
+The public names load on first use (PEP 562), so `gguf_io.gguf_file` and the tokenizer
 can be used without importing torch."""
 
 from __future__ import annotations

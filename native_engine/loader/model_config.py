@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader
 
-from .gguf_file import open_gguf
+from gguf_io.gguf_file import open_gguf
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 # Token texts llama.cpp treats as end-of-generation whatever the metadata says (llama-vocab.cpp).

@@ -19,13 +19,13 @@ def imported(code: str) -> set[str]:
 
 
 def test_infer_run_local_path_leaves_the_web_stack_and_torch_alone():
-    modules = imported("import cli.main, cli.run, cli.chat_session, adapters.native")
+    modules = imported("import cli.main, cli.run, cli.chat_session, adapters.local.native.backend")
     assert not modules & {"fastapi", "starlette", "aiohttp", "uvicorn", "torch", "triton", "transformers"}
 
 
 def test_gguf_header_and_tokenizer_come_without_torch():
-    modules = imported("from native_engine.loader.gguf_file import GGUFFile\n"
-                       "from native_engine.loader.tokenizer import Tokenizer")
+    modules = imported("from gguf_io.gguf_file import GGUFFile\n"
+                       "from gguf_io.tokenizer import Tokenizer")
     assert "torch" not in modules
 
 
