@@ -44,9 +44,9 @@ ENGINE_ALONE = {
     "native": """
 import time; t0 = time.perf_counter()
 from adapters.core.settings import DEFAULTS
-from native_engine import LLMEngine
+from native_engine import EngineConfig, LLMEngine
 t1 = time.perf_counter()
-LLMEngine(DEFAULTS.native.engine_config({path!r}, 2048))
+LLMEngine(EngineConfig(model={path!r}, max_model_len=2048, **DEFAULTS.native.model_dump()))
 """,
     "llamacpp": """
 import time; t0 = time.perf_counter()

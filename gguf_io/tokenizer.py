@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from .gguf_file import open_gguf
-from native_engine.loader.model_config import gguf_eos_token_ids, gguf_value, hf_chat_template, hf_eos_token_ids, read_json
+from .metadata import gguf_eos_token_ids, gguf_value, hf_chat_template, hf_eos_token_ids, read_json
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,8 @@ ENV_PREFIX = "INFER_"
 
 
 class NativeSettings(BaseModel):
-    """Engine knobs (``native_engine.EngineConfig`` fields) used for every model the native backend loads."""
+    """Engine knobs used for every model the native backend loads: ``EngineConfig`` fields by the same names
+    (``adapters.local.native.backend.engine_config`` builds it; this tree imports nothing of the engine)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -42,11 +43,6 @@ class NativeSettings(BaseModel):
     dtype: str = "auto"
     device: str = "auto"
     enable_prefix_caching: bool = True
-
-    def engine_config(self, model_path: str, max_model_len: int):
-        from native_engine import EngineConfig
-
-        return EngineConfig(model=model_path, max_model_len=max_model_len, **self.model_dump())
 
 
 class LocalSettings(BaseSettings):

@@ -52,7 +52,7 @@ def chat_spec(tokenizer: str | None) -> PromptSpec:
 
 def _gguf_template(path: Path) -> tuple[str | None, str]:
     from gguf_io.gguf_file import GGUFFile
-    from native_engine.loader.model_config import gguf_value
+    from gguf_io.metadata import gguf_value
 
     reader = GGUFFile(path)  # the fast header walker (gguf-py's GGUFReader takes seconds on a vocabulary)
     eos_id, tokens = gguf_value(reader, "tokenizer.ggml.eos_token_id"), gguf_value(reader, "tokenizer.ggml.tokens")
@@ -61,7 +61,7 @@ def _gguf_template(path: Path) -> tuple[str | None, str]:
 
 
 def _hf_template(root: Path) -> tuple[str | None, str]:
-    from native_engine.loader.model_config import hf_chat_template, read_json
+    from gguf_io.metadata import hf_chat_template, read_json
 
     config = read_json(root / "tokenizer_config.json") if (root / "tokenizer_config.json").exists() else {}
     eos = config.get("eos_token") or ""

@@ -1,7 +1,8 @@
 """Model loading: config, weights (GGUF or HF safetensors) and tokenizer.
 
-The names load on first use (PEP 562): the GGUF header walker (`gguf_file`) and the tokenizer need no
-torch; `load_checkpoint` and the weight loaders (`checkpoint`, `gguf_loader`, `hf_loader`) do."""
+The names load on first use (PEP 562). The GGUF header walker (`GGUFFile`) and the tokenizer come
+from `gguf_io` and need no torch; `load_checkpoint` and the weight loaders (`checkpoint`,
+`gguf_loader`, `hf_loader`) do."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from adapters.prompting.chat_format import PromptSpec, render_request
 from adapters.core.errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from adapters.tools.local import tool_calling
 from adapters.core.options import Options, check_prompt_bytes, check_room, check_token_ids, resolve_options
-from adapters.core.settings import DEFAULTS, LocalSettings
+from adapters.core.settings import DEFAULTS, LocalSettings, NativeSettings
 from adapters.local.store_models import gguf_path, model_details, store_models
 
 _ids = itertools.count()
@@ -121,7 +121,7 @@ class NativeBackend:
 
         context = min(options.num_ctx, details.gguf.context_length or options.num_ctx)
         try:
-            llm = LLMEngine(self.settings.native.engine_config(str(model_path), context))
+            llm = LLMEngine(engine_config(self.settings.native, str(model_path), context))
         except (ValueError, NotImplementedError) as exc:
             raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
         tok = llm.tokenizer
@@ -243,6 +243,13 @@ def _encode(tokenizer, spec: PromptSpec, text: str) -> list[int]:
     """Tokenize as llama.cpp does: BOS first when the model asks for it, unless the template wrote it."""
     add_bos = tokenizer.add_bos_token and not (spec.bos_token and text.startswith(spec.bos_token))
     return tokenizer.encode(text, add_bos=add_bos)
+
+
+def engine_config(native: NativeSettings, model_path: str, max_model_len: int):
+    """One model's ``EngineConfig``: the settings tree's native knobs, the model's path and its context."""
+    from native_engine import EngineConfig
+
+    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.model_dump())
 
 
 def sampling_params(options: Options, request: GenerationRequest, room: int):
