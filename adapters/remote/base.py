@@ -33,7 +33,8 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from .direct import Direct
-from adapters.core.base import Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings, Usage
+from adapters.core.base import (Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings,
+                                Usage)
 from adapters.core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
 from .http_errors import error_from_status, map_transport_error
 from .metrics_scrape import scrape

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 import httpx
 
-from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, BackendUnavailable,
-                     InvalidRequest)
+from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
+                                  BackendUnavailable, InvalidRequest)
 
 if TYPE_CHECKING:
     from .base import Timeouts

@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 
 from adapters.core.base import Chunk, EmbedResult, GenerationRequest, LoadedModel, Usage
-from adapters.core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendUnavailable, InvalidRequest
+from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendUnavailable,
+                                  InvalidRequest)
 from .http_errors import error_from_status
 from .base import RemoteBackend, Turn, error_message
 from .registry import register_remote

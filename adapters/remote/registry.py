@@ -13,8 +13,8 @@ import httpx
 from .base import RemoteBackend, RemoteSettings
 
 REMOTE_TYPES = {"vllm": "adapters.remote.vllm", "tgi": "adapters.remote.tgi", "trtllm": "adapters.remote.trtllm",
-                "triton": "adapters.remote.triton", "ollama": "adapters.remote.ollama", "llamacpp": "adapters.remote.llamacpp_server",
-                "openai": "adapters.remote.openai_compat"}
+                "triton": "adapters.remote.triton", "ollama": "adapters.remote.ollama",
+                "llamacpp": "adapters.remote.llamacpp_server", "openai": "adapters.remote.openai_compat"}
 OPENAI_TYPES = frozenset({"vllm", "trtllm", "llamacpp", "openai"})
 
 _CLASSES: dict[str, type[RemoteBackend]] = {}

@@ -2,8 +2,8 @@
 (serving-protocols.md §3.2): ``POST /v2/models/{model}/generate_stream`` with a flat body.
 
 Translation (§3.2, §5):
-- ``text_input`` is rendered like TGI's native prompt (``adapters.prompting.prompt_text.render_prompt``: the tokenizer's chat
-  template, else a plain transcript);
+- ``text_input`` is rendered like TGI's native prompt (``adapters.prompting.prompt_text.render_prompt``: the
+  tokenizer's chat template, else a plain transcript);
 - ``max_tokens`` (required): ``num_predict`` when > 0, else ``context_length`` minus the prompt estimate,
   else 512;
 - temperature 0 is greedy as ``top_k: 1`` with no temperature/top_p (the template's own default for an

@@ -9,8 +9,8 @@ import aiohttp
 import httpx
 import pytest
 
-from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, BackendUnavailable,
-                             InvalidRequest)
+from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
+                                  BackendUnavailable, InvalidRequest)
 from adapters.remote.http_errors import error_from_status, map_transport_error
 from adapters.remote.base import RemoteSettings, Timeouts, error_message
 from adapters.remote.registry import REMOTE_TYPES, create_remote

@@ -19,8 +19,8 @@ from typing import Any
 from registry.details import ModelDetails
 from registry.store import Store
 
-from adapters.core.base import (Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
-                   StreamEvent, Timings)
+from adapters.core.base import (Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent,
+                                Timings)
 from adapters.prompting.chat_format import PromptSpec
 from adapters.core.errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from .job import GenerationJob

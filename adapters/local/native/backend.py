@@ -19,8 +19,8 @@ from typing import Any
 from registry.details import ModelDetails
 from registry.store import Store
 
-from adapters.core.base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent,
-                   Timings, TokenLogprob, Usage, until_cancelled)
+from adapters.core.base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
+                                StreamEvent, Timings, TokenLogprob, Usage, until_cancelled)
 from adapters.prompting.chat_format import PromptSpec, render_request
 from adapters.core.errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from adapters.tools.local import tool_calling
