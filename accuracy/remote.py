@@ -1,0 +1,191 @@
+"""Servers as targets: the OpenAI completions API (vLLM, llama.cpp's server, `infer serve`, any
+OpenAI-compatible server) and Ollama's ``/api/generate`` (Ollama, `infer serve`).
+
+A server reports the top-k log-probabilities of each token it generates (OpenAI ``logprobs: k``,
+Ollama ``logprobs`` + ``top_logprobs``), never the whole vocabulary. Teacher forcing A's tokens on a
+server:
+
+- in one request where the API has prompt log-probabilities: vLLM's ``prompt_logprobs: k`` on
+  ``/v1/completions`` returns, for every prompt token, its log-probability and the top-k at that
+  position; the last n of them are A's n tokens (checked token by token before they are used);
+- otherwise one request per position: the prompt plus A's first i tokens as raw text,
+  ``max_tokens: 1``, temperature 0, and the top-k of the one token it returns.
+
+Prompts are sent as raw text: Ollama's API with ``raw: true``. The OpenAI completions API is raw on
+vLLM and llama.cpp's server, but Ollama and `infer serve` apply the model's chat template to a text
+prompt there, so point a target at their ``/api`` for raw text.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import httpx
+
+from .target import Continuation, Dist, Piece, TargetError, TargetInfo
+
+log = logging.getLogger(__name__)
+TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+# Greedy and unpenalised on every server we know: llama.cpp's server defaults repeat_penalty to 1.1.
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "repeat_penalty": 1.0, "seed": 0}
+
+
+class _ServerTarget:
+    vocab = None
+
+    def __init__(self, info: TargetInfo, base_url: str, model: str, key_env: str | None) -> None:
+        self.info, self.base_url, self.model = info, base_url.rstrip("/"), model
+        headers = {}
+        if key_env:
+            key = os.environ.get(key_env)
+            if not key:
+                raise TargetError(f"{info.spec}: the environment variable {key_env} (key_env) is not set")
+            headers["authorization"] = f"Bearer {key}"
+        self.client = httpx.Client(base_url=self.base_url, timeout=TIMEOUT, headers=headers)
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict:
+        try:
+            response = self.client.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise TargetError(f"{self.info.spec}: {self.base_url}{path} did not answer: {exc}") from None
+        if response.status_code >= 400:
+            raise TargetError(f"{self.info.spec}: {self.base_url}{path} answered {response.status_code}: "
+                              f"{response.text[:300]}")
+        try:
+            return response.json()
+        except ValueError:
+            raise TargetError(f"{self.info.spec}: {self.base_url}{path} answered with something other than "
+                              "JSON") from None
+
+    def generate_greedy(self, prompts: list[str], max_tokens: int, top_k: int,
+                        stop: list[str] | None = None) -> list[Continuation]:
+        return [self._generate(prompt, max_tokens, top_k, stop) for prompt in prompts]
+
+    def score(self, continuation: Continuation, top_k: int) -> list[Dist | None]:
+        """One request per position (subclasses may do it in one)."""
+        return [self._next(prefix, top_k) if prefix is not None else None for prefix in _prefixes(continuation)]
+
+    def _next(self, prefix: str, top_k: int) -> Dist | None:
+        generated = self._generate(prefix, 1, top_k, None)
+        return generated.dists[0] if generated.dists else None
+
+    def _generate(self, prompt: str, max_tokens: int, top_k: int, stop: list[str] | None) -> Continuation:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class OllamaTarget(_ServerTarget):
+    """``POST /api/generate`` with ``raw: true``; each logprob entry carries the token's ``bytes``."""
+
+    def _generate(self, prompt: str, max_tokens: int, top_k: int, stop: list[str] | None) -> Continuation:
+        options = {**GREEDY, "num_predict": max_tokens, "ignore_eos": max_tokens == 1}
+        if stop:
+            options["stop"] = stop
+        body = {"model": self.model, "prompt": prompt, "raw": True, "stream": False, "options": options,
+                "logprobs": True, "top_logprobs": top_k}
+        reply = self._post("/api/generate", body)
+        entries = reply.get("logprobs") or []
+        pieces = [Piece(None, _entry_bytes(e)) for e in entries]
+        if not entries and reply.get("response"):  # a server without logprobs: the text only
+            pieces = [Piece(None, reply["response"].encode())]
+        dists = [_top({_entry_bytes(t): t["logprob"] for t in e.get("top_logprobs") or []},
+                      _entry_bytes(e), e.get("logprob")) for e in entries]
+        return Continuation(prompt, pieces, reply.get("done_reason"), dists=dists if entries else None)
+
+
+class OpenAITarget(_ServerTarget):
+    """``POST /v1/completions`` with ``logprobs: k``; vLLM's ``prompt_logprobs`` when the server has it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prompt_logprobs: bool | None = None  # unknown until the first score
+
+    def _generate(self, prompt: str, max_tokens: int, top_k: int, stop: list[str] | None) -> Continuation:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "logprobs": top_k, **GREEDY}
+        if max_tokens == 1:
+            body["ignore_eos"] = True  # vLLM and infer serve: the distribution even where EOS is greedy
+        if stop:
+            body["stop"] = stop
+        choice = _first_choice(self._post("/v1/completions", body), self.info.spec)
+        logprobs = choice.get("logprobs") or {}
+        tokens = logprobs.get("tokens") or []
+        pieces = [Piece(None, t.encode("utf-8")) for t in tokens]
+        if not tokens and choice.get("text"):
+            pieces = [Piece(None, choice["text"].encode())]
+        tops = logprobs.get("top_logprobs") or [None] * len(tokens)
+        chosen = logprobs.get("token_logprobs") or [None] * len(tokens)
+        dists = [_top({k.encode("utf-8"): v for k, v in (top or {}).items()}, piece.bytes, lp)
+                 for top, piece, lp in zip(tops, pieces, chosen, strict=False)]
+        return Continuation(prompt, pieces, choice.get("finish_reason"), dists=dists if tokens else None)
+
+    def score(self, continuation: Continuation, top_k: int) -> list[Dist | None]:
+        if self.prompt_logprobs is not False and continuation.pieces:
+            dists = self._prompt_logprobs(continuation, top_k)
+            if dists is not None:
+                return dists
+        return super().score(continuation, top_k)
+
+    def _prompt_logprobs(self, continuation: Continuation, top_k: int) -> list[Dist | None] | None:
+        """vLLM: one request; None when the server has no prompt_logprobs or tokenized A's text otherwise."""
+        body = {"model": self.model, "prompt": continuation.prompt + continuation.text, "max_tokens": 1,
+                "prompt_logprobs": top_k, **GREEDY}
+        choice = _first_choice(self._post("/v1/completions", body), self.info.spec)
+        entries = choice.get("prompt_logprobs")
+        if not isinstance(entries, list):
+            if self.prompt_logprobs is None:
+                log.info("%s has no prompt_logprobs: scoring one position per request", self.info.spec)
+            self.prompt_logprobs = False
+            return None
+        self.prompt_logprobs = True
+        n = len(continuation.pieces)
+        tail = entries[-n:] if len(entries) >= n else []
+        dists = [_vllm_dist(entry, piece.bytes) for entry, piece in zip(tail, continuation.pieces, strict=False)]
+        if len(dists) != n or any(d is None for d in dists):
+            log.info("%s tokenized A's text differently: scoring one position per request", self.info.spec)
+            return None
+        return dists
+
+
+def _prefixes(continuation: Continuation) -> list[str | None]:
+    """The prompt plus A's first i tokens, for each position i (None where that cuts a UTF-8 character)."""
+    out, done = [], b""
+    for piece in continuation.pieces:
+        try:
+            out.append(continuation.prompt + done.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(None)
+        done += piece.bytes
+    return out
+
+
+def _entry_bytes(entry: dict) -> bytes:
+    raw = entry.get("bytes")
+    return bytes(raw) if isinstance(raw, list) else str(entry.get("token", "")).encode("utf-8")
+
+
+def _top(top: dict[bytes, float], chosen: bytes, chosen_logprob: float | None) -> Dist:
+    """A top-k dict plus the chosen token; an empty key (a token cut inside a UTF-8 character, which
+    some servers print as "") is ambiguous and left out."""
+    if chosen_logprob is not None:
+        top.setdefault(chosen, chosen_logprob)
+    top.pop(b"", None)
+    return Dist(top)
+
+
+def _vllm_dist(entry: dict | None, piece: bytes) -> Dist | None:
+    """One vLLM prompt_logprobs entry ({token_id: {logprob, rank, decoded_token}}) if it lists ``piece``."""
+    if not entry:
+        return None
+    top = {str(v.get("decoded_token", "")).encode("utf-8"): float(v["logprob"]) for v in entry.values()}
+    return _top(top, b"", None) if piece in top else None
+
+
+def _first_choice(reply: dict, spec: str) -> dict:
+    choices = reply.get("choices")
+    if not choices:
+        raise TargetError(f"{spec}: the completion has no choices: {str(reply)[:200]}")
+    return choices[0]
