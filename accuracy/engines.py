@@ -56,6 +56,21 @@ class _EngineTarget:
     def _logits(self, ids: list[int]) -> np.ndarray:
         raise NotImplementedError
 
+    def _continuation(self, prompt: str, ids: list[int], pieces: list[Piece], finish: str | None) -> Continuation:
+        return Continuation(prompt, pieces, finish, ids, self.vocab, canonical=self._canonical(prompt, ids, pieces))
+
+    def _canonical(self, prompt: str, ids: list[int], pieces: list[Piece]) -> list[bool]:
+        """Position i: does prompt + the first i pieces, as text, encode to exactly these ids?"""
+        out, text, expected = [], b"", list(ids)
+        for piece in pieces:
+            try:
+                out.append(self._encode(prompt + text.decode("utf-8")) == expected)
+            except UnicodeDecodeError:
+                out.append(False)
+            text += piece.bytes
+            expected.append(piece.id)
+        return out
+
     def _prompt_ids(self, continuation: Continuation) -> list[int]:
         if continuation.prompt_ids is not None and self.vocab.same_as(continuation.vocab):
             return continuation.prompt_ids
@@ -112,8 +127,9 @@ class NativeTarget(_EngineTarget):
         except ValueError as exc:
             raise TargetError(f"{self.info.spec}: {exc}") from None
         tokenizer = self.engine.tokenizer
-        return [Continuation(prompt, _cut_at_stop([Piece(t, tokenizer.token_bytes(t)) for t in out.outputs[0].token_ids],
-                                                  stop), out.outputs[0].finish_reason, ids, self.vocab)
+        return [self._continuation(prompt, ids, _cut_at_stop([Piece(t, tokenizer.token_bytes(t))
+                                                              for t in out.outputs[0].token_ids], stop),
+                                   out.outputs[0].finish_reason)
                 for prompt, ids, out in zip(prompts, encoded, outputs, strict=True)]
 
     def close(self) -> None:
@@ -169,7 +185,7 @@ class LlamaCppTarget(_EngineTarget):
         for prompt in prompts:
             ids = self._encode(prompt)
             pieces, finish = self._greedy(ids, max_tokens, stop)
-            out.append(Continuation(prompt, pieces, finish, ids, self.vocab))
+            out.append(self._continuation(prompt, ids, pieces, finish))
         return out
 
     def close(self) -> None:

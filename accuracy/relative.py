@@ -120,9 +120,12 @@ def compare_position(index: int, piece: Piece, a: Dist | None, b: Dist | None) -
     position = Position(index, piece.text, None, None, None, None, None, None)
     if b is None:
         return position
-    position.b_token = b.best().decode("utf-8", errors="replace")
-    exact = is_exact(a, b)
-    position.agree = b.best_id() == piece.id if exact and piece.id is not None else b.best() == piece.bytes
+    best, exact = b.best(), is_exact(a, b)
+    position.b_token = None if best is None else best.decode("utf-8", errors="replace")
+    if exact and piece.id is not None:
+        position.agree = b.best_id() == piece.id
+    elif best is not None:
+        position.agree = best == piece.bytes
     if a is None:
         return position
     if exact:

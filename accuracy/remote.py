@@ -8,12 +8,16 @@ server:
 - in one request where the API has prompt log-probabilities: vLLM's ``prompt_logprobs: k`` on
   ``/v1/completions`` returns, for every prompt token, its log-probability and the top-k at that
   position; the last n of them are A's n tokens (checked token by token before they are used);
-- otherwise one request per position: the prompt plus A's first i tokens as raw text,
-  ``max_tokens: 1``, temperature 0, and the top-k of the one token it returns.
+- otherwise one request per position: the prompt plus A's first i tokens, ``max_tokens: 1``,
+  temperature 0, and the top-k of the one token it returns.
 
-Prompts are sent as raw text: Ollama's API with ``raw: true``. The OpenAI completions API is raw on
-vLLM and llama.cpp's server, but Ollama and `infer serve` apply the model's chat template to a text
-prompt there, so point a target at their ``/api`` for raw text.
+The prompt plus A's tokens goes as token ids where A is an engine and the API takes them (OpenAI
+completions on vLLM and `infer serve`), else as raw text (Ollama's API with ``raw: true``; llama.cpp's
+server). Text is re-tokenized by the server, so a position is only scored from text where A's tokens
+survive that round trip (``Continuation.canonical``, checked with A's tokenizer); the others are
+reported as not compared. The OpenAI completions API takes raw text on vLLM and llama.cpp's server,
+but Ollama and `infer serve` apply the model's chat template to a text prompt there: with a text-only
+comparison, point a target at their ``/api``.
 """
 
 from __future__ import annotations
@@ -45,11 +49,15 @@ class _ServerTarget:
             headers["authorization"] = f"Bearer {key}"
         self.client = httpx.Client(base_url=self.base_url, timeout=TIMEOUT, headers=headers)
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict:
+    def _post(self, path: str, body: dict[str, Any], *, refusable: bool = False) -> dict | None:
+        """The JSON reply; None for any error status when ``refusable``: a probe of a field the server may
+        not take (llama.cpp's server answers a token-id prompt with 500 and a validation error)."""
         try:
             response = self.client.post(path, json=body)
         except httpx.HTTPError as exc:
             raise TargetError(f"{self.info.spec}: {self.base_url}{path} did not answer: {exc}") from None
+        if refusable and response.status_code >= 400:
+            return None
         if response.status_code >= 400:
             raise TargetError(f"{self.info.spec}: {self.base_url}{path} answered {response.status_code}: "
                               f"{response.text[:300]}")
@@ -64,14 +72,15 @@ class _ServerTarget:
         return [self._generate(prompt, max_tokens, top_k, stop) for prompt in prompts]
 
     def score(self, continuation: Continuation, top_k: int) -> list[Dist | None]:
-        """One request per position (subclasses may do it in one)."""
-        return [self._next(prefix, top_k) if prefix is not None else None for prefix in _prefixes(continuation)]
+        """One request per position, from the prompt plus A's first i tokens as text."""
+        return [self._next(prefix, top_k) if prefix is not None else None for prefix in text_prefixes(continuation)]
 
-    def _next(self, prefix: str, top_k: int) -> Dist | None:
+    def _next(self, prefix: str | list[int], top_k: int) -> Dist | None:
         generated = self._generate(prefix, 1, top_k, None)
         return generated.dists[0] if generated.dists else None
 
-    def _generate(self, prompt: str, max_tokens: int, top_k: int, stop: list[str] | None) -> Continuation:
+    def _generate(self, prompt: str | list[int], max_tokens: int, top_k: int, stop: list[str] | None
+                  ) -> Continuation:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -81,7 +90,9 @@ class _ServerTarget:
 class OllamaTarget(_ServerTarget):
     """``POST /api/generate`` with ``raw: true``; each logprob entry carries the token's ``bytes``."""
 
-    def _generate(self, prompt: str, max_tokens: int, top_k: int, stop: list[str] | None) -> Continuation:
+    def _generate(self, prompt: str | list[int], max_tokens: int, top_k: int, stop: list[str] | None
+                  ) -> Continuation:
+        assert isinstance(prompt, str)  # Ollama's API takes text
         options = {**GREEDY, "num_predict": max_tokens, "ignore_eos": max_tokens == 1}
         if stop:
             options["stop"] = stop
@@ -92,25 +103,32 @@ class OllamaTarget(_ServerTarget):
         pieces = [Piece(None, _entry_bytes(e)) for e in entries]
         if not entries and reply.get("response"):  # a server without logprobs: the text only
             pieces = [Piece(None, reply["response"].encode())]
-        dists = [_top({_entry_bytes(t): t["logprob"] for t in e.get("top_logprobs") or []},
+        dists = [_top([(_entry_bytes(t), t["logprob"]) for t in e.get("top_logprobs") or []],
                       _entry_bytes(e), e.get("logprob")) for e in entries]
         return Continuation(prompt, pieces, reply.get("done_reason"), dists=dists if entries else None)
 
 
 class OpenAITarget(_ServerTarget):
-    """``POST /v1/completions`` with ``logprobs: k``; vLLM's ``prompt_logprobs`` when the server has it."""
+    """``POST /v1/completions`` with ``logprobs: k``; token-id prompts where the server takes them;
+    vLLM's ``prompt_logprobs`` when the server has it."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.prompt_logprobs: bool | None = None  # unknown until the first score
+        self.token_prompts: bool | None = None
 
-    def _generate(self, prompt: str, max_tokens: int, top_k: int, stop: list[str] | None) -> Continuation:
+    def _body(self, prompt: str | list[int], max_tokens: int, top_k: int, stop: list[str] | None) -> dict:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "logprobs": top_k, **GREEDY}
         if max_tokens == 1:
             body["ignore_eos"] = True  # vLLM and infer serve: the distribution even where EOS is greedy
         if stop:
             body["stop"] = stop
-        choice = _first_choice(self._post("/v1/completions", body), self.info.spec)
+        return body
+
+    def _generate(self, prompt: str | list[int], max_tokens: int, top_k: int, stop: list[str] | None
+                  ) -> Continuation:
+        reply = self._post("/v1/completions", self._body(prompt, max_tokens, top_k, stop))
+        choice = _first_choice(reply, self.info.spec)
         logprobs = choice.get("logprobs") or {}
         tokens = logprobs.get("tokens") or []
         pieces = [Piece(None, t.encode("utf-8")) for t in tokens]
@@ -118,23 +136,43 @@ class OpenAITarget(_ServerTarget):
             pieces = [Piece(None, choice["text"].encode())]
         tops = logprobs.get("top_logprobs") or [None] * len(tokens)
         chosen = logprobs.get("token_logprobs") or [None] * len(tokens)
-        dists = [_top({k.encode("utf-8"): v for k, v in (top or {}).items()}, piece.bytes, lp)
+        dists = [_top([(k.encode("utf-8"), v) for k, v in (top or {}).items()], piece.bytes, lp)
                  for top, piece, lp in zip(tops, pieces, chosen, strict=False)]
-        return Continuation(prompt, pieces, choice.get("finish_reason"), dists=dists if tokens else None)
+        text = prompt if isinstance(prompt, str) else ""
+        return Continuation(text, pieces, choice.get("finish_reason"), dists=dists if tokens else None)
 
     def score(self, continuation: Continuation, top_k: int) -> list[Dist | None]:
-        if self.prompt_logprobs is not False and continuation.pieces:
+        if not continuation.pieces:
+            return []
+        if self.prompt_logprobs is not False:
             dists = self._prompt_logprobs(continuation, top_k)
+            if dists is not None:
+                return dists
+        ids = continuation.token_ids
+        if ids is not None and self.token_prompts is not False:
+            dists = self._score_by_ids(continuation, ids, top_k)
             if dists is not None:
                 return dists
         return super().score(continuation, top_k)
 
+    def _score_by_ids(self, continuation: Continuation, ids: list[int], top_k: int) -> list[Dist | None] | None:
+        """One request per position with a token-id prompt; None if the server takes no token ids."""
+        start = len(ids) - len(continuation.pieces)
+        if self.token_prompts is None:
+            if self._post("/v1/completions", self._body(ids[:start], 1, top_k, None), refusable=True) is None:
+                log.info("%s takes no token-id prompts: scoring from text", self.info.spec)
+                self.token_prompts = False
+                return None
+            self.token_prompts = True
+        return [self._next(ids[: start + i], top_k) for i in range(len(continuation.pieces))]
+
     def _prompt_logprobs(self, continuation: Continuation, top_k: int) -> list[Dist | None] | None:
         """vLLM: one request; None when the server has no prompt_logprobs or tokenized A's text otherwise."""
-        body = {"model": self.model, "prompt": continuation.prompt + continuation.text, "max_tokens": 1,
-                "prompt_logprobs": top_k, **GREEDY}
-        choice = _first_choice(self._post("/v1/completions", body), self.info.spec)
-        entries = choice.get("prompt_logprobs")
+        ids = continuation.token_ids if self.token_prompts is not False else None
+        prompt = ids if ids is not None else continuation.prompt + continuation.text
+        body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": top_k, **GREEDY}
+        reply = self._post("/v1/completions", body, refusable=True)
+        entries = _first_choice(reply, self.info.spec).get("prompt_logprobs") if reply is not None else None
         if not isinstance(entries, list):
             if self.prompt_logprobs is None:
                 log.info("%s has no prompt_logprobs: scoring one position per request", self.info.spec)
@@ -145,17 +183,19 @@ class OpenAITarget(_ServerTarget):
         tail = entries[-n:] if len(entries) >= n else []
         dists = [_vllm_dist(entry, piece.bytes) for entry, piece in zip(tail, continuation.pieces, strict=False)]
         if len(dists) != n or any(d is None for d in dists):
-            log.info("%s tokenized A's text differently: scoring one position per request", self.info.spec)
+            log.info("%s tokenized A's text otherwise: scoring one position per request", self.info.spec)
             return None
         return dists
 
 
-def _prefixes(continuation: Continuation) -> list[str | None]:
-    """The prompt plus A's first i tokens, for each position i (None where that cuts a UTF-8 character)."""
+def text_prefixes(continuation: Continuation) -> list[str | None]:
+    """The prompt plus A's first i tokens as text, for each position i; None where that text would not
+    tokenize back to A's tokens (``canonical``) or cuts a UTF-8 character."""
     out, done = [], b""
-    for piece in continuation.pieces:
+    canonical = continuation.canonical or [True] * len(continuation.pieces)
+    for piece, ok in zip(continuation.pieces, canonical, strict=True):
         try:
-            out.append(continuation.prompt + done.decode("utf-8"))
+            out.append(continuation.prompt + done.decode("utf-8") if ok else None)
         except UnicodeDecodeError:
             out.append(None)
         done += piece.bytes
@@ -167,21 +207,32 @@ def _entry_bytes(entry: dict) -> bytes:
     return bytes(raw) if isinstance(raw, list) else str(entry.get("token", "")).encode("utf-8")
 
 
-def _top(top: dict[bytes, float], chosen: bytes, chosen_logprob: float | None) -> Dist:
-    """A top-k dict plus the chosen token; an empty key (a token cut inside a UTF-8 character, which
-    some servers print as "") is ambiguous and left out."""
-    if chosen_logprob is not None:
-        top.setdefault(chosen, chosen_logprob)
-    top.pop(b"", None)
-    return Dist(top)
+def ambiguous(key: bytes) -> bool:
+    """A token printed as text from a cut UTF-8 character: "" (llama.cpp's server) or "\ufffd"."""
+    return key == b"" or "\ufffd".encode() in key
+
+
+def _top(top: list[tuple[bytes, float]], chosen: bytes, chosen_logprob: float | None) -> Dist:
+    """A server's top-k plus the token it chose; ambiguous tokens, and bytes that several listed
+    tokens share, are left out (neither side could be matched)."""
+    entries = [*top, *([(chosen, chosen_logprob)] if chosen_logprob is not None else [])]
+    known: dict[bytes, float] = {}
+    seen: dict[bytes, set[float]] = {}
+    for key, logprob in entries:
+        seen.setdefault(key, set()).add(round(float(logprob), 9))
+        known[key] = float(logprob)
+    clean = {k: v for k, v in known.items() if not ambiguous(k) and len(seen[k]) == 1}
+    return Dist(clean, greedy=None if ambiguous(chosen) else chosen)
 
 
 def _vllm_dist(entry: dict | None, piece: bytes) -> Dist | None:
     """One vLLM prompt_logprobs entry ({token_id: {logprob, rank, decoded_token}}) if it lists ``piece``."""
     if not entry:
         return None
-    top = {str(v.get("decoded_token", "")).encode("utf-8"): float(v["logprob"]) for v in entry.values()}
-    return _top(top, b"", None) if piece in top else None
+    top = [(str(v.get("decoded_token", "")).encode("utf-8"), float(v["logprob"])) for v in entry.values()]
+    first = [str(v.get("decoded_token", "")).encode("utf-8") for v in entry.values() if v.get("rank") == 1]
+    dist = _top(top, first[0] if first else b"", None)
+    return dist if piece in dist.top else None
 
 
 def _first_choice(reply: dict, spec: str) -> dict:

@@ -51,6 +51,10 @@ def relative_lines(result: RelativeResult, vocab_size: int | None = None) -> lis
     s = result.summary()
     lines = [f"Relative accuracy: A's greedy answers to {s['prompts']} prompts ({s['positions']} tokens), "
              "teacher-forced on B", f"  {method_line(result, vocab_size)}"]
+    missing = s["positions"] - s["positions_compared"]
+    if missing:
+        lines.append(f"  {missing} of {s['positions']} positions not compared: B reported no distribution there, or "
+                     "takes text and A's tokens do not survive re-tokenization")
     kl = s["kl"]
     if kl:
         lines += [f"  {'':22}{'mean':>10} {'± stderr':>10} {'median':>10} {'99 %':>10} {'max':>10}",

@@ -66,11 +66,14 @@ def _logsumexp(values: np.ndarray) -> float:
 @dataclass(slots=True)
 class Dist:
     """The next-token distribution at one position: the top-k log-probabilities by token bytes, and
-    for an engine the whole row of log-probabilities (float64) over its vocabulary."""
+    for an engine the whole row of log-probabilities (float64) over its vocabulary. A server's
+    ``greedy`` is the token it chose there (its most likely); None when its bytes are unknown (an
+    API that prints tokens as text loses the bytes of a token cut inside a UTF-8 character)."""
 
     top: dict[bytes, float]
     row: np.ndarray | None = None
     vocab: Vocab | None = None
+    greedy: bytes | None = None
 
     @classmethod
     def from_row(cls, row: np.ndarray, vocab: Vocab, k: int) -> Dist:
@@ -89,11 +92,11 @@ class Dist:
         ids = self.vocab.index.get(key)
         return _logsumexp(self.row[ids]) if ids else None
 
-    def best(self) -> bytes:
-        """The bytes of the most likely token."""
+    def best(self) -> bytes | None:
+        """The bytes of the most likely token; None where a server's choice has unknown bytes."""
         if self.row is not None and self.vocab is not None:
             return self.vocab.pieces[int(self.row.argmax())]
-        return max(self.top, key=self.top.__getitem__)
+        return self.greedy
 
     def best_id(self) -> int | None:
         return int(self.row.argmax()) if self.row is not None else None
@@ -106,7 +109,9 @@ class Dist:
 @dataclass(slots=True)
 class Continuation:
     """A greedy continuation of ``prompt``: its tokens, and where the target gives them, the prompt's
-    token ids (``vocab`` says whose) and the distributions it sampled from."""
+    token ids (``vocab`` says whose), the distributions it sampled from, and for each position i
+    whether the prompt plus the first i tokens, as text, tokenizes back to the same tokens
+    (``canonical``: an API that takes text can only be teacher-forced where it does)."""
 
     prompt: str
     pieces: list[Piece]
@@ -114,10 +119,19 @@ class Continuation:
     prompt_ids: list[int] | None = None
     vocab: Vocab | None = None
     dists: list[Dist | None] | None = None
+    canonical: list[bool] | None = None
 
     @property
     def text(self) -> str:
         return b"".join(p.bytes for p in self.pieces).decode("utf-8", errors="replace")
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        """Prompt + continuation ids, when the target that generated it gave them."""
+        ids = [p.id for p in self.pieces]
+        if self.prompt_ids is None or any(i is None for i in ids):
+            return None
+        return self.prompt_ids + ids  # type: ignore[operator]
 
 
 @dataclass(slots=True)

@@ -63,7 +63,7 @@ def _engine(spec: str, store) -> Target:
 
     name, engine, options = split_engine_spec(spec)
     path = _model_path(name, store)
-    info = TargetInfo(spec, engine, name, {"file": path.name})
+    info = TargetInfo(spec, engine, name, {"file": path.name} if path.name.endswith(".gguf") else {})
     return (NativeTarget if engine == "native" else LlamaCppTarget)(info, path, options)
 
 
