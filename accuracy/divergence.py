@@ -43,8 +43,8 @@ def kl_rows(logp_a: np.ndarray, logp_b: np.ndarray) -> np.ndarray:
     if a.shape != b.shape:
         raise ValueError(f"the two sides' rows differ in shape: {a.shape} vs {b.shape}")
     p = np.exp(a)
-    terms = np.where(p > 0, p * (a - b), 0.0)
-    return terms.sum(axis=-1)
+    with np.errstate(invalid="ignore"):  # -inf - -inf where p = 0: masked out
+        return (p * np.where(p > 0, a - b, 0.0)).sum(axis=-1)
 
 
 def tail_mass(logprobs: Sequence[float]) -> float:

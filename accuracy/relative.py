@@ -104,10 +104,11 @@ def topk_error(positions: list[Position]) -> dict:
 
 def topk_kl(a: Dist, b: Dist) -> float | None:
     """KL over the tokens whose log-probability both sides know (the union of the two top-k, where a
-    side with a full row knows every token) plus one bucket for the rest."""
-    keys = [k for k in dict.fromkeys([*a.top, *b.top]) if a.logprob(k) is not None and b.logprob(k) is not None]
-    if not keys:
+    side with a full row knows every token) plus one bucket for the rest; 0 when they share no token
+    (one bucket), None when a side lists none."""
+    if not a.top or not b.top:
         return None
+    keys = [k for k in dict.fromkeys([*a.top, *b.top]) if a.logprob(k) is not None and b.logprob(k) is not None]
     return kl_buckets([a.logprob(k) for k in keys], [b.logprob(k) for k in keys])
 
 

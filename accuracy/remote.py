@@ -181,7 +181,8 @@ class OpenAITarget(_ServerTarget):
         self.prompt_logprobs = True
         n = len(continuation.pieces)
         tail = entries[-n:] if len(entries) >= n else []
-        dists = [_vllm_dist(entry, piece.bytes) for entry, piece in zip(tail, continuation.pieces, strict=False)]
+        by_id = continuation.pieces if ids is not None else [Piece(None, p.bytes) for p in continuation.pieces]
+        dists = [_vllm_dist(entry, piece) for entry, piece in zip(tail, by_id, strict=False)]
         if len(dists) != n or any(d is None for d in dists):
             log.info("%s tokenized A's text otherwise: scoring one position per request", self.info.spec)
             return None
@@ -225,14 +226,17 @@ def _top(top: list[tuple[bytes, float]], chosen: bytes, chosen_logprob: float | 
     return Dist(clean, greedy=None if ambiguous(chosen) else chosen)
 
 
-def _vllm_dist(entry: dict | None, piece: bytes) -> Dist | None:
-    """One vLLM prompt_logprobs entry ({token_id: {logprob, rank, decoded_token}}) if it lists ``piece``."""
+def _vllm_dist(entry: dict | None, piece: Piece) -> Dist | None:
+    """One vLLM prompt_logprobs entry ({token_id: {logprob, rank, decoded_token}}) if it holds A's token:
+    found by id where the prompt went as ids, else by its text."""
     if not entry:
         return None
-    top = [(str(v.get("decoded_token", "")).encode("utf-8"), float(v["logprob"])) for v in entry.values()]
-    first = [str(v.get("decoded_token", "")).encode("utf-8") for v in entry.values() if v.get("rank") == 1]
-    dist = _top(top, first[0] if first else b"", None)
-    return dist if piece in dist.top else None
+    named = {key: (piece.bytes if piece.id is not None and key == str(piece.id)
+                   else str(v.get("decoded_token", "")).encode("utf-8"), v) for key, v in entry.items()}
+    first = [name for name, v in named.values() if v.get("rank") == 1]
+    dist = _top([(name, float(v["logprob"])) for name, v in named.values()], first[0] if first else b"", None)
+    found = str(piece.id) in entry if piece.id is not None else piece.bytes in dist.top
+    return dist if found else None
 
 
 def _first_choice(reply: dict, spec: str) -> dict:
