@@ -129,17 +129,22 @@ class OpenAITarget(_ServerTarget):
                   ) -> Continuation:
         reply = self._post("/v1/completions", self._body(prompt, max_tokens, top_k, stop))
         choice = _first_choice(reply, self.info.spec)
-        logprobs = choice.get("logprobs") or {}
-        tokens = logprobs.get("tokens") or []
+        tokens = (choice.get("logprobs") or {}).get("tokens") or []
         pieces = [Piece(None, t.encode("utf-8")) for t in tokens]
         if not tokens and choice.get("text"):
             pieces = [Piece(None, choice["text"].encode())]
+        text = prompt if isinstance(prompt, str) else ""
+        return Continuation(text, pieces, choice.get("finish_reason"), dists=self._dists(choice) if tokens else None)
+
+    @staticmethod
+    def _dists(choice: dict) -> list[Dist]:
+        """The legacy ``logprobs`` object: ``tokens``, ``token_logprobs``, ``top_logprobs`` ({text: logprob})."""
+        logprobs = choice.get("logprobs") or {}
+        tokens = logprobs.get("tokens") or []
         tops = logprobs.get("top_logprobs") or [None] * len(tokens)
         chosen = logprobs.get("token_logprobs") or [None] * len(tokens)
-        dists = [_top([(k.encode("utf-8"), v) for k, v in (top or {}).items()], piece.bytes, lp)
-                 for top, piece, lp in zip(tops, pieces, chosen, strict=False)]
-        text = prompt if isinstance(prompt, str) else ""
-        return Continuation(text, pieces, choice.get("finish_reason"), dists=dists if tokens else None)
+        return [_top([(k.encode("utf-8"), v) for k, v in (top or {}).items()], t.encode("utf-8"), lp)
+                for top, t, lp in zip(tops, tokens, chosen, strict=False)]
 
     def score(self, continuation: Continuation, top_k: int) -> list[Dist | None]:
         if not continuation.pieces:
@@ -156,15 +161,19 @@ class OpenAITarget(_ServerTarget):
         return super().score(continuation, top_k)
 
     def _score_by_ids(self, continuation: Continuation, ids: list[int], top_k: int) -> list[Dist | None] | None:
-        """One request per position with a token-id prompt; None if the server takes no token ids."""
+        """One request per position with a token-id prompt; None if the server takes no token ids (the
+        first request tells)."""
         start = len(ids) - len(continuation.pieces)
-        if self.token_prompts is None:
-            if self._post("/v1/completions", self._body(ids[:start], 1, top_k, None), refusable=True) is None:
-                log.info("%s takes no token-id prompts: scoring from text", self.info.spec)
-                self.token_prompts = False
-                return None
-            self.token_prompts = True
-        return [self._next(ids[: start + i], top_k) for i in range(len(continuation.pieces))]
+        reply = self._post("/v1/completions", self._body(ids[:start], 1, top_k, None),
+                           refusable=self.token_prompts is None)
+        if reply is None:
+            log.info("%s takes no token-id prompts: scoring from text", self.info.spec)
+            self.token_prompts = False
+            return None
+        self.token_prompts = True
+        first = self._dists(_first_choice(reply, self.info.spec))
+        return [first[0] if first else None] + [self._next(ids[: start + i], top_k)
+                                                for i in range(1, len(continuation.pieces))]
 
     def _prompt_logprobs(self, continuation: Continuation, top_k: int) -> list[Dist | None] | None:
         """vLLM: one request; None when the server has no prompt_logprobs or tokenized A's text otherwise."""
