@@ -66,7 +66,8 @@ def relative_lines(result: RelativeResult, vocab_size: int | None = None) -> lis
                          f"(mean |error| {_g(err['mean_abs'])}, max {_g(err['max_abs'])})")
     lines.append(f"  {'same top token':22}{_pct(s['same_top'])} ± {_pct(s['same_top_stderr'])} of positions")
     dp = s["delta_p"]
-    lines.append(f"  {'Δp of A’s token':22}mean {_g(dp['mean'])}, RMS {_g(dp['rms'])}, max |Δp| {_g(dp['max_abs'])}")
+    label = "Δp of A's token"
+    lines.append(f"  {label:22}mean {_g(dp['mean'])}, RMS {_g(dp['rms'])}, max |Δp| {_g(dp['max_abs'])}")
     lines.append(f"  {'first divergence':22}{s['prompts_diverged']} of {s['prompts']} answers; "
                  "B's greedy answer equals A's up to it")
     lines += ["", f"  {'#':>3} {'tokens':>6} {'agree':>8} {'mean KL':>10} {'max KL':>10}  first divergence "
