@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -74,3 +76,13 @@ def test_flips_between_the_two_sides():
     summary = result.summary()
     assert (summary["a"]["correct"], summary["b"]["correct"]) == (2, 2)
     assert (summary["flips"], summary["only_a"], summary["only_b"]) == (2, 1, 1)
+
+
+def test_the_package_exports_what_it_names():
+    import accuracy
+
+    assert all(hasattr(accuracy, name) for name in accuracy.__all__)
+    # the engines load when a target opens, not on import (infer compare --help stays fast)
+    code = "import sys, accuracy; print(sorted({'torch', 'llama_cpp', 'native_engine'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

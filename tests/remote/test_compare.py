@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from tests.accuracy.vllm_scoring import VLLMScoring
 from tests.gateway.conftest import start_server, stop_server
-from tests.remote.conftest import llama_server, tiny_gguf  # noqa: F401  (the session fixture)
+from tests.remote.conftest import tiny_gguf
 
 runner = CliRunner()
 
@@ -58,7 +58,7 @@ def test_a_server_as_a_and_an_engine_as_b(models, serve):
     assert summary["kl"]["max"] < 1e-6 and summary["same_top"] == 1.0
 
 
-def test_llama_cpp_server(models, llama_server):  # noqa: F811
+def test_llama_cpp_server(models, llama_server):
     summary = compare("--a", "tiny@llamacpp", "--b", f"{llama_server.url}#{llama_server.model}",
                       "--max-tokens", "12")["summary"]
     assert summary["positions_compared"] > 0
