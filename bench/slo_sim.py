@@ -1,6 +1,6 @@
 """bench/slo.py's fleet and workload in virtual time: the routing policies in seconds instead of minutes.
 
-Each backend is the queueing fake's engine (``tests/remote/servers/queueing.py``) replayed as a
+Each backend is the queueing fake's engine (``fakes/queueing.py``) replayed as a
 discrete-event model: FIFO queue, at most ``batch_limit`` sequences in the batch, the queue's head
 enters at a step boundary, a step is the prefill of the oldest unprefilled sequence
 (``prompt / prefill_tok_s``, yields its first token; decode waits) or a decode step of ``tpot(n)``.
@@ -30,7 +30,7 @@ from routing.predictor import median  # noqa: E402
 from routing.slo import SLO as RouteSLO  # noqa: E402
 from routing.strategies import Member, Orderer  # noqa: E402
 from slo import FLEET, SLO, Call, fleet_capacity, print_system_goodput, workload  # noqa: E402
-from tests.remote.servers.queueing import QueueModel  # noqa: E402
+from fakes.queueing import QueueModel  # noqa: E402
 
 
 @dataclass(eq=False)

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from cli.main import app
 
-from tests.remote.servers import start_server as start_fake
-from tests.remote.servers.behaviour import Behaviour
+from fakes import start_server as start_fake
+from fakes.behaviour import Behaviour
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 API = {"input_per_mtok": 150.0, "output_per_mtok": 600.0}  # big prices: costs well above float noise

@@ -20,7 +20,7 @@ import pytest
 
 from tests.gateway.conftest import free_port
 
-from .queueing import QueueModel, start_queueing
+from fakes.queueing import QueueModel, start_queueing
 
 ROOT = Path(__file__).resolve().parents[3]
 MS = 1e-3
@@ -178,7 +178,7 @@ def test_a_client_that_leaves_frees_its_batch_slot():
 
 def test_runs_as_a_subprocess():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.remote.servers.queueing", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "fakes.queueing", "--port", str(port),
                              "--batch-limit", "3", "--model", "slow-one", "--tpot-base-ms", "5"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -27,7 +27,7 @@ the sequence never enters the queue; ``stall_times`` limits it to that many requ
     server.model.fail_status = 503            # mutable between requests
     server.engine.records                     # one Record per finished or aborted request
 
-    python -m tests.remote.servers.queueing --port 8001 --batch-limit 4 --prefill-tok-s 2000 --tpot-base-ms 20
+    python -m fakes.queueing --port 8001 --batch-limit 4 --prefill-tok-s 2000 --tpot-base-ms 20
 """
 
 from __future__ import annotations
