@@ -202,6 +202,20 @@ class SLOEntry(BaseModel):
     window_s: PositiveFloat = 300.0
 
 
+class PrefixEntry(BaseModel):
+    """The route's prefix index (``routing/prefix.py``), for ``strategy: prefix`` and ``slo``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_chars: int = Field(default=128, ge=16, le=4096, description="Characters of rendered prompt per hashed block.")
+    capacity_tokens: int = Field(default=500_000, ge=1, description="A backend's KV cache in tokens, when it "
+                                 "does not report its own (vLLM's cache_config_info).")
+    load_factor: float = Field(default=1.25, ge=1.0, description="Bounded loads: a backend takes at most this "
+                               "times the mean in flight (rounded up).")
+    min_match: float = Field(default=0.0, ge=0.0, le=1.0, description="A match below this share of the prompt "
+                             "counts as none.")
+
+
 class RouteEntry(BaseModel):
     """A public model name in front of several backends, with a latency SLO (``routing/``)."""
 
@@ -209,8 +223,9 @@ class RouteEntry(BaseModel):
 
     name: str
     backends: list[str] = Field(min_length=1)
-    strategy: Literal["slo", "least_inflight", "round_robin", "weighted"] = "slo"
+    strategy: Literal["slo", "least_inflight", "round_robin", "weighted", "prefix"] = "slo"
     slo: SLOEntry | None = None
+    prefix: PrefixEntry = Field(default_factory=PrefixEntry)
     shed: bool = False
     first_token_timeout_ms: PositiveFloat | None = None
     retries: int = Field(default=1, ge=0, le=10)
@@ -351,7 +366,7 @@ def _reason(err: dict[str, Any]) -> str:
         return "expected a mapping of key: value lines"
     if kind == "extra_forbidden":
         known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields,
-                 *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields,
+                 *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields, *PrefixEntry.model_fields,
                  *AuthEntry.model_fields]
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         return "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")

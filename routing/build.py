@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from adapters.base import Backend
 
+from .prefix import PrefixPolicy
 from .route import Route, RoutePolicy
 from .slo import SLO
 from .strategies import Member
@@ -22,6 +23,6 @@ def build_routes(entries: list, remote: dict[str, Backend], local: Callable[[str
         policy = RoutePolicy(strategy=entry.strategy, slo=slo, shed=entry.shed, retries=entry.retries,
                              first_token_timeout_s=(entry.first_token_timeout_ms / 1000
                                                     if entry.first_token_timeout_ms else None),
-                             fallbacks=tuple(entry.fallbacks))
+                             fallbacks=tuple(entry.fallbacks), prefix=PrefixPolicy(**entry.prefix.model_dump()))
         routes[entry.name] = Route(entry.name, members, policy, resolve_route=routes.get)
     return routes
