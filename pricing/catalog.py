@@ -33,6 +33,8 @@ class Priced:
     members: tuple[str, ...]   # the ledger's backend names this entry prices
     output_weight: float = DEFAULT_OUTPUT_WEIGHT
     weight_source: str = "configured"
+    cached_input_weight: float = 0.1
+    cached_weight_source: str = "configured"
 
     @property
     def is_hourly(self) -> bool:
@@ -43,10 +45,11 @@ class Priced:
            address: tuple[str, str] | None = None) -> Priced:
         """``entry`` pricing ``members`` (default: ``name`` alone), its weight resolved under ``home``."""
         members = members or (name,)
+        cached = (float(entry.cached_input_weight), "configured")
         if entry.output_weight != "measured":
-            return cls(name, entry, members, float(entry.output_weight))
+            return cls(name, entry, members, float(entry.output_weight), "configured", *cached)
         weight, source = measured_weight(name, members, address, home)
-        return cls(name, entry, members, weight, source)
+        return cls(name, entry, members, weight, source, *cached)
 
 
 def measured_weight(name: str, members: tuple[str, ...], address: tuple[str, str] | None,

@@ -175,6 +175,11 @@ class Lookup:
     matched: list[int]        # blocks matched, by member position
     cached: dict[str, int]    # member name → expected cached prompt tokens (members with a match)
     total_blocks: int
+    shares: dict[str, float]  # member name → the matched share of the prompt's text
+
+    def cached_of(self, name: str, prompt_tokens: int) -> int:
+        """The expected cached tokens of a prompt of ``prompt_tokens`` (the backend's own count) there."""
+        return min(prompt_tokens, round(self.shares.get(name, 0.0) * prompt_tokens))
 
 
 class RoutePrefixes:
@@ -195,7 +200,8 @@ class RoutePrefixes:
         matched = self.index.match(keys)
         cached = {self.names[i]: expected_cached(n, len(text), self.policy.block_chars, prompt_tokens)
                   for i, n in enumerate(matched) if n}
-        return Lookup(keys, matched, cached, len(keys))
+        shares = {self.names[i]: min(1.0, n * self.policy.block_chars / len(text)) for i, n in enumerate(matched) if n}
+        return Lookup(keys, matched, cached, len(keys), shares)
 
     def pick(self, lookup: Lookup, members: list[Any]) -> Any | None:
         """The ``prefix`` strategy's member among ``members`` (those a request may go to now)."""
@@ -216,7 +222,7 @@ class RoutePrefixes:
         """A request finished there: what the index expected cached, against the backend's own figure."""
         if reported is None:
             return
-        self.expected[name] += lookup.cached.get(name, 0)
+        self.expected[name] += lookup.cached_of(name, prompt_tokens)
         self.reported[name] += reported
         self.prompts[name] += prompt_tokens
 

@@ -363,7 +363,7 @@ class _Attempt:
         tpot = vllm_tpot(timings.ttft, e2e, done.usage.output_tokens)
         member.latency.finished(key, tpot, done.usage.output_tokens)
         if self.lookup is not None:
-            done.expected_cached_tokens = self.cached
+            done.expected_cached_tokens = self.lookup.cached_of(member.name, done.usage.input_tokens)
             self.route.prefixes.served(member.name, self.lookup, done.usage.input_tokens,
                                        done.usage.cached_input_tokens)
         cancelled = done.finish_reason == "cancelled"
