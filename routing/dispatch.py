@@ -173,8 +173,9 @@ class Dispatcher:
             margins.append((slo.e2e_ms / 1000 - e2e) / (slo.e2e_ms / 1000))
         headroom = min(margins)
         bonus = 0.0
-        if cached:
-            saved = latency.idle_ttft(waiter.prompt_tokens) - latency.idle_ttft(waiter.prompt_tokens, cached)
+        if cached:  # the TTFT model is linear: a cached token saves w1 - w2 (uncached less cached weight)
+            w = latency.ttft.w
+            saved = (w[1] - w[2]) * min(cached, waiter.prompt_tokens)
             bonus = max(0.0, saved) * latency.ratio("ttft", TTFT_QUANTILE) / waiter.ttft_limit_s
         return Fit(member, raw, headroom, headroom >= 0 and not (HOLD_WHEN_FULL and latency.is_full), bonus)
 

@@ -39,6 +39,8 @@ token, 20 ms per output token) keep predictions optimistic, so nothing is shed o
 
 from __future__ import annotations
 
+import math
+import operator
 import time
 from collections import deque
 from collections.abc import Callable
@@ -62,13 +64,13 @@ class WindowFit:
         self.xs: deque[list[float]] = deque(maxlen=size)
         self.ys: deque[float] = deque(maxlen=size)
         self.observations = 0
-        self._w: np.ndarray | None = None
+        self._w: list[float] | None = None  # solved on demand, once per update (the routing decision reads it)
 
     @property
     def w(self) -> list[float]:
         if self._w is None:
-            self._w = self._solve()
-        return [float(v) for v in self._w]
+            self._w = [float(v) for v in self._solve()]
+        return self._w
 
     def update(self, x: list[float], y: float) -> None:
         self.xs.append([float(v) for v in x])
@@ -77,7 +79,7 @@ class WindowFit:
         self._w = None
 
     def predict(self, x: list[float]) -> float:
-        return float(np.dot(self.w, x))
+        return math.fsum(map(operator.mul, self.w, x))
 
     predict_monotone = predict  # the weights are never negative: more work ahead never predicts less
 
@@ -160,6 +162,7 @@ class LatencyModel:
     batch_limit: int = 0         # sequences the backend runs at once, from its /metrics (0: not known yet)
     _last_report: tuple[float, float] | None = None  # (running, waiting) of the previous report
     max_decoding: int = 0        # the most of the gateway's requests seen decoding here at once
+    _sorted: dict = field(default_factory=dict)  # ratios[kind] sorted, until the next one arrives
 
     # -- what is in flight ----------------------------------------------------------------------
 
@@ -227,7 +230,9 @@ class LatencyModel:
 
     def ratio(self, kind: str, quantile: float) -> float:
         """That quantile of recent actual / predicted (``ttft`` or ``tpot``), at least 1; 1 before 10."""
-        seen = sorted(self.ratios[kind])
+        seen = self._sorted.get(kind)
+        if seen is None:
+            seen = self._sorted[kind] = sorted(self.ratios[kind])
         if len(seen) < 10:
             return 1.0
         return max(1.0, seen[min(len(seen) - 1, int(quantile * len(seen)))])
@@ -329,3 +334,4 @@ class LatencyModel:
         if fitted and predicted > 0 and actual > 0:
             self.ratios[kind].append(actual / predicted)
             del self.ratios[kind][:-100]
+            self._sorted.pop(kind, None)
