@@ -7,8 +7,8 @@ tokens not found in their prefix cache (:data:`FLEET`: 1,500 prompt tokens/s, 16
 ``prefix_cache_tokens`` each, LRU), decode steps of ``tpot(n)``, and usage with
 ``prompt_tokens_details.cached_tokens``.
 
-**Workload** (``benchmark/conversations.py``, seeded): ``--conversations`` users over four long system
-prompts (1,500 words = 1,500 tokens on the fakes), 4-8 turns each of 20-80 words, answers of 16-48
+**Workload** (``benchmark/conversations.py``, seeded): ``--conversations`` users over eight long system
+prompts (1,500 words = 1,500 tokens on the fakes; three users share each), 6-10 turns each of 20-80 words, answers of 16-48
 tokens, exponential think time of mean 2 s between turns, conversations starting over the first 10 s.
 Each turn sends the whole conversation so far (system prompt, every turn and answer). Streamed chat
 completions; TTFT = the first content chunk.

@@ -207,7 +207,9 @@ class Result:
 
 
 def chat_body(side: Side, call: Call) -> dict:
-    return {"model": side.model, "messages": [{"role": "user", "content": " ".join(["abc"] * call.words)}],
+    # the first word is the request's own, so no two prompts share a prefix (issue 13's fleet has no prefix cache)
+    words = [f"r{call.at:.9f}"] + ["abc"] * (call.words - 1)
+    return {"model": side.model, "messages": [{"role": "user", "content": " ".join(words)}],
             "max_tokens": call.max_tokens, "stream": True, "stream_options": {"include_usage": True}}
 
 

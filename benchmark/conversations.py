@@ -39,9 +39,9 @@ class Conversation:
 @dataclass(frozen=True)
 class Workload:
     count: int = 24
-    systems: int = 4
+    systems: int = 8
     system_words: int = 1500
-    turns: tuple[int, int] = (4, 8)
+    turns: tuple[int, int] = (6, 10)
     user_words: tuple[int, int] = (20, 80)
     max_tokens: tuple[int, int] = (16, 48)
     think_s: float = 2.0

@@ -212,6 +212,7 @@ class PrefixEntry(BaseModel):
                                  "does not report its own (vLLM's cache_config_info).")
     load_factor: float = Field(default=1.25, ge=1.0, description="Bounded loads: a backend takes at most this "
                                "times the mean in flight (rounded up).")
+    load_slack: int = Field(default=2, ge=0, description="... plus this many requests.")
     min_match: float = Field(default=0.0, ge=0.0, le=1.0, description="A match below this share of the prompt "
                              "counts as none.")
 

@@ -60,13 +60,14 @@ def test_eviction_takes_the_least_recently_sent_tails_first_and_follows_capacity
 
 
 def test_bounded_loads_keep_a_hot_prefix_from_pinning_one_backend():
-    policy = PrefixPolicy(load_factor=1.25)
+    policy = PrefixPolicy(load_factor=1.25, load_slack=0)
     # backend 0 holds the prefix; 4 in flight there, 1 and 1 elsewhere: ceil(1.25 * 7 / 3) = 3 < 5
     assert choose([8, 0, 0], [4, 1, 1], [10, 0, 5], [0, 1, 2], 8, policy) == 1  # least loaded, then most room
     assert choose([8, 0, 0], [2, 1, 1], [10, 0, 5], [0, 1, 2], 8, policy) == 0  # within the bound: the match
     assert choose([8, 6, 0], [4, 1, 1], [10, 0, 5], [0, 1, 2], 8, policy) == 1  # next-longest within the bound
     assert choose([1, 0, 0], [0, 0, 0], [0, 0, 0], [0, 1, 2], 8, PrefixPolicy(min_match=0.5)) == 0  # too short: least
     assert choose([0, 0, 0], [0, 0, 0], [9, 3, 0], [0, 1, 2], 8, policy) == 2
+    assert choose([8, 0, 0], [4, 1, 1], [10, 0, 5], [0, 1, 2], 8, PrefixPolicy(load_slack=2)) == 0  # 5 <= 3 + 2
 
 
 def test_the_route_sends_a_conversation_back_where_its_prefix_is():
