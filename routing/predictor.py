@@ -159,6 +159,7 @@ class LatencyModel:
     _prefilled: float = 0.0      # prompt tokens whose prefill has ended
     _changed: float | None = None
     _prefills: deque = field(default_factory=deque)  # (time, prompt tokens) of recent first tokens
+    _prefill_sum: float = 0.0    # the sum of _prefills' tokens
     batch_limit: int = 0         # sequences the backend runs at once, from its /metrics (0: not known yet)
     _last_report: tuple[float, float] | None = None  # (running, waiting) of the previous report
     max_decoding: int = 0        # the most of the gateway's requests seen decoding here at once
@@ -213,8 +214,10 @@ class LatencyModel:
         """Prompt tokens per second prefilled here lately."""
         now = self.clock()
         while self._prefills and self._prefills[0][0] < now - self.rate_window_s:
-            self._prefills.popleft()
-        return sum(tokens for _, tokens in self._prefills) / self.rate_window_s
+            self._prefill_sum -= self._prefills.popleft()[1]
+        if not self._prefills:
+            self._prefill_sum = 0.0  # no drift from the float sums
+        return self._prefill_sum / self.rate_window_s
 
     def predict(self, prompt_tokens: int, cached_tokens: int = 0) -> Prediction:
         ttft = max(0.0, self.ttft.predict(self.ttft_features(prompt_tokens, cached_tokens)))
@@ -291,6 +294,7 @@ class LatencyModel:
         work = self._work(entry)
         self._prefilled += work
         self._prefills.append((now, work))
+        self._prefill_sum += work
         entry.first_token, entry.decode_area, entry.prefilled = now, self._area, self._prefilled
         self.max_decoding = max(self.max_decoding, self.decoding())
         if self.batch_limit and self.max_decoding > self.batch_limit:  # more ran at once: that limit was wrong
