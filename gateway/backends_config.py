@@ -77,7 +77,7 @@ class PricingEntry(BaseModel):
     gpu_hourly_usd: float | None = Field(default=None, ge=0)
     gpus: float = Field(default=1.0, gt=0)
     output_weight: float | Literal["measured"] = 5.0
-    cached_input_weight: float = Field(default=0.1, ge=0)
+    cached_input_weight: float | Literal["measured"] = 0.1
     window_s: PositiveFloat = 3600.0
 
     @field_validator("output_weight")
@@ -85,6 +85,13 @@ class PricingEntry(BaseModel):
     def _weight(cls, value: float | str) -> float | str:
         if not isinstance(value, str) and value <= 0:
             raise ValueError("must be > 0, or 'measured'")
+        return value
+
+    @field_validator("cached_input_weight")
+    @classmethod
+    def _cached_weight(cls, value: float | str) -> float | str:
+        if not isinstance(value, str) and value < 0:
+            raise ValueError("must be >= 0, or 'measured'")
         return value
 
     def model_post_init(self, _context: Any) -> None:

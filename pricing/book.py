@@ -96,5 +96,7 @@ def version_of(priced: Priced) -> str:
     entry = priced.entry.model_dump()
     if entry["output_weight"] == "measured":
         entry["output_weight"] = priced.output_weight
+    if entry["cached_input_weight"] == "measured":
+        entry["cached_input_weight"] = priced.cached_input_weight
     text = json.dumps(entry, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -53,6 +53,7 @@ def rows(server, where: str, count: int) -> list:
             with db.connect() as conn:
                 found = list(conn.execute(sa.text(
                     "SELECT status, input_tokens, output_tokens, input_cost_usd, output_cost_usd, total_cost_usd, "
+                    "cached_input_tokens, cached_input_cost_usd, "
                     f"pricing_version FROM requests WHERE {where} ORDER BY datetime_utc")))
             if len(found) >= count or time.monotonic() > deadline:
                 return found
