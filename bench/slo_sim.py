@@ -196,6 +196,8 @@ class Sim:
         """The route's health poller: each backend's running and waiting, as its /metrics says."""
         for name, engine in self.engines.items():
             self.models[name].reported(len(engine.running), len(engine.waiting))
+            if self.prefixes is not None and engine.cache is not None:  # vLLM's cache_config_info
+                self.prefixes.set_capacity(name, engine.model.prefix_cache_tokens, "reported")
         self.at(now + POLL_S, self.poll)
 
     # -- the gateway ------------------------------------------------------------------------------
@@ -246,6 +248,9 @@ class Sim:
         n = req.call.max_tokens
         tpot = (req.last - req.first) / (n - 1) if n > 1 else None
         self.models[req.backend].finished(req.key, tpot, n)
+        if req.lookup is not None:  # as the route hears it from the backend's usage
+            self.prefixes.served(req.backend, req.lookup, req.prompt_tokens,
+                                 req.cached if self.engines[req.backend].cache is not None else None)
         if req.on_done is not None:
             req.on_done(now)
         self.pump(now)

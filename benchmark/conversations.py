@@ -2,7 +2,8 @@
 each holding a conversation of several turns with think time between them.
 
 Conversation ``i`` starts at a uniform time in ``[0, spread_s)``, uses system prompt ``i % systems``
-(``system_words`` words each, distinct between prompts), and has ``turns`` turns; a turn is a user
+(``system_words`` words each, distinct between prompts; by default one per conversation: a user's own
+instructions and documents), and has ``turns`` turns; a turn is a user
 message of ``user_words`` words that starts with the conversation's and the turn's number (so no two
 conversations share more than their system prompt), an answer of ``max_tokens`` tokens, then a think
 time drawn from an exponential distribution of mean ``think_s`` before the next turn. Every draw is
@@ -39,7 +40,7 @@ class Conversation:
 @dataclass(frozen=True)
 class Workload:
     count: int = 24
-    systems: int = 8
+    systems: int | None = None    # system prompts shared round-robin; None: one per conversation
     system_words: int = 1500
     turns: tuple[int, int] = (6, 10)
     user_words: tuple[int, int] = (20, 80)
@@ -54,11 +55,12 @@ def system_prompt(index: int, words: int) -> str:
 
 def conversations(workload: Workload = Workload(), seed: int = 7) -> list[Conversation]:
     rng = random.Random(seed)
-    systems = [system_prompt(i, workload.system_words) for i in range(workload.systems)]
+    count = workload.systems or workload.count
+    systems = [system_prompt(i, workload.system_words) for i in range(count)]
     out = []
     for i in range(workload.count):
         turns = tuple(Turn(" ".join([f"c{i}t{t}"] + ["word"] * (rng.randint(*workload.user_words) - 1)),
                            rng.randint(*workload.max_tokens), rng.expovariate(1 / workload.think_s))
                       for t in range(rng.randint(*workload.turns)))
-        out.append(Conversation(i, rng.uniform(0, workload.spread_s), systems[i % workload.systems], turns))
+        out.append(Conversation(i, rng.uniform(0, workload.spread_s), systems[i % count], turns))
     return sorted(out, key=lambda c: c.start_s)

@@ -17,8 +17,10 @@ prefix, and per backend an LRU of its keys. Sending a request to a backend inser
 keys there, last block first, so a prefix shared by many prompts stays more recently used than any
 one prompt's tail and is evicted last. A backend keeps at most its capacity: its KV cache size in
 tokens (what the backend reports, e.g. vLLM's ``cache_config_info``; else the route's
-``capacity_tokens``) divided by the tokens a block stands for; past it the least recently sent
-blocks go first, as the backend's own LRU would evict them.
+``capacity_tokens``) divided by the tokens a block stands for (``block_chars`` over the characters
+per token measured on the route's traffic: the characters hashed over the prompt tokens the backends
+reported, 4 until a backend has reported any); past it the least recently sent blocks go first, as
+the backend's own LRU would evict them.
 
 **The** ``prefix`` **strategy** (``choose``): the backend with the longest match, unless taking one
 more request would put it above ``load_factor`` × the mean number in flight over the route's
@@ -90,16 +92,25 @@ class PrefixIndex:
         self.policy = policy
         self.owners: dict[int, int] = {}  # key → bit mask of the backends that hold it
         self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(backends)]
+        self.chars_per_token = CHARS_PER_TOKEN
+        self.capacity_tokens = [float(policy.capacity_tokens)] * backends
         self.capacity = [self.blocks_for(policy.capacity_tokens)] * backends
         self.evicted = [0] * backends
 
     def blocks_for(self, tokens: float) -> int:
-        return max(1, int(tokens * CHARS_PER_TOKEN / self.policy.block_chars))
+        return max(1, int(tokens * self.chars_per_token / self.policy.block_chars))
 
     def set_capacity(self, backend: int, tokens: float) -> None:
         """The backend's KV cache holds ``tokens``: its share of the index follows."""
+        self.capacity_tokens[backend] = float(tokens)
         self.capacity[backend] = self.blocks_for(tokens)
         self._evict(backend)
+
+    def set_chars_per_token(self, ratio: float) -> None:
+        """The route's text turns out to have ``ratio`` characters a token: the capacities follow."""
+        self.chars_per_token = ratio
+        for backend, tokens in enumerate(self.capacity_tokens):
+            self.set_capacity(backend, tokens)
 
     def match(self, keys: list[int]) -> list[int]:
         """How many of ``keys`` (from the first) each backend holds."""
@@ -180,6 +191,7 @@ class Lookup:
     cached: dict[str, int]    # member name → expected cached prompt tokens (members with a match)
     total_blocks: int
     shares: dict[str, float]  # member name → the matched share of the prompt's text
+    text_chars: int = 0
 
     def cached_of(self, name: str, prompt_tokens: int) -> int:
         """The expected cached tokens of a prompt of ``prompt_tokens`` (the backend's own count) there."""
@@ -197,6 +209,7 @@ class RoutePrefixes:
         self.reported = dict.fromkeys(self.names, 0)   # Σ cached tokens the backend reported for them
         self.prompts = dict.fromkeys(self.names, 0)    # Σ prompt tokens of those requests
         self.capacity_source = dict.fromkeys(self.names, "configured")
+        self.chars = self.tokens = 0  # characters hashed and prompt tokens reported, for chars per token
 
     def lookup(self, request: Any, prompt_tokens: int) -> Lookup:
         text = prompt_text(request)
@@ -205,7 +218,7 @@ class RoutePrefixes:
         cached = {self.names[i]: expected_cached(n, len(text), self.policy.block_chars, prompt_tokens)
                   for i, n in enumerate(matched) if n}
         shares = {self.names[i]: min(1.0, n * self.policy.block_chars / len(text)) for i, n in enumerate(matched) if n}
-        return Lookup(keys, matched, cached, len(keys), shares)
+        return Lookup(keys, matched, cached, len(keys), shares, len(text))
 
     def pick(self, lookup: Lookup, members: list[Any]) -> Any | None:
         """The ``prefix`` strategy's member among ``members`` (those a request may go to now)."""
@@ -223,7 +236,13 @@ class RoutePrefixes:
         self.index.insert(self.position[name], lookup.keys)
 
     def served(self, name: str, lookup: Lookup, prompt_tokens: int, reported: int | None) -> None:
-        """A request finished there: what the index expected cached, against the backend's own figure."""
+        """A request finished there: what the index expected cached, against the backend's own figure;
+        its characters per prompt token (the capacities in blocks follow when it moves by a tenth)."""
+        if prompt_tokens > 0 and lookup.text_chars:
+            self.chars, self.tokens = self.chars + lookup.text_chars, self.tokens + prompt_tokens
+            ratio = self.chars / self.tokens
+            if abs(ratio - self.index.chars_per_token) > 0.1 * self.index.chars_per_token:
+                self.index.set_chars_per_token(ratio)
         if reported is None:
             return
         self.expected[name] += lookup.cached_of(name, prompt_tokens)
@@ -242,6 +261,7 @@ class RoutePrefixes:
         """The member's part of ``GET /infer/routes``."""
         i = self.position[name]
         return {"prefix_blocks": self.index.size(i), "prefix_capacity_blocks": self.index.capacity[i],
+                "prefix_chars_per_token": round(self.index.chars_per_token, 3),
                 "prefix_capacity_source": self.capacity_source[name], "prefix_evicted_blocks": self.index.evicted[i],
                 "cached_tokens_expected": self.expected[name], "cached_tokens_reported": self.reported[name],
                 "cache_hit_ratio": self.reported[name] / self.prompts[name] if self.prompts[name] else None}

@@ -87,6 +87,8 @@ def test_the_route_sends_a_conversation_back_where_its_prefix_is():
     assert other.cached == {} and prefixes.pick(other, members).name == "b"  # no match: the most room
     prefixes.served("a", lookup, 400, 380)
     assert prefixes.view("a")["cache_hit_ratio"] == 0.95 and prefixes.view("a")["prefix_blocks"] > 0
+    assert prefixes.index.chars_per_token == lookup.text_chars / 400  # measured: the capacities follow
+    assert prefixes.index.capacity[0] == int(500_000 * lookup.text_chars / 400 / 128)
 
 
 def test_expected_cached_is_the_matched_share_of_the_prompt():
