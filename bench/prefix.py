@@ -7,8 +7,9 @@ tokens not found in their prefix cache (:data:`FLEET`: 1,500 prompt tokens/s, 16
 ``prefix_cache_tokens`` each, LRU), decode steps of ``tpot(n)``, and usage with
 ``prompt_tokens_details.cached_tokens``.
 
-**Workload** (``benchmark/conversations.py``, seeded): ``--conversations`` users over eight long system
-prompts (1,500 words = 1,500 tokens on the fakes; three users share each), 6-10 turns each of 20-80 words, answers of 16-48
+**Workload** (``benchmark/conversations.py``, seeded): ``--conversations`` users, each with a long system
+prompt of their own (1,500 words = 1,500 tokens on the fakes; ``--systems N``: N prompts shared round-robin
+instead), 6-10 turns each of 20-80 words, answers of 16-48
 tokens, exponential think time of mean 2 s between turns, conversations starting over the first 10 s.
 Each turn sends the whole conversation so far (system prompt, every turn and answer). Streamed chat
 completions; TTFT = the first content chunk.
@@ -250,7 +251,8 @@ def goals(runs: dict[str, dict], cost: dict | None) -> list[dict]:
 def print_report(runs: dict[str, dict], cost: dict | None, args) -> None:
     if runs:
         base = (runs.get("least_inflight") or {}).get("ttft_mean_ms")
-        print(f"\n{args.conversations} conversations, seed {args.seed}; fleet: 3 x (prefill 1500 tok/s, "
+        print(f"\n{args.conversations} conversations ({args.systems or 'one'} system prompt(s)"
+              f"{'' if args.systems else ' each'}), seed {args.seed}; fleet: 3 x (prefill 1500 tok/s, "
               f"prefix cache {FLEET['gpu0'].prefix_cache_tokens} tokens); loadavg at start {args.loadavg}")
         print(f"  {'side':15s} {'reqs':>5s} {'err':>4s} {'ttft mean':>9s} {'ttft p90':>9s} {'/li':>6s} "
               f"{'hit ratio':>9s}  shares gpu0/gpu1/gpu2")
@@ -279,6 +281,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=24)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--systems", type=int, help="system prompts shared round-robin (default: one per user)")
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--tracked", type=int, default=10_000, help="conversations in the index (--decision)")
     parser.add_argument("--decisions", type=int, default=10_000)
@@ -294,7 +297,7 @@ def main() -> None:
     args = parse_args()
     runs: dict[str, dict] = {}
     if not args.decision_only:
-        convs = conversations(Workload(count=args.conversations), args.seed)
+        convs = conversations(Workload(count=args.conversations, systems=args.systems), args.seed)
         print(f"{len(convs)} conversations, {sum(len(c.turns) for c in convs)} turns", flush=True)
         for side in args.sides:
             print(f"{side} ...", flush=True)
