@@ -25,7 +25,10 @@ first block last (so a shared prefix outlives each prompt's tail), and the least
 beyond ``prefix_cache_tokens`` are evicted. Usage reports ``prompt_tokens_details.cached_tokens`` (vLLM
 with ``--enable-prompt-tokens-details``), ``/metrics`` ``vllm:prefix_cache_queries`` and
 ``vllm:prefix_cache_hits`` (tokens) and ``vllm:cache_config_info`` (``num_gpu_blocks`` × ``block_size``
-= ``kv_tokens``). Generated tokens are not cached.
+= ``kv_tokens``). Generated tokens are not cached. With ``kv_events_port`` the cache publishes
+vLLM's KV events (``fakes/kv_events.py``): a ``BlockStored`` per run of new blocks with their token
+ids (``tokenizer``: a WordLevel ``tokenizer.json`` mapping the words to ids), a ``BlockRemoved`` per
+eviction.
 
 So an idle server answers a lone request with TTFT = P / prefill_tok_s and TPOT = tpot(1); steps are
 scheduled on absolute times, so a late wake-up is caught up and long runs keep the model's averages.
@@ -62,6 +65,7 @@ from . import vllm
 from .behaviour import Behaviour
 from .common import Reply, json_reply, text_reply
 from .engine import FakeEngine, Generation
+from .kv_events import KVEventPublisher, WordVocab
 from .openai_wire import Style, full_body, stream_wire
 from .runner import RunningServer
 
@@ -79,6 +83,8 @@ class QueueModel:
     kv_tokens: int = 0                # KV cache size in tokens for kv_cache_usage_perc; 0: batch_limit * 2048
     prefix_cache_tokens: int = 0      # prefix cache size in tokens; 0: no prefix caching
     block_size: int = 16              # tokens per cached block
+    kv_events_port: int = 0           # publish vLLM's KV events on tcp://127.0.0.1:PORT (0: off)
+    tokenizer: str = ""               # a WordLevel tokenizer.json giving the words' token ids (else CRC-32s)
     model: str = "queueing"           # the served model name
     fail_status: int | None = None
     fail_times: int | None = None     # None: every request while fail_status is set
@@ -137,12 +143,14 @@ class Record:
 
 
 class PrefixCache:
-    """Chained block hashes in LRU order, at most ``capacity`` blocks (the module docstring)."""
+    """Chained block hashes in LRU order, at most ``capacity`` blocks (the module docstring); with a
+    ``publisher``, vLLM's KV events for the blocks stored and evicted."""
 
-    def __init__(self, capacity_tokens: int, block_size: int):
+    def __init__(self, capacity_tokens: int, block_size: int, publisher: KVEventPublisher | None = None):
         self.block_size, self.capacity = block_size, capacity_tokens // block_size
         self.blocks: OrderedDict[int, None] = OrderedDict()
         self.queries = self.hits = 0  # tokens, as vLLM's counters
+        self.publisher = publisher
 
     def keys(self, words: list[str]) -> list[int]:
         key, keys = 0, []
@@ -162,12 +170,31 @@ class PrefixCache:
         self.hits += cached
         return cached
 
-    def store(self, keys: list[int]) -> None:
+    def store(self, keys: list[int], tokens: list | None = None) -> None:
+        """``keys`` (of ``tokens``, for the events) are used now; evicts past the capacity."""
+        events = self._stored_events(keys, tokens) if self.publisher is not None else []
         for key in reversed(keys):
             self.blocks[key] = None
             self.blocks.move_to_end(key)
+        evicted = []
         while len(self.blocks) > self.capacity:
-            self.blocks.popitem(last=False)
+            evicted.append(self.blocks.popitem(last=False)[0])
+        if self.publisher is not None:
+            self.publisher.publish(events + ([["BlockRemoved", evicted, "GPU"]] if evicted else []))
+
+    def _stored_events(self, keys: list[int], tokens: list | None) -> list[list]:
+        """One BlockStored per run of blocks not held yet, with the block before the run as parent."""
+        events, size, run = [], self.block_size, []
+        for i, key in enumerate(keys + [None]):
+            if key is not None and key not in self.blocks:
+                run.append(i)
+                continue
+            if run:
+                ids = (tokens or [])[run[0] * size:(run[-1] + 1) * size]
+                parent = keys[run[0] - 1] if run[0] else None
+                events.append(self.publisher.stored([keys[j] for j in run], parent, list(ids), size))
+                run = []
+        return events
 
 
 @dataclass(eq=False)
@@ -175,6 +202,7 @@ class Sequence:
     record: Record
     tokens: asyncio.Queue = field(default_factory=asyncio.Queue)  # token indices, then None
     keys: list[int] = field(default_factory=list)  # the prompt's block keys (prefix caching)
+    ids: list[int] = field(default_factory=list)   # the prompt's token ids
     is_prefilled: bool = False
     is_done: bool = False
 
@@ -198,7 +226,10 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._clock = 0.0  # scheduled end of the last step
-        self.cache = PrefixCache(model.prefix_cache_tokens, model.block_size) if model.prefix_cache_tokens else None
+        publisher = KVEventPublisher(model.kv_events_port) if model.kv_events_port else None
+        self.cache = (PrefixCache(model.prefix_cache_tokens, model.block_size, publisher)
+                      if model.prefix_cache_tokens else None)
+        self.vocab = WordVocab(model.tokenizer)
 
     @property
     def kv_usage(self) -> float:
@@ -212,7 +243,8 @@ class Engine:
         self.arrivals += 1
         seq = Sequence(record)
         if self.cache is not None and words:
-            seq.keys = self.cache.keys(words)
+            seq.ids = self.vocab.ids(words)
+            seq.keys = self.cache.keys(seq.ids)
         self.waiting.append(seq)
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
@@ -269,7 +301,7 @@ class Engine:
         seq.is_prefilled = True
         self.prompt_tokens_total += seq.record.prompt_tokens
         if self.cache is not None:
-            self.cache.store(seq.keys)
+            self.cache.store(seq.keys, seq.ids)
         if seq.record.max_output > 0 and not seq.record.aborted:
             self._emit(seq)
 

@@ -125,6 +125,8 @@ class BackendEntry(BaseModel):
     mode: Literal["generate", "messages"] | None = None
     context_length: int | None = Field(default=None, gt=0)
     pricing: PricingEntry | None = None
+    kv_events: str | None = None       # the backend's KV cache event stream (vLLM --kv-events-config): precise routing
+    kv_events_topic: str = ""
 
     _name = field_validator("name")(classmethod(lambda cls, value: plain_name(value)))
 
@@ -178,6 +180,18 @@ class BackendEntry(BaseModel):
         if not path.is_file():
             raise ValueError(f"tokenizer file {path} not found")
         return str(path.resolve())
+
+    @field_validator("kv_events")
+    @classmethod
+    def _kv_events(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"'{value}' is not a ZMQ endpoint; use tcp://host:port (vLLM's kv-events endpoint)")
+        if not info.data.get("tokenizer"):
+            raise ValueError("needs tokenizer: (the backend's tokenizer.json or .gguf) to match prompts to the "
+                             "token blocks the events name")
+        return value
 
     @field_validator("mode")
     @classmethod
@@ -266,6 +280,13 @@ class GatewayConfig(BaseModel):
         if self.local is not None and self.local.pricing is not None:
             out.append(Priced.of(LOCAL, self.local.pricing, (*ENGINES, *self.local_models()), home=home))
         return out
+
+    def kv_event_sources(self) -> dict[str, Any]:
+        """The backends that publish their KV cache (``kv_events:``), for the routes' precise index."""
+        from routing.kv_events import KVEventSource
+
+        return {e.name: KVEventSource(e.name, e.kv_events, e.tokenizer or "", e.kv_events_topic)
+                for e in self.backends if e.kv_events}
 
     def local_models(self) -> list[str]:
         """Route members that are not backends of this file: models of the local store."""

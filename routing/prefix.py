@@ -232,6 +232,16 @@ class RoutePrefixes:
         chosen = choose(lookup.matched, in_flight, sizes, positions, lookup.total_blocks, self.policy)
         return next(m for m in members if self.position[m.name] == chosen)
 
+    def precise(self, name: str, lookup: Lookup, share: float, prompt_tokens: int) -> None:
+        """The backend ``name`` published its cache (``kv_events.py``): it holds ``share`` of the prompt."""
+        lookup.shares[name] = share
+        lookup.matched[self.position[name]] = round(share * lookup.total_blocks)
+        cached = min(prompt_tokens, round(share * prompt_tokens))
+        if cached:
+            lookup.cached[name] = cached
+        else:
+            lookup.cached.pop(name, None)
+
     def sent(self, name: str, lookup: Lookup) -> None:
         self.index.insert(self.position[name], lookup.keys)
 

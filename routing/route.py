@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import time
 from collections import deque
@@ -44,12 +45,14 @@ from adapters.token_count import TokenCounter, load_counter
 
 from . import dispatch
 from .dispatch import Dispatcher, Waiter
+from .kv_events import KVEventSource, prompt_token_ids
 from .predictor import Prediction, median
 from .prefix import Lookup, PrefixPolicy, RoutePrefixes
 from .slo import SLO, vllm_tpot
 from .stats import Outcome, Window
 from .strategies import Member, Orderer
 
+log = logging.getLogger(__name__)
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
 HEALTH_POLL_S = 2.0  # how fresh a route needs its members' health and queue figures
 _keys = itertools.count()
@@ -72,7 +75,7 @@ class Route:
 
     def __init__(self, name: str, members: list[Member], policy: RoutePolicy,
                  resolve_route: Callable[[str], "Route | None"] = lambda name: None,
-                 counter: TokenCounter | None = None) -> None:
+                 counter: TokenCounter | None = None, kv_sources: dict[str, KVEventSource] | None = None) -> None:
         self.name, self.members, self.policy = name, members, policy
         self.orderer = Orderer(policy.strategy)
         self.dispatcher = Dispatcher(policy.shed)
@@ -84,6 +87,7 @@ class Route:
         self.recent_prompts: deque[int] = deque(maxlen=200)  # prompt tokens of the latest requests
         self.prefixes = (RoutePrefixes(name, [m.name for m in members], policy.prefix)
                          if policy.strategy in ("slo", "prefix") else None)
+        self.kv_sources = kv_sources if self.prefixes is not None and kv_sources else {}  # precise members
 
     # -- the Backend protocol -------------------------------------------------------------------
 
@@ -94,6 +98,8 @@ class Route:
         max_tokens = int(request.options.get("num_predict") or 256)
         members = [m for m in self.members if m.breaker.allows()]
         lookup = self.prefixes.lookup(request, prompt_tokens) if self.prefixes is not None else None
+        if lookup is not None and self.kv_sources:
+            await self._precise(request, lookup, prompt_tokens)
         cached = lookup.cached if lookup is not None else {}
         bound: Waiter | None = None
         if self.policy.strategy == "slo" and slo.is_set and members:
@@ -127,6 +133,21 @@ class Route:
                 retries -= 1
         async for event in self._fall_back(request, _visited | {self.name}, last_error, attempts):
             yield event
+
+    async def _precise(self, request: GenerationRequest, lookup: Lookup, prompt_tokens: int) -> None:
+        """The members that publish their KV cache: what they hold of this prompt, in its tokens (rendered
+        and tokenized off the event loop, once per tokenizer), instead of the approximate index's guess."""
+        tokens: dict[str, list[int] | None] = {}
+        for name, source in self.kv_sources.items():
+            if source.tokenizer not in tokens:
+                try:
+                    tokens[source.tokenizer] = await asyncio.to_thread(prompt_token_ids, request, source.tokenizer)
+                except Exception as exc:  # a template or tokenizer failure: the approximate index stands
+                    log.warning("route %s: cannot tokenize for %s's KV events: %s", self.name, name, exc)
+                    tokens[source.tokenizer] = None
+            ids = tokens[source.tokenizer]
+            if ids:
+                self.prefixes.precise(name, lookup, source.index.match(ids) / len(ids), prompt_tokens)
 
     async def _fall_back(self, request: GenerationRequest, visited: frozenset[str], last_error: BackendError | None,
                          attempts: int) -> AsyncIterator[StreamEvent]:
@@ -271,6 +292,7 @@ class Route:
                             for kind, q in (("ttft", dispatch.TTFT_QUANTILE), ("tpot", dispatch.TPOT_QUANTILE))},
                 **self.window.summary(m.name),
                 **(self.prefixes.view(m.name) if self.prefixes is not None else {}),
+                **(self._kv_view(m.name) if self.prefixes is not None else {}),
             })
         return {"name": self.name, "strategy": self.policy.strategy, "sheds_early": self.policy.shed,
                 "predicted_for_prompt_tokens": prompt_tokens,
@@ -279,6 +301,15 @@ class Route:
                 "prediction_error": median([e for m in self.members for e in m.latency.errors]),
                 "tpot_prediction_error": median([e for m in self.members for e in m.latency.tpot_errors]),
                 **self.window.summary(), "backends": backends}
+
+
+    def _kv_view(self, name: str) -> dict:
+        source = self.kv_sources.get(name)
+        if source is None:
+            return {"prefix_mode": "approximate"}
+        index = source.index
+        return {"prefix_mode": "precise", "kv_events": index.events, "kv_event_gaps": index.gaps,
+                "kv_blocks": len(index.keys), "kv_block_size": index.block_size or None}
 
 
 class _Attempt:
