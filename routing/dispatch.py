@@ -160,13 +160,13 @@ class Dispatcher:
         cached = waiter.cached.get(member.name, 0)
         raw = latency.predict(waiter.prompt_tokens, cached)
         held = now - waiter.arrival
-        ttft = raw.ttft_s * latency.ratio("ttft", TTFT_QUANTILE)
-        tpot = raw.tpot_s * latency.ratio("tpot", TPOT_QUANTILE)
+        ttft_margin, tpot_margin = latency.ratio("ttft", TTFT_QUANTILE), latency.ratio("tpot", TPOT_QUANTILE)
+        ttft, tpot = raw.ttft_s * ttft_margin, raw.tpot_s * tpot_margin
         margins = [(waiter.ttft_limit_s - held - ttft) / waiter.ttft_limit_s]
         if slo.tpot_ms is not None and waiter.max_tokens > 1:
             margins.append((slo.tpot_ms / 1000 - tpot) / (slo.tpot_ms / 1000))
         if slo.tpot_ms is not None and PROTECT_DECODING:  # nor may it push those decoding there past theirs
-            others = latency.worst_tpot_with(waiter.prompt_tokens, cached) * latency.ratio("tpot", TPOT_QUANTILE)
+            others = latency.worst_tpot_with(waiter.prompt_tokens, cached) * tpot_margin
             margins.append((slo.tpot_ms / 1000 - others) / (slo.tpot_ms / 1000))
         if slo.e2e_ms is not None:
             e2e = held + ttft + tpot * max(0, waiter.max_tokens - 1)
@@ -176,7 +176,7 @@ class Dispatcher:
         if cached:  # the TTFT model is linear: a cached token saves w1 - w2 (uncached less cached weight)
             w = latency.ttft.w
             saved = (w[1] - w[2]) * min(cached, waiter.prompt_tokens)
-            bonus = max(0.0, saved) * latency.ratio("ttft", TTFT_QUANTILE) / waiter.ttft_limit_s
+            bonus = max(0.0, saved) * ttft_margin / waiter.ttft_limit_s
         return Fit(member, raw, headroom, headroom >= 0 and not (HOLD_WHEN_FULL and latency.is_full), bonus)
 
     def next_deadline(self) -> float | None:

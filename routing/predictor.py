@@ -258,6 +258,8 @@ class LatencyModel:
         waiting for its first token counts too (all its tokens are left). A decoding request's tokens
         so far are counted from what it lived through (its mean batch, the prefills that stalled it),
         not from today's batch: one slowed by a prefill has more of its decode ahead."""
+        if not self.in_flight:
+            return 0.0
         now, v0, v1, v2 = self._advance(), *self.tpot.w
         stall = min(0.9, v2 * self.prefill_rate())
         pace_with = (v0 + v1 * (len(self.in_flight) + 1)) / (1.0 - stall)
