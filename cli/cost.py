@@ -103,8 +103,8 @@ def _render(report: dict) -> str:
     lines = [f"since {report['since']}", table(rows), "(in tok: uncached prompt tokens; cached tok: prompt tokens "
              "the backend served from its KV cache)"]
     for name, bill in report["bills"].items():
-        lines.append(f"{name}: bill ${bill['bill_usd']:.6f} = in ${bill['input_usd']:.6f} + cached "
-                     f"${bill['cached_input_usd']:.6f} + out ${bill['output_usd']:.6f} + idle ${bill['idle_usd']:.6f}, "
+        lines.append(f"{name}: bill ${_usd(bill['bill_usd'])} = in ${_usd(bill['input_usd'])} + cached "
+                     f"${_usd(bill['cached_input_usd'])} + out ${_usd(bill['output_usd'])} + idle ${_usd(bill['idle_usd'])}, "
                      f"over {bill['windows']} window(s), {bill['windows_with_traffic']} with traffic "
                      f"({bill['traffic_share']:.0%}); {_weight(bill)}; {_cached_weight(bill)}")
     return "\n".join(lines)
@@ -130,4 +130,4 @@ def _csv(groups: list[dict]) -> str:
 
 
 def _usd(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6f}"
+    return "-" if value is None else f"{value if abs(value) >= 5e-7 else 0.0:.6f}"  # no "-0.000000"
