@@ -320,7 +320,7 @@ def simulate(policy: str, loads: list[float], seconds: float, seed: int, shed: b
     return rows
 
 
-def simulate_conversations(policy: str, count: int, seed: int) -> dict:
+def simulate_conversations(policy: str, count: int, seed: int, systems: int | None = None) -> dict:
     """bench/prefix.py's sessions on its fleet, in virtual time: TTFT, shares and the cache-hit ratio."""
     from prefix import FLEET as PREFIX_FLEET, SLO as PREFIX_SLO
 
@@ -343,7 +343,7 @@ def simulate_conversations(policy: str, count: int, seed: int) -> dict:
         req.on_done = next_turn
         sim.arrive(req, now)
 
-    for conv in conversations(Workload(count=count), seed):
+    for conv in conversations(Workload(count=count, systems=systems), seed):
         sim.at(conv.start_s, lambda t, c=conv: send_turn(c, 0, [c.system_message()], t))
     sim.drive(3600.0)
     ttfts = sorted(r.first - r.arrival for r in done)
@@ -354,12 +354,12 @@ def simulate_conversations(policy: str, count: int, seed: int) -> dict:
             "cache_hit_ratio": sum(r.cached for r in done) / max(1, sum(r.prompt_tokens for r in done))}
 
 
-def print_conversations(policies: list[str], count: int, seeds: list[int]) -> None:
-    rows = {p: [simulate_conversations(p, count, seed) for seed in seeds] for p in policies}
+def print_conversations(policies: list[str], count: int, seeds: list[int], systems: int | None = None) -> None:
+    rows = {p: [simulate_conversations(p, count, seed, systems) for seed in seeds] for p in policies}
     base = statistics.median(r["ttft_mean_ms"] for r in rows.get("least_inflight", [])) if "least_inflight" in rows \
         else None
-    print(f"{count} conversations (bench/prefix.py's workload and fleet), seeds {','.join(map(str, seeds))}; "
-          "medians over the seeds")
+    print(f"{count} conversations ({systems or 'one'} system prompt(s){'' if systems else ' each'}; bench/prefix.py's "
+          f"workload and fleet), seeds {','.join(map(str, seeds))}; medians over the seeds")
     print(f"{'policy':15s} {'reqs':>5s} {'ttft mean':>9s} {'ttft p90':>9s} {'/li':>5s} {'max share':>9s} {'hit ratio':>9s}")
     for policy, runs in rows.items():
         mean = statistics.median(r["ttft_mean_ms"] for r in runs)
@@ -387,13 +387,16 @@ def main() -> None:
                         "which share prefixes, on its fleet without prefix caching")
     parser.add_argument("--conversations", type=int, default=0, metavar="N",
                         help="bench/prefix.py's multi-turn workload (N conversations) and fleet instead")
+    parser.add_argument("--systems", type=int, help="with --conversations: system prompts shared round-robin "
+                        "(default: one per conversation)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a routing.dispatch constant (e.g. ERROR_QUANTILE=0.9) to compare policies")
     args = parser.parse_args()
     global KNOWN_LIMITS, SHARED_TEXT
     KNOWN_LIMITS, SHARED_TEXT = args.known_limits, args.shared_text
     if args.conversations:
-        return print_conversations(args.policies.split(","), args.conversations, [int(x) for x in args.seeds.split(",")])
+        return print_conversations(args.policies.split(","), args.conversations, [int(x) for x in args.seeds.split(",")],
+                                   args.systems)
     import routing.dispatch as dispatch
     for item in args.set:
         name, value = item.split("=", 1)
