@@ -302,6 +302,9 @@ def main() -> None:
         for side in args.sides:
             print(f"{side} ...", flush=True)
             runs[side] = run_strategy(side, convs)
+            r = runs[side]
+            print(f"  mean TTFT {r['ttft_mean_ms']:.0f} ms, p90 {r['ttft_p90_ms']:.0f} ms, hit ratio "
+                  f"{r['cache_hit_ratio']:.3f}, shares " + "/".join(f"{v:.0%}" for v in r["shares"].values()), flush=True)
     cost = decision_cost(args.tracked, args.decisions, args.seed)
     print_report(runs, cost, args)
     if args.json:
