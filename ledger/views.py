@@ -80,13 +80,14 @@ class SeriesRow:
     input_tokens: int
     output_tokens: int
     cost_usd: float | None
+    cached_input_tokens: int | None = None
 
 
 def series_rows(db: Engine, rows: RowFilter) -> list[SeriesRow]:
     """The rows matching ``rows`` (the newest ``MAX_SERIES_ROWS``), oldest first."""
     c = _T.c
     query = (sa.select(c.datetime_utc, c.route_name, c.status, c.slo_met, c.ttft_ms, c.tpot_ms, c.total_ms, c.input_tokens,
-                       c.output_tokens, c.total_cost_usd)
+                       c.output_tokens, c.total_cost_usd, c.cached_input_tokens)
              .where(*rows.where()).order_by(c.datetime_utc.desc()).limit(MAX_SERIES_ROWS))
     with db.connect() as conn:
         found = [SeriesRow(epoch(r[0]), *r[1:]) for r in conn.execute(query)]
