@@ -162,7 +162,8 @@ class Dispatcher:
         held = now - waiter.arrival
         ttft_margin, tpot_margin = latency.ratio("ttft", TTFT_QUANTILE), latency.ratio("tpot", TPOT_QUANTILE)
         ttft, tpot = raw.ttft_s * ttft_margin, raw.tpot_s * tpot_margin
-        margins = [(waiter.ttft_limit_s - held - ttft) / waiter.ttft_limit_s]
+        limit = waiter.ttft_limit_s
+        margins = [(limit - held - ttft) / limit]
         if slo.tpot_ms is not None and waiter.max_tokens > 1:
             margins.append((slo.tpot_ms / 1000 - tpot) / (slo.tpot_ms / 1000))
         if slo.tpot_ms is not None and PROTECT_DECODING:  # nor may it push those decoding there past theirs
@@ -176,7 +177,7 @@ class Dispatcher:
         if cached:  # the TTFT model is linear: a cached token saves w1 - w2 (uncached less cached weight)
             w = latency.ttft.w
             saved = (w[1] - w[2]) * min(cached, waiter.prompt_tokens)
-            bonus = max(0.0, saved) * ttft_margin / waiter.ttft_limit_s
+            bonus = max(0.0, saved) * ttft_margin / limit
         return Fit(member, raw, headroom, headroom >= 0 and not (HOLD_WHEN_FULL and latency.is_full), bonus)
 
     def next_deadline(self) -> float | None:
