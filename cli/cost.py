@@ -104,7 +104,8 @@ def _render(report: dict) -> str:
              "the backend served from its KV cache)"]
     for name, bill in report["bills"].items():
         lines.append(f"{name}: bill ${_usd(bill['bill_usd'])} = in ${_usd(bill['input_usd'])} + cached "
-                     f"${_usd(bill['cached_input_usd'])} + out ${_usd(bill['output_usd'])} + idle ${_usd(bill['idle_usd'])}, "
+                     f"${_usd(bill['cached_input_usd'])} + out ${_usd(bill['output_usd'])} "
+                     f"+ idle ${_usd(bill['idle_usd'])}, "
                      f"over {bill['windows']} window(s), {bill['windows_with_traffic']} with traffic "
                      f"({bill['traffic_share']:.0%}); {_weight(bill)}; {_cached_weight(bill)}")
     return "\n".join(lines)

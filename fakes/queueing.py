@@ -430,7 +430,8 @@ class QueueingApp:
         lines += ["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
                   "# TYPE vllm:cache_config_info gauge",
                   f'vllm:cache_config_info{{block_size="{self.model.block_size}",enable_prefix_caching='
-                  f'"{bool(self.engine.cache)}",engine="0",num_gpu_blocks="{self.cache_tokens // self.model.block_size}"}} 1.0']
+                  f'"{bool(self.engine.cache)}",engine="0",'
+                  f'num_gpu_blocks="{self.cache_tokens // self.model.block_size}"}} 1.0']
         return "\n".join(lines) + "\n"
 
     @property

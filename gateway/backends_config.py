@@ -395,7 +395,8 @@ def _reason(err: dict[str, Any]) -> str:
         return "expected a mapping of key: value lines"
     if kind == "extra_forbidden":
         known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields,
-                 *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields, *PrefixEntry.model_fields,
+                 *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields,
+                 *PrefixEntry.model_fields,
                  *AuthEntry.model_fields]
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         return "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")

@@ -55,7 +55,8 @@ class Calibration:
     field: str = OUTPUT
 
     def describe(self) -> str:
-        return (f"{_NAMES[self.field]} {self.output_weight:.4g} measured by infer bench at {self.date} from {self.path} "
+        return (f"{_NAMES[self.field]} {self.output_weight:.4g} measured by infer bench at {self.date} "
+                f"from {self.path} "
                 f"(load point {self.load_point})")
 
 

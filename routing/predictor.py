@@ -247,7 +247,8 @@ class LatencyModel:
         """A request was sent; returns the features it was predicted from and the prediction."""
         cached = min(cached_tokens, prompt_tokens)
         features, prediction = self.ttft_features(prompt_tokens, cached), self.predict(prompt_tokens, cached)
-        self.in_flight[key] = InFlight(prompt_tokens - cached, self.clock(), prediction, max_tokens, cached_tokens=cached)
+        self.in_flight[key] = InFlight(prompt_tokens - cached, self.clock(), prediction, max_tokens,
+                                       cached_tokens=cached)
         return features, prediction
 
     def worst_tpot_with(self, prompt_tokens: int, cached_tokens: int = 0) -> float:

@@ -28,8 +28,8 @@ backends (rounded up) plus ``load_slack``: consistent hashing with bounded loads
 so a hot prefix cannot pin one backend past its share; the slack lets a conversation wait behind
 a request or two where its prefix is rather than prefill it all again elsewhere (without it, at a
 few requests in flight the bound is 1-2 and turns were sent away: on bench/prefix.py's workload in
-bench/slo_sim.py, slack 0 gave 0.54x least_inflight's mean TTFT, slack 2 0.31x); then the next-longest match within the bound; a request
-that matches nowhere within the bound goes to the backend with the fewest in flight (then the
+bench/slo_sim.py, slack 0 gave 0.54x least_inflight's mean TTFT, slack 2 0.31x); then the
+next-longest match within the bound; a request that matches nowhere within the bound goes to the backend with the fewest in flight (then the
 smallest index: the most room in its cache). A match shorter than ``min_match`` of the prompt
 counts as none.
 
