@@ -39,6 +39,8 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/slo.py --json .bench/slo/results.json
 	$(BIN)/python bench/slo_sim.py
 	$(BIN)/python bench/slo_oracle.py --loads 0.5,0.9 --seeds 13 --restarts 12
+	$(BIN)/python bench/prefix.py --json .bench/prefix/results.json
+	$(BIN)/python bench/slo_sim.py --conversations 24 --seeds 7,8,9 --policies prefix,slo,least_inflight,round_robin
 	$(BIN)/python bench/dashboard.py --json .bench/dashboard/results.json
 	$(BIN)/python bench/compare_accuracy.py --smollm2 --json .bench/compare/results.json
 

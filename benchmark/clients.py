@@ -109,11 +109,13 @@ class _Timer:
         self.last, self.chunks = now, self.chunks + 1
         self.parts.append(text)
 
-    def usage(self, prompt_tokens: object, completion_tokens: object) -> None:
+    def usage(self, prompt_tokens: object, completion_tokens: object, cached_tokens: object = None) -> None:
         if isinstance(completion_tokens, int):
             self.record.output_tokens = completion_tokens
         if isinstance(prompt_tokens, int):
             self.record.server_prompt_tokens = prompt_tokens
+        if isinstance(cached_tokens, int):
+            self.record.cached_tokens = cached_tokens
 
 
 async def _read_sse(resp: Response, timer: _Timer, *, chat: bool) -> None:
@@ -134,7 +136,8 @@ async def _read_sse(resp: Response, timer: _Timer, *, chat: bool) -> None:
             if text:
                 timer.content(text)
         if usage := event.get("usage"):
-            timer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+            timer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"),
+                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
 
 
 async def _read_ndjson(resp: Response, timer: _Timer, *, chat: bool) -> None:

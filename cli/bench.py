@@ -72,6 +72,8 @@ def bench(
                              "(default: $INFER_HOME/bench/<UTC time>, without plots)."),
     label: list[str] = typer.Option(None, "--label", help="KEY=VALUE stored in the summary (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed for prompts and arrivals."),
+    shared_prefix: int = typer.Option(0, "--shared-prefix", help="Every other prompt starts with one shared prefix "
+                                      "of N tokens: measures what a cached prompt token costs (cached_input_weight)."),
 ) -> None:
     """Run a benchmark against URL and print vLLM's summary block for each load point."""
     if ctx.invoked_subcommand:
@@ -110,6 +112,7 @@ def _config(opts: dict):
             output_tokens=LengthSpec.parse(opts["output_tokens"] or "128"),
             output_tokens_given=opts["output_tokens"] is not None, dataset=opts["dataset"], tokenizer=opts["tokenizer"],
             search=search, out=opts["out"], labels=parse_labels(opts["label"] or []), seed=opts["seed"],
+            shared_prefix=opts["shared_prefix"],
             pricing=Pricing(opts["price_per_hour"], opts["gpus"]) if opts["price_per_hour"] is not None else None)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -22,6 +22,7 @@ from adapters.remote.registry import create_remote
 from gateway.serving.router import Router
 from pricing.book import PriceBook
 from routing.build import build_routes
+from routing.kv_events import start_subscribers
 from routing.metrics import RouteMetrics
 from ledger.db import open_db
 from ledger.writer import LedgerWriter
@@ -71,6 +72,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.loop = asyncio.get_running_loop()
         routes = list(app.state.router.routes.values())
         pollers = [asyncio.create_task(app.state.monitor.run())]  # also tells the routes their members' health
+        pollers += start_subscribers(list({id(s): s for r in routes for s in r.kv_sources.values()}.values()))
         if routes:
             app.state.metrics.routes = RouteMetrics(app.state.metrics.registry, routes)
             for route in routes:
@@ -131,5 +133,5 @@ def default_router(settings: ServerSettings, store: Store, config: GatewayConfig
     if config is None:
         return Router(local)
     remotes = {s.name: create_remote(s) for s in config.remote_settings()}
-    routes = build_routes(config.routes, remotes, lambda name: local.get())
+    routes = build_routes(config.routes, remotes, lambda name: local.get(), config.kv_event_sources())
     return Router(local, remotes, routes=routes)

@@ -93,7 +93,14 @@ def m005_api_keys(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE requests ADD COLUMN key_name VARCHAR(255)"))
 
 
-MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs, m005_api_keys]
+def m006_expected_cached(conn: Connection) -> None:
+    """The prompt tokens a route's prefix index expected the backend to hold in its KV cache (NULL: no
+    index: not a ``prefix`` or ``slo`` route); ``cached_input_tokens`` is what the backend reported."""
+    conn.execute(sa.text("ALTER TABLE requests ADD COLUMN expected_cached_tokens INTEGER"))
+
+
+MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs, m005_api_keys,
+                               m006_expected_cached]
 
 
 def migrate(engine: Engine) -> list[str]:

@@ -228,6 +228,7 @@ class Done:
     served_by: str | None = None
     attempts: int = 1
     slo_missed: tuple[str, ...] | None = None
+    expected_cached_tokens: int | None = None  # the prompt tokens the route's prefix index expected cached there
 
 
 StreamEvent = Chunk | Done

@@ -3,7 +3,8 @@
 Generation is the OpenAI adapter's, plus vLLM's sampling extensions (``top_k``, ``min_p``,
 ``repetition_penalty``, ``ignore_eos``). ``health()`` adds the scheduler's load from ``/metrics``:
 ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``
-(``vllm:gpu_cache_usage_perc`` on servers older than 0.9), for the router to use.
+(``vllm:gpu_cache_usage_perc`` on servers older than 0.9), and the KV cache's size in tokens
+(``vllm:cache_config_info``: ``num_gpu_blocks`` × ``block_size``), for the router to use.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from .openai_compat import OpenAICompatBackend
 from .registry import register_remote
 
 METRICS = {"vllm:num_requests_running": "requests_running", "vllm:num_requests_waiting": "requests_waiting",
-           "vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:gpu_cache_usage_perc": "kv_cache_usage"}
+           "vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:gpu_cache_usage_perc": "kv_cache_usage",
+           "vllm:cache_config_info": "kv_cache_tokens"}
 
 
 class VLLMBackend(OpenAICompatBackend):

@@ -416,6 +416,7 @@ def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
         finish_reason="tool_calls" if gen.called and done.finish_reason == "stop" else done.finish_reason,
         input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
         cached_input_tokens=done.usage.cached_input_tokens, usage_source=done.usage.source,
+        expected_cached_tokens=done.expected_cached_tokens,
         queue_ms=ms(t.queue), ttft_ms=ms(t.ttft),
         tpot_ms=ms(t.tpot), total_ms=ms(t.total),
     )

@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.browser import console_errors, save_screenshot
-from tests.remote.servers import start_server as start_fake
-from tests.remote.servers.behaviour import Behaviour
+from fakes import start_server as start_fake
+from fakes.behaviour import Behaviour
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 OPERATOR = "operator-secret"

@@ -21,8 +21,8 @@ from adapters.local.store_models import model_details
 from gateway.app import create_app
 from gateway.settings import ServerSettings
 from tests.gateway.conftest import private_store, server_env
-from tests.remote.servers.behaviour import Behaviour
-from tests.remote.servers.runner import RunningServer
+from fakes.behaviour import Behaviour
+from fakes.runner import RunningServer
 from tests.tools.conftest import ASK, TIME, WEATHER, install_tool_models
 
 HERMES = ['Sure.\n<to', 'ol_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>\n',
