@@ -19,6 +19,7 @@ from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .structured_output import StructuredOutputManager
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class LLMEngine:
             self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
         self.model_runner.allocate_kv_cache(self._kv_budget())
         self.model_runner.capture_cudagraphs(self.max_model_len)
+        self.model_runner.structured = StructuredOutputManager(self.tokenizer, model_config.vocab_size, self.device)
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
         self.requests: dict[str, _Request] = {}
@@ -85,6 +87,7 @@ class LLMEngine:
         params = params or SamplingParams()
         token_ids = self._encode(prompt)
         self._check_prompt(token_ids, params)
+        self.model_runner.structured.validate(params)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
         seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority,
                        block_size=self.config.block_size)
