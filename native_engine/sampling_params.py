@@ -53,7 +53,7 @@ class SamplingParams:
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # not for structured outputs: a complete grammar allows only EOS, which ends it
     logprobs: int | None = None  # top-k count; 0 = only the sampled token's logprob
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None

@@ -42,7 +42,7 @@ def grammar_of(spec: StructuredOutputsParams) -> str:
     if spec.json_object:
         return _json_grammar('{"type": "object"}')
     if spec.json is not None:
-        text = spec.json if isinstance(spec.json, str) else json.dumps(spec.json, sort_keys=True)
+        text = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)  # property order kept
         return _json_grammar(text)
     if spec.regex is not None:
         return lg.LLMatcher.grammar_from_regex(spec.regex)

@@ -17,12 +17,35 @@ def apply_penalties(logits: torch.Tensor, seen: torch.Tensor | None, counts: tor
     """vLLM's semantics. logits [S, V] float32; seen [S, V] bool (prompt and output tokens); counts [S, V]
     int32 (output tokens); repetition/presence/frequency [S] float32 (None: no row uses it).
     Repetition divides positive and multiplies negative logits of seen tokens; frequency subtracts
-    count * f, presence subtracts p once per token that appeared in the output."""
+    count * f, presence subtracts p once per token that appeared in the output.
+
+    On a GPU, dense ops over [S, V] (a few microseconds); on CPU the same maths on the seen tokens only
+    (a few hundred per row), in place: the dense form costs milliseconds a step there."""
+    if seen is None:
+        return logits
+    fn = penalties_at_seen if logits.device.type == "cpu" else penalties_dense
+    return fn(logits, seen, counts, repetition, presence, frequency)
+
+
+def penalties_dense(logits, seen, counts, repetition, presence, frequency) -> torch.Tensor:
     if repetition is not None:
         r = repetition[:, None]
         logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
     if frequency is not None:
         logits = logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+    return logits
+
+
+def penalties_at_seen(logits, seen, counts, repetition, presence, frequency) -> torch.Tensor:
+    rows, cols = seen.nonzero(as_tuple=True)
+    values = logits[rows, cols]
+    if repetition is not None:
+        r = repetition[rows]
+        values = torch.where(values > 0, values / r, values * r)
+    if frequency is not None:
+        c = counts[rows, cols]
+        values = values - frequency[rows] * c - presence[rows] * (c > 0)
+    logits[rows, cols] = values
     return logits
 
 
@@ -36,11 +59,12 @@ def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch
     logits[rows] = logits.index_select(0, rows).masked_fill_(~allowed, float("-inf"))
 
 
-def top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, k: int, top_p: torch.Tensor | None,
-                min_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits [S, V] already divided by the temperature -> (probs [S, K], ids [S, K] or None = identity).
+def top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None, k: int,
+                top_p: torch.Tensor | None, min_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [S, V], temperature [S] -> (probs [S, K], ids [S, K] or None = identity).
 
-    Top-k first (one `topk` of the largest k in the batch, each row then cut at its own k), then the
+    The candidates are chosen on the raw logits (a positive temperature keeps each row's order) and only
+    they are divided by the temperature. Top-k first (one `topk` of the largest k in the batch, each row then cut at its own k), then the
     softmax over what is left, top-p on the sorted probabilities (a token stays while the mass before it
     is <= p), min-p against the row's largest probability. Zeroed probabilities are never drawn."""
     vocab = logits.shape[1]
@@ -50,6 +74,7 @@ def top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, k: int, top_p:
         values, ids = logits.sort(dim=-1, descending=True)
     else:
         values, ids = logits, None
+    values = values / temperature[:, None]
     if top_k is not None:
         cut = torch.arange(values.shape[1], device=values.device)[None, :] >= top_k[:, None]
         values = values.masked_fill(cut, float("-inf"))

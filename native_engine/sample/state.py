@@ -141,12 +141,15 @@ class SamplingState:
     def _penalty_fields(self, meta: SamplingMetadata, rows: np.ndarray, dev: torch.Tensor) -> None:
         if self.seen is None:
             return
-        if (rows[:, REP] != 1.0).any():
+        repetition = (rows[:, REP] != 1.0).any()
+        counted = (rows[:, PRES] != 0.0).any() or (rows[:, FREQ] != 0.0).any()
+        if repetition:
             meta.repetition_penalty = dev[:, REP]
-            meta.seen = self.seen.index_select(0, meta.slots)
-        if (rows[:, PRES] != 0.0).any() or (rows[:, FREQ] != 0.0).any():
+        if counted:
             meta.presence_penalty, meta.frequency_penalty = dev[:, PRES], dev[:, FREQ]
             meta.output_counts = self.counts.index_select(0, meta.slots)
+        if repetition or counted:
+            meta.seen = self.seen.index_select(0, meta.slots)
 
     def update(self, meta: SamplingMetadata, token_ids: torch.Tensor) -> None:
         """Count the sampled tokens (on the device, in place) for the rows that use penalties."""

@@ -40,12 +40,12 @@ def test_top_k_top_p_min_p_remove_the_tail():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = lambda k, p, m: sorted(  # noqa: E731
         ids[0][probs[0] > 0].tolist() for probs, ids in [ops.top_k_top_p(
-            logits, None if k == 4 else torch.tensor([k]), k, None if p == 1 else torch.tensor([p]),
+            logits, torch.ones(1), None if k == 4 else torch.tensor([k]), k, None if p == 1 else torch.tensor([p]),
             None if m == 0 else torch.tensor([m]))]
     )[0]
     assert sorted(kept(2, 1.0, 0.0)) == [0, 1]
     assert sorted(kept(4, 0.7, 0.0)) == [0, 1]
-    probs, ids = ops.top_k_top_p(logits, None, 4, None, torch.tensor([0.2]))
+    probs, ids = ops.top_k_top_p(logits, torch.ones(1), None, 4, None, torch.tensor([0.2]))
     assert ids is None and probs[0].nonzero().flatten().tolist() == [0, 1, 2]
 
 
@@ -60,6 +60,17 @@ def test_penalties_follow_vllm_semantics():
     neg = _sample(_state(4), torch.tensor([[-1.0, -1.2, -5.0, -6.0]]),
                   [("a", Params(temperature=0, repetition_penalty=2.0))], prompt=[0])[0]
     assert neg.token_id == 1  # -1.0 * 2 = -2.0 falls below -1.2
+
+
+def test_the_dense_penalties_of_the_gpu_equal_the_sparse_ones_of_the_cpu():
+    torch.manual_seed(2)
+    logits = torch.randn(3, V) * 4
+    seen = torch.rand(3, V) < 0.2
+    counts = torch.randint(0, 3, (3, V), dtype=torch.int32) * seen
+    args = (seen, counts, torch.tensor([1.3, 1.0, 0.8]), torch.tensor([0.5, 0.0, -0.2]), torch.tensor([0.1, 0.7, 0.0]))
+    dense = ops.penalties_dense(logits.clone(), *args)
+    torch.testing.assert_close(ops.penalties_at_seen(logits.clone(), *args), dense, rtol=0, atol=0)
+    assert not torch.equal(dense, logits)
 
 
 def test_penalty_counts_grow_from_the_sampled_tokens_in_place():
