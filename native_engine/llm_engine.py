@@ -43,7 +43,8 @@ class LLMEngine:
         self.device = platform.resolve_device(config.device)
         keep_q4_1 = self.device.type == "cpu" and config.cpu_int4_matmul  # for the int4 matmuls (f32 only)
         with platform.loading_threads(self.device):
-            model_config, weights, self.tokenizer = load_checkpoint(config.model, self._compute_dtype, keep_q4_1)
+            model_config, weights, self.tokenizer = load_checkpoint(config.model, self._compute_dtype, keep_q4_1,
+                                                                    config.load_format)
             self.model_config, self.dtype = model_config, self._compute_dtype(model_config)
             self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                      model_config.max_position_embeddings)

@@ -19,7 +19,7 @@ from .sample import SampledToken, Sampler, SamplingMetadata, SamplingState
 from .structured_output import StructuredOutputManager
 from .models import model_class
 from .forward_context import Context, PrefillChunk
-from .utils.loader import load_weights
+from .utils.loader import dummy_weights, load_weights
 
 
 @contextlib.contextmanager
@@ -57,7 +57,10 @@ class ModelRunner:
         self.config, self.model_config, self.device, self.dtype = config, model_config, device, dtype
         with torch.device(device), _default_dtype(dtype):
             self.model = model_class(model_config.architecture)(model_config)
-        load_weights(self.model, weights)
+        if weights is None:
+            dummy_weights(self.model, config.seed)
+        else:
+            load_weights(self.model, weights)
         self.model.eval()
         self.extra_weight_bytes = 0
         if device.type == "cpu" and dtype == torch.bfloat16 and config.cpu_fp16_small_batch:
@@ -158,7 +161,7 @@ class ModelRunner:
         keys = [(seq.request_id, seq.sample_index + i) for seq, i in rows]
         meta = self._sampling_metadata(keys, rows)
         if len(rows) > len(logits):  # n > 1: a prompt's first token, n rows from one row of logits
-            logits = logits.repeat_interleave(self._counts(ordered), dim=0)
+            logits = logits.repeat_interleave(self._counts(ordered), dim=0, output_size=len(rows))  # no sync
         out = self.sampler(logits, meta)
         self.sampling.update(meta, out.token_ids)
         sampled = out.to_host()  # the step's one device-to-host copy

@@ -1,5 +1,5 @@
-"""The batched sampler on CPU: vLLM's semantics, seeded rows independent of the batch, and the drawn
-distribution checked by a chi-square test on a fixed small vocabulary."""
+"""The batched sampler: vLLM's semantics, seeded rows independent of the batch, and the drawn distribution
+checked by a chi-square test on a fixed small vocabulary; on CPU, and on CUDA (`gpu` mark) where there is one."""
 
 import math
 
@@ -14,21 +14,28 @@ Params = SamplingParams
 V = 50
 
 
-def _state(vocab: int = V, seed: int = 0) -> SamplingState:
-    return SamplingState(vocab, 4, torch.device("cpu"), seed)
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> torch.device:
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch.device(request.param)
+
+
+def _state(vocab: int = V, seed: int = 0, device: torch.device = torch.device("cpu")) -> SamplingState:
+    return SamplingState(vocab, 4, device, seed)
 
 
 def _sample(state: SamplingState, logits: torch.Tensor, rows: list[tuple[str, SamplingParams]], prompt=(), output=()):
     slots = [state.slot((key, 0), p, list(prompt), list(output)) for key, p in rows]
     meta = state.metadata(slots)
-    out = Sampler()(logits.clone(), meta)
+    out = Sampler()(logits.to(state.device, copy=True), meta)  # the sampler may write into its logits
     state.update(meta, out.token_ids)
     return out.to_host()
 
 
-def test_greedy_takes_the_argmax_and_reports_raw_logprobs():
+def test_greedy_takes_the_argmax_and_reports_raw_logprobs(device):
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
-    [tok] = _sample(_state(4), logits, [("a", Params(temperature=0, logprobs=2))])
+    [tok] = _sample(_state(4, device=device), logits, [("a", Params(temperature=0, logprobs=2))])
     assert tok.token_id == 1
     expected = torch.log_softmax(logits[0], -1)
     assert tok.logprob == pytest.approx(float(expected[1]))
@@ -49,15 +56,15 @@ def test_top_k_top_p_min_p_remove_the_tail():
     assert ids is None and probs[0].nonzero().flatten().tolist() == [0, 1, 2]
 
 
-def test_penalties_follow_vllm_semantics():
+def test_penalties_follow_vllm_semantics(device):
     logits = torch.tensor([[2.0, -2.0, 1.0, 1.5]])
-    rep = _sample(_state(4), logits, [("a", Params(temperature=0, repetition_penalty=4.0))], prompt=[0])[0]
+    rep = _sample(_state(4, device=device), logits, [("a", Params(temperature=0, repetition_penalty=4.0))], prompt=[0])[0]
     assert rep.token_id == 3  # 2.0 / 4 = 0.5 falls below 1.5
-    freq = _sample(_state(4), logits, [("a", Params(temperature=0, frequency_penalty=0.3))], output=[0, 0])[0]
+    freq = _sample(_state(4, device=device), logits, [("a", Params(temperature=0, frequency_penalty=0.3))], output=[0, 0])[0]
     assert freq.token_id == 3  # 2.0 - 0.6 = 1.4 < 1.5
-    pres = _sample(_state(4), logits, [("a", Params(temperature=0, presence_penalty=0.4))], output=[0, 0])[0]
+    pres = _sample(_state(4, device=device), logits, [("a", Params(temperature=0, presence_penalty=0.4))], output=[0, 0])[0]
     assert pres.token_id == 0  # 2.0 - 0.4 = 1.6 > 1.5: presence counts once
-    neg = _sample(_state(4), torch.tensor([[-1.0, -1.2, -5.0, -6.0]]),
+    neg = _sample(_state(4, device=device), torch.tensor([[-1.0, -1.2, -5.0, -6.0]]),
                   [("a", Params(temperature=0, repetition_penalty=2.0))], prompt=[0])[0]
     assert neg.token_id == 1  # -1.0 * 2 = -2.0 falls below -1.2
 
@@ -73,8 +80,8 @@ def test_the_dense_penalties_of_the_gpu_equal_the_sparse_ones_of_the_cpu():
     assert not torch.equal(dense, logits)
 
 
-def test_penalty_counts_grow_from_the_sampled_tokens_in_place():
-    state = _state(4)
+def test_penalty_counts_grow_from_the_sampled_tokens_in_place(device):
+    state = _state(4, device=device)
     params = Params(temperature=0, frequency_penalty=0.6)
     logits = torch.tensor([[2.0, 1.5, 0.0, -1.0]])
     tokens = [_sample(state, logits, [("a", params)])[0].token_id for _ in range(3)]
@@ -84,11 +91,11 @@ def test_penalty_counts_grow_from_the_sampled_tokens_in_place():
     assert state.slots == {} and len(state.free) == state.capacity
 
 
-def test_a_seeded_row_draws_the_same_tokens_alone_and_in_any_batch():
+def test_a_seeded_row_draws_the_same_tokens_alone_and_in_any_batch(device):
     torch.manual_seed(0)
     steps = [torch.randn(4, V) * 3 for _ in range(40)]
     target = Params(temperature=0.9, top_k=20, top_p=0.95, seed=7)
-    alone_state, batch_state = _state(), _state(seed=123)
+    alone_state, batch_state = _state(device=device), _state(seed=123, device=device)
     others = [("b", Params(temperature=1.2, top_k=3)), ("c", Params(temperature=0)),
               ("d", Params(temperature=0.7, top_p=0.5, seed=1, repetition_penalty=1.3))]
     alone = [_sample(alone_state, logits[1:2], [("a", target)])[0].token_id for logits in steps]
@@ -113,18 +120,18 @@ CHI2_999 = {3: 16.27, 4: 18.47, 5: 20.52}  # chi-square critical values at p = 0
 
 
 @pytest.mark.parametrize("seeded", [False, True])
-def test_draws_follow_the_distribution_chi_square(seeded):
+def test_draws_follow_the_distribution_chi_square(seeded, device):
     logits = [2.0, 1.6, 1.1, 0.4, 0.0, -1.0, -3.0, 0.9]
     params = dict(temperature=0.8, top_k=6, top_p=0.9)
     want = _expected(logits, **params)
     rows, calls = 2000, 10
-    state = SamplingState(len(logits), rows, torch.device("cpu"), seed=5)
+    state = SamplingState(len(logits), rows, device, seed=5)
     slots = [state.slot((f"r{i}", 0), Params(**params, seed=i if seeded else None), [], []) for i in range(rows)]
     counts = np.zeros(len(logits))
-    batch = torch.tensor([logits] * rows)
+    batch = torch.tensor([logits] * rows, device=device)
     for _ in range(calls):
         out = Sampler()(batch.clone(), state.metadata(slots))
-        counts += np.bincount(out.token_ids.numpy(), minlength=len(logits))
+        counts += np.bincount(out.token_ids.cpu().numpy(), minlength=len(logits))
     n = rows * calls
     assert counts[want == 0].sum() == 0  # filtered tokens are never drawn
     live = want > 0
@@ -142,12 +149,12 @@ def test_probs_is_the_distribution_the_rows_are_drawn_from():
     assert probs[1].tolist() == [0, 1, 0, 0, 0, 0, 0, 0]
 
 
-def test_a_bitmask_leaves_only_the_allowed_tokens():
-    logits = torch.zeros(2, 40)
+def test_a_bitmask_leaves_only_the_allowed_tokens(device):
+    logits = torch.zeros(2, 40, device=device)
     logits[:, 5] = 10.0
     bitmask = torch.zeros(1, 2, dtype=torch.int32)
-    bitmask[0, 1] = (1 << 1) | (1 << 3)  # tokens 33 and 35
-    ops.apply_token_bitmask(logits, torch.tensor([1]), bitmask)
+    bitmask[0, 1] = (1 << 1) | (1 << 3) | -(1 << 31)  # tokens 33, 35 and 63 (past the vocabulary: ignored)
+    ops.apply_token_bitmask(logits, torch.tensor([1], device=device), bitmask.to(device))
     assert logits[0, 5] == 10.0 and torch.isinf(logits[1]).sum() == 38
     assert logits[1].isfinite().nonzero().flatten().tolist() == [33, 35]
 
