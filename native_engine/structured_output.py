@@ -110,8 +110,10 @@ class StructuredOutputManager:
             self.matchers[key] = matcher
         return matcher
 
-    def bitmask(self, rows: list[tuple[tuple[str, int], SamplingParams]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(row indices [G], bitmask [G, words] on the device) for the constrained rows, or None."""
+    def bitmask(self, rows: list[tuple[tuple[str, int], SamplingParams]]
+                ) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+        """(row indices [G] or None for every row, bitmask [G, words] on the device) for the constrained
+        rows; None when no row has a grammar."""
         constrained = [(i, self._matcher(key, p.structured_outputs)) for i, (key, p) in enumerate(rows)
                        if p.structured_outputs is not None]
         if not constrained:
@@ -119,8 +121,11 @@ class StructuredOutputManager:
         host = self._buffer(len(constrained))
         self._executor.unsafe_compute_mask_ptr([(m, j) for j, (_, m) in enumerate(constrained)],
                                                host.data_ptr(), self.words * 4, len(constrained))
+        bitmask = host.to(self.device, non_blocking=True)
+        if len(constrained) == len(rows):
+            return None, bitmask
         index = torch.from_numpy(np.array([i for i, _ in constrained], dtype=np.int64))
-        return index.to(self.device, non_blocking=True), host.to(self.device, non_blocking=True)
+        return index.to(self.device, non_blocking=True), bitmask
 
     def _buffer(self, n: int) -> torch.Tensor:
         if self._host.shape[0] < n:

@@ -34,5 +34,5 @@ class SamplingMetadata:
     logprob_rows: torch.Tensor | None = None  # [L] int64: rows that asked for logprobs
     logprob_row_list: list[int] = field(default_factory=list)
     max_num_logprobs: int = 0  # top logprobs to compute for those rows
-    grammar_rows: torch.Tensor | None = None  # [G] int64: rows constrained by a grammar
+    grammar_rows: torch.Tensor | None = None  # [G] int64: rows constrained by a grammar (None with a bitmask: all)
     grammar_bitmask: torch.Tensor | None = None  # [G, ceil(V / 32)] int32, on the device

@@ -159,6 +159,12 @@ def test_a_bitmask_leaves_only_the_allowed_tokens(device):
     assert logits[1].isfinite().nonzero().flatten().tolist() == [33, 35]
 
 
+def test_the_gpus_bitmask_unpacking_equals_the_cpus():
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 5), dtype=torch.int32)
+    torch.testing.assert_close(ops.banned_torch(bitmask, 150), ops.banned_numpy(bitmask, 150))
+    assert ops.banned_numpy(bitmask, 150).shape == (3, 150)
+
+
 def test_min_p_and_top_k_one_equal_greedy_under_any_temperature():
     torch.manual_seed(1)
     logits = torch.randn(6, V)
