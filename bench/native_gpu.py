@@ -153,13 +153,14 @@ def run_ours(path: Path, w: dict, device: torch.device, bandwidth: float) -> dic
     ours_batch(engine, [prompt[:8]], [4], greedy, "warm")
     ours_batch(engine, [prompt[:8]], [4], sampled, "warm-s")
     kv = engine.stats()["kv_bytes_per_token"] * (len(prompt) + n / 2)  # KV read per token, on average
+    firsts = iter(range(100, 1000))  # each measured prompt starts with its own token: no prefix-cache hits
     for name, params in (("greedy", greedy), ("sampled", sampled)):
-        single = ours_batch(engine, [[7] + prompt[1:]], [n], params, f"single-{name}")  # no prefix-cache hit
+        single = ours_batch(engine, [[next(firsts)] + prompt[1:]], [n], params, f"single-{name}")
         single["mbu"] = (res["weight_bytes"] + kv) * single["decode_tok_s"] / bandwidth
         res[f"single_{name}"] = single
         for load in ("uniform", "mixed"):
             prompts, outputs = w[load]
-            fresh = [[hash((name, load, i)) % 200 + 100] + p[1:] for i, p in enumerate(prompts)]  # no shared blocks
+            fresh = [[next(firsts)] + p[1:] for p in prompts]
             res[f"{load}_{name}"] = ours_batch(engine, fresh, outputs, params, f"{load}-{name}")
     del engine
     free(device)
