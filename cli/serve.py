@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from adapters.durations import parse_duration
+from adapters.core.durations import parse_duration
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
 

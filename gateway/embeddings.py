@@ -9,11 +9,11 @@ import dataclasses
 import math
 import time
 
-from adapters.base import Backend, EmbedResult
+from adapters.core.base import Backend, EmbedResult
 
 from gateway.http.errors import APIError, to_status_message
 from gateway.monitor import backend_label
-from gateway.recorder import Recorder
+from gateway.serving.recorder import Recorder
 from ledger.tables import UsageRecord
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from adapters.errors import BackendOverloaded
+from adapters.core.errors import BackendOverloaded
 from ledger.keys import ApiKey, find_key, reserve, settle
 
 from gateway.http.errors import APIError

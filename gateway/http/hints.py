@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from adapters.base import GenerationRequest
+from adapters.core.base import GenerationRequest
 
 from gateway.http.errors import APIError
 
