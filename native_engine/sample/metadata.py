@@ -15,7 +15,7 @@ import torch
 @dataclass(slots=True)
 class SamplingMetadata:
     num_rows: int
-    slots: torch.Tensor  # [S] int64: each row's slot in SamplingState (rows of the penalty state)
+    slots: torch.Tensor | None  # [S] int64: each row's slot in SamplingState; None when no row needs it
     all_greedy: bool
     all_random: bool
     greedy: torch.Tensor | None = None  # [S] bool, set when greedy and random rows mix

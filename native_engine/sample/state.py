@@ -102,21 +102,31 @@ class SamplingState:
 
     def metadata(self, slots: list[int]) -> SamplingMetadata:
         rows = self.table[np.asarray(slots, dtype=np.int64)]  # [S, NUM_COLUMNS] on the host
-        dev = self._to_device(rows)
         greedy = rows[:, GREEDY] > 0
+        penalties = self.seen is not None and bool(
+            (rows[:, REP] != 1.0).any() or (rows[:, PRES] != 0.0).any() or (rows[:, FREQ] != 0.0).any())
+        if greedy.all() and not penalties:  # the common fast path: one argmax, nothing to send
+            meta = SamplingMetadata(len(slots), None, all_greedy=True, all_random=False)
+            self._logprob_fields(meta, rows)
+            return meta
+        dev = self._to_device(rows)
         meta = SamplingMetadata(len(slots), dev[:, SLOT].long(), all_greedy=bool(greedy.all()),
                                 all_random=not greedy.any(), generator=self.generator)
         if not meta.all_greedy:
             self._random_fields(meta, rows, dev, ~greedy)
         if not (meta.all_greedy or meta.all_random):
             meta.greedy = dev[:, GREEDY] > 0
-        self._penalty_fields(meta, rows, dev)
+        if penalties:
+            self._penalty_fields(meta, rows, dev)
+        self._logprob_fields(meta, rows)
+        return meta
+
+    def _logprob_fields(self, meta: SamplingMetadata, rows: np.ndarray) -> None:
         asked = np.flatnonzero(rows[:, LOGPROBS] >= 0)
         if len(asked):
             meta.logprob_row_list = asked.tolist()
             meta.logprob_rows = torch.from_numpy(asked).to(self.device, non_blocking=True)
             meta.max_num_logprobs = int(rows[asked, LOGPROBS].max())
-        return meta
 
     def _to_device(self, rows: np.ndarray) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -139,8 +149,6 @@ class SamplingState:
         meta.seeded = [(int(i), self.generators[int(rows[i, SLOT])]) for i in seeded]
 
     def _penalty_fields(self, meta: SamplingMetadata, rows: np.ndarray, dev: torch.Tensor) -> None:
-        if self.seen is None:
-            return
         repetition = (rows[:, REP] != 1.0).any()
         counted = (rows[:, PRES] != 0.0).any() or (rows[:, FREQ] != 0.0).any()
         if repetition:
