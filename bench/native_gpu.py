@@ -258,12 +258,16 @@ def main() -> None:
             entry = res["models"][shape] = {"ours": run_ours(path, w, device, res["copy_bandwidth"])}
             if shape != "7b" or time.perf_counter() - started < args.budget_s:
                 entry["hf"] = run_hf(path, w, device)
-            print(f"  {shape}: done at {time.perf_counter() - started:.0f} s", flush=True)
-    res["elapsed_s"] = time.perf_counter() - started
+            res["elapsed_s"] = time.perf_counter() - started
+            print(f"  {shape}: done at {res['elapsed_s']:.0f} s", flush=True)
+            dump(res, args.json)  # after each model: a run cut short still leaves what it measured
     report(res)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=1))
+
+
+def dump(res: dict, path: Path | None) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":
