@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from native_engine import LLMEngine, SamplingParams  # noqa: E402
+from noise import cpu_ticks, others_cores  # noqa: E402  (bench/ is the script's directory)
 from registry.modelbuilder import PRESETS, build_gguf  # noqa: E402
 
 OLLAMA = dict(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
@@ -91,14 +92,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = build_gguf(Path(tmp) / "one-layer.gguf", PRESETS["tiny-qwen2"].with_(num_layers=1, name="one-layer"))
         engine = LLMEngine.from_model(path, max_num_seqs=64, max_model_len=512, kv_cache_memory_bytes=64 << 20)
-    res = {}
+    res, before, t0 = {}, cpu_ticks(), time.perf_counter()
     for batch in (1, 64):
         for name, extra in (("greedy", {"temperature": 0.0}), ("sampled", OLLAMA)):
             params = SamplingParams(**extra, max_tokens=args.steps + 8, ignore_eos=True)
             res[f"batch{batch}_{name}"] = measure(engine, batch, args.steps, params)
-    print("\nnative engine, host time per decode step (1-layer tiny model, CPU, 1 thread), median microseconds")
+    res["others_cores"] = others_cores(before, cpu_ticks(), time.perf_counter() - t0)
+    print("\nnative engine, host time per decode step (1-layer tiny model, CPU, 1 thread), median microseconds; "
+          f"other processes used {res['others_cores']:.2f} cores meanwhile")
     print(f"  {'':16s} {'total':>8s} {'schedule':>9s} {'forward':>8s} {'sample':>8s} {'rest':>8s}")
     for key, r in res.items():
+        if key == "others_cores":
+            continue
         print(f"  {key:16s} {r['total']:8.0f} {r['schedule']:9.0f} {r['forward']:8.0f} {r['sample']:8.0f} "
               f"{r['rest']:8.0f}")
     for batch in (1, 64):

@@ -79,18 +79,19 @@ def banned_torch(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None, k: int,
-                top_p: torch.Tensor | None, min_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                top_p: torch.Tensor | None, min_p: torch.Tensor | None, greedy: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [S, V], temperature [S] -> (probs [S, K], ids [S, K] or None = identity).
 
     The candidates are chosen on the raw logits (a positive temperature keeps each row's order) and only
     they are divided by the temperature. Top-k first (one `topk` of the largest k in the batch, each row then cut at its own k), then the
     softmax over what is left, top-p on the sorted probabilities (a token stays while the mass before it
     is <= p), min-p against the row's largest probability. Zeroed probabilities are never drawn."""
-    vocab = logits.shape[1]
+    vocab, mass = logits.shape[1], None
     if k < vocab:
         values, ids = logits.topk(k, dim=-1)  # sorted, largest first
     elif top_p is not None or top_k is not None:  # some row keeps the whole vocabulary, another cuts it
-        values, ids = logits.sort(dim=-1, descending=True)
+        values, ids, mass = _sorted_candidates(logits, temperature, top_k, top_p, greedy)
     else:
         values, ids = logits, None
     values = values / temperature[:, None]
@@ -100,10 +101,38 @@ def top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
     probs = values.softmax(dim=-1)
     if top_p is not None:
         before = probs.cumsum(dim=-1) - probs
+        if mass is not None:  # candidates short of the vocabulary: the mass before a token, of the whole row
+            before = before * mass[:, None]
         probs = probs.masked_fill(before > top_p[:, None], 0.0)
     if min_p is not None:
         probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
     return probs, ids
+
+
+_NUCLEUS = 256  # CPU: candidates tried for rows with top-p and no top-k before sorting the whole vocabulary
+
+
+def _sorted_candidates(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                       top_p: torch.Tensor | None, greedy: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Candidates, sorted, for a batch where some random row keeps the whole vocabulary. On a GPU (and
+    when it must) a sort of every row. On CPU, where that sort costs tens of milliseconds, the top
+    `_NUCLEUS` first: exact when every random row either cuts at a top-k within them or has its top-p
+    nucleus inside them (their probability mass, of the whole row, above p), which the host checks
+    (free on CPU); then the row's mass (1 for top-k rows) scales its top-p test. Else the sort."""
+    vocab = logits.shape[1]
+    if logits.device.type == "cpu" and top_p is not None and vocab > _NUCLEUS:
+        values, ids = logits.topk(_NUCLEUS, dim=-1)
+        t = temperature[:, None]
+        mass = (values / t - torch.logsumexp(logits / t, dim=-1, keepdim=True)).exp().sum(dim=-1)
+        cut = top_k < vocab if top_k is not None else torch.zeros_like(mass, dtype=torch.bool)
+        fine = torch.where(cut, top_k <= _NUCLEUS if top_k is not None else cut, mass > top_p)
+        if greedy is not None:
+            fine |= greedy
+        if bool(fine.all()):
+            return values, ids, torch.where(cut, torch.ones_like(mass), mass)
+    values, ids = logits.sort(dim=-1, descending=True)
+    return values, ids, None
 
 
 def exponential_noise(probs: torch.Tensor, ids: torch.Tensor | None, vocab: int, generator: torch.Generator | None,

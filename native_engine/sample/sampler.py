@@ -90,7 +90,8 @@ class Sampler:
 
     @staticmethod
     def _filtered(logits: torch.Tensor, meta: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return ops.top_k_top_p(logits, meta.temperature, meta.top_k, meta.max_top_k, meta.top_p, meta.min_p)
+        return ops.top_k_top_p(logits, meta.temperature, meta.top_k, meta.max_top_k, meta.top_p, meta.min_p,
+                               meta.greedy)
 
     def probs(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """The distribution the rows are drawn from, [S, V] float32 on the device (greedy rows: one-hot)."""

@@ -149,6 +149,20 @@ def test_probs_is_the_distribution_the_rows_are_drawn_from():
     assert probs[1].tolist() == [0, 1, 0, 0, 0, 0, 0, 0]
 
 
+@pytest.mark.parametrize("scale", [4.0, 0.05])  # peaked: the nucleus inside the top 256 candidates; flat: a sort
+def test_top_p_without_top_k_on_a_large_vocabulary_is_exact(scale):
+    vocab = 3000
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(3)) * scale
+    state = SamplingState(vocab, 4, torch.device("cpu"))
+    params = [Params(temperature=0.9, top_p=0.8), Params(temperature=0.7, top_k=50, top_p=0.95), Params(temperature=0)]
+    meta = state.metadata([state.slot((f"r{i}", 0), p, [], []) for i, p in enumerate(params)])
+    probs = Sampler().probs(logits, meta)
+    assert probs[0].numpy() == pytest.approx(_expected(logits[0].tolist(), 0.9, vocab, 0.8), abs=1e-6)
+    assert probs[1].numpy() == pytest.approx(_expected(logits[1].tolist(), 0.7, 50, 0.95), abs=1e-6)
+    *_, mass = ops._sorted_candidates(logits, meta.temperature, meta.top_k, meta.top_p, meta.greedy)
+    assert (mass is not None) == (scale > 1)  # the short path when it is exact, the sort otherwise
+
+
 def test_a_bitmask_leaves_only_the_allowed_tokens(device):
     logits = torch.zeros(2, 40, device=device)
     logits[:, 5] = 10.0
