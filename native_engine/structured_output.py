@@ -3,8 +3,8 @@
 The grammar engine is llguidance (vLLM's `guidance` backend, SGLang's `llguidance`): a Rust library with
 no Python dependencies and one abi3 wheel for every CPython >= 3.9, that compiles a JSON schema lazily and
 computes a step's mask in tens of microseconds. Each constrained sequence owns an `LLMatcher`; per step the
-manager fills the masks of the constrained rows into a host buffer (pinned on CUDA; llguidance drops the GIL
-and fills the rows in parallel), the buffer goes to the device with a non-blocking copy, and the sampler
+manager fills the masks of the constrained rows into a host buffer (pinned on CUDA; llguidance drops the GIL;
+on CUDA its threads fill the rows in parallel), the buffer goes to the device with a non-blocking copy, and the sampler
 sets the disallowed logits to -inf there (`sample.ops.apply_token_bitmask`). The model runner asks for the
 masks after it has launched the step's forward, so on a GPU they are computed while the forward runs.
 When a grammar is complete the mask allows only EOS, which finishes the sequence.
@@ -88,7 +88,7 @@ class StructuredOutputManager:
             wrapper = _TokenizerWrapper(self.tokenizer, self.vocab_size)
             self._lltokenizer = lg.LLTokenizer(wrapper, n_vocab=self.vocab_size,
                                                eos_token=list(self.tokenizer.eos_token_ids))
-            self._executor = lg.LLExecutor()
+            self._executor = lg.LLExecutor() if self.device.type != "cpu" else None
         return self._lltokenizer
 
     def validate(self, params: SamplingParams) -> None:
@@ -119,8 +119,12 @@ class StructuredOutputManager:
         if not constrained:
             return None
         host = self._buffer(len(constrained))
-        self._executor.unsafe_compute_mask_ptr([(m, j) for j, (_, m) in enumerate(constrained)],
-                                               host.data_ptr(), self.words * 4, len(constrained))
+        if self.device.type == "cpu":  # serially: the engine's threads hold the cores (~1.5 us a row)
+            for j, (_, matcher) in enumerate(constrained):
+                matcher.unsafe_compute_mask_ptr(host[j].data_ptr(), self.words * 4)
+        else:  # in parallel, on llguidance's threads, while the GPU runs the forward
+            self._executor.unsafe_compute_mask_ptr([(m, j) for j, (_, m) in enumerate(constrained)],
+                                                   host.data_ptr(), self.words * 4, len(constrained))
         bitmask = host.to(self.device, non_blocking=True)
         if len(constrained) == len(rows):
             return None, bitmask
