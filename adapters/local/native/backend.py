@@ -59,13 +59,11 @@ class NativeBackend:
 
     # -- generation -----------------------------------------------------------------------------
 
-    @tool_calling(grammar=False)
+    @tool_calling(grammar=True)
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)
-        if request.format:
-            raise InvalidRequest("the native engine does not support \"format\" (JSON grammars) yet; "
-                                 "use the llama.cpp engine for structured output", param="format")
+        structured_outputs(request.format)  # a malformed format is a 400 before the model loads
         entry, load_s = await self._acquire(details, options)
         try:
             async for event in self._generate(entry, request, options, Timings(load=load_s)):
@@ -262,7 +260,22 @@ def sampling_params(options: Options, request: GenerationRequest, room: int):
         frequency_penalty=options.frequency_penalty, seed=options.seed if options.seed >= 0 else None,
         max_tokens=max(1, min(wanted, room)), stop=list(options.stop), ignore_eos=options.ignore_eos,
         logprobs=request.top_logprobs if request.logprobs else None,
+        structured_outputs=structured_outputs(request.format),
     )
+
+
+def structured_outputs(fmt: str | dict | None):
+    """Ollama's `format` ("json" or a JSON schema; OpenAI's `response_format` arrives as the same) as the
+    engine's grammar constraint."""
+    from native_engine import StructuredOutputsParams
+
+    if not fmt:
+        return None
+    if fmt == "json":
+        return StructuredOutputsParams(json_object=True)
+    if isinstance(fmt, dict):
+        return StructuredOutputsParams(json=fmt)
+    raise InvalidRequest(f"invalid format {fmt!r}: use \"json\" or a JSON schema object", param="format")
 
 
 def _logprobs(tokenizer, completion, request: GenerationRequest) -> list[TokenLogprob] | None:
