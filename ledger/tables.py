@@ -32,6 +32,8 @@ class UsageRecord(SQLModel):
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = Field(default=None, description="Of output_tokens, those spent thinking "
+                                         "(NULL: no thinking reported or generated).")
     usage_source: str | None = Field(default=None, description="Who counted the tokens: engine (in-process), "
                                      "backend (a remote server's report) or estimated (our tokenizer).")
     queue_ms: float | None = None
@@ -46,6 +48,8 @@ class UsageRecord(SQLModel):
     input_cost_usd: float | None = Field(default=None, description="Uncached prompt tokens' cost (NULL: unpriced).")
     cached_input_cost_usd: float | None = None
     output_cost_usd: float | None = None
+    reasoning_cost_usd: float | None = Field(default=None, description="The part of output_cost_usd spent on "
+                                             "reasoning tokens.")
     total_cost_usd: float | None = None
     key_name: str | None = Field(default=None, description="The API key the request used (its name).")
     pricing_version: str | None = Field(default=None, description="Hash of the pricing entry used; hour-priced "
