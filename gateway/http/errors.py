@@ -119,16 +119,26 @@ def validation_message(errors) -> str:
     if not errors:
         return "invalid request"
     err = errors[0]
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
     if err.get("type") == "json_invalid":
         return f"invalid JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}"
-    field = ".".join(loc)
-    msg = err.get("msg", "invalid value")
+    field = ".".join(_fields(err))
+    msg = err.get("msg", "invalid value").removeprefix("Value error, ")
     return f"invalid '{field}': {msg}" if field else f"invalid request body: {msg}"
+
+
+def _fields(err: dict) -> list[str]:
+    """The field path of a pydantic error without the union members pydantic names in it
+    (``stop.str``, ``content.list[ContentPart]``, ``function-after[...]``): the path a client wrote."""
+    return [str(p) for p in err.get("loc", ()) if p != "body" and not _is_member_tag(p)]
+
+
+def _is_member_tag(part) -> bool:
+    if not isinstance(part, str):
+        return False
+    return "[" in part or part in ("str", "int", "float", "bool", "dict", "list", "none", "tagged-union")
 
 
 def _param(errors) -> str | None:
     if not errors or errors[0].get("type") == "json_invalid":  # its loc is a byte offset, not a field
         return None
-    loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
-    return ".".join(loc) or None
+    return ".".join(_fields(errors[0])) or None

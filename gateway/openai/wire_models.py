@@ -44,12 +44,18 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(ge=0)
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(ge=0, description="of completion_tokens, those spent thinking")
+
+
 class Usage(BaseModel):
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     total_tokens: int = Field(ge=0)
     prompt_tokens_details: PromptTokensDetails | None = Field(
         default=None, description="present when the backend reports prompt-cache hits")
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        default=None, description="present when the model thought (a reasoning model)")
 
 
 class ChoiceLogprobs(BaseModel):
@@ -89,6 +95,7 @@ class ToolCallDelta(ToolCall):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
+    reasoning_content: str | None = Field(default=None, description="a thinking model's reasoning, when it thought")
     content: str | None = Field(description="null when the model only called tools")
     tool_calls: list[ToolCall] | None = Field(default=None, description="present when the model called tools "
                                                                         "(finish_reason tool_calls)")
@@ -112,6 +119,7 @@ class ChatCompletion(_Envelope):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = Field(default=None, description="in the first chunk of each choice")
     content: str | None = Field(default=None, description="never empty; absent in a choice's last chunk")
+    reasoning_content: str | None = Field(default=None, description="a piece of a thinking model's reasoning")
     tool_calls: list[ToolCallDelta] | None = Field(default=None, description="one whole call per chunk")
 
 
