@@ -20,8 +20,9 @@ dropped (as Ollama trims it).
 :func:`reasoning` wraps a local backend's ``stream`` (inside ``@tool_calling``, so a call written
 while thinking is not a call): ``think: false`` and models whose template does not think pass
 through, and so does constrained output (a ``format``: JSON has no thinking part); ``think: true`` (or a level) on such a model is Ollama's 400 ``"<model>" does not support
-thinking``. Reasoning tokens are the tokens of every chunk generated while thinking, the closing
-tag's chunk included (Anthropic's ``thinking_tokens`` counts the delimiters too).
+thinking``. Reasoning tokens are the output tokens less those of the chunks after the thinking: the
+tags count as thinking (Anthropic's ``thinking_tokens`` counts the delimiters too), and so does a token
+that never reached a chunk while the model was thinking (held back as a possible stop string).
 """
 
 from __future__ import annotations
@@ -176,19 +177,19 @@ async def _split(stream: Stream, backend, request: GenerationRequest) -> AsyncIt
 
 async def split_events(events: AsyncIterator[StreamEvent], parser: ReasoningParser) -> AsyncIterator[StreamEvent]:
     """``events`` with each chunk's text split by ``parser``; the Done counts the reasoning tokens."""
-    reasoning_tokens = 0
+    answer_tokens = 0  # tokens of the chunks after the thinking (a token held back by a stop string has no chunk)
     async for event in events:
         if isinstance(event, Done):
             thinking, text = parser.finish()
             if thinking or text:
                 yield Chunk(text, thinking=thinking)
             if parser.thought:
-                event.usage.reasoning_tokens = reasoning_tokens
+                event.usage.reasoning_tokens = max(0, event.usage.output_tokens - answer_tokens)
             yield event
             return
         was = parser.thinking
         thinking, text = parser.feed(event.text)
-        if was or parser.thinking:
-            reasoning_tokens += len(event.token_ids)
+        if not (was or parser.thinking):
+            answer_tokens += len(event.token_ids)
         if text or thinking or event.token_ids or event.logprobs or event.tool_calls:
             yield Chunk(text, event.token_ids, event.logprobs, event.tool_calls, thinking=event.thinking + thinking)

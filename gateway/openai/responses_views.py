@@ -121,9 +121,9 @@ class _Stream:
         self.item: dict[str, Any] = {}
         self.text = ""
 
-    def event(self, name: str, **fields: Any) -> Event:
+    def event(self, kind: str, **fields: Any) -> Event:
         self.sequence += 1
-        return name, {"type": name, "sequence_number": self.sequence - 1, **fields}
+        return kind, {"type": kind, "sequence_number": self.sequence - 1, **fields}
 
     def _at(self) -> dict[str, Any]:
         return {"item_id": self.item["id"], "output_index": len(self.output)}

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from tests.gateway.claude_code_request import claude_code_request
 from tests.gateway.agent_fake import ANSWER, ARGUMENTS, CALL_ID, PROMPT_TOKENS, REASONING_TOKENS, TEXT_TOKENS, THOUGHT
 
 WEATHER = {"name": "get_weather", "description": "Current weather in a city",
@@ -146,3 +147,27 @@ def test_errors_in_anthropics_shape(client, agent_gateway):
         client.messages.create(model="tiny", max_tokens=5, messages=ASK, thinking={"type": "enabled",
                                                                                    "budget_tokens": 1024})
     assert thinking.value.body["error"]["message"] == '"tiny" does not support thinking'
+
+
+@pytest.mark.parametrize("model", ["remote-agent", "agent-tools"])
+def test_a_claude_code_shaped_request_runs_end_to_end(agent_gateway, model):
+    body = claude_code_request(model)
+    if model == "agent-tools":
+        body["stop_sequences"] = ["\n\n"]  # random weights: keep the local answer short (max_tokens is clamped)
+    headers = {"x-api-key": "sk-ant-local", "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219"}
+    with httpx.stream("POST", agent_gateway.url + "/v1/messages", json=body, headers=headers, timeout=120) as reply:
+        assert reply.status_code == 200
+        frames = [f for f in reply.read().decode().split("\n\n") if f]
+    data = [json.loads(f.split("\n", 1)[1].removeprefix("data: ")) for f in frames]
+    assert [d["type"] for d in data][:2] == ["message_start", "ping"] and data[-1]["type"] == "message_stop"
+    assert data[-2]["delta"]["stop_reason"] in ("end_turn", "tool_use", "max_tokens", "stop_sequence")
+    if model == "remote-agent":
+        sent = agent_gateway.received[-1]
+        assert len(sent["tools"]) == 10 and sent["max_tokens"] == 32000
+        assert sent["messages"][0]["role"] == "system" and "billing-header" not in sent["messages"][0]["content"]
+        assert [m["role"] for m in sent["messages"]] == ["system", "user", "assistant", "tool", "user"]
+        assert sent["messages"][2]["tool_calls"][0]["function"] == {"name": "Read",
+                                                                     "arguments": '{"file_path": "/repo/main.py"}'}
+        assert data[-2]["usage"]["input_tokens"] == PROMPT_TOKENS
+    else:
+        assert data[-2]["usage"]["input_tokens"] > 500  # ten tools and the history, rendered by the template
