@@ -108,3 +108,19 @@ def test_store_false_and_delete(client):
     client.responses.delete(kept.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(kept.id)
+
+
+@pytest.mark.parametrize("api", ["anthropic-messages", "openai-responses"])
+def test_infer_bench_speaks_both_agent_apis_and_takes_a_v1_base_url(agent_gateway, api, tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["bench", "--url", agent_gateway.url + "/v1", "--model", "remote-agent", "--api", api,
+                                      "--num-requests", "3", "--warmup", "0", "--input-tokens", "8",
+                                      "--output-tokens", "4", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "Successful requests:                     3" in result.output and "request(s) failed" not in result.output
+    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert [r["output_tokens"] for r in records] == [REASONING_TOKENS + TEXT_TOKENS] * 3
+    assert {r["generated_text"] for r in records} == {"".join(ANSWER)}
