@@ -109,13 +109,13 @@ class Turn:
     def add(self, chunk: Chunk) -> None:
         self.events += 1
         self.parts.append(chunk.text)
+        self.token_times.append(time.perf_counter() - self.request.arrival)
         if chunk.thinking:
             self.thinking.append(chunk.thinking)
 
     def take_thinking(self) -> str:
         out, self.new_thinking = self.new_thinking, ""
         return out
-        self.token_times.append(time.perf_counter() - self.request.arrival)
 
     @property
     def text(self) -> str:
