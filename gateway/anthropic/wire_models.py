@@ -13,10 +13,10 @@ from pydantic import BaseModel, Field
 
 from gateway.wire_docs import error_responses, named_sse_content
 
-__all__ = ["AnthropicError", "CountTokens", "Message", "count_responses", "messages_responses"]
+__all__ = ["AnthropicError", "CountTokens", "AnthropicMessage", "count_responses", "messages_responses"]
 
 
-class ErrorDetail(BaseModel):
+class AnthropicErrorDetail(BaseModel):
     type: str = Field(description="invalid_request_error, authentication_error, not_found_error, rate_limit_error, "
                                   "overloaded_error, api_error, …")
     message: str
@@ -26,14 +26,14 @@ class AnthropicError(BaseModel):
     """Every error of a ``/v1/messages`` route, and the ``error`` event of a stream."""
 
     type: Literal["error"]
-    error: ErrorDetail
+    error: AnthropicErrorDetail
 
 
 class ThinkingTokens(BaseModel):
     thinking_tokens: int = Field(ge=0)
 
 
-class Usage(BaseModel):
+class MessageUsage(BaseModel):
     input_tokens: int = Field(ge=0, description="prompt tokens the cache did not serve")
     output_tokens: int = Field(ge=0)
     cache_creation_input_tokens: int | None = None
@@ -41,7 +41,7 @@ class Usage(BaseModel):
     output_tokens_details: ThinkingTokens | None = None
 
 
-class Block(BaseModel):
+class ContentBlock(BaseModel):
     type: Literal["text", "thinking", "tool_use"]
     text: str | None = None
     thinking: str | None = None
@@ -54,22 +54,22 @@ class Block(BaseModel):
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
-class Message(BaseModel):
+class AnthropicMessage(BaseModel):
     """``POST /v1/messages`` without ``stream``."""
 
     id: str
     type: Literal["message"]
     role: Literal["assistant"]
     model: str
-    content: list[Block]
+    content: list[ContentBlock]
     stop_reason: StopReason | None
     stop_sequence: str | None
-    usage: Usage
+    usage: MessageUsage
 
 
 class MessageStart(BaseModel):
     type: Literal["message_start"]
-    message: Message
+    message: AnthropicMessage
 
 
 class Ping(BaseModel):
@@ -79,10 +79,10 @@ class Ping(BaseModel):
 class BlockStart(BaseModel):
     type: Literal["content_block_start"]
     index: int = Field(ge=0)
-    content_block: Block
+    content_block: ContentBlock
 
 
-class Delta(BaseModel):
+class ContentDelta(BaseModel):
     type: Literal["text_delta", "thinking_delta", "signature_delta", "input_json_delta"]
     text: str | None = None
     thinking: str | None = None
@@ -93,7 +93,7 @@ class Delta(BaseModel):
 class BlockDelta(BaseModel):
     type: Literal["content_block_delta"]
     index: int = Field(ge=0)
-    delta: Delta
+    delta: ContentDelta
 
 
 class BlockStop(BaseModel):
@@ -109,7 +109,7 @@ class StopDelta(BaseModel):
 class MessageDelta(BaseModel):
     type: Literal["message_delta"]
     delta: StopDelta
-    usage: Usage
+    usage: MessageUsage
 
 
 class MessageStop(BaseModel):
@@ -125,7 +125,7 @@ _BACKEND = (400, 404, 429, 502, 503, 504)
 
 def messages_responses() -> dict[int | str, dict[str, Any]]:
     events = [MessageStart, Ping, BlockStart, BlockDelta, BlockStop, MessageDelta, MessageStop]
-    return {200: {"model": Message, "description": "the message; with \"stream\": true a stream of named events",
+    return {200: {"model": AnthropicMessage, "description": "the message; with \"stream\": true a stream of named events",
                   "content": named_sse_content(events, AnthropicError)},
             **error_responses(AnthropicError, _BACKEND)}
 
