@@ -52,8 +52,8 @@ def bench(
     url: str = typer.Option(None, "--url", help="Server base URL, e.g. http://127.0.0.1:11434 (a trailing /v1 is "
                             "dropped)."),
     model: str = typer.Option(None, "--model", help="Model name sent in each request."),
-    api: str = typer.Option("openai-chat", "--api", help="openai-chat | openai-completions | ollama-chat | ollama-generate"
-                            " | anthropic-messages | openai-responses."),
+    api: str = typer.Option("openai-chat", "--api", help="openai-chat | openai-completions | ollama-chat | "
+                            "ollama-generate | anthropic-messages | openai-responses."),
     profile: str = typer.Option("synchronous", "--profile", help="synchronous | concurrent:N | rate:R | sweep | slo-search."),
     burstiness: float = typer.Option(1.0, "--burstiness", help="Arrival gamma shape: 1 = Poisson."),
     num_requests: int = typer.Option(20, "--num-requests", help="Requests per load point."),

@@ -100,8 +100,9 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     app.add_middleware(GuardMiddleware, settings=settings)
     if tracer is not None:
         app.add_middleware(TraceContextMiddleware, tracer=tracer)  # added last: runs first
-    for module in (openai_generate, ollama_generate, anthropic_routes, responses_routes, openai_models, ollama_models, health, infer_api,
-                   dashboard):  # hot first
+    modules = (openai_generate, ollama_generate, anthropic_routes, responses_routes, openai_models, ollama_models,
+               health, infer_api, dashboard)  # hot first
+    for module in modules:
         app.include_router(module.router)
     return app
 

@@ -19,7 +19,8 @@ dropped (as Ollama trims it).
 
 :func:`reasoning` wraps a local backend's ``stream`` (inside ``@tool_calling``, so a call written
 while thinking is not a call): ``think: false`` and models whose template does not think pass
-through, and so does constrained output (a ``format``: JSON has no thinking part); ``think: true`` (or a level) on such a model is Ollama's 400 ``"<model>" does not support
+through, and so does constrained output (a ``format``: JSON has no thinking part); ``think: true``
+(or a level) on such a model is Ollama's 400 ``"<model>" does not support
 thinking``. Reasoning tokens are the output tokens less those of the chunks after the thinking: the
 tags count as thinking (Anthropic's ``thinking_tokens`` counts the delimiters too), and so does a token
 that never reached a chunk while the model was thinking (held back as a possible stop string).

@@ -150,7 +150,8 @@ class Turn:
                           token_times=list(times))
         timings.prompt_eval = self.prompt_eval if self.prompt_eval is not None else max(0.0, (ttft or 0.0) - self.queue)
         timings.eval = self.eval if self.eval is not None else (times[-1] - times[0] if len(times) > 1 else 0.0)
-        return Done(finish_reason=finish_reason or self.finish_reason, usage=self.usage(), timings=timings,  # type: ignore[arg-type]
+        reason = finish_reason or self.finish_reason
+        return Done(finish_reason=reason, usage=self.usage(), timings=timings,  # type: ignore[arg-type]
                     stop_sequence=self.stop_sequence)
 
 

@@ -126,8 +126,8 @@ async def stream_events(msg_id: str, model: str, events: AsyncIterator[StreamEve
             for out in blocks.close():
                 yield out
             reason, sequence = stop(event, called, stop_sequences)
-            yield "message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                    "usage": usage(event)}
+            delta = {"stop_reason": reason, "stop_sequence": sequence}
+            yield "message_delta", {"type": "message_delta", "delta": delta, "usage": usage(event)}
             yield "message_stop", {"type": "message_stop"}
             return
         for out in _chunk_events(blocks, event):

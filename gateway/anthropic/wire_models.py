@@ -125,7 +125,8 @@ _BACKEND = (400, 404, 429, 502, 503, 504)
 
 def messages_responses() -> dict[int | str, dict[str, Any]]:
     events = [MessageStart, Ping, BlockStart, BlockDelta, BlockStop, MessageDelta, MessageStop]
-    return {200: {"model": AnthropicMessage, "description": "the message; with \"stream\": true a stream of named events",
+    return {200: {"model": AnthropicMessage,
+                  "description": "the message; with \"stream\": true a stream of named events",
                   "content": named_sse_content(events, AnthropicError)},
             **error_responses(AnthropicError, _BACKEND)}
 

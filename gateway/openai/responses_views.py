@@ -80,7 +80,8 @@ def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
 
 
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    content = [part] if status == "completed" else []
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
@@ -103,7 +104,8 @@ def conversation_tail(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The output as internal messages: one assistant message with its text and calls."""
     text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
     calls = [{"id": item["call_id"], "type": "function",
-              "function": {"name": item["name"], "arguments": arguments_object(ToolCall(item["name"], item["arguments"]))}}
+              "function": {"name": item["name"],
+                           "arguments": arguments_object(ToolCall(item["name"], item["arguments"]))}}
              for item in output if item["type"] == "function_call"]
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:

@@ -56,9 +56,9 @@ def test_function_call_and_previous_response_on_a_local_model(client):
                                     tool_choice={"type": "function", "name": "get_weather"})
     call = next(item for item in first.output if item.type == "function_call")
     assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("Paris", "Tokyo")
+    answer = [{"type": "function_call_output", "call_id": call.call_id, "output": "18 °C"}]
     second = client.responses.create(model="qwen-tools", previous_response_id=first.id, tools=[WEATHER],
-                                     max_output_tokens=8, input=[{"type": "function_call_output", "call_id": call.call_id,
-                                                                  "output": "18 °C"}])
+                                     max_output_tokens=8, input=answer)
     assert second.previous_response_id == first.id and second.output
     assert second.usage.input_tokens > first.usage.input_tokens  # the whole conversation was in the prompt
 
@@ -116,8 +116,8 @@ def test_infer_bench_speaks_both_agent_apis_and_takes_a_v1_base_url(agent_gatewa
 
     from cli.main import app
 
-    result = CliRunner().invoke(app, ["bench", "--url", agent_gateway.url + "/v1", "--model", "remote-agent", "--api", api,
-                                      "--num-requests", "3", "--warmup", "0", "--input-tokens", "8",
+    result = CliRunner().invoke(app, ["bench", "--url", agent_gateway.url + "/v1", "--model", "remote-agent",
+                                      "--api", api, "--num-requests", "3", "--warmup", "0", "--input-tokens", "8",
                                       "--output-tokens", "4", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "Successful requests:                     3" in result.output and "request(s) failed" not in result.output

@@ -62,5 +62,6 @@ def test_stop_says_which_types_it_takes(agent_gateway):
     reply = httpx.post(agent_gateway.url + "/v1/chat/completions", json={"model": "tiny", "messages": ASK, "stop": 5},
                        timeout=30)
     assert reply.status_code == 400
-    assert reply.json()["error"]["message"] == "invalid 'stop': must be a string or a list of up to 4 strings, got int 5"
+    message = "invalid 'stop': must be a string or a list of up to 4 strings, got int 5"
+    assert reply.json()["error"]["message"] == message
     assert reply.json()["error"]["param"] == "stop"
