@@ -51,7 +51,8 @@ class GuardMiddleware:
         if scope["method"] == "OPTIONS" and origin is not None:
             return await _send(send, 204, b"", self._cors_headers(origin))
         if not self._authorized(scope, headers):
-            body = error_body(scope["path"], 401, "missing or invalid API key: send 'Authorization: Bearer <key>'")
+            body = error_body(scope["path"], 401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
+                              "(or 'x-api-key: <key>')")
             return await _send(send, 401, json.dumps(body).encode(), [(b"content-type", b"application/json")])
         limited = not scope["path"].startswith("/api/blobs/")  # model uploads are streamed to disk
         if limited and _content_length(headers) > self.settings.max_body_bytes:

@@ -171,3 +171,17 @@ def test_a_claude_code_shaped_request_runs_end_to_end(agent_gateway, model):
         assert data[-2]["usage"]["input_tokens"] == PROMPT_TOKENS
     else:
         assert data[-2]["usage"]["input_tokens"] > 500  # ten tools and the history, rendered by the template
+
+
+def test_keys_are_read_from_x_api_key(tiny_store, tmp_path):
+    from tests.gateway.conftest import start_server, stop_server
+
+    server = start_server(tmp_path, tiny_store.root, INFER_API_KEYS="sk-local-test")
+    try:
+        body = {"model": "tiny", "max_tokens": 2, "messages": ASK}
+        refused = httpx.post(server.url + "/v1/messages", json=body, headers={"x-api-key": "wrong"}, timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+        client = anthropic.Anthropic(base_url=server.url, api_key="sk-local-test", max_retries=0, timeout=30)
+        assert client.messages.create(**body).usage.output_tokens > 0  # the SDK sends x-api-key
+    finally:
+        stop_server(server)
