@@ -45,8 +45,8 @@ async def create_response(body: ResponsesRequest, backends: RouterDep, recorder:
     meta = views.ResponseMeta(body.model, views.settings_of(body))
     keep = _keeper(db, body, history, settings.responses_retention)
     if stream:
-        events = views.stream_events(meta, gen.__aiter__(), keep)
-        return event_stream_response(events, error=lambda exc: _failed(meta, exc), last=_LAST,
+        events = views.stream_events(meta, gen.__aiter__(), keep, _failure)
+        return event_stream_response(events, error=lambda exc: ("error", _error_event(exc)), last=_LAST,
                                      more_ready=gen.more_ready)
     async with on_disconnect(http.receive, request.cancel.cancel):
         _, chunks, done = await gen.collect()
@@ -94,7 +94,13 @@ def _not_found(response_id: str, param: str) -> APIError:
                          "retention).", param=param)
 
 
-def _failed(meta: views.ResponseMeta, exc: Exception) -> tuple[str, dict]:
+def _failure(exc: Exception) -> tuple[str, str]:
+    """A failed stream's ``error``: (code, message)."""
     status, message, extra = to_status_message(exc)
-    return views.failed_event(meta, extra.get("code") or ("server_error" if status >= 500 else "invalid_request"),
-                              message)
+    return extra.get("code") or ("server_error" if status >= 500 else "invalid_request"), message
+
+
+def _error_event(exc: Exception) -> dict:
+    """What cannot even end as ``response.failed`` (a failure outside the backend's stream)."""
+    code, message = _failure(exc)
+    return {"type": "error", "sequence_number": 0, "code": code, "message": message, "param": None}

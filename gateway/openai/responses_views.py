@@ -174,11 +174,25 @@ class _Stream:
         return events
 
 
-async def stream_events(meta: ResponseMeta, events: AsyncIterator[StreamEvent], on_done) -> AsyncIterator[Event]:
-    """The events of one response; ``on_done(body)`` (awaited) stores the final body before it is sent."""
+async def stream_events(meta: ResponseMeta, events: AsyncIterator[StreamEvent], on_done,
+                        failure) -> AsyncIterator[Event]:
+    """The events of one response; ``on_done(body)`` (awaited) stores the final body before it is sent;
+    a failure of the backend ends the stream with ``response.failed`` (``failure(exc)``: its code and message)."""
     state = _Stream()
     yield state.event("response.created", response=meta.snapshot("in_progress", []))
     yield state.event("response.in_progress", response=meta.snapshot("in_progress", []))
+    try:
+        async for event in _events(state, meta, events, on_done):
+            yield event
+    except Exception as exc:  # after the headers: the stream's own end, as OpenAI's
+        code, message = failure(exc)
+        body = meta.snapshot("failed", state.output)
+        body["error"] = {"code": code, "message": message}
+        yield state.event("response.failed", response=body)
+
+
+async def _events(state: _Stream, meta: ResponseMeta, events: AsyncIterator[StreamEvent],
+                  on_done) -> AsyncIterator[Event]:
     async for event in events:
         if isinstance(event, Done):
             for out in state.close():
@@ -206,7 +220,3 @@ def _chunk_events(state: _Stream, chunk: Chunk) -> list[Event]:
     return events
 
 
-def failed_event(meta: ResponseMeta, code: str, message: str) -> Event:
-    body = meta.snapshot("failed", [])
-    body["error"] = {"code": code, "message": message}
-    return "response.failed", {"type": "response.failed", "sequence_number": 0, "response": body}
