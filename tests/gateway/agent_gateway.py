@@ -25,7 +25,6 @@ from tests.gateway.agent_fake import agent_app
 from tests.gateway.conftest import LiveServer, private_store, start_server, stop_server
 from tests.remote.servers.behaviour import Behaviour
 from tests.remote.servers.runner import RunningServer
-from tests.tools.conftest import install_tool_models
 from tests.tools.templates import QWEN25
 
 THINK_TEMPLATE = """{{- range .Messages }}<|im_start|>{{ .Role }}
@@ -37,6 +36,8 @@ PRICES = {"input_per_mtok": 1.0, "output_per_mtok": 10.0}
 
 
 def _install(store, gguf) -> None:
+    from tests.tools.conftest import install_tool_models  # here: tests/tools/conftest imports this package's
+
     install_tool_models(store, gguf)
     models = {"agent-tools": (QWEN25, 8192, ["<|im_start|>", "<|im_end|>"]),
               "think-r1": (THINK_TEMPLATE, 512, ["<|im_end|>"])}
