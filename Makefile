@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow test-all demo bench clean
+.PHONY: install test test-slow test-all demo bench clean litellm-proxy
+LITELLM_VENV := .bench/litellm-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,6 +15,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(LITELLM_VENV)/bin/litellm:
+	$(PY) -m venv --clear $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install -q 'litellm[proxy]>=1.70'
+
+litellm-proxy: $(LITELLM_VENV)/bin/litellm  ## LiteLLM's proxy in its own venv (its extras are heavy): the slow proxy tests and bench/gateway_overhead.py
 
 test: $(STAMP)  ## the default suite (slow tests excluded)
 	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
@@ -45,6 +52,7 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/slo_sim.py --conversations 24 --seeds 7,8,9 --policies prefix,slo,least_inflight,round_robin
 	$(BIN)/python bench/dashboard.py --json .bench/dashboard/results.json
 	$(BIN)/python bench/compare_accuracy.py --smollm2 --json .bench/compare/results.json
+	$(BIN)/python bench/agent_apis.py --json .bench/agent_apis/results.json
 
 clean:
 	rm -rf .demo .bench .pytest_cache

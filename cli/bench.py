@@ -49,9 +49,11 @@ def _store_tokenizer(model: str) -> Path | None:
 @app.callback()
 def bench(
     ctx: typer.Context,
-    url: str = typer.Option(None, "--url", help="Server base URL, e.g. http://127.0.0.1:11434."),
+    url: str = typer.Option(None, "--url", help="Server base URL, e.g. http://127.0.0.1:11434 (a trailing /v1 is "
+                            "dropped)."),
     model: str = typer.Option(None, "--model", help="Model name sent in each request."),
-    api: str = typer.Option("openai-chat", "--api", help="openai-chat | openai-completions | ollama-chat | ollama-generate."),
+    api: str = typer.Option("openai-chat", "--api", help="openai-chat | openai-completions | ollama-chat | "
+                            "ollama-generate | anthropic-messages | openai-responses."),
     profile: str = typer.Option("synchronous", "--profile", help="synchronous | concurrent:N | rate:R | sweep | slo-search."),
     burstiness: float = typer.Option(1.0, "--burstiness", help="Arrival gamma shape: 1 = Poisson."),
     num_requests: int = typer.Option(20, "--num-requests", help="Requests per load point."),
@@ -158,6 +160,11 @@ def _print_and_write(result, out: Path | None) -> None:
         out = new_run_dir(settings().home)
         files = write_outputs(result, out)
     typer.echo(f"wrote {', '.join(f.name for f in files)} to {out}")
+    records = [r for run in result.runs for r in run.records]
+    if records and not any(r.success for r in records):  # nothing was measured: a failed run, not a result
+        first = next(r.error for r in records if not r.success)
+        typer.echo(f"Error: all {len(records)} requests failed; the first: {first}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("compare")

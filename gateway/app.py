@@ -29,6 +29,7 @@ from ledger.writer import LedgerWriter
 from registry.store import Store
 
 from gateway import dashboard, health, infer_api, wire_docs
+from gateway.anthropic import routes as anthropic_routes
 from gateway.backends_config import GatewayConfig, load_config
 from gateway.http import errors
 from gateway.http.bodies import JSONBodies
@@ -37,7 +38,7 @@ from gateway.http.hot import HotRoutes
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import BackendMonitor
 from gateway.ollama import generate as ollama_generate, models as ollama_models
-from gateway.openai import generate as openai_generate, models as openai_models
+from gateway.openai import generate as openai_generate, models as openai_models, responses_routes
 from gateway.keys import KeyBook
 from gateway.serving.recorder import Recorder
 from gateway.settings import ServerSettings
@@ -101,7 +102,9 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     app.add_middleware(GuardMiddleware, settings=settings)
     if tracer is not None:
         app.add_middleware(TraceContextMiddleware, tracer=tracer)  # added last: runs first
-    for module in (openai_generate, ollama_generate, openai_models, ollama_models, health, infer_api, dashboard):  # hot first
+    modules = (openai_generate, ollama_generate, anthropic_routes, responses_routes, openai_models, ollama_models,
+               health, infer_api, dashboard)  # hot first
+    for module in modules:
         app.include_router(module.router)
     return app
 

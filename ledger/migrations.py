@@ -99,8 +99,30 @@ def m006_expected_cached(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE requests ADD COLUMN expected_cached_tokens INTEGER"))
 
 
+def m007_reasoning(conn: Connection) -> None:
+    """Thinking: how many of a row's output tokens were reasoning, and what they cost (part of the output cost)."""
+    for column in ("reasoning_tokens INTEGER", "reasoning_cost_usd FLOAT"):
+        conn.execute(sa.text(f"ALTER TABLE requests ADD COLUMN {column}"))
+
+
+def m008_responses(conn: Connection) -> None:
+    """The Responses API's stored responses (``previous_response_id``): the response object and the
+    conversation it ends, kept until ``expires_at`` (epoch seconds)."""
+    metadata = sa.MetaData()
+    sa.Table(
+        "responses", metadata,
+        sa.Column("id", sa.String(64), primary_key=True),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("expires_at", sa.Float, nullable=False, index=True),
+        sa.Column("model", sa.String(255), nullable=False),
+        sa.Column("body", sa.Text, nullable=False),
+        sa.Column("conversation", sa.Text, nullable=False),
+    )
+    metadata.create_all(conn)
+
+
 MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs, m005_api_keys,
-                               m006_expected_cached]
+                               m006_expected_cached, m007_reasoning, m008_responses]
 
 
 def migrate(engine: Engine) -> list[str]:

@@ -33,6 +33,8 @@ class UsageRecord(SQLModel):
     output_tokens: int = 0
     cached_input_tokens: int | None = Field(default=None, description="Prompt tokens the backend served from its "
                                             "KV cache, as it reported them (NULL: not reported).")
+    reasoning_tokens: int | None = Field(default=None, description="Of output_tokens, those spent thinking "
+                                         "(NULL: no thinking reported or generated).")
     usage_source: str | None = Field(default=None, description="Who counted the tokens: engine (in-process), "
                                      "backend (a remote server's report) or estimated (our tokenizer).")
     queue_ms: float | None = None
@@ -47,6 +49,8 @@ class UsageRecord(SQLModel):
     input_cost_usd: float | None = Field(default=None, description="Uncached prompt tokens' cost (NULL: unpriced).")
     cached_input_cost_usd: float | None = None
     output_cost_usd: float | None = None
+    reasoning_cost_usd: float | None = Field(default=None, description="The part of output_cost_usd spent on "
+                                             "reasoning tokens.")
     total_cost_usd: float | None = None
     key_name: str | None = Field(default=None, description="The API key the request used (its name).")
     expected_cached_tokens: int | None = Field(default=None, description="Prompt tokens the route's prefix index "

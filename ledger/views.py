@@ -21,7 +21,8 @@ _T = RequestLog.__table__  # type: ignore[attr-defined]
 MAX_SERIES_ROWS = 200_000  # a period's rows read for a time series, newest kept
 
 REQUEST_COLUMNS = ("id", "datetime_utc", "route_name", "route", "model", "backend", "status", "input_tokens",
-                   "cached_input_tokens", "expected_cached_tokens", "output_tokens", "finish_reason", "queue_ms", "ttft_ms", "tpot_ms", "total_ms",
+                   "cached_input_tokens", "expected_cached_tokens", "output_tokens", "reasoning_tokens", "finish_reason",
+                   "queue_ms", "ttft_ms", "tpot_ms", "total_ms",
                    "slo_met", "slo_missed", "attempts", "total_cost_usd", "key_name", "error")
 
 

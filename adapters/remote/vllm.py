@@ -25,6 +25,11 @@ class VLLMBackend(OpenAICompatBackend):
     EXTENSIONS: ClassVar[dict[str, str]] = {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repetition_penalty",
                                             "ignore_eos": "ignore_eos"}
 
+    def think_fields(self, think: bool | str) -> dict:
+        """vLLM hands ``enable_thinking`` to the chat template (Qwen3, DeepSeek-R1 distills)."""
+        return {"chat_template_kwargs": {"enable_thinking": think is not False},
+                **({"reasoning_effort": think} if isinstance(think, str) else {})}
+
     async def load_metrics(self) -> dict[str, float]:
         return await self.prometheus_metrics(METRICS, {"model_name": self.settings.model},
                                              ratios=frozenset({"kv_cache_usage"}))

@@ -23,6 +23,7 @@ from gateway.settings import ServerSettings
 
 ALLOWED_HEADERS = ", ".join([
     "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "OpenAI-Beta",
+    "x-api-key", "anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access",
     *(f"x-stainless-{h}" for h in ("arch", "async", "custom-poll-interval", "helper-method", "lang", "os",
                                     "package-version", "poll-helper", "retry-count", "runtime",
                                     "runtime-version", "timeout")),
@@ -50,7 +51,8 @@ class GuardMiddleware:
         if scope["method"] == "OPTIONS" and origin is not None:
             return await _send(send, 204, b"", self._cors_headers(origin))
         if not self._authorized(scope, headers):
-            body = error_body(scope["path"], 401, "missing or invalid API key: send 'Authorization: Bearer <key>'")
+            body = error_body(scope["path"], 401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
+                              "(or 'x-api-key: <key>')")
             return await _send(send, 401, json.dumps(body).encode(), [(b"content-type", b"application/json")])
         limited = not scope["path"].startswith("/api/blobs/")  # model uploads are streamed to disk
         if limited and _content_length(headers) > self.settings.max_body_bytes:
@@ -89,6 +91,8 @@ class GuardMiddleware:
             return True
         scheme, _, key = headers.get("authorization", "").partition(" ")
         key = key.strip()
+        if not key and headers.get("x-api-key"):  # issue 30: Anthropic's clients send x-api-key (lead: merge with 26)
+            scheme, key = "bearer", headers["x-api-key"].strip()
         # keys of the ledger (infer keys create) are checked with the request (gateway/keys.py)
         return scheme.lower() == "bearer" and (key.startswith("sk-infer-") or self.settings.key_allowed(key))
 

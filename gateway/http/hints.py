@@ -38,6 +38,8 @@ def hints_from(headers) -> RequestHints:
     """The hints in ``headers`` (any mapping with ``get`` and ``in``, lower-case names)."""
     scheme, _, bearer = headers.get("authorization", "").partition(" ")
     credential = bearer.strip() if scheme.lower() == "bearer" and bearer.strip() else None
+    if credential is None and headers.get("x-api-key"):  # issue 30: Anthropic's header (lead: merge with 26)
+        credential = headers.get("x-api-key").strip() or None
     if "x-priority" not in headers and "x-slo-ttft-ms" not in headers and "x-slo-tpot-ms" not in headers:
         return NONE if credential is None else RequestHints(credential=credential)
     return RequestHints(priority=int(_number(headers, "x-priority", integer=True) or 0),

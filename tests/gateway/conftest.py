@@ -118,3 +118,6 @@ def app_client(tiny_store, tmp_path):
     settings = ServerSettings.from_env(env)
     with TestClient(create_app(settings), base_url="http://127.0.0.1:11434") as client:
         yield client
+
+
+from tests.gateway.agent_gateway import agent_gateway  # noqa: E402,F401  (the agent APIs' live server)

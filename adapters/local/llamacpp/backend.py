@@ -24,6 +24,7 @@ from adapters.core.base import (Done, EmbedResult, GenerationRequest, Health, Lo
 from adapters.prompting.chat_format import PromptSpec
 from adapters.core.errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from .job import GenerationJob
+from adapters.prompting.reasoning import reasoning
 from adapters.tools.local import tool_calling
 from .pool import ModelPool
 from adapters.core.settings import DEFAULTS, LocalSettings
@@ -52,6 +53,7 @@ class LlamaCppBackend:
     # -- generation -----------------------------------------------------------------------------
 
     @tool_calling(grammar=True)
+    @reasoning
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.defaults)

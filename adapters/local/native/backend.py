@@ -23,6 +23,7 @@ from adapters.core.base import (Chunk, Done, EmbedResult, GenerationRequest, Hea
                                 StreamEvent, Timings, TokenLogprob, Usage, until_cancelled)
 from adapters.prompting.chat_format import PromptSpec, render_request
 from adapters.core.errors import BackendUnavailable, InvalidRequest, ModelNotFound
+from adapters.prompting.reasoning import reasoning
 from adapters.tools.local import tool_calling
 from adapters.core.options import Options, check_prompt_bytes, check_room, check_token_ids, resolve_options
 from adapters.core.settings import DEFAULTS, LocalSettings, NativeSettings
@@ -60,6 +61,7 @@ class NativeBackend:
     # -- generation -----------------------------------------------------------------------------
 
     @tool_calling(grammar=True)
+    @reasoning
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)
