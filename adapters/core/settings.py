@@ -14,6 +14,9 @@ means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=
 | ``INFER_MAX_QUEUE`` (``OLLAMA_MAX_QUEUE``) | ``max_queue`` | ``512`` |
 | ``INFER_MAX_LOADED_MODELS`` (``OLLAMA_MAX_LOADED_MODELS``) | ``max_loaded_models`` | ``3`` |
 | ``INFER_CONTEXT_LENGTH`` (``OLLAMA_CONTEXT_LENGTH``) | ``context_length`` | ``2048`` |
+| ``INFER_LOAD_TIMEOUT`` (``OLLAMA_LOAD_TIMEOUT``) | ``load_timeout`` | ``5m``: a runner that has not loaded by then is killed |
+| ``INFER_HANG_TIMEOUT`` | ``hang_timeout`` | ``5m``: a runner with work that sends no event for this long is killed |
+| ``INFER_TEST_ENGINE`` | ``test_engine`` | off: ``1`` offers the ``scripted`` engine (tests, benchmarks, fault drills) |
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class NativeSettings(BaseModel):
 class LocalSettings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, env_prefix=ENV_PREFIX, extra="ignore")
 
-    engine: Literal["llamacpp", "native"] = Field(
+    engine: Literal["llamacpp", "native", "scripted"] = Field(
         default="llamacpp", description="In-process engine for store models; a request may name another.")
     keep_alive: float = Field(default=300.0, description="Seconds an idle model stays loaded (-1 = forever).")
     num_parallel: int = Field(default=1, ge=1, le=64, description="Concurrent requests per llama.cpp model.")
@@ -56,9 +59,13 @@ class LocalSettings(BaseSettings):
     max_loaded_models: int = Field(default=3, ge=0, description="Models kept loaded at once.")
     context_length: int = Field(default=2048, ge=16, le=1 << 20,
                                 description="num_ctx when neither the model nor the request sets one.")
+    load_timeout: float = Field(default=300.0, gt=0, description="Seconds a runner may take to load its model.")
+    hang_timeout: float = Field(default=300.0, gt=0,
+                                description="Seconds a runner with requests in flight may go without an event.")
+    test_engine: bool = Field(default=False, description="Offer the model-less 'scripted' engine (tests, benches).")
     native: NativeSettings = Field(default_factory=NativeSettings)
 
-    @field_validator("keep_alive", mode="before")
+    @field_validator("keep_alive", "load_timeout", "hang_timeout", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
         return parse_duration(value) if isinstance(value, str) else value
@@ -73,8 +80,9 @@ class LocalSettings(BaseSettings):
         """From ``INFER_*`` in ``env`` (not ``os.environ``), then ``overrides``; ValueError names the variable."""
         values: dict[str, Any] = {}
         variables: dict[str, str] = {}
-        for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length"):
-            found = env_setting(env, name.upper(), ollama=name != "engine")
+        for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length",
+                     "load_timeout", "hang_timeout", "test_engine"):
+            found = env_setting(env, name.upper(), ollama=name not in ("engine", "hang_timeout", "test_engine"))
             if found and found != ("OLLAMA_MAX_LOADED_MODELS", "0"):  # Ollama's 0 = auto: our default
                 variables[name], values[name] = found
         values.update({k: v for k, v in overrides.items() if v is not None})
