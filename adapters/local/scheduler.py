@@ -1,8 +1,10 @@
 """One scheduler for the local models of every engine: which runners run, and for how long.
 
-A *runner* serves one model with one engine and one set of load options (``Options.load_key``:
-context size, batch, GPU layers…); it is started on a model's first request, as Ollama's
-``server/sched.go`` does. The scheduler owns every rule about its life, once:
+A *runner* serves one model with one engine; it is started on a model's first request, as Ollama's
+``server/sched.go`` does, loaded with that request's options. A later request with other load
+options (``Options.load_key``: context size, batch, GPU layers) is served by the same runner, which
+opens a context for them next to the first (Ollama restarts its runner instead; a context costs a
+few MiB, a new process seconds). The scheduler owns every rule about a runner's life, once:
 
 - **keep-alive**: a runner with no request in flight stops ``keep_alive`` seconds after its last
   request ended (the request's own ``keep_alive``, else the server's; < 0 = never; 0 = at once);
@@ -117,7 +119,7 @@ class Scheduler:
     async def acquire(self, engine: str, details: ModelDetails, options: Options) -> tuple[Loaded, float]:
         """A loaded runner for the request, counted busy until :meth:`release`; seconds spent loading."""
         self._check_backoff(engine, details)
-        key = (engine, details.digest, options.load_key())
+        key = (engine, details.digest)
         t0 = time.perf_counter()
         async with self._room:
             entry = self._loaded.get(key)

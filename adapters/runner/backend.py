@@ -53,13 +53,16 @@ class RunnerStarter:
         runner = self.spares.pop(engine, None)
         if runner is None or not runner.alive:
             runner = self.launch(engine)
-        inner = self.settings.model_copy(update={"keep_alive": -1.0, "max_loaded_models": 0})
+        # Inside, contexts opened for other load options expire as the runner would; the first one is
+        # kept for good (the runner is stopped before it would expire).
+        inner = self.settings.model_copy(update={"max_loaded_models": 0})
         spec = p.Load(engine, str(self.store.root), details.name.display, options.model_dump(), inner.model_dump())
         try:
             await runner.load(spec, self.settings.load_timeout)
         except BaseException:
             await runner.stop()
             raise
+        self.prestart(engine)  # the next model of this engine finds its spare
         return runner
 
     async def aclose(self) -> None:

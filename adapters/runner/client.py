@@ -146,6 +146,8 @@ class RunnerClient:
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         id_ = next(_ids)
         queue: asyncio.Queue = asyncio.Queue()
+        if not self._working():
+            self._last_event = time.monotonic()  # the quiet time counts from the first request in flight
         self._pending[id_] = queue
         seen = _Seen(request)
         finished = False
@@ -175,6 +177,8 @@ class RunnerClient:
     async def embed(self, model: str, inputs: list, *, truncate: bool) -> EmbedResult:
         id_ = next(_ids)
         future = asyncio.get_running_loop().create_future()
+        if not self._working():
+            self._last_event = time.monotonic()
         self._pending[id_] = future
         try:
             await self._send(p.Embed(id_, model, inputs, truncate))
@@ -218,7 +222,7 @@ class RunnerClient:
         """Kill a runner that has work but went quiet; ask an idle one for its load now and then."""
         while self.alive:
             await asyncio.sleep(min(self.ping_every, max(0.05, self.hang_timeout / 4)))
-            working = any(k != -1 for k in self._pending)
+            working = self._working()
             quiet = time.monotonic() - self._last_event
             if working and quiet > self.hang_timeout:
                 self.kill(f"hung: no event for {quiet:.1f} s while it had {self.busy} request(s)")
@@ -226,6 +230,9 @@ class RunnerClient:
             if not working:
                 self._last_event = time.monotonic()
                 await self._send(p.Ping(0))
+
+    def _working(self) -> bool:
+        return any(k != -1 for k in self._pending)
 
     # -- the end ---------------------------------------------------------------------------------
 

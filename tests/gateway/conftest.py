@@ -47,6 +47,15 @@ def server_env(home: Path, models: Path, port: int, **extra: str) -> dict[str, s
     return env
 
 
+def _die_with_pytest() -> None:
+    """In the child before exec: SIGKILL it when pytest dies (Linux PR_SET_PDEATHSIG), so a crashed or
+    killed test run leaves no server (and so no runner) behind."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
+
 def start_server(tmp: Path, models: Path, **extra_env: str) -> LiveServer:
     port = free_port()
     home = tmp / "server-home"
@@ -54,7 +63,7 @@ def start_server(tmp: Path, models: Path, **extra_env: str) -> LiveServer:
     env = server_env(home, models, port, **extra_env)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+                                env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_pytest)
     db_url = extra_env.get("INFER_DATABASE_URL") or f"sqlite:///{home / 'usage.db'}"
     server = LiveServer(f"http://127.0.0.1:{port}", port, home, db_url, proc, log_path,
                         engine=extra_env.get("INFER_ENGINE", "llamacpp"))
