@@ -7,10 +7,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install test test-slow test-all demo bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints/ci.txt scripts/install_llama_cpp.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -U pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints/ci.txt -e '.[dev]'
+	$(BIN)/python scripts/install_llama_cpp.py  # a llama.cpp that answers on this CPU (AMX: rebuilt without it)
 	touch $(STAMP)
 
 install: $(STAMP)

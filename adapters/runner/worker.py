@@ -177,3 +177,21 @@ def preload(engine: str) -> None:
         importlib.import_module(ENGINE_MODULES["native"]).preload_engine()
     else:
         importlib.import_module(ENGINE_MODULES[engine])
+    if engine == "llamacpp":
+        _warn_about_the_build()
+
+
+def _warn_about_the_build() -> None:
+    from pathlib import Path
+
+    import llama_cpp
+
+    from adapters.local.llamacpp.cpu_build import build_warning
+
+    marker = Path(llama_cpp.__file__).parent / ".infer-cmake-args"
+    try:
+        warning = build_warning(Path("/proc/cpuinfo").read_text(), marker.read_text() if marker.exists() else None)
+    except OSError:
+        return
+    if warning:
+        log.warning(warning)
