@@ -46,7 +46,7 @@ import time; t0 = time.perf_counter()
 from adapters.core.settings import DEFAULTS
 from native_engine import EngineConfig, LLMEngine
 t1 = time.perf_counter()
-LLMEngine(EngineConfig(model={path!r}, max_model_len=2048, **DEFAULTS.native.model_dump()))
+LLMEngine(EngineConfig(model={path!r}, max_model_len=2048, **DEFAULTS.native.given()))
 """,
     "llamacpp": """
 import time; t0 = time.perf_counter()

@@ -34,18 +34,24 @@ ENV_PREFIX = "INFER_"
 
 
 class NativeSettings(BaseModel):
-    """Engine knobs used for every model the native backend loads: ``EngineConfig`` fields by the same names
-    (``adapters.local.native.backend.engine_config`` builds it; this tree imports nothing of the engine)."""
+    """Engine knobs for every model the native backend loads: ``EngineConfig`` fields by the same names
+    (``adapters.local.native.backend.engine_config`` builds it; this tree imports nothing of the engine).
+    None, the default of each, is the engine's own default (``native_engine/config.py``), so ``infer
+    serve`` and ``LLMEngine.from_model`` cannot disagree: each default is written once, there."""
 
     model_config = ConfigDict(frozen=True)
 
-    max_num_seqs: int = Field(default=64, ge=1)
-    max_num_batched_tokens: int = Field(default=512, ge=16)
-    block_size: int = Field(default=16, ge=1)
-    kv_cache_memory_bytes: int | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    enable_prefix_caching: bool = True
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=16)
+    block_size: int | None = Field(default=None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    dtype: str | None = None
+    device: str | None = None
+    enable_prefix_caching: bool | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The knobs set (the rest are the engine's defaults)."""
+        return self.model_dump(exclude_none=True)
 
 
 class LocalSettings(BaseSettings):

@@ -224,3 +224,16 @@ def test_requests_arriving_during_a_load_share_it(models):
             await s.release(entry, None)
         await s.aclose()
     run(go())
+
+
+def test_infer_serve_and_llm_engine_from_model_share_the_engines_defaults():
+    """One settings tree: the native knobs infer serve passes are only the ones set; the rest are
+    EngineConfig's own, so the two entry points cannot drift apart again."""
+    from adapters.local.native.backend import engine_config
+    from native_engine.config import EngineConfig
+
+    served = engine_config(LocalSettings.model_validate({}).native, "m.gguf", 2048)
+    direct = EngineConfig(model="m.gguf", max_model_len=2048)
+    assert served == direct
+    tuned = engine_config(LocalSettings.model_validate({"native": {"max_num_seqs": 8}}).native, "m.gguf", 2048)
+    assert tuned.max_num_seqs == 8 and tuned.max_num_batched_tokens == direct.max_num_batched_tokens

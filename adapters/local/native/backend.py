@@ -249,7 +249,7 @@ def engine_config(native: NativeSettings, model_path: str, max_model_len: int):
     """One model's ``EngineConfig``: the settings tree's native knobs, the model's path and its context."""
     from native_engine import EngineConfig
 
-    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.model_dump())
+    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.given())
 
 
 def sampling_params(options: Options, request: GenerationRequest, room: int):
