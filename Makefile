@@ -28,11 +28,12 @@ test-all: $(STAMP)  ## everything that can run here, slow tests included
 demo: $(STAMP)  ## offline end-to-end: build, create, push, pull, run, serve, openai client, curl, usage
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
 
-bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
+bench: $(STAMP)  ## benchmarks; each prints ratios against its reference (BASELINE=DIR: an older tree to compare)
 	$(BIN)/python bench/pull.py
 	$(BIN)/python bench/gateway.py --runs 5
 	$(BIN)/python bench/native.py --json .bench/native/results.json
 	$(BIN)/python bench/native_load.py --json .bench/native/load.json
+	$(BIN)/python bench/runner_overhead.py $(if $(BASELINE),--baseline $(BASELINE)) --json .bench/runner/results.json
 	$(BIN)/python bench/remote.py --json .bench/remote/results.json
 	$(BIN)/python bench/estimate_check.py --json .bench/estimate/results.json
 	$(BIN)/python bench/gateway_overhead.py --json .bench/gateway_overhead/results.json

@@ -131,7 +131,8 @@ async def kill_drill(url: str, proc: subprocess.Popen, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", type=Path, required=True, help="a source tree of infer before runners")
+    parser.add_argument("--baseline", type=Path, help="a source tree of infer before runners (without it: the "
+                        "runner side's figures and the kill drill only)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=5, help="1-stream requests per round")
     parser.add_argument("--streams", type=int, default=16)
@@ -141,19 +142,21 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     engines = args.engines.split(",")
-    results: dict = {e: {"inproc": [], "runner": []} for e in engines}
+    names = ("inproc", "runner") if args.baseline else ("runner",)
+    results: dict = {e: {name: [] for name in names} for e in engines}
     with tempfile.TemporaryDirectory(prefix="runner-overhead-") as tmp:
         work = Path(tmp)
         models = make_store(work / "store")
-        procs = {"inproc": start(args.baseline.resolve(), "inproc", models, work),
-                 "runner": start(ROOT, "runner", models, work)}
+        procs = {"runner": start(ROOT, "runner", models, work)}
+        if args.baseline:
+            procs["inproc"] = start(args.baseline.resolve(), "inproc", models, work)
         try:
             for engine in engines:  # loads, kernels compiled
                 for side, (_, url) in procs.items():
                     asyncio.run(measure(url, engine, argparse.Namespace(**{**vars(args), "requests": 1, "streams": 2})))
             for r in range(args.rounds):
                 for engine in engines:
-                    order = ("inproc", "runner") if r % 2 == 0 else ("runner", "inproc")
+                    order = names if r % 2 == 0 else names[::-1]
                     for side in order:
                         got = asyncio.run(measure(procs[side][1], engine, args))
                         results[engine][side].append(got)
@@ -176,7 +179,11 @@ def report(results: dict, drill: dict | None, args) -> None:
                                  ("decode_1", "decode tok/s, 1 stream", ">= 0.97x"),
                                  ("decode_16", f"decode tok/s, {args.streams} str.", ">= 0.97x"),
                                  ("batch_tok_s", f"batch tok/s, {args.streams} str.", "")):
-            a, b = (statistics.median(r[key] for r in sides[s]) for s in ("inproc", "runner"))
+            b = statistics.median(r[key] for r in sides["runner"])
+            if "inproc" not in sides:
+                print(f"{engine:9} {label:22} {'':11} {b:9.2f}")
+                continue
+            a = statistics.median(r[key] for r in sides["inproc"])
             met = (b - a <= 2.0) if key == "ttft_ms" else (b / a >= 0.97 if goal else None)
             verdict = "" if met is None else ("met" if met else "MISSED")
             extra = f"{b - a:+.2f} ms" if key == "ttft_ms" else f"{b / a:.3f}x"
