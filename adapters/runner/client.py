@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -81,22 +82,16 @@ class RunnerClient:
         self.context_length = 0
         self.load_stats: dict[str, float] = {}
         self.started = time.time()
-        self._dir = Path(tempfile.mkdtemp(prefix="infer-runner-"))
-        self._ctx = zmq.asyncio.Context()
-        self._push, self._pull = self._ctx.socket(zmq.PUSH), self._ctx.socket(zmq.PULL)
-        for sock in (self._push, self._pull):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
-        addresses = {"input": f"ipc://{self._dir}/in", "output": f"ipc://{self._dir}/out"}
-        self._push.bind(addresses["input"])
-        self._pull.bind(addresses["output"])
         self._pending: dict[int, asyncio.Queue | asyncio.Future] = {}
         self._last_event = time.monotonic()
         self._stopping = False
+        self._dir = Path(tempfile.mkdtemp(prefix="infer-runner-"))
+        addresses = {"input": f"ipc://{self._dir}/in", "output": f"ipc://{self._dir}/out"}
+        self._ctx = zmq.asyncio.Context()
+        self._push = _socket(self._ctx, zmq.PUSH, addresses["input"])
+        self._pull = _socket(self._ctx, zmq.PULL, addresses["output"])
         self.processes = [subprocess.Popen([arg.format(**addresses) for arg in command], env=launch.env,
-                                           stdin=subprocess.DEVNULL, start_new_session=False)
-                          for command in launch.commands]
+                                           stdin=subprocess.DEVNULL) for command in launch.commands]
         loop = asyncio.get_running_loop()
         self._exit_fds = [_watch_exit(loop, proc, self._exited) for proc in self.processes]
         self._tasks = [loop.create_task(self._receive()), loop.create_task(self._watchdog())]
@@ -317,6 +312,15 @@ class _Seen:
         return Done("error", Usage(output_tokens=self.tokens), timings)
 
 
+def _socket(ctx: zmq.asyncio.Context, kind: int, address: str) -> zmq.asyncio.Socket:
+    """A socket bound on ``address`` that never blocks a send (no high-water mark) nor lingers at close."""
+    sock = ctx.socket(kind)
+    for option in (zmq.LINGER, zmq.SNDHWM, zmq.RCVHWM):
+        sock.setsockopt(option, 0)
+    sock.bind(address)
+    return sock
+
+
 def _exit_reason(code: int | None) -> str:
     if code is None:
         return "exited"
@@ -335,7 +339,6 @@ def _watch_exit(loop: asyncio.AbstractEventLoop, proc: subprocess.Popen, callbac
         def wait() -> None:
             proc.wait()
             loop.call_soon_threadsafe(callback, proc)
-        import threading
         threading.Thread(target=wait, daemon=True, name=f"runner-{proc.pid}").start()
         return None
 

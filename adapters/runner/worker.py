@@ -128,13 +128,7 @@ class Worker:
 
 async def serve(engine: str, input_address: str, output_address: str, parent: int) -> None:
     context = zmq.asyncio.Context()
-    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
-    for sock in (pull, push):
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-    pull.connect(input_address)
-    push.connect(output_address)
+    pull, push = _socket(context, zmq.PULL, input_address), _socket(context, zmq.PUSH, output_address)
     worker = Worker(engine, push)
     receiving = asyncio.ensure_future(_receive(pull, worker))
     watching = asyncio.ensure_future(_watch_parent(parent, worker))
@@ -148,6 +142,14 @@ async def serve(engine: str, input_address: str, output_address: str, parent: in
         if worker.backend is not None:
             await worker.backend.aclose()
         context.destroy(linger=0)
+
+
+def _socket(context: zmq.asyncio.Context, kind: int, address: str) -> zmq.asyncio.Socket:
+    sock = context.socket(kind)
+    for option in (zmq.LINGER, zmq.SNDHWM, zmq.RCVHWM):
+        sock.setsockopt(option, 0)
+    sock.connect(address)
+    return sock
 
 
 async def _receive(pull: zmq.asyncio.Socket, worker: Worker) -> None:
