@@ -200,10 +200,12 @@ class RunnerClient:
     async def _receive(self) -> None:
         while True:
             message = p.from_runner.decode(await self._pull.recv(copy=False))
-            self._last_event = time.monotonic()
-            if isinstance(message, p.Pong):
+            if isinstance(message, p.Pong):  # an answering event loop says nothing of a hung engine
                 self.load_stats = message.load
                 continue
+            self._last_event = time.monotonic()
+            if isinstance(message, p.Finished) and message.load:
+                self.load_stats = message.load
             target = self._pending.get(-1 if isinstance(message, p.Ready) else message.id)
             if isinstance(target, asyncio.Queue):
                 target.put_nowait(message)
@@ -214,7 +216,8 @@ class RunnerClient:
                     target.set_result(message)
 
     async def _watchdog(self) -> None:
-        """Kill a runner that has work but went quiet; ask an idle one for its load now and then."""
+        """Kill a runner that has work but went quiet; ask for its load now and then (it also reports
+        it as each request starts and ends)."""
         while self.alive:
             await asyncio.sleep(min(self.ping_every, max(0.05, self.hang_timeout / 4)))
             working = self._working()
@@ -224,7 +227,7 @@ class RunnerClient:
                 return
             if not working:
                 self._last_event = time.monotonic()
-                await self._send(p.Ping(0))
+            await self._send(p.Ping(0))
 
     def _working(self) -> bool:
         return any(k != -1 for k in self._pending)

@@ -7,7 +7,7 @@ struct per message, so each side decodes into exactly these types and nothing el
 
 gateway -> runner                        runner -> gateway
     Load(engine, store, model, ...)          Ready(pid, context_length) | Failed(error)
-    Generate(id, request)                    Token(id, chunk)... then Finished(id, done) | Failed(id, error)
+    Generate(id, request)                    Token(id, chunk)... then Finished(id, done, load) | Failed(id, error)
     Embed(id, model, inputs, ...)            Embedded(id, result) | Failed(id, error)
     Cancel(id)                               (the stream ends with a ``cancelled`` Finished)
     Ping(id)                                 Pong(id, load)
@@ -91,6 +91,7 @@ class Token(msgspec.Struct, tag=True):
 class Finished(msgspec.Struct, tag=True):
     id: int
     done: Done
+    load: dict[str, float] = {}  # the runner's load as the request ends (as in Pong)
 
 
 class Embedded(msgspec.Struct, tag=True):

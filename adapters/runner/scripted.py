@@ -9,6 +9,7 @@ crash a real runner process the way native code does:
     segv:N            read address 0 (``ctypes.string_at(0)``, SIGSEGV) after N words (0: before the first;
                       the words before it are sent 50 ms before)
     hang:N            block the whole process (the event loop too) after N words
+    stall:N           stop producing after N words while the event loop still answers (a hung engine thread)
     exit:N            ``os._exit(3)`` after N words
 
 Embeddings are 8 numbers derived from each input's bytes; an input containing ``segv:0`` crashes.
@@ -34,7 +35,7 @@ from adapters.core.options import resolve_options
 from adapters.core.settings import DEFAULTS, LocalSettings
 from adapters.local.store_models import model_details, store_models
 
-_DIRECTIVE = re.compile(r"\b(delay|segv|hang|exit):(\d+)\b")
+_DIRECTIVE = re.compile(r"\b(delay|segv|hang|stall|exit):(\d+)\b")
 
 
 def fault(kind: str) -> None:
@@ -80,6 +81,8 @@ class ScriptedBackend:
                     if script.get(kind) == i:
                         await asyncio.sleep(0.05 if i else 0)  # the words before it reach the gateway
                         fault(kind)
+                if script.get("stall") == i:
+                    await asyncio.Event().wait()  # never set: the runner's loop keeps answering pings
                 if request.cancel.cancelled:
                     break
                 if script.get("delay"):

@@ -96,12 +96,16 @@ class Worker:
     async def generate(self, message: p.Generate) -> None:
         request = p.request_from_wire(message.request)
         self.cancels[message.id] = request.cancel
+        first = True
         try:
             async for event in self.backend.stream(request):
                 if isinstance(event, Done):
-                    await self.send(p.Finished(message.id, event))
-                else:
-                    await self.send(p.Token(message.id, event))
+                    await self.send(p.Finished(message.id, event, self.current_load()))
+                    continue
+                if first:  # the load with this request running, ahead of its first token
+                    first = False
+                    await self.send(p.Pong(0, self.current_load()))
+                await self.send(p.Token(message.id, event))
         except BackendError as exc:
             await self.send(p.Failed(message.id, p.error_to_wire(exc)))
         except Exception as exc:  # noqa: BLE001 - reported to the one request, the runner goes on

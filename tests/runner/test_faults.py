@@ -113,7 +113,7 @@ def test_a_fault_before_the_first_token_is_a_502_in_each_api_shape(server, http,
 
 # -- mid-stream ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fault", ["segv", "hang"])
+@pytest.mark.parametrize("fault", ["segv", "hang", "stall"])
 def test_a_fault_mid_stream_ends_the_ollama_stream_with_an_error_line(server, http, fault):
     settle(http)
     agent = f"mid-{fault}"
