@@ -6,7 +6,9 @@ One ``RunnerBackend`` per engine name (llama.cpp, native, scripted), all sharing
 model's details, its options) but never loads a model: that happens in the runner.
 
 :class:`RunnerStarter` is the scheduler's ``start``: it takes the engine's spare runner (started
-ahead, its engine already imported) or starts one, and loads the model into it.
+ahead, its engine already imported) or starts one, and loads the model into it. A spare is started
+with the server for the default engine and again after each load (the next model of that engine
+skips ``import torch``); one unused for ``keep_alive`` stops, as an idle model would.
 """
 
 from __future__ import annotations
@@ -45,9 +47,18 @@ class RunnerStarter:
         return RunnerClient(Launch.single(engine, log_level=self.log_level), hang_timeout=self.settings.hang_timeout)
 
     def prestart(self, engine: str) -> None:
-        """Start a runner for ``engine`` now, so the first model's load finds its engine imported."""
-        if engine not in self.spares:
-            self.spares[engine] = self.launch(engine)
+        """Start a runner for ``engine`` now, so the next model's load finds its engine imported."""
+        if engine in self.spares and self.spares[engine].alive:
+            return
+        spare = self.spares[engine] = self.launch(engine)
+        if self.settings.keep_alive >= 0:
+            loop = asyncio.get_running_loop()
+            loop.call_later(max(self.settings.keep_alive, 1.0), lambda: loop.create_task(self._retire(engine, spare)))
+
+    async def _retire(self, engine: str, spare: RunnerClient) -> None:
+        if self.spares.get(engine) is spare:
+            del self.spares[engine]
+            await spare.stop()
 
     async def __call__(self, engine: str, details: ModelDetails, options: Options) -> RunnerClient:
         runner = self.spares.pop(engine, None)
