@@ -5,7 +5,8 @@ backend, the store, the ledger database and its writer, the metrics and the reco
 pass one ``backend`` that serves every model.
 
 The request path: API route → ``Recorder.resolve`` (``Router.resolve``, once) → the backend's
-stream (Chunk…, Done) → the response → one ledger row through the writer thread.
+stream (Chunk…, Done; a local model's from its runner process, ``adapters/runner/``) → the
+response → one ledger row through the writer thread.
 """
 
 from __future__ import annotations
