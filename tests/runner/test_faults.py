@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -213,6 +215,11 @@ def test_repeated_crashes_back_off_and_say_why(server, http):
     [failure] = [f for f in http.get("/api/ps").json()["failures"] if f["engine"] == "scripted"]
     assert failure["crashes"] == 2 and failure["error"] == "killed by SIGSEGV"
     assert "crash 2 in a row, next start in 1 s" in server.log()
+    shown = subprocess.run([sys.executable, "-m", "cli", "ps"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "INFER_HOST": f"127.0.0.1:{server.port}"})
+    assert shown.returncode == 0 and shown.stdout.splitlines()[0].split() == [
+        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "ENGINE", "PID", "MEMORY"]
+    assert "tiny:latest (scripted): 2 crash(es) in a row, last: killed by SIGSEGV; next start" in shown.stdout
     time.sleep(1.1)
     settle(http)
     assert not [f for f in http.get("/api/ps").json()["failures"] if f["engine"] == "scripted"]
