@@ -14,9 +14,9 @@ means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=
 | ``INFER_MAX_QUEUE`` (``OLLAMA_MAX_QUEUE``) | ``max_queue`` | ``512`` |
 | ``INFER_MAX_LOADED_MODELS`` (``OLLAMA_MAX_LOADED_MODELS``) | ``max_loaded_models`` | ``3`` |
 | ``INFER_CONTEXT_LENGTH`` (``OLLAMA_CONTEXT_LENGTH``) | ``context_length`` | ``2048`` |
-| ``INFER_LOAD_TIMEOUT`` (``OLLAMA_LOAD_TIMEOUT``) | ``load_timeout`` | ``5m``: a runner that has not loaded by then is killed |
+| ``INFER_LOAD_TIMEOUT`` (``OLLAMA_LOAD_TIMEOUT``) | ``load_timeout`` | ``5m``: a runner not loaded by then is killed |
 | ``INFER_HANG_TIMEOUT`` | ``hang_timeout`` | ``5m``: a runner with work that sends no event for this long is killed |
-| ``INFER_TEST_ENGINE`` | ``test_engine`` | off: ``1`` offers the ``scripted`` engine (tests, benchmarks, fault drills) |
+| ``INFER_TEST_ENGINE`` | ``test_engine`` | off: ``1`` offers the ``scripted`` engine (tests, benches) |
 """
 
 from __future__ import annotations

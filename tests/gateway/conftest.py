@@ -63,10 +63,11 @@ def start_server(tmp: Path, models: Path, **extra_env: str) -> LiveServer:
     home = tmp / "server-home"
     log_path = tmp / "server.log"
     env = server_env(home, models, port, **extra_env)
+    main_thread = threading.current_thread() is threading.main_thread()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"],
                                 env=env, stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_pytest if threading.current_thread() is threading.main_thread() else None)
+                                preexec_fn=_die_with_pytest if main_thread else None)
     db_url = extra_env.get("INFER_DATABASE_URL") or f"sqlite:///{home / 'usage.db'}"
     server = LiveServer(f"http://127.0.0.1:{port}", port, home, db_url, proc, log_path,
                         engine=extra_env.get("INFER_ENGINE", "llamacpp"))

@@ -52,7 +52,8 @@ class OneShotServer:
 
 
 async def ask(backend) -> list:
-    request = GenerationRequest(model="pub", messages=[{"role": "user", "content": "hello"}], options={"num_predict": 4})
+    request = GenerationRequest(model="pub", messages=[{"role": "user", "content": "hello"}],
+                                options={"num_predict": 4})
     return [event async for event in backend.stream(request)]
 
 

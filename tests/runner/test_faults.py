@@ -119,8 +119,9 @@ def test_a_fault_before_the_first_token_is_a_502_in_each_api_shape(server, http,
 def test_a_fault_mid_stream_ends_the_ollama_stream_with_an_error_line(server, http, fault):
     settle(http)
     agent = f"mid-{fault}"
-    with http.stream("POST", "/api/chat", headers=tagged(agent), json={"model": "tiny", "options": {"engine": "scripted", "num_predict": 8},
-                                                 "messages": [{"role": "user", "content": f"{fault}:3 delay:10"}]}) as resp:
+    body = {"model": "tiny", "options": {"engine": "scripted", "num_predict": 8},
+            "messages": [{"role": "user", "content": f"{fault}:3 delay:10"}]}
+    with http.stream("POST", "/api/chat", headers=tagged(agent), json=body) as resp:
         assert resp.status_code == 200
         lines = [json.loads(line) for line in resp.iter_lines() if line]
     assert [m["message"]["content"] for m in lines[:-1]] == ["word0 ", "word1 ", "word2 "]
@@ -199,7 +200,8 @@ def test_two_models_run_in_two_runners_at_once(server, http):
     for t in threads:
         t.join()
     assert answers == {"tiny": 200, "tiny-go": 200}
-    models = {m["name"]: m["runner"] for m in http.get("/api/ps").json()["models"] if m["runner"]["engine"] == "llamacpp"}
+    models = {m["name"]: m["runner"] for m in http.get("/api/ps").json()["models"]
+              if m["runner"]["engine"] == "llamacpp"}
     assert {"tiny:latest", "tiny-go:latest"} <= set(models)
     pids = {models["tiny:latest"]["pid"], models["tiny-go:latest"]["pid"], server.process.pid}
     assert len(pids) == 3 and all(models[n]["memory"] > 0 for n in ("tiny:latest", "tiny-go:latest"))
