@@ -154,6 +154,7 @@ def main() -> None:
             for engine in engines:  # loads, kernels compiled
                 for side, (_, url) in procs.items():
                     asyncio.run(measure(url, engine, argparse.Namespace(**{**vars(args), "requests": 1, "streams": 2})))
+            time.sleep(8.0)  # the runner side's next spares have started and imported their engines
             for r in range(args.rounds):
                 for engine in engines:
                     order = names if r % 2 == 0 else names[::-1]

@@ -1,4 +1,4 @@
-"""``python -m adapters.runner --engine E --input ADDR --output ADDR --parent PID``: one runner process.
+"""``python -m adapters.runner --engine E --fd N --parent PID``: one runner process.
 
 Started by the gateway's scheduler (``adapters/runner/client.py``), never by hand; see ``worker.py``.
 """
@@ -16,8 +16,7 @@ from .worker import die_with_parent, preload, serve
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m adapters.runner")
     parser.add_argument("--engine", required=True)
-    parser.add_argument("--input", required=True, help="the gateway's PUSH socket (requests)")
-    parser.add_argument("--output", required=True, help="the gateway's PULL socket (events)")
+    parser.add_argument("--fd", type=int, required=True, help="the channel to the gateway (an inherited socket)")
     parser.add_argument("--parent", type=int, required=True, help="the gateway's pid; the runner exits with it")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s runner[{os.getpid()} {args.engine}] %(levelname)s %(name)s: %(message)s")
     preload(args.engine)
-    asyncio.run(serve(args.engine, args.input, args.output, args.parent))
+    asyncio.run(serve(args.engine, args.fd, args.parent))
 
 
 if __name__ == "__main__":

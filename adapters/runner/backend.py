@@ -7,8 +7,9 @@ model's details, its options) but never loads a model: that happens in the runne
 
 :class:`RunnerStarter` is the scheduler's ``start``: it takes the engine's spare runner (started
 ahead, its engine already imported) or starts one, and loads the model into it. A spare is started
-with the server for the default engine and again after each load (the next model of that engine
-skips ``import torch``); one unused for ``keep_alive`` stops, as an idle model would.
+with the server for the default engine and again a few seconds after each load (not at once: it
+would compete for the CPU with the model's first answer), so the next model of that engine skips
+``import torch``; one unused for ``keep_alive`` stops, as an idle model would.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from .client import Launch, RunnerClient
 
 log = logging.getLogger(__name__)
 
+SPARE_AFTER_S = 5.0  # after a load, when the engine's next spare starts
+
 
 @dataclass
 class RunnerStarter:
@@ -42,6 +45,7 @@ class RunnerStarter:
     settings: LocalSettings
     log_level: str = "warning"
     spares: dict[str, RunnerClient] = field(default_factory=dict)
+    closed: bool = False
 
     def launch(self, engine: str) -> RunnerClient:
         return RunnerClient(Launch.single(engine, log_level=self.log_level), hang_timeout=self.settings.hang_timeout)
@@ -73,10 +77,12 @@ class RunnerStarter:
         except BaseException:
             await runner.stop()
             raise
-        self.prestart(engine)  # the next model of this engine finds its spare
+        loop = asyncio.get_running_loop()
+        loop.call_later(SPARE_AFTER_S, lambda: None if self.closed else self.prestart(engine))
         return runner
 
     async def aclose(self) -> None:
+        self.closed = True
         spares, self.spares = list(self.spares.values()), {}
         await asyncio.gather(*(r.stop() for r in spares), return_exceptions=True)
 

@@ -14,7 +14,7 @@ Faults are the gateway's to notice, never the runner's to report:
 - the runner has work but sends no event for ``hang_timeout`` seconds: it is killed, and the same follows.
 
 A runner is a group of processes (one today; one per rank for a tensor-parallel model): rank 0 owns
-the sockets, and the death of any member fails the group.
+the channel (``channel.py``: an inherited Unix socket), and the death of any member fails the group.
 """
 
 from __future__ import annotations
@@ -26,21 +26,18 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import zmq
-import zmq.asyncio
 
 from adapters.core.base import Chunk, Done, EmbedResult, GenerationRequest, StreamEvent, Timings, Usage
 from adapters.core.errors import BackendError, RunnerStopped
 
 from . import protocol as p
+from .channel import Channel
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +47,8 @@ STOPPED = ("model runner has unexpectedly stopped ({why}); this may be due to re
 
 @dataclass
 class Launch:
-    """How to start a runner's processes: one command per rank (``{input}``, ``{output}`` filled in for rank 0)."""
+    """How to start a runner's processes: one command per rank; ``{fd}`` in rank 0's is the channel's
+    file descriptor, which that process inherits."""
 
     engine: str
     commands: list[list[str]] = field(default_factory=list)
@@ -58,8 +56,8 @@ class Launch:
 
     @classmethod
     def single(cls, engine: str, *, log_level: str = "warning") -> "Launch":
-        return cls(engine, [[sys.executable, "-m", "adapters.runner", "--engine", engine, "--input", "{input}",
-                             "--output", "{output}", "--parent", str(os.getpid()), "--log-level", log_level]])
+        return cls(engine, [[sys.executable, "-m", "adapters.runner", "--engine", engine, "--fd", "{fd}",
+                             "--parent", str(os.getpid()), "--log-level", log_level]])
 
 
 class _Gone:
@@ -85,16 +83,17 @@ class RunnerClient:
         self._pending: dict[int, asyncio.Queue | asyncio.Future] = {}
         self._last_event = time.monotonic()
         self._stopping = False
-        self._dir = Path(tempfile.mkdtemp(prefix="infer-runner-"))
-        addresses = {"input": f"ipc://{self._dir}/in", "output": f"ipc://{self._dir}/out"}
-        self._ctx = zmq.asyncio.Context()
-        self._push = _socket(self._ctx, zmq.PUSH, addresses["input"])
-        self._pull = _socket(self._ctx, zmq.PULL, addresses["output"])
-        self.processes = [subprocess.Popen([arg.format(**addresses) for arg in command], env=launch.env,
-                                           stdin=subprocess.DEVNULL) for command in launch.commands]
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.processes = [_spawn(command, launch.env, theirs if rank == 0 else None)
+                              for rank, command in enumerate(launch.commands)]
+        finally:
+            theirs.close()
         loop = asyncio.get_running_loop()
+        self._channel: Channel | None = None
+        self._opening = loop.create_task(Channel.open(ours, p.from_runner))
         self._exit_fds = [_watch_exit(loop, proc, self._exited) for proc in self.processes]
-        self._tasks = [loop.create_task(self._receive()), loop.create_task(self._watchdog())]
+        self._tasks = [self._opening, loop.create_task(self._receive()), loop.create_task(self._watchdog())]
 
     @property
     def pid(self) -> int:
@@ -187,19 +186,25 @@ class RunnerClient:
         return item.result
 
     def _cancel(self, id_: int) -> None:
-        if self.alive and not self._push.closed:
-            self._push.send(p.encoder.encode(p.Cancel(id_)))
+        if self.alive and self._channel is not None and not self._channel.closed:
+            self._channel.send(p.Cancel(id_))
 
     async def _send(self, message: Any) -> None:
+        if self._channel is None:
+            self._channel = await asyncio.shield(self._opening)
         if not self.alive:
             raise RunnerStopped(STOPPED.format(why=self.failure))
-        await self._push.send(p.encoder.encode(message), copy=False)
+        self._channel.send(message)
 
     # -- events ----------------------------------------------------------------------------------
 
     async def _receive(self) -> None:
+        channel = self._channel = self._channel or await self._opening
         while True:
-            message = p.from_runner.decode(await self._pull.recv(copy=False))
+            try:
+                message = await channel.recv()
+            except EOFError:  # the runner is gone: its pidfd says how
+                return
             if isinstance(message, p.Pong):  # an answering event loop says nothing of a hung engine
                 self.load_stats = message.load
                 continue
@@ -286,13 +291,8 @@ class RunnerClient:
         self._exit_fds = []
         for task in self._tasks:
             task.cancel()
-        self._ctx.destroy(linger=0)
-        for name in ("in", "out"):
-            (self._dir / name).unlink(missing_ok=True)
-        try:
-            self._dir.rmdir()
-        except OSError:
-            pass
+        if self._channel is not None:
+            self._channel.close()
 
 
 class _Seen:
@@ -315,13 +315,11 @@ class _Seen:
         return Done("error", Usage(output_tokens=self.tokens), timings)
 
 
-def _socket(ctx: zmq.asyncio.Context, kind: int, address: str) -> zmq.asyncio.Socket:
-    """A socket bound on ``address`` that never blocks a send (no high-water mark) nor lingers at close."""
-    sock = ctx.socket(kind)
-    for option in (zmq.LINGER, zmq.SNDHWM, zmq.RCVHWM):
-        sock.setsockopt(option, 0)
-    sock.bind(address)
-    return sock
+def _spawn(command: list[str], env: dict[str, str] | None, channel: socket.socket | None) -> subprocess.Popen:
+    """One process of a runner; ``channel``: its end of the socket pair, inherited as ``{fd}``."""
+    fds = (channel.fileno(),) if channel is not None else ()
+    args = [arg.format(fd=fds[0]) if fds else arg for arg in command]
+    return subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, pass_fds=fds)
 
 
 def _exit_reason(code: int | None) -> str:

@@ -1,9 +1,8 @@
 """The runner protocol: typed messages between the gateway and a runner process.
 
-Two ZeroMQ sockets per runner, as vLLM v1 connects its API server to ``EngineCore``: the gateway
-binds a PUSH socket (its requests) and a PULL socket (the runner's events) on IPC paths and the
-runner connects to both. ZeroMQ frames each message; msgspec (MessagePack) encodes it, one tagged
-struct per message, so each side decodes into exactly these types and nothing else.
+One Unix socket pair per runner (``channel.py``); msgspec (MessagePack) encodes each message, one
+tagged struct per message, so each side decodes into exactly these types and nothing else (vLLM v1
+sends msgspec structs between its API server and ``EngineCore`` the same way, over ZeroMQ).
 
 gateway -> runner                        runner -> gateway
     Load(engine, store, model, ...)          Ready(pid, context_length) | Failed(error)

@@ -19,15 +19,13 @@ import os
 import signal
 from typing import Any
 
-import zmq
-import zmq.asyncio
-
 from adapters.core.base import CancelToken, Done, LocalBackend
 from adapters.core.errors import BackendError, BackendUnavailable
 from adapters.core.settings import LocalSettings
 from registry.store import Store
 
 from . import protocol as p
+from .channel import Channel
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +40,9 @@ def make_backend(engine: str, store: Store, settings: LocalSettings) -> LocalBac
 
 
 class Worker:
-    def __init__(self, engine: str, push: zmq.asyncio.Socket):
+    def __init__(self, engine: str, channel: Channel):
         self.engine = engine
-        self.push = push
+        self.channel = channel
         self.backend: LocalBackend | None = None
         self.model = ""
         self.cancels: dict[int, CancelToken] = {}
@@ -52,7 +50,7 @@ class Worker:
         self.stopping = asyncio.Event()
 
     async def send(self, message: Any) -> None:
-        await self.push.send(p.encoder.encode(message), copy=False)
+        self.channel.send(message)
 
     def handle(self, message: Any) -> None:
         match message:
@@ -130,11 +128,12 @@ class Worker:
         return current() if current is not None else {}
 
 
-async def serve(engine: str, input_address: str, output_address: str, parent: int) -> None:
-    context = zmq.asyncio.Context()
-    pull, push = _socket(context, zmq.PULL, input_address), _socket(context, zmq.PUSH, output_address)
-    worker = Worker(engine, push)
-    receiving = asyncio.ensure_future(_receive(pull, worker))
+async def serve(engine: str, fd: int, parent: int) -> None:
+    import socket
+
+    channel = await Channel.open(socket.socket(fileno=fd), p.to_runner)
+    worker = Worker(engine, channel)
+    receiving = asyncio.ensure_future(_receive(channel, worker))
     watching = asyncio.ensure_future(_watch_parent(parent, worker))
     try:
         await worker.stopping.wait()
@@ -145,20 +144,15 @@ async def serve(engine: str, input_address: str, output_address: str, parent: in
             token.cancel()
         if worker.backend is not None:
             await worker.backend.aclose()
-        context.destroy(linger=0)
+        channel.close()
 
 
-def _socket(context: zmq.asyncio.Context, kind: int, address: str) -> zmq.asyncio.Socket:
-    sock = context.socket(kind)
-    for option in (zmq.LINGER, zmq.SNDHWM, zmq.RCVHWM):
-        sock.setsockopt(option, 0)
-    sock.connect(address)
-    return sock
-
-
-async def _receive(pull: zmq.asyncio.Socket, worker: Worker) -> None:
-    while True:
-        worker.handle(p.to_runner.decode(await pull.recv(copy=False)))
+async def _receive(channel: Channel, worker: Worker) -> None:
+    try:
+        while True:
+            worker.handle(await channel.recv())
+    except EOFError:  # the gateway closed its end (or died): nobody reads what this runner would say
+        worker.stopping.set()
 
 
 async def _watch_parent(parent: int, worker: Worker) -> None:
