@@ -8,10 +8,11 @@ PYTEST_ARGS ?=
 .PHONY: install test test-slow test-all demo bench clean litellm-proxy
 LITELLM_VENV := .bench/litellm-venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints/ci.txt scripts/install_llama_cpp.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -U pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints/ci.txt -e '.[dev]'
+	$(BIN)/python scripts/install_llama_cpp.py  # a llama.cpp that answers on this CPU (AMX: rebuilt without it)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -34,13 +35,14 @@ test-all: $(STAMP)  ## everything that can run here, slow tests included
 demo: $(STAMP)  ## offline end-to-end: build, create, push, pull, run, serve, openai client, curl, usage
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
 
-bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
+bench: $(STAMP)  ## benchmarks; each prints ratios against its reference (BASELINE=DIR: an older tree to compare)
 	$(BIN)/python bench/pull.py
 	$(BIN)/python bench/gateway.py --runs 5
 	$(BIN)/python bench/native.py --json .bench/native/results.json
 	$(BIN)/python bench/native_load.py --json .bench/native/load.json
 	$(BIN)/python bench/native_step.py --json .bench/native/step.json
 	$(BIN)/python bench/native_gpu.py --json .bench/native/gpu.json
+	$(BIN)/python bench/runner_overhead.py $(if $(BASELINE),--baseline $(BASELINE)) --json .bench/runner/results.json
 	$(BIN)/python bench/remote.py --json .bench/remote/results.json
 	$(BIN)/python bench/estimate_check.py --json .bench/estimate/results.json
 	$(BIN)/python bench/gateway_overhead.py --json .bench/gateway_overhead/results.json

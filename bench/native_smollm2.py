@@ -3,7 +3,7 @@
 Both sides are loaded once in one process and measured alternately (ours, llama.cpp, ours, ...), so
 a busy neighbour slows both; figures are medians over ``runs``.
 
-1. load: a fresh `LLMEngine` with `infer serve`'s settings (64 sequences, 2048-token context) vs
+1. load: a fresh `LLMEngine` with `infer serve`'s settings (the engine's defaults, a 2048-token context) vs
    a fresh `llama_cpp.Llama` (n_ctx 2048). Goal: ours <= 2 s.
 2. single-stream decode: 16-token prompt, 128 greedy tokens; tok/s = (n - 1) / (last - first token
    time). Goal ours / llama.cpp >= 1.0.
@@ -42,7 +42,7 @@ TEXT = CHAT + ("The capital of France is Paris. It is known for the Eiffel Tower
                "about two million people live in the city itself, and more than twelve million in the region.")
 CORPUS = Path(__file__).resolve().parents[1] / "registry" / "modelbuilder" / "data" / "corpus.txt"
 MIXED_RUNS = 2
-SERVE = dict(max_num_seqs=64, max_model_len=2048, max_num_batched_tokens=512)  # adapters/core/settings.py defaults
+SERVE = dict(max_model_len=2048)  # infer serve's context (LocalSettings.context_length); the rest: EngineConfig's
 
 
 @dataclass(slots=True)

@@ -5,7 +5,8 @@ backend, the store, the ledger database and its writer, the metrics and the reco
 pass one ``backend`` that serves every model.
 
 The request path: API route → ``Recorder.resolve`` (``Router.resolve``, once) → the backend's
-stream (Chunk…, Done) → the response → one ledger row through the writer thread.
+stream (Chunk…, Done; a local model's from its runner process, ``adapters/runner/``) → the
+response → one ledger row through the writer thread.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from adapters.core.base import Backend
-from adapters.local.engines import in_process_engines
 from adapters.remote.registry import create_remote
+from adapters.runner.backend import runner_engines
 from gateway.serving.router import Router
 from pricing.book import PriceBook
 from routing.build import build_routes
@@ -118,6 +119,11 @@ def begin_shutdown(app: FastAPI, grace: float) -> None:
         loop.call_soon_threadsafe(lambda: loop.create_task(recorder.stop_after(max(0.0, grace - 1.0))))
 
 
+def _runner_log_level() -> str:
+    """Runners log at the gateway's level (``infer serve --log-level``)."""
+    return logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+
+
 def _redis(url: str | None):
     if url is None:
         return None
@@ -131,8 +137,9 @@ def _router(backend: Backend | Router) -> Router:
 
 
 def default_router(settings: ServerSettings, store: Store, config: GatewayConfig | None = None) -> Router:
-    """The store's in-process engines, behind the remote backends and routes of the config file."""
-    local = in_process_engines(store, settings.local)
+    """The store's engines (each model in a runner process), behind the remote backends and routes of the
+    config file. Called in the lifespan, on the event loop."""
+    local = runner_engines(store, settings.local, log_level=_runner_log_level())
     if config is None:
         return Router(local)
     remotes = {s.name: create_remote(s) for s in config.remote_settings()}

@@ -266,6 +266,11 @@ class LoadedModel:
     digest: str
     expires_at: float | None  # wall-clock epoch seconds; None = never
     context_length: int
+    # A runner's (``infer serve``): its process, resident bytes, "loading" | "ready" | "stopping", requests in flight.
+    pid: int | None = None
+    memory: int | None = None
+    state: str = "ready"
+    active: int = 0
 
 
 @dataclass

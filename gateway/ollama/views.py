@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from adapters.core.base import Done, LoadedModel, ModelInfo, TokenLogprob, ToolCall
+from adapters.local.scheduler import RunnerFailure
 from adapters.prompting.reasoning import thinks
 from adapters.tools.parser import supports_tools
 from adapters.tools.wire import ollama_call
@@ -160,9 +161,18 @@ def remote_show_body(m: ModelInfo) -> dict[str, Any]:
 
 def ps_entry(m: LoadedModel, d: ModelDetails | None) -> dict[str, Any]:
     expires = FOREVER if m.expires_at is None else m.expires_at
-    return {"name": m.name, "model": m.name, "size": m.size, "digest": bare_digest(m.digest),
-            "details": details_wire(d), "expires_at": local_time(expires), "size_vram": 0,
-            "context_length": m.context_length}
+    entry = {"name": m.name, "model": m.name, "size": m.size, "digest": bare_digest(m.digest),
+             "details": details_wire(d), "expires_at": local_time(expires), "size_vram": 0,
+             "context_length": m.context_length}
+    if m.pid is not None:
+        entry["runner"] = {"pid": m.pid, "engine": m.backend, "memory": m.memory or 0, "state": m.state,
+                           "requests": m.active}
+    return entry
+
+
+def failure_entry(f: RunnerFailure) -> dict[str, Any]:
+    return {"name": f.name, "engine": f.engine, "crashes": f.count, "error": f.why, "at": local_time(f.at),
+            "retry_at": local_time(f.retry_at)}
 
 
 def show_body(d: ModelDetails) -> dict[str, Any]:

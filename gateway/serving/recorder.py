@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from adapters.core.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
 from adapters.core.errors import BackendError, BackendProtocolError, RouteShed, ShuttingDown
+from adapters.core.settings import DEFAULTS
 from gateway.serving.router import Router
 from ledger.tables import UsageRecord
 from adapters.prompting.token_count import ByteEstimate
@@ -111,7 +112,7 @@ class Recorder:
         request.key_name = key.name
         prompt = _BYTES.prompt_tokens(request)
         most = int(request.options.get("num_predict") or 0)
-        most = most if most > 0 else 2048  # no max_tokens: a context's worth
+        most = most if most > 0 else int(request.options.get("num_ctx") or DEFAULTS.context_length)  # a context's worth
         await self.keys.admit(key, prompt + most)
         if key.budget_usd is None or self.prices is None:
             return None

@@ -297,7 +297,7 @@ def test_presets_and_spec_validation() -> None:
     with pytest.raises(ValueError, match="qwen2 always has"):
         ModelSpec(qkv_bias=False)
     with pytest.raises(ValueError, match="unsupported dtype"):
-        build_gguf(Path("unused.gguf"), PRESETS["tiny-qwen2"], dtype="q4_0")
+        build_gguf(Path("unused.gguf"), PRESETS["tiny-qwen2"], dtype="q5_k")
 
 
 def test_cli_make_model_writes_files(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ class LlamaCppBackend:
     supports_embeddings: bool = True
 
     def __post_init__(self) -> None:
-        workers = max(4, self.settings.num_parallel * max(1, self.settings.max_loaded_models) + 2)
+        workers = max(4, 2 * self.settings.num_parallel + 2)  # one model's slots, its loads and its embeddings
         self.defaults = self.settings.option_defaults
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llamacpp")
         self._pool = ModelPool(self.settings, self._executor)

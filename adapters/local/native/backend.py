@@ -42,6 +42,7 @@ class _Loaded:
     active: int = 0
     expires_at: float | None = None
     timer: asyncio.TimerHandle | None = None
+    unload_when_idle: bool = False  # an unload was asked while requests ran: it happens when they end
     max_token_bytes: int | None = None  # the longest vocabulary entry, measured on first use
 
 
@@ -110,6 +111,7 @@ class NativeBackend:
                 entry = await asyncio.get_running_loop().run_in_executor(None, self._load, details, options)
                 self._loaded[details.digest] = entry
             entry.active += 1
+            entry.unload_when_idle = False
             if entry.timer is not None:
                 entry.timer.cancel()
                 entry.timer = None
@@ -134,6 +136,8 @@ class NativeBackend:
     def _release(self, entry: _Loaded, keep_alive: float | None) -> None:
         entry.active -= 1
         seconds = self.settings.keep_alive if keep_alive is None else keep_alive
+        if entry.unload_when_idle:
+            seconds = 0
         if seconds < 0:
             entry.expires_at = None
             return
@@ -183,7 +187,10 @@ class NativeBackend:
             entry = self._loaded.get(digest)
             if entry is None:
                 return False
-            self._drop(entry)
+            if entry.active:
+                entry.unload_when_idle = True  # the engine stops when its requests end, not under them
+            else:
+                self._drop(entry)
             return True
 
     async def health(self) -> Health:
@@ -249,7 +256,7 @@ def engine_config(native: NativeSettings, model_path: str, max_model_len: int):
     """One model's ``EngineConfig``: the settings tree's native knobs, the model's path and its context."""
     from native_engine import EngineConfig
 
-    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.model_dump())
+    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.given())
 
 
 def sampling_params(options: Options, request: GenerationRequest, room: int):
