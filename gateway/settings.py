@@ -4,7 +4,7 @@
 |---|---|---|
 | ``INFER_HOST`` (``OLLAMA_HOST``) | ``127.0.0.1:11434`` | ``[scheme://]host[:port]`` to bind (and where the CLI looks for a server) |
 | ``INFER_ORIGINS`` (``OLLAMA_ORIGINS``) | — | extra allowed CORS origins, comma-separated, ``*`` wildcards |
-| ``INFER_API_KEYS`` | — | comma-separated keys; when set, requests need ``Authorization: Bearer <key>`` |
+| ``INFER_API_KEYS`` | — | comma-separated operator keys; when set, requests need a key (``gateway/http/access.py``) |
 | ``INFER_CONFIG`` | — | YAML file with remote ``backends:`` (vLLM, TGI, TensorRT-LLM, Triton, Ollama, llama.cpp, OpenAI) |
 | ``INFER_DATABASE_URL`` | ``sqlite:///$INFER_HOME/usage.db`` | usage ledger (any SQLAlchemy URL) |
 
@@ -17,7 +17,6 @@ in parentheses falls back to Ollama's ``OLLAMA_X`` when unset (``registry.settin
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from registry.settings import RegistrySettings, env_setting
 
 from ledger.db import ENV_VAR as DB_ENV_VAR, default_database_url
 from adapters.settings import DEFAULTS, LocalSettings
+from gateway.http.access import hash_key
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434  # Ollama's
 DEFAULT_ORIGINS = (
@@ -89,9 +89,6 @@ class ServerSettings(BaseModel):
     def origin_allowed(self, origin: str) -> bool:
         return any(fnmatch.fnmatchcase(origin, pattern) for pattern in (*DEFAULT_ORIGINS, *self.origins))
 
-    def key_allowed(self, key: str) -> bool:
-        return hash_key(key) in self.api_key_hashes
-
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "ServerSettings":
         env = dict(os.environ if env is None else env)
@@ -108,10 +105,6 @@ class ServerSettings(BaseModel):
             raise SettingsError(f"invalid setting {err['loc'][0]}: {err['msg']}") from None
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def parse_host(text: str, variable: str = "INFER_HOST") -> tuple[str, int]:

@@ -77,6 +77,11 @@ class Route:
         self.on_outcome: list[Callable[[str, Outcome], None]] = []  # metrics hooks
         self.recent_prompts: deque[int] = deque(maxlen=200)  # prompt tokens of the latest requests
 
+    @property
+    def admits(self) -> bool:
+        """A keyed request is admitted by the member that serves it (each counts its own prompt)."""
+        return all(getattr(m.backend, "admits", False) for m in self.members)
+
     # -- the Backend protocol -------------------------------------------------------------------
 
     async def stream(self, request: GenerationRequest, _visited: frozenset[str] = frozenset()) -> AsyncIterator[StreamEvent]:

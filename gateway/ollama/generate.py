@@ -17,7 +17,7 @@ from adapters.base import Chunk, GenerationRequest, TokenLogprob
 from adapters.router import Router
 
 from gateway.ollama import views as view
-from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.deps import CallerDep, ClientDep, RecorderDep, RouterDep, check_model
 from gateway.http.disconnect import Receive, on_disconnect
 from gateway.http.hints import HintsDep, RequestHints
 from gateway.http.hot import hot_route
@@ -40,6 +40,7 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
         raise APIError(400, "images are not supported", param="images")
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not body.prompt:
+        check_model(hints.caller, body.model)
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONBytes(view.load_answer(body.model, reason, chat=False))
     req = GenerationRequest(
@@ -79,6 +80,7 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
         raise APIError(400, "images are not supported", param="messages.images")
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not messages:
+        check_model(hints.caller, body.model)
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONBytes(view.load_answer(body.model, reason, chat=True))
     req = GenerationRequest(
@@ -141,28 +143,34 @@ def _logprobs(chunks: list[Chunk]) -> list[TokenLogprob]:
 # -- embeddings -----------------------------------------------------------------------------------
 
 @router.post("/api/embed", responses=embed_responses(), response_model=None)
-async def embed(body: EmbedRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> dict:
+async def embed(body: EmbedRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
+                who: CallerDep) -> dict:
     keep_alive = keep_alive_seconds(body.keep_alive)
+    if body.input is None:
+        raise APIError(400, "'input' is required: a string or a list of strings to embed (an empty one "
+                            "loads the model)", param="input")
     inputs = ([body.input] if body.input else []) if isinstance(body.input, str) else list(body.input)
+    check_model(who, body.model)
     if not inputs:
         await load_or_unload(backends, body.model, keep_alive, body.options or {}, embedding=True)
         return {"model": body.model, "embeddings": []}
     result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route="/api/embed", model=body.model, inputs=inputs,
                                 client=client, truncate=body.truncate, keep_alive=keep_alive,
-                                dimensions=body.dimensions)
+                                dimensions=body.dimensions, caller=who)
     return {"model": body.model, "embeddings": result.embeddings, "total_duration": view.ns(result.total),
             "load_duration": view.ns(result.load), "prompt_eval_count": result.input_tokens}
 
 
 @router.post("/api/embeddings", responses=embeddings_responses(), response_model=None)
 async def embeddings(body: EmbeddingsRequest, backends: RouterDep, recorder: RecorderDep,
-                     client: ClientDep) -> dict:
+                     client: ClientDep, who: CallerDep) -> dict:
     keep_alive = keep_alive_seconds(body.keep_alive)
+    check_model(who, body.model)
     if not body.prompt:
         await load_or_unload(backends, body.model, keep_alive, body.options or {}, embedding=True)
         return {"embedding": []}
     result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route="/api/embeddings", model=body.model,
-                                inputs=[body.prompt], client=client, keep_alive=keep_alive)
+                                inputs=[body.prompt], client=client, keep_alive=keep_alive, caller=who)
     return {"embedding": result.embeddings[0]}
 
 

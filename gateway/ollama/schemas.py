@@ -123,7 +123,7 @@ class ChatRequest(_Generation):
 
 class EmbedRequest(_Body):
     model: str = Field(min_length=1)
-    input: str | list[str] = ""
+    input: str | list[str] | None = None  # "" or []: load the model (Ollama's empty request); absent: 400
     truncate: StrictBool = True
     dimensions: int | None = Field(default=None, ge=0)
     keep_alive: KeepAlive = None

@@ -24,7 +24,8 @@ COLUMNS = ["id", "datetime_utc", "source", "client", "route", "model", "backend"
            "tpot_ms", "total_ms", "error", "usage_source", "route_name", "attempts", "slo_met", "slo_missed",
            "input_cost_usd", "cached_input_cost_usd", "output_cost_usd", "total_cost_usd", "pricing_version",
            "key_name"]
-APPLIED = ["m001_requests", "m002_usage_source", "m003_routes", "m004_costs", "m005_api_keys"]
+APPLIED = ["m001_requests", "m002_usage_source", "m003_routes", "m004_costs", "m005_api_keys",
+           "m006_key_roles_and_holds"]
 
 
 @pytest.fixture

@@ -1,0 +1,134 @@
+"""A keyed request's admission: its key's per-minute limits and budget, decided before it runs.
+
+The recorder makes one :class:`Admission` per request sent with a ledger key (``sk-infer-…``):
+
+1. :meth:`Admission.start` on arrival: the key's requests per minute (``gateway/ratelimit.py``).
+2. :meth:`Admission.admit`, once the prompt's tokens are counted and before the backend generates
+   anything: the in-process engines call it (``request.admit``) with the tokenizer's count and the
+   context; a remote adapter with an upper bound of its prompt (``adapters/token_count.py``) and its
+   configured ``context_length``; any other backend is admitted by the recorder before it starts.
+   The most the request may generate is the least of its ``max_tokens``/``num_predict``, the
+   context less the prompt and the key's ``max_output_tokens``; when none is known and the key has
+   a budget or a token limit, ``DEFAULT_OUTPUT_CAP``. Its tokens are charged to the key's tokens
+   per minute and its cost at that maximum is held on the key's budget; when the budget has less
+   left, the request is admitted with what is left and stops there (``finish_reason: "length"``,
+   and the response's ``x-infer-note`` header says why). The answer is the number of tokens the
+   backend may generate (None: no bound), which it enforces.
+3. :meth:`Admission.finish` when the request ends: the hold becomes the actual cost, and the
+   request's entry in the tokens-per-minute window its actual tokens.
+
+A refused request (429, or 503 when the database or Redis is down) never reaches generation and
+costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pricing.method import Tokens
+
+from gateway.keys import Claim, KeyBook, OverBudget
+
+DEFAULT_OUTPUT_CAP = 4096  # tokens, when a budget or token limit needs a bound and nothing else gives one
+
+Price = Callable[[Tokens], float]
+
+
+@dataclass
+class Admission:
+    book: KeyBook
+    key: Any  # ledger.keys.ApiKey
+    request: Any  # adapters.base.GenerationRequest
+    price: Price | None = None  # the backend's cost estimate; None: unpriced (no budget to hold)
+    request_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    claim: Claim | None = None
+    cap: int | None = None
+    note: str | None = None
+    _decided: asyncio.Future | None = None
+    _started = False
+
+    @property
+    def limited(self) -> bool:
+        return self.key.rpm is not None or self.key.tpm is not None
+
+    @property
+    def budgeted(self) -> bool:
+        return self.key.budget_usd is not None and self.price is not None
+
+    async def start(self) -> None:
+        if self.limited:
+            await self.book.windows.start(self.key, self.request_id)
+            self._started = True
+
+    async def admit(self, prompt_tokens: int, context: int | None) -> int | None:
+        """The most tokens the request may generate, or OverBudget/RateLimited; once per request (a
+        route trying a second member gets the first answer)."""
+        if self._decided is None:
+            self._decided = asyncio.ensure_future(self._admit(prompt_tokens, context))
+        return await asyncio.shield(self._decided)
+
+    async def _admit(self, prompt: int, context: int | None) -> int | None:
+        asked = int(self.request.options.get("num_predict") or 0)
+        asked = asked if asked > 0 else None
+        most, why = self._bound(asked, prompt, context)
+        if self.key.tpm is not None:
+            await self.book.windows.charge(self.key, self.request_id, prompt + (most or 0))
+        if self.budgeted:
+            most, why = await self._hold(prompt, most, why)
+        self.cap = most
+        if why is not None and most is not None and (asked is None or most < asked):
+            self.note = f"output limited to {most} tokens: {why}"
+        return most
+
+    def _bound(self, asked: int | None, prompt: int, context: int | None) -> tuple[int | None, str | None]:
+        bounds = [(asked, None), (context - prompt if context else None, None),
+                  (self.key.max_output_tokens, f"key '{self.key.name}' allows at most that many a request")]
+        found = [(n, why) for n, why in bounds if n is not None]
+        if found:
+            most, why = min(found, key=lambda pair: pair[0])
+            return max(1, most), why
+        if self.budgeted or self.key.tpm is not None:
+            return DEFAULT_OUTPUT_CAP, ("no max_tokens was given and the backend's context is unknown; key "
+                                        f"'{self.key.name}' has a budget or token limit, which needs a bound")
+        return None, None
+
+    async def _hold(self, prompt: int, most: int | None, why: str | None) -> tuple[int | None, str | None]:
+        assert self.price is not None and most is not None
+        base = self.price(Tokens(prompt, 0, 0))
+        per_token = self.price(Tokens(0, 0, 1_000_000)) / 1_000_000
+        wanted, minimum = base + per_token * most, base + per_token
+        claim = await self.book.hold(self.key, wanted, minimum)
+        if claim is None:
+            raise OverBudget(f"key '{self.key.name}' is over budget: its budget of ${self.key.budget_usd:.6f} "
+                             f"cannot cover this request's prompt and one token (${minimum:.6f})",
+                             retry_after=60.0)
+        self.claim = claim
+        if claim.taken + 1e-12 >= wanted or per_token <= 0:
+            return most, why
+        fits = max(1, math.floor((claim.taken - base) / per_token + 1e-9))
+        return min(most, fits), f"that is what is left of key '{self.key.name}''s budget"
+
+    def finish(self, input_tokens: int, output_tokens: int, cost: float, writer) -> list:
+        """The request ended: its hold settles to ``cost`` (queued on ``writer``, the ledger writer,
+        or returned as work to run), its tokens-per-minute entry keeps its actual tokens. Returns the
+        coroutines still to run."""
+        work: list = []
+        if self.claim is not None:
+            claim, self.claim = self.claim, None
+            hold = claim.hold
+            if writer is not None:
+                writer.settle(hold.key_name, hold.id, claim.taken, cost, hold.period_start)
+            else:
+                from ledger.keys import settle
+
+                work.append(asyncio.to_thread(settle, self.book.db, hold.key_name, hold.id, claim.taken, cost,
+                                              hold.period_start))
+            self.book.released(claim)
+        if self._started and self.key.tpm is not None:
+            work.append(self.book.windows.settle(self.key, self.request_id, input_tokens + output_tokens))
+        return work

@@ -1,0 +1,56 @@
+"""The red-team findings of issue 26, each as the attacker's request and what must happen instead."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.settings import ServerSettings
+from ledger.db import open_db
+from ledger.keys import create_key
+from tests.gateway.conftest import private_store, server_env
+
+
+@pytest.fixture
+def store(tiny_store, tmp_path_factory):
+    return private_store(tiny_store, tmp_path_factory, "victim")
+
+
+def client_for(store, tmp_path, **env) -> TestClient:
+    settings = ServerSettings.from_env(server_env(tmp_path / "home", store.root, 11434, **env))
+    return TestClient(create_app(settings), base_url="http://127.0.0.1:11434")
+
+
+def names(store) -> list[str]:
+    return sorted(m.name.display for m in store.list_models())
+
+
+def test_a_sk_infer_prefix_with_garbage_deletes_nothing(store, tmp_path):
+    before = names(store)
+    with client_for(store, tmp_path, INFER_API_KEYS="op") as client:
+        r = client.request("DELETE", "/api/delete", json={"model": "tiny"}, headers={"Authorization": "Bearer sk-infer-x"})
+        assert r.status_code == 401
+        r = client.post("/api/copy", json={"source": "tiny", "destination": "mine"},
+                        headers={"Authorization": "Bearer sk-infer-x"})
+        assert r.status_code == 401
+    assert names(store) == before
+
+
+def test_auth_required_guards_model_management_and_a_route_limited_key_deletes_nothing(store, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"routes": [{"name": "fast", "backends": ["tiny"]}], "auth": {"required": True}}))
+    db_url = f"sqlite:///{tmp_path / 'usage.db'}"
+    db = open_db(db_url)
+    narrow = create_key(db, "narrow", routes=("fast",))
+    db.dispose()
+    before = names(store)
+    with client_for(store, tmp_path, INFER_CONFIG=str(config), INFER_DATABASE_URL=db_url) as client:
+        for headers in ({}, {"Authorization": f"Bearer {narrow}"}):
+            r = client.request("DELETE", "/api/delete", json={"model": "tiny"}, headers=headers)
+            assert r.status_code in (401, 403), (headers, r.status_code)
+        assert client.post("/api/embed", json={"model": "tiny", "input": "x"}).status_code == 401
+        assert client.get("/metrics").status_code == 401
+        assert client.post("/api/create", json={"model": "x", "from": "tiny"}).status_code == 401
+    assert names(store) == before
