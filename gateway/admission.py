@@ -104,9 +104,9 @@ class Admission:
         wanted, minimum = base + per_token * most, base + per_token
         claim = await self.book.hold(self.key, wanted, minimum)
         if claim is None:
-            raise OverBudget(f"key '{self.key.name}' is over budget: its budget of ${self.key.budget_usd:.6f} "
-                             f"cannot cover this request's prompt and one token (${minimum:.6f})",
-                             retry_after=60.0)
+            raise OverBudget(f"key '{self.key.name}' is over budget: what is left of its ${self.key.budget_usd:.6f} "
+                             f"budget, less what requests in flight hold, cannot cover this request's prompt and "
+                             f"one token (${minimum:.6f})", retry_after=60.0)
         self.claim = claim
         if claim.taken + 1e-12 >= wanted or per_token <= 0:
             return most, why

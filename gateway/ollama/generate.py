@@ -22,7 +22,7 @@ from gateway.http.disconnect import Receive, on_disconnect
 from gateway.http.hints import HintsDep, RequestHints
 from gateway.http.hot import hot_route
 from gateway.http.errors import APIError
-from gateway.http.jsonwire import JSONBytes, cost_header
+from gateway.http.jsonwire import JSONBytes, cost_header, note_header
 from gateway.ollama.local import load_or_unload
 from gateway.embeddings import embed as embed_inputs
 from gateway.ollama.wire_models import chat_responses, embed_responses, embeddings_responses, generate_responses
@@ -52,11 +52,11 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
     backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
     if body.streaming:
-        return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready)
+        return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready, headers=note_header([gen]))
     async with on_disconnect(http.receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
     final = with_cost(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks)), gen)
-    return JSONBytes(final, headers=cost_header(gen.cost_usd))
+    return JSONBytes(final, headers=cost_header(gen.cost_usd, [gen]))
 
 
 async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncIterator[dict]:
@@ -91,12 +91,12 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
     backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
-        return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready)
+        return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready, headers=note_header([gen]))
     async with on_disconnect(receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
     calls = [call for chunk in chunks for call in chunk.tool_calls]
     final = view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks), tool_calls=calls)
-    return JSONBytes(with_cost(final, gen), headers=cost_header(gen.cost_usd))
+    return JSONBytes(with_cost(final, gen), headers=cost_header(gen.cost_usd, [gen]))
 
 
 async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:
