@@ -70,6 +70,7 @@ class Admission:
         route trying a second member gets the first answer)."""
         if self._decided is None:
             self._decided = asyncio.ensure_future(self._admit(prompt_tokens, context))
+            self._decided.add_done_callback(_retrieved)
         return await asyncio.shield(self._decided)
 
     async def _admit(self, prompt: int, context: int | None) -> int | None:
@@ -132,3 +133,9 @@ class Admission:
         if self._started and self.key.tpm is not None:
             work.append(self.book.windows.settle(self.key, self.request_id, input_tokens + output_tokens))
         return work
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """The answer was given to whoever awaited it (a request that went away never reads it)."""
+    if not future.cancelled():
+        future.exception()

@@ -61,7 +61,8 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.ledger = LedgerWriter(app.state.db)
         app.state.metrics = GatewayMetrics()
         auth = config.auth if config is not None else AuthEntry()
-        app.state.keys = KeyBook(app.state.db, redis=_redis(settings.redis_url), fail_open=auth.rate_limits_fail_open)
+        app.state.keys = KeyBook(app.state.db, redis=_redis(settings.redis_url), fail_open=auth.rate_limits_fail_open,
+                                 hold_ttl_s=settings.hold_ttl_s)
         app.state.access = AccessPolicy.build(app.routes, required=auth.required or bool(settings.api_key_hashes),
                                               operator_hashes=settings.api_key_hashes, public=auth.public())
         app.state.monitor = app.state.metrics.monitor = BackendMonitor(app.state.router, app.state.metrics.registry)

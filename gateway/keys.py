@@ -4,7 +4,8 @@ seconds), its per-minute limits (``gateway/ratelimit.py``) and the holds on its 
 - ``find``: the ledger key a request sends (``sk-infer-…``), by its hash; the access policy
   (``gateway/http/access.py``) decides what it may call. The database down: 503 with Retry-After.
 - budgets: :meth:`KeyBook.hold` holds a request's maximum cost before it runs (``ledger.keys``:
-  hold rows that expire, renewed here every ``RENEW_S`` while their request runs), and the request
+  hold rows that expire ``hold_ttl_s`` after their last renewal, which this replica makes every
+  quarter of it while their request runs), and the request
   settles it to its actual cost when it ends (through the ledger writer). A hold that reaches the
   database also holds room for ``LEASE_REQUESTS`` more such requests: this replica's *lease*, from
   which its next requests take their hold in memory (no statement, no thread hop). The lease is a
@@ -27,14 +28,12 @@ from sqlalchemy import Engine
 from adapters.errors import BackendOverloaded
 from ledger.keys import ApiKey, Hold, find_key, renew, reserve, settle
 
-from gateway.http.outage import Outage, database_down
+from gateway.http.outage import Outage, Unavailable, database_down
 from gateway.ratelimit import MemoryWindows, RedisWindows, Windows
 
 log = logging.getLogger(__name__)
 
 CACHE_S = 2.0
-HOLD_TTL_S = 60.0    # a hold nobody renews is released this long after its last renewal
-RENEW_S = 15.0       # how often this replica renews the holds of its running requests and leases
 LEASE_REQUESTS = 8   # a reservation that goes to the database takes room for this many more requests
 LEASE_IDLE_S = 1.0   # a lease's unused room goes back to the budget after this long without a request
 
@@ -66,6 +65,7 @@ class KeyBook:
     db: Engine
     redis: Any = None  # redis.asyncio.Redis when the limits are shared between replicas
     fail_open: bool = False  # Redis down: requests go on without their rate limits (else 503)
+    hold_ttl_s: float = 60.0  # a hold nobody renews is released this long after its last renewal
     windows: Windows = field(init=False)
     database: Outage = field(default_factory=lambda: Outage("the ledger database (API keys and budgets)"))
     _cache: dict[str, tuple[float, ApiKey | None]] = field(default_factory=dict)
@@ -82,7 +82,8 @@ class KeyBook:
 
     async def find(self, credential: str) -> ApiKey | None:
         """The ledger key ``credential`` names (revoked ones included), None for none; a burst on a
-        cold cache asks the database once."""
+        cold cache asks the database once. While the database is down, a key seen before is taken
+        as it was last read (a key never seen gets 503)."""
         now = time.monotonic()
         cached = self._cache.get(credential)
         if cached is not None and now - cached[0] < CACHE_S:
@@ -91,7 +92,13 @@ class KeyBook:
         if running is None:
             running = self._finding[credential] = asyncio.ensure_future(self._db(find_key, self.db, credential))
             running.add_done_callback(lambda _: self._finding.pop(credential, None))
-        key = await asyncio.shield(running)
+            running.add_done_callback(_quietly)
+        try:
+            key = await asyncio.shield(running)
+        except Unavailable:
+            if cached is None:
+                raise
+            return cached[1]
         if len(self._cache) > 10_000:
             self._cache.clear()
         self._cache[credential] = (now, key)
@@ -99,13 +106,17 @@ class KeyBook:
 
     async def _db(self, work, *args, **kwargs):
         """``work(*args, **kwargs)`` in a worker thread; the database unreachable: 503 (logged once per
-        outage)."""
-        try:
-            result = await asyncio.to_thread(work, *args, **kwargs)
-        except Exception as exc:
-            if database_down(exc):
-                raise self.database.failed(exc) from None
-            raise
+        outage). A pooled connection the database dropped (it restarted) is retried once on a new one."""
+        for attempt in (1, 2):
+            try:
+                result = await asyncio.to_thread(work, *args, **kwargs)
+                break
+            except Exception as exc:
+                if attempt == 1 and getattr(exc, "connection_invalidated", False):
+                    continue
+                if database_down(exc):
+                    raise self.database.failed(exc) from None
+                raise
         self.database.ok()
         return result
 
@@ -121,7 +132,7 @@ class KeyBook:
         lease = self._leases.setdefault(key.name, Lease())
         extra = wanted * LEASE_REQUESTS
         if lease.hold is None:  # a new lease, when the budget has room for it
-            found = await self._db(reserve, self.db, key.name, wanted + extra, wanted + extra, ttl_s=HOLD_TTL_S)
+            found = await self._db(reserve, self.db, key.name, wanted + extra, wanted + extra, ttl_s=self.hold_ttl_s)
             if found is not None:
                 self._lease(key.name, found, extra)
                 lease.in_flight += 1
@@ -130,7 +141,7 @@ class KeyBook:
         claim = self.take(key.name, wanted)  # a concurrent request may have made the lease meanwhile
         if claim is not None:
             return claim
-        own = await self._db(reserve, self.db, key.name, wanted, minimum, ttl_s=HOLD_TTL_S)
+        own = await self._db(reserve, self.db, key.name, wanted, minimum, ttl_s=self.hold_ttl_s)
         if own is None:
             return None
         self._holds[own.id] = own
@@ -144,7 +155,7 @@ class KeyBook:
         if lease is None or lease.hold is None or lease.held < amount:
             return None
         end = lease.hold.period_end
-        if (end is not None and time.time() >= end) or time.monotonic() - lease.renewed_at > HOLD_TTL_S / 2:
+        if (end is not None and time.time() >= end) or time.monotonic() - lease.renewed_at > self.hold_ttl_s / 2:
             return None
         lease.held -= amount
         lease.in_flight += 1
@@ -205,7 +216,7 @@ class KeyBook:
 
     async def _renew_forever(self) -> None:
         while self._holds or any(lease.hold is not None for lease in self._leases.values()):
-            await asyncio.sleep(RENEW_S)
+            await asyncio.sleep(self.hold_ttl_s / 4)
             try:
                 await self.renew_now()
             except Exception:  # the database is down: logged once by its Outage; the next round retries
@@ -216,7 +227,7 @@ class KeyBook:
         (expired, or its period restarted) is dropped."""
         leases = {lease.hold.id: (name, lease) for name, lease in self._leases.items() if lease.hold is not None}
         ids = [*self._holds, *leases]
-        gone = await self._db(renew, self.db, ids, HOLD_TTL_S)
+        gone = await self._db(renew, self.db, ids, self.hold_ttl_s)
         now = time.monotonic()
         for hold_id, (_, lease) in leases.items():
             if hold_id in gone:

@@ -192,7 +192,7 @@ class RedisWindows:
         except Exception as exc:
             if not redis_down(exc):
                 raise
-            failure = self.outage.failed(exc, refused=not self.fail_open)
+            failure = self.outage.failed(exc)
             if self.fail_open:
                 return
             raise failure from None

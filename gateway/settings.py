@@ -56,6 +56,9 @@ class ServerSettings(BaseModel):
                                 "(INFER_MAX_BLOB_BYTES); free disk space less a GiB caps it too.")
     redis_url: str | None = Field(default=None, description="Redis for per-key rate limits shared by replicas "
                                   "(INFER_REDIS_URL / --redis-url); in process memory without it.")
+    hold_ttl_s: float = Field(default=60.0, ge=1.0, description="Seconds a budget hold outlives its last renewal "
+                              "(INFER_HOLD_TTL_S): a replica renews its running requests' holds every quarter "
+                              "of it; one that dies or loses the database longer than this releases them.")
     shutdown_grace: float = Field(default=5.0, ge=0.0, description="Seconds running requests get to finish "
                                   "after SIGTERM/SIGINT; the rest then end with an error event and their row.")
     database_url: str = Field(description="Usage ledger URL (INFER_DATABASE_URL).")
@@ -152,6 +155,8 @@ def _from_env(env: dict[str, str]) -> dict[str, Any]:
         out["api_key_hashes"] = frozenset(hash_key(k.strip()) for k in env["INFER_API_KEYS"].split(",") if k.strip())
     if env.get("INFER_REDIS_URL"):
         out["redis_url"] = env["INFER_REDIS_URL"].strip()
+    if env.get("INFER_HOLD_TTL_S"):
+        out["hold_ttl_s"] = env["INFER_HOLD_TTL_S"].strip()
     if env.get("INFER_MAX_BLOB_BYTES"):
         out["max_blob_bytes"] = env["INFER_MAX_BLOB_BYTES"].strip()
     if env.get("INFER_CONFIG"):

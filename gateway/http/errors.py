@@ -80,6 +80,8 @@ def known_error_response(path: str, exc: Exception) -> JSONResponse:
 
     status, message, extra = to_status_message(exc)
     response = JSONResponse(error_body(path, status, message, **extra), status_code=status)
+    if status >= 500 and not isinstance(exc, KNOWN):  # an unexpected failure: the server closes this connection
+        response.headers["Connection"] = "close"
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:  # an overloaded backend: tell clients when to come back
         response.headers["Retry-After"] = str(max(1, round(retry_after)))

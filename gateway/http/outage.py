@@ -3,8 +3,8 @@
 A request that needs the database (a key's lookup, a budget hold) or Redis (a key's rate limits)
 while it is unreachable gets ``503`` with ``Retry-After`` (:class:`Unavailable`), never a 500. An
 :class:`Outage` tracks one dependency: its first failure logs a warning, the failures after it are
-only counted, and the first success after it logs how long it lasted and how many requests it
-refused.
+only counted, and the first success after it logs how long it lasted (from the first failure
+noticed) and how many calls failed.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Outage:
     def __init__(self, what: str):
         self.what = what
         self.since: float | None = None  # monotonic time of the first failure of the current outage
-        self.refused = 0
+        self.failures = 0
         self.outages = 0
         self._lock = threading.Lock()
 
@@ -59,14 +59,14 @@ class Outage:
     def down(self) -> bool:
         return self.since is not None
 
-    def failed(self, exc: BaseException, *, refused: bool = True) -> Unavailable:
+    def failed(self, exc: BaseException) -> Unavailable:
         """Note one failure (logged only when it starts an outage); the 503 to answer."""
         with self._lock:
             first = self.since is None
             if first:
                 self.since = time.monotonic()
                 self.outages += 1
-            self.refused += refused
+            self.failures += 1
         if first:
             log.warning("%s is unreachable (%s); requests that need it get 503 until it is back",
                         self.what, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
@@ -77,7 +77,7 @@ class Outage:
         if self.since is None:
             return
         with self._lock:
-            since, refused, self.since, self.refused = self.since, self.refused, None, 0
+            since, failures, self.since, self.failures = self.since, self.failures, None, 0
         if since is not None:
-            log.warning("%s is back after %.1f s (%d request(s) refused meanwhile)", self.what,
-                        time.monotonic() - since, refused)
+            log.warning("%s is back after %.1f s (%d call(s) failed meanwhile)", self.what,
+                        time.monotonic() - since, failures)
