@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from adapters.durations import parse_duration
+from adapters.durations import parse_keep_alive
 from registry.settings import env_setting
 
 ENV_PREFIX = "INFER_"
@@ -65,7 +65,7 @@ class LocalSettings(BaseSettings):
     @field_validator("keep_alive", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        return parse_duration(value) if isinstance(value, str) else value
+        return parse_keep_alive(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
 
     @property
     def option_defaults(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from adapters.durations import parse_duration
+from adapters.durations import parse_keep_alive
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
 
@@ -46,7 +46,7 @@ def serve(
         if host:
             overrides["host"], overrides["port"] = parse_host(host)
         if keep_alive:
-            overrides["keep_alive"] = parse_duration(keep_alive)
+            overrides["keep_alive"] = parse_keep_alive(keep_alive)
         settings = ServerSettings.from_env(**overrides)
         from gateway.backends_config import load_config  # the remote adapters (aiohttp) load with the server
 

@@ -117,20 +117,42 @@ def install(app: FastAPI) -> None:
 
 
 def validation_message(errors) -> str:
-    """One readable sentence from pydantic/FastAPI validation errors."""
+    """One readable sentence from pydantic/FastAPI validation errors. A field that takes one of
+    several types (``stop``: a string or a list of strings) names them, not pydantic's union paths."""
     if not errors:
         return "invalid request"
     err = errors[0]
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
     if err.get("type") == "json_invalid":
         return f"invalid JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}"
-    field = ".".join(loc)
-    msg = err.get("msg", "invalid value")
+    field, kinds = _union(errors)
+    if kinds:
+        got = repr(err.get("input"))[:80]
+        return f"invalid '{field}': expected {' or '.join(kinds)}, got {got}"
+    msg = err.get("msg", "invalid value").removeprefix("Value error, ")
     return f"invalid '{field}': {msg}" if field else f"invalid request body: {msg}"
+
+
+_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "none": "null",
+          "list[str]": "a list of strings", "list[int]": "a list of integers (token ids)",
+          "list[list[int]]": "a list of token-id lists", "list[any]": "a list", "dict[str,any]": "an object",
+          "list[dict[str,any]]": "a list of objects"}
+
+
+def _union(errors) -> tuple[str, list[str]]:
+    """The field of the first error, and the types it takes when it failed as a union of them
+    (pydantic puts each member's tag at the end of the error's path)."""
+    loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
+    if not loc or loc[-1] not in _KINDS:
+        return ".".join(loc), []
+    field, kinds = loc[:-1], []
+    for other in errors:
+        path = [str(p) for p in other.get("loc", ()) if p != "body"]
+        if path[:len(field)] == field and len(path) > len(field) and path[len(field)] in _KINDS:
+            kinds.append(_KINDS[path[len(field)]])
+    return ".".join(field), list(dict.fromkeys(kinds))
 
 
 def _param(errors) -> str | None:
     if not errors or errors[0].get("type") == "json_invalid":  # its loc is a byte offset, not a field
         return None
-    loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
-    return ".".join(loc) or None
+    return _union(errors)[0] or None

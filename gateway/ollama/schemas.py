@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from adapters.durations import parse_duration
+from adapters.durations import parse_keep_alive
 from adapters.tools import check_tools, internal_calls, name_tool_results
 from gateway.http.bodies import checked_text
 from gateway.http.errors import APIError
@@ -182,10 +182,10 @@ class CreateRequest(ModelRequest):
 
 
 def keep_alive_seconds(value: KeepAlive) -> float | None:
-    """Seconds from a ``keep_alive`` field (None = the server default); a bad value is a 400."""
+    """Seconds from a ``keep_alive`` field (None = the server default); a bad or out-of-range value is a 400."""
     if value is None:
         return None
     try:
-        return parse_duration(value)
+        return parse_keep_alive(value)
     except ValueError as exc:
         raise APIError(400, f"invalid keep_alive: {exc}", param="keep_alive") from None

@@ -54,3 +54,44 @@ def test_auth_required_guards_model_management_and_a_route_limited_key_deletes_n
         assert client.get("/metrics").status_code == 401
         assert client.post("/api/create", json={"model": "x", "from": "tiny"}).status_code == 401
     assert names(store) == before
+
+
+def test_a_keep_alive_too_long_is_a_400_and_ps_keeps_answering(store, tmp_path):
+    with client_for(store, tmp_path) as client:
+        for value in (1e30, "1e30", "inf", "nan"):
+            r = client.post("/api/generate", json={"model": "tiny", "prompt": "", "keep_alive": value})
+            assert r.status_code == 400 and "keep_alive" in r.json()["error"], (value, r.text)
+        assert client.post("/api/generate", json={"model": "tiny", "prompt": "", "keep_alive": -1}).status_code == 200
+        ps = client.get("/api/ps")
+        assert ps.status_code == 200 and [m["name"] for m in ps.json()["models"]] == ["tiny:latest"]
+
+
+def test_create_refuses_a_cut_gguf_and_bad_parameters(store, tiny_store, tmp_path):
+    import hashlib
+
+    whole = (tiny_store.root.parent / "tiny-qwen2.gguf").read_bytes()
+    cut = whole[:300_000]
+    digest = "sha256:" + hashlib.sha256(cut).hexdigest()
+    before = names(store)
+    with client_for(store, tmp_path) as client:
+        assert client.post(f"/api/blobs/{digest}", content=cut).status_code == 201
+        r = client.post("/api/create", json={"model": "cut", "files": {"m.gguf": digest}, "stream": False})
+        assert r.status_code == 400 and "past the end of the file" in r.json()["error"]
+        for params, field in (({"num_ctx": 0}, "num_ctx"), ({"num_thread": 4096}, "num_thread"),
+                              ({"temperature": -1}, "temperature"), ({"stop": 5}, "stop")):
+            r = client.post("/api/create", json={"model": "bad", "from": "tiny", "parameters": params, "stream": False})
+            assert r.status_code == 400 and field in r.json()["error"], (params, r.text)
+    assert names(store) == before
+
+
+def test_wrong_types_get_a_readable_400_naming_the_field(store, tmp_path):
+    chat = [{"role": "user", "content": "hi"}]
+    with client_for(store, tmp_path) as client:
+        r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": chat, "stop": 5})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+        assert r.json()["error"]["message"] == "invalid 'stop': expected a string or a list of strings, got 5"
+        r = client.post("/api/chat", json={"model": "tiny", "messages": chat, "options": {"stop": 5}})
+        assert r.status_code == 400 and r.json()["error"] == ("invalid option 'stop': must be a string or a list of "
+                                                              "strings, got 5")
+        r = client.post("/api/embed", json={"model": "tiny"})
+        assert r.status_code == 400 and "'input' is required" in r.json()["error"]
