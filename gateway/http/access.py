@@ -195,3 +195,25 @@ class AccessPolicy:
 
 
 _RANK = {PUBLIC: 0, CALLER: 1, OPERATOR: 2}
+
+
+def exposure_warnings(*, host: str, loopback: bool, operator_keys: bool, required: bool,
+                      public: Iterable[str] = ()) -> list[str]:
+    """What ``infer serve`` says at start about who can reach what, every way auth can be set up:
+    ``INFER_API_KEYS`` (operator keys), ``auth: {required: true}`` (ledger keys), neither."""
+    public = tuple(public)
+    if not operator_keys and not required:
+        if loopback:
+            return []
+        return [f"warning: listening on {host}, beyond this machine, with auth off (no INFER_API_KEYS, no "
+                "auth: {required: true} in the config): anyone who can reach this port can use every model and "
+                "create, delete, copy, pull and push models (Host checks are off for a wildcard address)"]
+    lines = []
+    if not operator_keys:
+        lines.append("auth is on with ledger keys only: model management, /infer/cost and /metrics need an "
+                     "operator key (infer keys create NAME --operator)")
+    if public and not loopback:
+        opened = " and ".join({"metrics": "/metrics", "docs": "/openapi.json"}[name] for name in public)
+        lines.append(f"warning: {opened} answer{'s' if len(public) == 1 else ''} without a key "
+                     "(auth: public_metrics / public_docs in the config)")
+    return lines

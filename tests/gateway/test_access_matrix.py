@@ -230,3 +230,18 @@ def test_public_metrics_and_docs_when_the_config_says_so(tiny_store, tmp_path):
         assert client.get("/metrics").status_code == 200
         assert client.get("/openapi.json").status_code == 200
         assert client.get("/infer/cost").status_code == 401
+
+
+def test_the_start_warning_considers_every_way_auth_is_set_up():
+    from gateway.http.access import exposure_warnings
+
+    wide = {"host": "0.0.0.0", "loopback": False}
+    assert "with auth off" in exposure_warnings(**wide, operator_keys=False, required=False)[0]
+    assert exposure_warnings(**wide, operator_keys=True, required=False) == []
+    assert exposure_warnings(**wide, operator_keys=True, required=True) == []
+    only_ledger = exposure_warnings(**wide, operator_keys=False, required=True)
+    assert len(only_ledger) == 1 and "--operator" in only_ledger[0]
+    opened = exposure_warnings(**wide, operator_keys=True, required=True, public=("metrics", "docs"))
+    assert opened == ["warning: /metrics and /openapi.json answer without a key (auth: public_metrics / "
+                      "public_docs in the config)"]
+    assert exposure_warnings(host="127.0.0.1", loopback=True, operator_keys=False, required=False) == []
