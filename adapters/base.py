@@ -140,14 +140,15 @@ class GenerationRequest:
     slo_tpot_ms: float | None = None
     # API keys (``gateway/admission.py``): who sent it (the gateway's access principal), the ledger
     # key's name for its row, and, for a request with a ledger key, ``admit``: a backend that sets
-    # ``admits = True`` awaits ``admit(prompt_tokens, context)`` once it has counted the prompt and
-    # before it generates anything; the answer is the most tokens it may generate (None: no bound),
-    # which it enforces, or an error (429/503) it raises as the request's. The gateway admits a
-    # request itself, with an estimate, before starting a backend without ``admits``.
+    # ``admits = True`` awaits ``admit(prompt_tokens, context, served_by)`` once it has counted the
+    # prompt and before it generates anything (``served_by``: the name its cost is priced under); the
+    # answer is the most tokens it may generate (None: no bound), which it enforces, or an error
+    # (429/503) it raises as the request's. The gateway admits a request itself, with an upper bound
+    # of its prompt, before starting a backend without ``admits``.
     caller: Any = field(default=None, repr=False, compare=False)
     key_name: str | None = None
-    admit: Callable[[int, int | None], Awaitable[int | None]] | None = field(default=None, repr=False,
-                                                                             compare=False)
+    admit: Callable[[int, int | None, str | None], Awaitable[int | None]] | None = field(
+        default=None, repr=False, compare=False)
 
     @property
     def is_chat(self) -> bool:

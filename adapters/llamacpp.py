@@ -60,7 +60,8 @@ class LlamaCppBackend:
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                        details.digest, options)
         timings = Timings(queue=time.perf_counter() - t_queue - load_s, load=load_s)
-        job = GenerationJob(request, options, _prompt_spec(details, slot), timings=timings, admit=_admission(request))
+        job = GenerationJob(request, options, _prompt_spec(details, slot), timings=timings,
+                            admit=_admission(request, self.name))
         request.cancel.on_cancel(job.cancel.set)
         events: asyncio.Queue = asyncio.Queue()
         future = self._start(job, slot, events)
@@ -172,7 +173,7 @@ class LlamaCppBackend:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _admission(request: GenerationRequest):
+def _admission(request: GenerationRequest, served_by: str):
     """``request.admit`` for the worker thread: it waits there for the answer, computed on the loop."""
     hook = request.admit
     if hook is None:
@@ -181,7 +182,7 @@ def _admission(request: GenerationRequest):
 
     def admit(n_prompt: int, n_ctx: int) -> int | None:
         try:
-            return asyncio.run_coroutine_threadsafe(hook(n_prompt, n_ctx), loop).result()
+            return asyncio.run_coroutine_threadsafe(hook(n_prompt, n_ctx, served_by), loop).result()
         except Exception as exc:
             raise Refused(exc) from None
     return admit

@@ -90,7 +90,7 @@ class NativeBackend:
         check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
         room = limit - len(token_ids)
         if request.admit is not None:  # a keyed request: its budget and limits, before anything runs
-            room = min(room, await request.admit(len(token_ids), limit) or room)
+            room = min(room, await request.admit(len(token_ids), limit, self.name) or room)
         params = sampling_params(options, request, room=room)
         output: list[int] = []
         done: Done | None = None

@@ -231,7 +231,7 @@ class RemoteBackend:
         count, else its bytes, plus template overhead) and the configured context; the answer caps the
         output the backend is asked for."""
         assert request.admit is not None
-        cap = await request.admit(prompt_bound(request, self.bound), self.settings.context_length)
+        cap = await request.admit(prompt_bound(request, self.bound), self.settings.context_length, self.settings.name)
         asked = request.options.get("num_predict")
         if cap is not None and not (isinstance(asked, int) and 0 < asked <= cap):
             request.options = {**request.options, "num_predict": cap}

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pricing.book import PriceBook
 from pricing.method import Tokens
 
 from gateway.keys import Claim, KeyBook, OverBudget
@@ -44,7 +45,8 @@ class Admission:
     book: KeyBook
     key: Any  # ledger.keys.ApiKey
     request: Any  # adapters.base.GenerationRequest
-    price: Price | None = None  # the backend's cost estimate; None: unpriced (no budget to hold)
+    prices: PriceBook | None = None
+    names: tuple[str, ...] = ()  # what the request's cost is priced under (the backend, the model)
     request_id: str = field(default_factory=lambda: secrets.token_hex(8))
     claim: Claim | None = None
     cap: int | None = None
@@ -56,52 +58,59 @@ class Admission:
     def limited(self) -> bool:
         return self.key.rpm is not None or self.key.tpm is not None
 
-    @property
-    def budgeted(self) -> bool:
-        return self.key.budget_usd is not None and self.price is not None
+    def price(self, served_by: str | None) -> Price | None:
+        """The cost estimate of the backend that serves the request (it names itself when it admits:
+        a route's member), None when it is not priced."""
+        prices, names = self.prices, (*([served_by] if served_by else []), *self.names)
+        if prices is None or not prices.estimate(names, Tokens(0, 0, 1_000_000)):
+            return None
+        return lambda tokens: prices.estimate(names, tokens)
 
     async def start(self) -> None:
         if self.limited:
             await self.book.windows.start(self.key, self.request_id)
             self._started = True
 
-    async def admit(self, prompt_tokens: int, context: int | None) -> int | None:
+    async def admit(self, prompt_tokens: int, context: int | None, served_by: str | None = None) -> int | None:
         """The most tokens the request may generate, or OverBudget/RateLimited; once per request (a
         route trying a second member gets the first answer)."""
         if self._decided is None:
-            self._decided = asyncio.ensure_future(self._admit(prompt_tokens, context))
+            self._decided = asyncio.ensure_future(self._admit(prompt_tokens, context, self.price(served_by)))
             self._decided.add_done_callback(_retrieved)
         return await asyncio.shield(self._decided)
 
-    async def _admit(self, prompt: int, context: int | None) -> int | None:
+    async def _admit(self, prompt: int, context: int | None, price: Price | None) -> int | None:
         asked = int(self.request.options.get("num_predict") or 0)
         asked = asked if asked > 0 else None
-        most, why = self._bound(asked, prompt, context)
+        budgeted = self.key.budget_usd is not None and price is not None
+        most, why = self._bound(asked, prompt, context, budgeted)
         if self.key.tpm is not None:
             await self.book.windows.charge(self.key, self.request_id, prompt + (most or 0))
-        if self.budgeted:
-            most, why = await self._hold(prompt, most, why)
+        if budgeted:
+            most, why = await self._hold(prompt, most, why, price)
         self.cap = most
         if why is not None and most is not None and (asked is None or most < asked):
             self.note = f"output limited to {most} tokens: {why}"
         return most
 
-    def _bound(self, asked: int | None, prompt: int, context: int | None) -> tuple[int | None, str | None]:
+    def _bound(self, asked: int | None, prompt: int, context: int | None,
+               budgeted: bool) -> tuple[int | None, str | None]:
         bounds = [(asked, None), (context - prompt if context else None, None),
                   (self.key.max_output_tokens, f"key '{self.key.name}' allows at most that many a request")]
         found = [(n, why) for n, why in bounds if n is not None]
         if found:
             most, why = min(found, key=lambda pair: pair[0])
             return max(1, most), why
-        if self.budgeted or self.key.tpm is not None:
+        if budgeted or self.key.tpm is not None:
             return DEFAULT_OUTPUT_CAP, ("no max_tokens was given and the backend's context is unknown; key "
                                         f"'{self.key.name}' has a budget or token limit, which needs a bound")
         return None, None
 
-    async def _hold(self, prompt: int, most: int | None, why: str | None) -> tuple[int | None, str | None]:
-        assert self.price is not None and most is not None
-        base = self.price(Tokens(prompt, 0, 0))
-        per_token = self.price(Tokens(0, 0, 1_000_000)) / 1_000_000
+    async def _hold(self, prompt: int, most: int | None, why: str | None,
+                    price: Price) -> tuple[int | None, str | None]:
+        assert most is not None
+        base = price(Tokens(prompt, 0, 0))
+        per_token = price(Tokens(0, 0, 1_000_000)) / 1_000_000
         wanted, minimum = base + per_token * most, base + per_token
         claim = await self.book.hold(self.key, wanted, minimum)
         if claim is None:

@@ -117,7 +117,8 @@ class Recorder:
         if key is None or self.keys is None:
             return None
         request.key_name = key.name
-        admission = Admission(self.keys, key, request, price=self._price(backend, request))
+        names = (backend_label(backend), backend.name, request.model)  # as ``priced`` finds a row's pricing
+        admission = Admission(self.keys, key, request, self.prices, names)
         await admission.start()
         if getattr(backend, "admits", False):
             request.admit = admission.admit
@@ -126,14 +127,6 @@ class Recorder:
         if cap is not None:
             request.options = {**request.options, "num_predict": cap}
         return admission
-
-    def _price(self, backend: Backend, request: GenerationRequest):
-        """The cost estimate of ``backend`` for this request's tokens, or None when it is not priced."""
-        prices = self.prices
-        names = (backend.name, request.model)
-        if prices is None or not prices.estimate(names, Tokens(0, 0, 1_000_000)):
-            return None
-        return lambda tokens: prices.estimate(names, tokens)
 
     def settle_key(self, admission: Admission | None, record: UsageRecord) -> None:
         """A finished keyed request: its budget hold becomes its cost, its tokens per minute its actual

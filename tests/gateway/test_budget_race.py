@@ -72,6 +72,7 @@ def bodies(model: str):
 
 @pytest.mark.parametrize("model, budget", [
     ("tiny", 2.5),  # context 512: a request with no max holds about $0.5; 4 fit, and a 5th with what is left
+    ("chat", 2.5),  # the same model behind a route: the member that serves prices the hold
     pytest.param("slow", 10.0, marks=pytest.mark.slow),  # context 4096, past the 2,048 tokens once assumed
 ])
 def test_50_concurrent_requests_without_max_tokens_never_pass_the_budget(server, model, budget):
