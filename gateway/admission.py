@@ -121,7 +121,7 @@ class Admission:
         if claim.taken + 1e-12 >= wanted or per_token <= 0:
             return most, why
         fits = max(1, math.floor((claim.taken - base) / per_token + 1e-9))
-        return min(most, fits), f"that is what is left of key '{self.key.name}''s budget"
+        return min(most, fits), f"that is what is left of the budget of key '{self.key.name}'"
 
     def finish(self, input_tokens: int, output_tokens: int, cost: float, writer) -> list:
         """The request ended: its hold settles to ``cost`` (queued on ``writer``, the ledger writer,
