@@ -54,7 +54,6 @@ class Claim:
 class Lease:
     hold: Hold | None = None
     held: float = 0.0  # room of the hold not handed to a request yet
-    in_flight: int = 0  # requests holding a claim on it
     used_at: float = 0.0  # loop time of the last claim from it
     renewed_at: float = 0.0  # monotonic time its hold was last made or renewed
     timer: asyncio.TimerHandle | None = None  # gives the room back LEASE_IDLE_S after used_at
@@ -124,57 +123,64 @@ class KeyBook:
 
     async def hold(self, key: ApiKey, wanted: float, minimum: float) -> Claim | None:
         """Hold ``wanted`` dollars of ``key``'s budget (less, down to ``minimum``, when that is all it
-        has left): from this replica's lease, else from the database; None when not even ``minimum``
-        fits."""
+        has left): from this replica's lease, else from the database (a new lease when the budget has
+        room for one); None when not even ``minimum`` fits."""
         claim = self.take(key.name, wanted)
         if claim is not None:
             return claim
-        lease = self._leases.setdefault(key.name, Lease())
+        self._retire(key.name)  # too short, stale or past its period: its claims keep its row alive
         extra = wanted * LEASE_REQUESTS
-        if lease.hold is None:  # a new lease, when the budget has room for it
-            found = await self._db(reserve, self.db, key.name, wanted + extra, wanted + extra, ttl_s=self.hold_ttl_s)
-            if found is not None:
-                self._lease(key.name, found, extra)
-                lease.in_flight += 1
-                self._touch(key.name, lease)
-                return Claim(found, wanted)
+        found = await self._db(reserve, self.db, key.name, wanted + extra, wanted + extra, ttl_s=self.hold_ttl_s)
+        if found is not None:
+            self._retire(key.name)  # (a concurrent request may have made one meanwhile)
+            lease = self._leases[key.name]
+            lease.hold, lease.held, lease.renewed_at = found, extra, time.monotonic()
+            self._touch(key.name, lease)
+            return self._claim(found, wanted)
         claim = self.take(key.name, wanted)  # a concurrent request may have made the lease meanwhile
         if claim is not None:
             return claim
         own = await self._db(reserve, self.db, key.name, wanted, minimum, ttl_s=self.hold_ttl_s)
-        if own is None:
-            return None
-        self._holds[own.id] = own
-        self._start_renewing()
-        return Claim(own, own.amount)
+        return None if own is None else self._claim(own, own.amount)
 
     def take(self, key_name: str, amount: float) -> Claim | None:
         """``amount`` from this replica's lease on the key, in memory; None when it is short, past its
         period or not renewed lately."""
         lease = self._leases.get(key_name)
-        if lease is None or lease.hold is None or lease.held < amount:
+        if lease is None or lease.hold is None or lease.held + 1e-12 < amount:
             return None
         end = lease.hold.period_end
         if (end is not None and time.time() >= end) or time.monotonic() - lease.renewed_at > self.hold_ttl_s / 2:
             return None
         lease.held -= amount
-        lease.in_flight += 1
         self._touch(key_name, lease)
-        return Claim(lease.hold, amount)
+        return self._claim(lease.hold, amount)
 
-    def _lease(self, key_name: str, hold: Hold, room: float) -> None:
-        lease = self._leases[key_name]
-        lease.hold, lease.held, lease.renewed_at = hold, room, time.monotonic()
+    def _claim(self, hold: Hold, amount: float) -> Claim:
+        """A request's part of ``hold``; the hold is renewed while claims on it are unsettled."""
+        self._holds[hold.id] = (hold, self._holds.get(hold.id, (hold, 0))[1] + 1)
         self._start_renewing()
+        return Claim(hold, amount)
 
     def released(self, claim: Claim) -> None:
         """A request's claim was settled (or queued to be): it no longer keeps its hold alive."""
-        self._holds.pop(claim.hold.id, None)
-        lease = self._leases.get(claim.hold.key_name)
-        if lease is not None and lease.hold is not None and lease.hold.id == claim.hold.id:
-            lease.in_flight -= 1
-            if lease.in_flight <= 0 and lease.held <= 0:
-                lease.hold = None  # empty: its row went with the last settlement
+        hold, claims = self._holds.pop(claim.hold.id, (claim.hold, 1))
+        lease = self._leases.get(hold.key_name)
+        if claims > 1 or (lease is not None and lease.hold is not None and lease.hold.id == hold.id):
+            self._holds[hold.id] = (hold, claims - 1)
+
+    def _retire(self, key_name: str) -> None:
+        """This replica stops taking from the key's lease: the room it still had goes back to the budget."""
+        lease = self._leases.setdefault(key_name, Lease())
+        hold, held = lease.hold, lease.held
+        lease.hold, lease.held = None, 0.0
+        if hold is None:
+            return
+        entry = self._holds.get(hold.id)
+        if entry is not None and entry[1] <= 0:
+            del self._holds[hold.id]
+        if held > 1e-12:
+            self._background(self._db(settle, self.db, key_name, hold.id, held, 0.0, hold.period_start))
 
     def _touch(self, key_name: str, lease: Lease) -> None:
         """The lease was used now: one timer per lease, re-armed at its expiry if it was used since."""
@@ -191,16 +197,7 @@ class KeyBook:
             lease.timer = loop.call_later(idle_left, self._expire, key_name)
         else:
             lease.timer = None
-            self._give_back(key_name)
-
-    def _give_back(self, key_name: str) -> None:
-        lease = self._leases[key_name]
-        hold, held = lease.hold, lease.held
-        lease.held = 0.0
-        if lease.in_flight <= 0:
-            lease.hold = None
-        if hold is not None and held > 0:
-            self._background(self._db(settle, self.db, key_name, hold.id, held, 0.0, hold.period_start))
+            self._retire(key_name)
 
     def _background(self, work) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -215,7 +212,7 @@ class KeyBook:
             self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
 
     async def _renew_forever(self) -> None:
-        while self._holds or any(lease.hold is not None for lease in self._leases.values()):
+        while self._holds:
             await asyncio.sleep(self.hold_ttl_s / 4)
             try:
                 await self.renew_now()
@@ -223,14 +220,14 @@ class KeyBook:
                 continue
 
     async def renew_now(self) -> None:
-        """Extend every hold of this replica's running requests and leases; a lease whose hold is gone
-        (expired, or its period restarted) is dropped."""
-        leases = {lease.hold.id: (name, lease) for name, lease in self._leases.items() if lease.hold is not None}
-        ids = [*self._holds, *leases]
-        gone = await self._db(renew, self.db, ids, self.hold_ttl_s)
+        """Extend every hold this replica keeps (its leases, and the holds its running requests have
+        claims on); a lease whose hold is gone (expired, or its period restarted) is dropped."""
+        gone = await self._db(renew, self.db, list(self._holds), self.hold_ttl_s)
         now = time.monotonic()
-        for hold_id, (_, lease) in leases.items():
-            if hold_id in gone:
+        for lease in self._leases.values():
+            if lease.hold is None:
+                continue
+            if lease.hold.id in gone:
                 lease.hold, lease.held = None, 0.0
             else:
                 lease.renewed_at = now
@@ -239,10 +236,10 @@ class KeyBook:
         """Shutdown: every lease's unused room goes back to its budget."""
         if self._renewer is not None:
             self._renewer.cancel()
-        for name, lease in self._leases.items():
+        for name, lease in list(self._leases.items()):
             if lease.timer is not None:
                 lease.timer.cancel()
-            self._give_back(name)
+            self._retire(name)
         await asyncio.gather(*self._returning, return_exceptions=True)
 
 
