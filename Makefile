@@ -40,6 +40,7 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/slo_sim.py
 	$(BIN)/python bench/slo_oracle.py --loads 0.5,0.9 --seeds 13 --restarts 12
 	$(BIN)/python bench/dashboard.py --json .bench/dashboard/results.json
+	$(BIN)/python bench/compare_accuracy.py --smollm2 --json .bench/compare/results.json
 
 clean:
 	rm -rf .demo .bench .pytest_cache

@@ -14,7 +14,7 @@ neighbour slows both; the table shows medians over ``--runs``.
    request's ``load_duration`` when it comes ``IDLE_S`` seconds after the server is up (a server
    started before it is used).
 3. The engine alone, in a fresh Python: importing it (torch / llama_cpp) and constructing it with
-   ``infer serve``'s settings (``LLMEngine`` with adapters.settings' native config, 2048-token
+   ``infer serve``'s settings (``LLMEngine`` with adapters.core.settings' native config, 2048-token
    context; ``llama_cpp.Llama(n_ctx=2048)``).
 
 Goal (issue 16): native ready in <= 2 s. Run it alone: ``flock /tmp/infer-bench.lock python bench/native_load.py``.
@@ -43,10 +43,10 @@ IDLE_S = 3.0
 ENGINE_ALONE = {
     "native": """
 import time; t0 = time.perf_counter()
-from adapters.settings import DEFAULTS
-from native_engine import LLMEngine
+from adapters.core.settings import DEFAULTS
+from native_engine import EngineConfig, LLMEngine
 t1 = time.perf_counter()
-LLMEngine(DEFAULTS.native.engine_config({path!r}, 2048))
+LLMEngine(EngineConfig(model={path!r}, max_model_len=2048, **DEFAULTS.native.model_dump()))
 """,
     "llamacpp": """
 import time; t0 = time.perf_counter()

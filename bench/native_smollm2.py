@@ -39,7 +39,7 @@ TEXT = CHAT + ("The capital of France is Paris. It is known for the Eiffel Tower
                "about two million people live in the city itself, and more than twelve million in the region.")
 CORPUS = Path(__file__).resolve().parents[1] / "registry" / "modelbuilder" / "data" / "corpus.txt"
 MIXED_RUNS = 2
-SERVE = dict(max_num_seqs=64, max_model_len=2048, max_num_batched_tokens=512)  # adapters/native.py defaults
+SERVE = dict(max_num_seqs=64, max_model_len=2048, max_num_batched_tokens=512)  # adapters/core/settings.py defaults
 
 
 @dataclass(slots=True)

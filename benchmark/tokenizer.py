@@ -1,11 +1,11 @@
 """The target's tokenizer for prompt building and output counting: a GGUF file's vocabulary or a
-Hugging Face ``tokenizer.json`` (through the engine's loader; read-only use)."""
+Hugging Face ``tokenizer.json``, read by ``gguf_io`` (the tokenizer the native engine uses too)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from native_engine.loader.tokenizer import Tokenizer
+from gguf_io.tokenizer import Tokenizer
 
 
 class TokenCounter:

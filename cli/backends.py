@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from adapters.base import Done, GenerationRequest
+from adapters.core.base import Done, GenerationRequest
 from gateway.settings import SettingsError
 
 from .common import run_async
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the remote adapters (aiohttp) and rich load only when `infe
     from rich.table import Table
     from rich.text import Text
 
-    from adapters.remote import RemoteBackend, RemoteSettings
+    from adapters.remote.base import RemoteBackend, RemoteSettings
 
 app = typer.Typer(help="Inspect the remote backends of a gateway config (infer serve --config).",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -92,7 +92,7 @@ async def check_all(settings: list[RemoteSettings], timeout: float) -> list[Repo
 
 def capped(settings: RemoteSettings, limit: float) -> RemoteSettings:
     """The entry with every deadline at most ``limit`` seconds, so a dead backend answers in time."""
-    from adapters.remote import Timeouts
+    from adapters.remote.base import Timeouts
 
     t = settings.timeouts
     timeouts = Timeouts(connect=min(t.connect, limit), first_byte=min(t.first_byte, limit),
@@ -101,7 +101,7 @@ def capped(settings: RemoteSettings, limit: float) -> RemoteSettings:
 
 
 async def check_one(settings: RemoteSettings, timeout: float) -> Report:
-    from adapters.remote_registry import create_remote
+    from adapters.remote.registry import create_remote
 
     report = Report(settings.name, settings.type, settings.base_url)
     try:

@@ -1,6 +1,6 @@
 """``infer run``'s conversation with the in-process backend.
 
-Each turn is one chat request through :class:`gateway.recorder.Recorder` (route ``run``, source
+Each turn is one chat request through :class:`gateway.serving.recorder.Recorder` (route ``run``, source
 ``cli``), so it writes exactly one usage-ledger row (through the ledger's writer thread), like a
 request to ``infer serve`` would. The
 reply streams to stdout as it is generated; ``--verbose`` statistics go to stderr in Ollama's format.
@@ -15,14 +15,14 @@ from typing import Any, TextIO
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from adapters.base import Chunk, Done, GenerationRequest
-from adapters.errors import BackendError
-from adapters.engines import in_process_engines
-from adapters.options import Options, check_parameters, resolve_options
-from adapters.settings import LocalSettings
+from adapters.core.base import Chunk, Done, GenerationRequest
+from adapters.core.errors import BackendError
+from adapters.local.engines import in_process_engines
+from adapters.core.options import Options, check_parameters, resolve_options
+from adapters.core.settings import LocalSettings
 from ledger.db import open_db
-from adapters.durations import format_duration
-from gateway.recorder import Recorder
+from adapters.core.durations import format_duration
+from gateway.serving.recorder import Recorder
 from gateway.settings import SettingsError
 from ledger.writer import LedgerWriter
 from registry.create import create_model

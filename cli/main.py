@@ -7,11 +7,11 @@ import os
 import typer
 from typer.core import TyperGroup
 
-from adapters.errors import BackendError
+from adapters.core.errors import BackendError
 from gateway.settings import SettingsError
 from registry.errors import RegistryError
 
-from . import backends, bench, cost, dev, estimate, keys, models, ps, pull, registry_server, routes, run, serve, usage
+from . import backends, bench, compare, cost, dev, estimate, keys, models, ps, pull, registry_server, routes, run, serve, usage
 
 
 class _InferGroup(TyperGroup):
@@ -77,6 +77,7 @@ run.register(app)
 backends.register(app)
 routes.register(app)
 estimate.register(app)
+compare.register(app)
 app.add_typer(registry_server.app, name="registry")
 app.add_typer(dev.app, name="dev")
 app.add_typer(bench.app, name="bench")

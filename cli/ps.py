@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import typer
 
-from adapters.errors import BackendError
+from adapters.core.errors import BackendError
 from gateway.settings import client_url
 
 from .client import NotFound, ServerClient

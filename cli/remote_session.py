@@ -17,8 +17,8 @@ from typing import Any, TextIO
 
 import typer
 
-from adapters.base import Done, Timings, Usage
-from adapters.errors import BackendError
+from adapters.core.base import Done, Timings, Usage
+from adapters.core.errors import BackendError
 from registry.details import ModelDetails
 from registry.gguf_info import GGUFInfo
 from registry.names import parse_name

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from adapters.durations import parse_keep_alive
+from adapters.core.durations import parse_keep_alive
 from gateway.http.access import exposure_warnings
 from gateway.settings import ServerSettings, SettingsError, parse_host
 

@@ -5,7 +5,7 @@ The recorder makes one :class:`Admission` per request sent with a ledger key (``
 1. :meth:`Admission.start` on arrival: the key's requests per minute (``gateway/ratelimit.py``).
 2. :meth:`Admission.admit`, once the prompt's tokens are counted and before the backend generates
    anything: the in-process engines call it (``request.admit``) with the tokenizer's count and the
-   context; a remote adapter with an upper bound of its prompt (``adapters/token_count.py``) and its
+   context; a remote adapter with an upper bound of its prompt (``adapters/prompting/token_count.py``) and its
    configured ``context_length``; any other backend is admitted by the recorder before it starts.
    The most the request may generate is the least of its ``max_tokens``/``num_predict``, the
    context less the prompt and the key's ``max_output_tokens``; when none is known and the key has

@@ -16,10 +16,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from adapters.base import Backend
-from adapters.engines import in_process_engines
-from adapters.remote_registry import create_remote
-from adapters.router import Router
+from adapters.core.base import Backend
+from adapters.local.engines import in_process_engines
+from adapters.remote.registry import create_remote
+from gateway.serving.router import Router
 from pricing.book import PriceBook
 from routing.build import build_routes
 from routing.metrics import RouteMetrics
@@ -39,7 +39,7 @@ from gateway.monitor import BackendMonitor
 from gateway.ollama import generate as ollama_generate, models as ollama_models
 from gateway.openai import generate as openai_generate, models as openai_models
 from gateway.keys import KeyBook
-from gateway.recorder import Recorder
+from gateway.serving.recorder import Recorder
 from gateway.settings import ServerSettings
 from gateway.tracing import TraceContextMiddleware, tracer_from_env
 

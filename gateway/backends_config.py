@@ -21,9 +21,9 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveFloat, PrivateAttr, Tag, ValidationError,
                       ValidationInfo, field_validator)
 
-from adapters.engines import ENGINES
-from adapters.remote import RemoteSettings, Timeouts
-from adapters.remote_registry import OPENAI_TYPES, REMOTE_TYPES
+from adapters.local.engines import ENGINES
+from adapters.remote.base import RemoteSettings, Timeouts
+from adapters.remote.registry import OPENAI_TYPES, REMOTE_TYPES
 
 from gateway.settings import SettingsError
 from pricing.catalog import LOCAL, Priced

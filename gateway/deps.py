@@ -11,13 +11,13 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy import Engine
 
-from adapters.router import Router
+from gateway.serving.router import Router
 from registry.store import Store
 
 from gateway.http.access import Principal
 from gateway.http.errors import APIError
 from gateway.http.hints import caller_of
-from gateway.recorder import Recorder
+from gateway.serving.recorder import Recorder
 from gateway.settings import ServerSettings
 
 

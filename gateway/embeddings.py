@@ -10,12 +10,12 @@ import math
 import time
 from typing import Any
 
-from adapters.base import Backend, EmbedResult
+from adapters.core.base import Backend, EmbedResult
 
 from gateway.admission import Admission
 from gateway.http.errors import APIError, to_status_message
 from gateway.monitor import backend_label
-from gateway.recorder import Recorder
+from gateway.serving.recorder import Recorder
 from ledger.tables import UsageRecord
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from adapters.errors import BackendOverloaded
+from adapters.core.errors import BackendOverloaded
 from ledger.keys import ApiKey, Hold, find_key, renew, reserve, settle
 
 from gateway.http.outage import Outage, Unavailable, database_down

@@ -25,8 +25,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from adapters.base import Backend, Health
-from adapters.router import Router
+from adapters.core.base import Backend, Health
+from gateway.serving.router import Router
 from routing.route import HEALTH_POLL_S
 
 HEALTH_TIMEOUT_S = 3.0  # one slow backend must not hold the others' figures

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from adapters.errors import BackendOverloaded
+from adapters.core.errors import BackendOverloaded
 
 from gateway.http.outage import Outage, redis_down
 

@@ -10,7 +10,7 @@
 
 The in-process engines' variables (``INFER_ENGINE``, ``INFER_KEEP_ALIVE``, ``INFER_NUM_PARALLEL``,
 ``INFER_MAX_QUEUE``, ``INFER_MAX_LOADED_MODELS``, ``INFER_CONTEXT_LENGTH``) are read into
-``local`` (:class:`adapters.settings.LocalSettings`), where their defaults live. Each ``INFER_X``
+``local`` (:class:`adapters.core.settings.LocalSettings`), where their defaults live. Each ``INFER_X``
 in parentheses falls back to Ollama's ``OLLAMA_X`` when unset (``registry.settings.env_setting``).
 """
 
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from registry.settings import RegistrySettings, env_setting
 
 from ledger.db import ENV_VAR as DB_ENV_VAR, default_database_url
-from adapters.settings import DEFAULTS, LocalSettings
+from adapters.core.settings import DEFAULTS, LocalSettings
 from gateway.http.access import hash_key
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434  # Ollama's

@@ -1,8 +1,9 @@
 """A small PyTorch inference engine in the vLLM / nano-vllm mould: paged KV cache, prefix caching,
 continuous batching with chunked prefill, Triton kernels on GPU and their torch references on CPU.
 
-The public names load on first use (PEP 562), so `native_engine.loader.gguf_file` and the tokenizer
-can be used without importing torch."""
+The public names load on first use (PEP 562), so importing the package does not import torch.
+It imports nothing from the rest of the project except `gguf_io` (GGUF reading, tokenizers), which
+the gateway side reads models with too."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ _NO_ARG = object()  # "no value piped in", distinct from nil
 @dataclass(frozen=True)
 class RenderLimits:
     """What one render of a template may do (Go templates here, Jinja chat templates in
-    ``adapters/chat_format.py``)."""
+    ``adapters/prompting/chat_format.py``)."""
 
     max_iterations: int = 100_000  # loop iterations, all loops of the render together
     max_output: int = 8 << 20  # characters of output, and of any one value a function builds

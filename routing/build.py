@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from adapters.base import Backend
+from adapters.core.base import Backend
 
 from .route import Route, RoutePolicy
 from .slo import SLO

@@ -33,10 +33,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
-from adapters.base import CancelToken, Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
-from adapters.base import Timings, Usage
-from adapters.errors import BackendError, InvalidRequest, RouteShed, RouteUnavailable
-from adapters.token_count import TokenCounter, load_counter
+from adapters.core.base import CancelToken, Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
+from adapters.core.base import Timings, Usage
+from adapters.core.errors import BackendError, InvalidRequest, RouteShed, RouteUnavailable
+from adapters.prompting.token_count import TokenCounter, load_counter
 
 from . import dispatch
 from .dispatch import Dispatcher, Waiter

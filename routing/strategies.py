@@ -25,7 +25,7 @@ class Member:
     """One backend of a route, with what the route knows about it."""
 
     name: str
-    backend: Any  # adapters.base.Backend
+    backend: Any  # adapters.core.base.Backend
     model: str    # the model name the backend serves this route under
     weight: float = 1.0
     latency: LatencyModel = field(default_factory=LatencyModel)

@@ -1,7 +1,7 @@
 """The one place where errors become HTTP answers.
 
 Routes under ``/v1`` answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``;
-every other route answers in Ollama's ``{"error": "..."}``. Statuses follow ``adapters.errors`` and
+every other route answers in Ollama's ``{"error": "..."}``. Statuses follow ``adapters.core.errors`` and
 the registry mapping below; nothing a client sends can produce a 500.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from adapters.errors import BackendError
+from adapters.core.errors import BackendError
 from registry import errors as reg
 
 if TYPE_CHECKING:  # `infer run` uses the mapping below through the recorder without the web stack

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from adapters.base import GenerationRequest
+from adapters.core.base import GenerationRequest
 
 from gateway.http.errors import APIError
 

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from adapters.base import Chunk, GenerationRequest, TokenLogprob
-from adapters.router import Router
+from adapters.core.base import Chunk, GenerationRequest, TokenLogprob
+from gateway.serving.router import Router
 
 from gateway.ollama import views as view
 from gateway.deps import CallerDep, ClientDep, RecorderDep, RouterDep, check_model
@@ -27,7 +27,7 @@ from gateway.ollama.local import load_or_unload
 from gateway.embeddings import embed as embed_inputs
 from gateway.ollama.wire_models import chat_responses, embed_responses, embeddings_responses, generate_responses
 from gateway.ollama.schemas import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, keep_alive_seconds
-from gateway.recorder import Generation, Recorder
+from gateway.serving.recorder import Generation, Recorder
 from gateway.http.streaming import ndjson_response
 
 router = APIRouter(tags=["ollama"])

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from adapters.errors import ModelNotFound
-from adapters.router import Router
+from adapters.core.errors import ModelNotFound
+from gateway.serving.router import Router
 from registry.details import ModelDetails, details_cache
 from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound
 from registry.names import ModelName

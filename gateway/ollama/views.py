@@ -10,9 +10,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from adapters.base import Done, LoadedModel, ModelInfo, TokenLogprob, ToolCall
-from adapters.tool_parser import supports_tools
-from adapters.tools import ollama_call
+from adapters.core.base import Done, LoadedModel, ModelInfo, TokenLogprob, ToolCall
+from adapters.tools.parser import supports_tools
+from adapters.tools.wire import ollama_call
 from registry.details import ModelDetails
 from registry.store import LocalModel
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from adapters.router import Router
+from gateway.serving.router import Router
 
 from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.http.disconnect import Receive, on_disconnect
 from gateway.http.hints import HintsDep, RequestHints
 from gateway.http.hot import hot_route
-from gateway.recorder import Recorder
+from gateway.serving.recorder import Recorder
 from gateway.http.jsonwire import JSONBytes, cost_header, note_header
 from gateway.http.streaming import sse_response
 from gateway.openai.responses import ResponseMeta, chat_completion, text_completion

@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from adapters.base import Chunk, Done, TokenLogprob, ToolCall
-from adapters.tools import openai_call
+from adapters.core.base import Chunk, Done, TokenLogprob, ToolCall
+from adapters.tools.wire import openai_call
 
 SYSTEM_FINGERPRINT = "fp_infer"
 

@@ -19,12 +19,12 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
-from adapters.base import Backend, Done, GenerationRequest, StreamEvent, TokenLogprob
+from adapters.core.base import Backend, Done, GenerationRequest, StreamEvent, TokenLogprob
 
-from adapters.tools import openai_call
+from adapters.tools.wire import openai_call
 
 from gateway.openai.responses import ResponseMeta, Result, chat_logprobs, finish_reason, legacy_logprobs, usage
-from gateway.recorder import Generation, Recorder
+from gateway.serving.recorder import Generation, Recorder
 
 Events = AsyncIterator[tuple[int, StreamEvent]]
 

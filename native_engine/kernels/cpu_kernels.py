@@ -36,9 +36,14 @@ _local = threading.local()
 
 
 def kernel_dir() -> Path:
-    from registry.realmodels import cache_dir
+    """`kernels/` under infer's cache: `$INFER_CACHE_DIR`, else `$XDG_CACHE_HOME/infer`, else `~/.cache/infer`.
 
-    return cache_dir() / "kernels"
+    The rule of `registry.realmodels.cache_dir`, written here because the engine imports nothing from
+    the project; `tests/test_import_boundary.py` checks that the two agree."""
+    if explicit := os.environ.get("INFER_CACHE_DIR"):
+        return Path(explicit) / "kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "infer" / "kernels"
 
 
 @functools.cache

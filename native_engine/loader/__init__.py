@@ -1,7 +1,8 @@
 """Model loading: config, weights (GGUF or HF safetensors) and tokenizer.
 
-The names load on first use (PEP 562): the GGUF header walker (`gguf_file`) and the tokenizer need no
-torch; `load_checkpoint` and the weight loaders (`checkpoint`, `gguf_loader`, `hf_loader`) do."""
+The names load on first use (PEP 562). The GGUF header walker (`GGUFFile`) and the tokenizer come
+from `gguf_io` and need no torch; `load_checkpoint` and the weight loaders (`checkpoint`,
+`gguf_loader`, `hf_loader`) do."""
 
 from __future__ import annotations
 
@@ -9,26 +10,26 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "GGUFFile": ".gguf_file",
+    "GGUFFile": "gguf_io.gguf_file",
     "ModelConfig": ".model_config",
     "Q4Blocks": ".gguf_loader",
-    "Tokenizer": ".tokenizer",
+    "Tokenizer": "gguf_io.tokenizer",
     "load_checkpoint": ".checkpoint",
     "load_gguf": ".gguf_loader",
     "load_hf": ".hf_loader",
     "load_model": ".checkpoint",
-    "load_tokenizer": ".tokenizer",
-    "tokenizer_from_gguf": ".tokenizer",
+    "load_tokenizer": "gguf_io.tokenizer",
+    "tokenizer_from_gguf": "gguf_io.tokenizer",
 }
 __all__ = sorted(set(_EXPORTS) - {"GGUFFile"})
 
 if TYPE_CHECKING:
     from .checkpoint import load_checkpoint, load_model
-    from .gguf_file import GGUFFile
+    from gguf_io.gguf_file import GGUFFile
     from .gguf_loader import Q4Blocks, load_gguf
     from .hf_loader import load_hf
     from .model_config import ModelConfig
-    from .tokenizer import Tokenizer, load_tokenizer, tokenizer_from_gguf
+    from gguf_io.tokenizer import Tokenizer, load_tokenizer, tokenizer_from_gguf
 
 
 def __getattr__(name: str) -> Any:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 
-from .gguf_file import GGUFFile
+from gguf_io.gguf_file import GGUFFile
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf
 from .model_config import ModelConfig
-from .tokenizer import Tokenizer
+from gguf_io.tokenizer import Tokenizer
 
 Weights = Iterator[tuple[str, torch.Tensor]]
 

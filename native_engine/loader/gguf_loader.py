@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as QType
 from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
-from .gguf_file import open_gguf
+from gguf_io.gguf_file import open_gguf
 from .model_config import ModelConfig
 
 QUANTIZED_TYPES = frozenset(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,16 +10,10 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader
 
-from .gguf_file import open_gguf
+from gguf_io.gguf_file import open_gguf
+from gguf_io.metadata import gguf_eos_token_ids, gguf_value, hf_chat_template, hf_eos_token_ids, read_json
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
-# Token texts llama.cpp treats as end-of-generation whatever the metadata says (llama-vocab.cpp).
-EOG_TEXTS = frozenset(
-    {
-        "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-        "<EOT>", "_<EOT>", "<|end_of_text|>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
-    }
-)  # fmt: skip
 _HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 
 
@@ -118,54 +111,6 @@ class ModelConfig:
 
 # general.file_type (llama.cpp's LLAMA_FTYPE) of unquantized files.
 _GGUF_FILE_TYPES = {0: "float32", 1: "float16", 32: "bfloat16"}
-
-
-def gguf_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    """A metadata value as a Python object (str, number, bool or list), or ``default``."""
-    field_ = reader.fields.get(key)
-    return default if field_ is None else field_.contents()
-
-
-def ordered_eos(primary: int | None, others: list[int]) -> list[int]:
-    """The primary EOS first, then the other ids ascending, without duplicates."""
-    head = [] if primary is None else [primary]
-    return head + sorted(set(others) - set(head))
-
-
-def gguf_eos_token_ids(reader: GGUFReader, tokens: list[str]) -> list[int]:
-    """tokenizer.ggml.eos/eot/eom ids plus the tokens llama.cpp treats as end-of-generation by text."""
-    ids = [gguf_value(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]
-    ids += [i for i, text in enumerate(tokens) if text in EOG_TEXTS]
-    return ordered_eos(gguf_value(reader, "tokenizer.ggml.eos_token_id"), [i for i in ids if i is not None])
-
-
-def hf_eos_token_ids(root: Path, config: dict[str, Any]) -> list[int]:
-    """config.json eos_token_id (first is primary) plus generation_config.json's."""
-    ids = _as_list(config.get("eos_token_id"))
-    gen_path = root / "generation_config.json"
-    extra = _as_list(read_json(gen_path).get("eos_token_id")) if gen_path.exists() else []
-    primary = ids[0] if ids else (extra[0] if extra else None)
-    return ordered_eos(primary, ids + extra)
-
-
-def hf_chat_template(root: Path) -> str | None:
-    jinja = root / "chat_template.jinja"
-    if jinja.exists():
-        return jinja.read_text(encoding="utf-8")
-    tok_config = root / "tokenizer_config.json"
-    template = read_json(tok_config).get("chat_template") if tok_config.exists() else None
-    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template}
-        template = named.get("default")
-    return template
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def _as_list(value: int | list[int] | None) -> list[int]:
-    return [] if value is None else [value] if isinstance(value, int) else list(value)
 
 
 def _f32(value: float) -> float:

@@ -8,8 +8,8 @@ import asyncio
 import aiohttp
 import httpx
 
-from adapters.direct import DirectResponse
-from adapters.wire import ndjson_objects, sse_data
+from adapters.remote.direct import DirectResponse
+from adapters.remote.wire import ndjson_objects, sse_data
 
 SSE_PIECES = [b"data: one\r\n\r\n: a comment\n", b"event: x\ndata:two\ndata: lines\n\nda",
               b"ta: cr\r\rdata: {\"k\": 1}\r", b"\n\ndata: last, no blank line"]

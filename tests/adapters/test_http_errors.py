@@ -9,11 +9,11 @@ import aiohttp
 import httpx
 import pytest
 
-from adapters.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, BackendUnavailable,
-                             InvalidRequest)
-from adapters.http_errors import error_from_status, map_transport_error
-from adapters.remote import RemoteSettings, Timeouts, error_message
-from adapters.remote_registry import REMOTE_TYPES, create_remote
+from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
+                                  BackendUnavailable, InvalidRequest)
+from adapters.remote.http_errors import error_from_status, map_transport_error
+from adapters.remote.base import RemoteSettings, Timeouts, error_message
+from adapters.remote.registry import REMOTE_TYPES, create_remote
 
 WHERE = "vllm backend 'pub' at http://10.0.0.1:8000"
 HTTPX_ERRORS = sorted((obj for name in httpx.__all__ if inspect.isclass(obj := getattr(httpx, name))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from adapters.base import Chunk, Done, GenerationRequest
-from adapters.llamacpp import LlamaCppBackend
-from adapters.settings import LocalSettings
+from adapters.core.base import Chunk, Done, GenerationRequest
+from adapters.local.llamacpp.backend import LlamaCppBackend
+from adapters.core.settings import LocalSettings
 
 
 def run(coro):

@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-from adapters.chat_format import PromptSpec
-from adapters.native import _encode
+from adapters.prompting.chat_format import PromptSpec
+from adapters.local.native.backend import _encode
 
 
 @dataclass

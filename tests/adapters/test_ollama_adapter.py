@@ -9,10 +9,10 @@ from datetime import datetime
 import httpx
 import pytest
 
-from adapters.base import Done, GenerationRequest
-from adapters.errors import BackendOverloaded, BackendProtocolError, BackendUnavailable, InvalidRequest
-from adapters.ollama import OllamaBackend
-from adapters.remote import RemoteSettings
+from adapters.core.base import Done, GenerationRequest
+from adapters.core.errors import BackendOverloaded, BackendProtocolError, BackendUnavailable, InvalidRequest
+from adapters.remote.ollama import OllamaBackend
+from adapters.remote.base import RemoteSettings
 
 FINAL = {"model": "qwen2:0.5b", "created_at": "2025-07-07T20:22:19.19314Z",
          "message": {"role": "assistant", "content": ""}, "done_reason": "stop", "done": True,

@@ -9,11 +9,11 @@ import json
 import httpx
 import pytest
 
-from adapters.base import Done, GenerationRequest
-from adapters.errors import BackendUnavailable, InvalidRequest
-from adapters.remote import RemoteSettings
-from adapters.token_count import ByteEstimate
-from adapters.triton import TritonBackend
+from adapters.core.base import Done, GenerationRequest
+from adapters.core.errors import BackendUnavailable, InvalidRequest
+from adapters.remote.base import RemoteSettings
+from adapters.prompting.token_count import ByteEstimate
+from adapters.remote.triton import TritonBackend
 
 NEW_INPUTS = ["text_input", "max_tokens", "stream", "exclude_input_in_output", "return_num_input_tokens",
               "return_num_output_tokens", "temperature", "top_p", "top_k", "seed", "stop_words", "min_tokens",

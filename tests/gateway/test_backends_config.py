@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from adapters.remote import Timeouts
+from adapters.remote.base import Timeouts
 from gateway.backends_config import ConfigError, GatewayConfig, load_config
 from gateway.settings import SettingsError
 

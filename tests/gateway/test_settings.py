@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.durations import format_duration, parse_duration
+from adapters.core.durations import format_duration, parse_duration
 from gateway.http.access import is_operator_key
 from gateway.settings import ServerSettings, SettingsError, parse_host
 

@@ -16,11 +16,11 @@ from contextlib import aclosing
 
 import pytest
 
-from adapters.base import Chunk, Done, GenerationRequest
-from adapters.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, BackendUnavailable,
-                             InvalidRequest)
-from adapters.remote import RemoteSettings, Timeouts
-from adapters.remote_registry import create_remote
+from adapters.core.base import Chunk, Done, GenerationRequest
+from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
+                                  BackendUnavailable, InvalidRequest)
+from adapters.remote.base import RemoteSettings, Timeouts
+from adapters.remote.registry import create_remote
 from tests.remote.servers import FakeEngine, start_server
 
 # (adapter type, fake server, mode); the Messages API mode is asked chats, the others prompts.

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from adapters.remote import RemoteSettings
-from adapters.remote_registry import create_remote
-from adapters.router import Router
+from adapters.remote.base import RemoteSettings
+from adapters.remote.registry import create_remote
+from gateway.serving.router import Router
 from gateway.app import create_app
 from gateway.settings import ServerSettings
 from tests.gateway.conftest import server_env

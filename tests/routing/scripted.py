@@ -8,8 +8,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from adapters.base import Chunk, Done, GenerationRequest, Health, Timings, Usage
-from adapters.http_errors import error_from_status
+from adapters.core.base import Chunk, Done, GenerationRequest, Health, Timings, Usage
+from adapters.remote.http_errors import error_from_status
 
 
 @dataclass

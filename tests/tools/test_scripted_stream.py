@@ -15,9 +15,9 @@ import ollama
 import openai
 import pytest
 
-from adapters.base import Chunk, Done, GenerationRequest, Health, Timings, Usage
-from adapters.local_tools import tool_calling
-from adapters.store_models import model_details
+from adapters.core.base import Chunk, Done, GenerationRequest, Health, Timings, Usage
+from adapters.tools.local import tool_calling
+from adapters.local.store_models import model_details
 from gateway.app import create_app
 from gateway.settings import ServerSettings
 from tests.gateway.conftest import private_store, server_env

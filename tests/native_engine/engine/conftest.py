@@ -142,7 +142,7 @@ def prompts(model: BuiltModel):
 def new_tokenizer(model: BuiltModel):
     key = ("tokenizer", model.name)
     if key not in _CACHE:
-        from native_engine.loader.tokenizer import load_tokenizer
+        from gguf_io.tokenizer import load_tokenizer
 
         _CACHE[key] = load_tokenizer(model.gguf)
     return _CACHE[key]

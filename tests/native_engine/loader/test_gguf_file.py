@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from native_engine.loader import Q4Blocks, load_gguf
-from native_engine.loader.gguf_file import GGUFFile
+from gguf_io.gguf_file import GGUFFile
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])

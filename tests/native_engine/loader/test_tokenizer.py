@@ -186,7 +186,7 @@ def test_llama3_digits_and_ignore_merges_match_llama_cpp(build, tmp_path):
 
 
 def test_piece_bytes_helpers():
-    from native_engine.loader.tokenizer import _BYTE_DECODER, _spm_piece, byte_level_bytes
+    from gguf_io.tokenizer import _BYTE_DECODER, _spm_piece, byte_level_bytes
 
     assert byte_level_bytes("\u0120hello\u010a") == b" hello\n"
     assert byte_level_bytes("\u00e6\u0139\u00a5") == "日".encode()  # one CJK char as three byte symbols

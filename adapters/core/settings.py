@@ -1,0 +1,90 @@
+"""Settings of the in-process engines: one typed tree, each default written once.
+
+``infer serve`` (``gateway.settings.ServerSettings.local``) and ``infer run`` read the same
+``INFER_*`` variables through :meth:`LocalSettings.from_env`; the llama.cpp pool, the native
+engine and the option defaults (``num_ctx``) all derive from it. Where ``INFER_X`` is unset,
+Ollama's ``OLLAMA_X`` is read (``registry.settings.env_setting``); ``OLLAMA_MAX_LOADED_MODELS=0``
+means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=0`` = no limit).
+
+| variable (Ollama's) | field | default |
+|---|---|---|
+| ``INFER_ENGINE`` | ``engine`` | ``llamacpp`` |
+| ``INFER_KEEP_ALIVE`` (``OLLAMA_KEEP_ALIVE``) | ``keep_alive`` | ``5m`` (300 s; ``-1`` = forever, ``0`` = unload when idle) |
+| ``INFER_NUM_PARALLEL`` (``OLLAMA_NUM_PARALLEL``) | ``num_parallel`` | ``1`` |
+| ``INFER_MAX_QUEUE`` (``OLLAMA_MAX_QUEUE``) | ``max_queue`` | ``512`` |
+| ``INFER_MAX_LOADED_MODELS`` (``OLLAMA_MAX_LOADED_MODELS``) | ``max_loaded_models`` | ``3`` |
+| ``INFER_CONTEXT_LENGTH`` (``OLLAMA_CONTEXT_LENGTH``) | ``context_length`` | ``2048`` |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from adapters.core.durations import parse_keep_alive
+from registry.settings import env_setting
+
+ENV_PREFIX = "INFER_"
+
+
+class NativeSettings(BaseModel):
+    """Engine knobs used for every model the native backend loads: ``EngineConfig`` fields by the same names
+    (``adapters.local.native.backend.engine_config`` builds it; this tree imports nothing of the engine)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_num_batched_tokens: int = Field(default=512, ge=16)
+    block_size: int = Field(default=16, ge=1)
+    kv_cache_memory_bytes: int | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    enable_prefix_caching: bool = True
+
+
+class LocalSettings(BaseSettings):
+    model_config = SettingsConfigDict(frozen=True, env_prefix=ENV_PREFIX, extra="ignore")
+
+    engine: Literal["llamacpp", "native"] = Field(
+        default="llamacpp", description="In-process engine for store models; a request may name another.")
+    keep_alive: float = Field(default=300.0, description="Seconds an idle model stays loaded (-1 = forever).")
+    num_parallel: int = Field(default=1, ge=1, le=64, description="Concurrent requests per llama.cpp model.")
+    max_queue: int = Field(default=512, ge=0, description="Requests waiting per model before 503.")
+    max_loaded_models: int = Field(default=3, ge=0, description="Models kept loaded at once.")
+    context_length: int = Field(default=2048, ge=16, le=1 << 20,
+                                description="num_ctx when neither the model nor the request sets one.")
+    native: NativeSettings = Field(default_factory=NativeSettings)
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return parse_keep_alive(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
+
+    @property
+    def option_defaults(self) -> dict[str, Any]:
+        """Defaults under every request's options."""
+        return {"num_ctx": self.context_length}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], **overrides: Any) -> "LocalSettings":
+        """From ``INFER_*`` in ``env`` (not ``os.environ``), then ``overrides``; ValueError names the variable."""
+        values: dict[str, Any] = {}
+        variables: dict[str, str] = {}
+        for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length"):
+            found = env_setting(env, name.upper(), ollama=name != "engine")
+            if found and found != ("OLLAMA_MAX_LOADED_MODELS", "0"):  # Ollama's 0 = auto: our default
+                variables[name], values[name] = found
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = str(err["loc"][0]) if err["loc"] else "settings"
+            var = variables[name] if name in variables and name not in overrides else name
+            raise ValueError(f"invalid {var}: {err['msg']}") from None
+
+
+DEFAULTS = LocalSettings.model_construct()  # the defaults, for code that has no settings at hand

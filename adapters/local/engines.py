@@ -1,0 +1,74 @@
+"""The in-process engines over the local store: llama.cpp (default) and the native PyTorch engine.
+
+:class:`LocalEngines` creates each engine on first use and hands it out by name; it serves no
+request itself. ``gateway/serving/router.py`` asks it for the engine a request names (``request.engine``,
+else the server's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from adapters.core.base import LoadedModel, LocalBackend
+from adapters.core.errors import InvalidRequest
+from adapters.core.settings import LocalSettings
+
+ENGINES = ("llamacpp", "native")
+
+
+def check_engine(name: str) -> str:
+    if name not in ENGINES:
+        raise InvalidRequest(f"unknown engine {name!r}: choose one of {', '.join(ENGINES)}", param="engine")
+    return name
+
+
+@dataclass
+class LocalEngines:
+    factories: dict[str, Callable[[], LocalBackend]]
+    default: str = "llamacpp"
+    _started: dict[str, LocalBackend] = field(default_factory=dict)
+
+    def get(self, engine: str | None = None) -> LocalBackend:
+        """The engine ``engine`` (None = the default), started on first use."""
+        engine = check_engine(engine or self.default)
+        if engine not in self._started:
+            self._started[engine] = self.factories[engine]()
+        return self._started[engine]
+
+    def for_embedding(self) -> LocalBackend:
+        backend = self.get()
+        return backend if backend.supports_embeddings else self.get("llamacpp")
+
+    def started(self) -> dict[str, LocalBackend]:
+        return dict(self._started)
+
+    async def loaded_models(self) -> list[LoadedModel]:
+        return [m for b in self._started.values() for m in await b.loaded_models()]
+
+    async def unload(self, model: str) -> bool:
+        return any([await b.unload(model) for b in list(self._started.values())])
+
+    async def aclose(self) -> None:
+        for backend in self._started.values():
+            await backend.aclose()
+        self._started.clear()
+
+
+def in_process_engines(store, settings: LocalSettings) -> LocalEngines:
+    """Both engines over ``store``, configured by ``settings``; ``settings.engine`` is the default."""
+
+    def llamacpp() -> LocalBackend:
+        from adapters.local.llamacpp.backend import LlamaCppBackend
+
+        return LlamaCppBackend(store=store, settings=settings)
+
+    def native() -> LocalBackend:
+        from adapters.local.native.backend import NativeBackend
+
+        return NativeBackend(store=store, settings=settings)
+
+    engines = LocalEngines({"llamacpp": llamacpp, "native": native}, default=check_engine(settings.engine))
+    if engines.default == "native":
+        engines.get()  # starts importing the engine now (adapters/local/native/backend.py: preload_engine)
+    return engines

@@ -1,0 +1,301 @@
+"""The native engine (`native_engine/`, PyTorch, paged KV cache, continuous batching) as a backend.
+
+Serves the GGUF models of the local store. One `LLMEngine` per model runs on its own thread
+(`AsyncLLMEngine`); every request to that model joins its running batch. This module is the only
+place that imports `native_engine`, and it does so lazily so `infer serve` starts without torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry.details import ModelDetails
+from registry.store import Store
+
+from adapters.core.base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
+                                StreamEvent, Timings, TokenLogprob, Usage, until_cancelled)
+from adapters.prompting.chat_format import PromptSpec, render_request
+from adapters.core.errors import BackendUnavailable, InvalidRequest, ModelNotFound
+from adapters.tools.local import tool_calling
+from adapters.core.options import Options, check_prompt_bytes, check_room, check_token_ids, resolve_options
+from adapters.core.settings import DEFAULTS, LocalSettings, NativeSettings
+from adapters.local.store_models import gguf_path, model_details, store_models
+
+_ids = itertools.count()
+
+
+@dataclass
+class _Loaded:
+    name: str
+    digest: str
+    size: int
+    engine: Any  # AsyncLLMEngine
+    spec: PromptSpec
+    active: int = 0
+    expires_at: float | None = None
+    timer: asyncio.TimerHandle | None = None
+    max_token_bytes: int | None = None  # the longest vocabulary entry, measured on first use
+
+
+@dataclass
+class NativeBackend:
+    store: Store
+    settings: LocalSettings = field(default_factory=lambda: DEFAULTS)
+    name: str = "native"
+    can_stream: bool = True
+    supports_embeddings: bool = False
+    admits: bool = True  # calls request.admit with the tokenized prompt before generating
+
+    def __post_init__(self) -> None:
+        self._loaded: dict[str, _Loaded] = {}
+        self._lock = asyncio.Lock()
+        preload_engine()
+
+    # -- generation -----------------------------------------------------------------------------
+
+    @tool_calling(grammar=False)
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        details = self.details(request.model)
+        options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)
+        if request.format:
+            raise InvalidRequest("the native engine does not support \"format\" (JSON grammars) yet; "
+                                 "use the llama.cpp engine for structured output", param="format")
+        entry, load_s = await self._acquire(details, options)
+        try:
+            async for event in self._generate(entry, request, options, Timings(load=load_s)):
+                yield event
+        finally:
+            self._release(entry, request.keep_alive)
+
+    async def _generate(self, entry: _Loaded, request: GenerationRequest, options: Options,
+                        timings: Timings) -> AsyncIterator[StreamEvent]:
+        llm = entry.engine.engine
+        limit = min(options.num_ctx, llm.max_model_len)
+        longest = _max_token_bytes(entry, llm.tokenizer)
+        encode = lambda text: _encode(llm.tokenizer, entry.spec, text)  # noqa: E731
+        count = lambda text: limit + 1 if len(text) > limit * longest else len(encode(text))  # noqa: E731
+        if request.prompt_tokens is not None:  # token ids from the client go to the engine as they are
+            token_ids, dropped = check_token_ids(request.prompt_tokens, llm.tokenizer.vocab_size), 0
+        else:
+            prompt, dropped = render_request(entry.spec, request, count, limit - 1)
+            check_prompt_bytes(prompt, limit, longest)  # bounded work before tokenizing a huge prompt
+            token_ids = encode(prompt)
+        check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
+        room = limit - len(token_ids)
+        if request.admit is not None:  # a keyed request: its budget and limits, before anything runs
+            room = min(room, await request.admit(len(token_ids), limit, self.name) or room)
+        params = sampling_params(options, request, room=room)
+        output: list[int] = []
+        done: Done | None = None
+        outputs = _engine_outputs(entry.engine, token_ids, params, request.arrival)
+        async for out in until_cancelled(outputs, request.cancel):
+            completion = out.outputs[0]
+            output += completion.token_ids
+            if completion.text or completion.logprobs:
+                yield Chunk(completion.text, completion.token_ids, _logprobs(llm.tokenizer, completion, request))
+            if out.finished:
+                done = _done(out, token_ids, output, timings, request, dropped)
+        yield done or _done(None, token_ids, output, timings, request, dropped, reason="cancelled")
+
+    # -- loading --------------------------------------------------------------------------------
+
+    async def _acquire(self, details: ModelDetails, options: Options) -> tuple[_Loaded, float]:
+        async with self._lock:
+            t0 = time.perf_counter()
+            entry = self._loaded.get(details.digest)
+            if entry is None:
+                entry = await asyncio.get_running_loop().run_in_executor(None, self._load, details, options)
+                self._loaded[details.digest] = entry
+            entry.active += 1
+            if entry.timer is not None:
+                entry.timer.cancel()
+                entry.timer = None
+            return entry, time.perf_counter() - t0
+
+    def _load(self, details: ModelDetails, options: Options) -> _Loaded:
+        model_path = gguf_path(details, "the native engine")
+        from native_engine import AsyncLLMEngine, LLMEngine
+
+        context = min(options.num_ctx, details.gguf.context_length or options.num_ctx)
+        try:
+            llm = LLMEngine(engine_config(self.settings.native, str(model_path), context))
+        except (ValueError, NotImplementedError) as exc:
+            raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
+        tok = llm.tokenizer
+        bos = tok.decode([tok.bos_token_id], skip_special_tokens=False) if tok.bos_token_id is not None else ""
+        eos = tok.decode(tok.eos_token_ids[:1], skip_special_tokens=False)
+        spec = PromptSpec.from_details(details, bos_token=bos, eos_token=eos)
+        return _Loaded(details.name.display, details.digest, model_path.stat().st_size,
+                       AsyncLLMEngine(llm), spec)
+
+    def _release(self, entry: _Loaded, keep_alive: float | None) -> None:
+        entry.active -= 1
+        seconds = self.settings.keep_alive if keep_alive is None else keep_alive
+        if seconds < 0:
+            entry.expires_at = None
+            return
+        entry.expires_at = time.time() + seconds
+        if entry.active == 0:
+            loop = asyncio.get_running_loop()
+            entry.timer = loop.call_later(seconds, lambda: loop.create_task(self._expire(entry)))
+
+    async def _expire(self, entry: _Loaded) -> None:
+        async with self._lock:
+            if entry.active == 0 and self._loaded.get(entry.digest) is entry:
+                self._drop(entry)
+
+    def _drop(self, entry: _Loaded) -> None:
+        del self._loaded[entry.digest]
+        if entry.timer is not None:
+            entry.timer.cancel()
+        entry.engine.shutdown()
+
+    async def load(self, model: str, options: dict[str, Any] | None = None, keep_alive: float | None = None) -> None:
+        details = self.details(model)
+        entry, _ = await self._acquire(details, resolve_options(details.parameters, options, defaults=self.settings.option_defaults))
+        self._release(entry, keep_alive)
+
+    # -- models ---------------------------------------------------------------------------------
+
+    def details(self, model: str) -> ModelDetails:
+        return model_details(self.store, model)
+
+    async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
+                    keep_alive: float | None = None) -> EmbedResult:
+        raise InvalidRequest("the native engine does not compute embeddings; use the llama.cpp engine")
+
+    async def list_models(self) -> list[ModelInfo]:
+        return store_models(self.store, self.name)
+
+    async def loaded_models(self) -> list[LoadedModel]:
+        return [LoadedModel(name=e.name, backend=self.name, size=e.size, digest=e.digest, expires_at=e.expires_at,
+                            context_length=e.engine.engine.max_model_len) for e in self._loaded.values()]
+
+    async def unload(self, model: str) -> bool:
+        try:
+            digest = self.details(model).digest
+        except ModelNotFound:
+            return False
+        async with self._lock:
+            entry = self._loaded.get(digest)
+            if entry is None:
+                return False
+            self._drop(entry)
+            return True
+
+    async def health(self) -> Health:
+        return Health(ok=True, detail=f"{len(self._loaded)} model(s) loaded")
+
+    def current_load(self) -> dict[str, float]:
+        """The loaded engines' schedulers now: running, waiting, and the fullest KV cache's used share
+        (read from the event loop while the engine threads run: a snapshot, not a transaction)."""
+        schedulers = [e.engine.engine.scheduler for e in list(self._loaded.values())]
+        if not schedulers:
+            return {"requests_running": 0.0, "requests_waiting": 0.0}
+        return {"requests_running": float(sum(s.num_running for s in schedulers)),
+                "requests_waiting": float(sum(s.num_waiting for s in schedulers)),
+                "kv_cache_usage": max(s.block_manager.usage for s in schedulers)}
+
+    async def aclose(self) -> None:
+        for entry in list(self._loaded.values()):
+            self._drop(entry)
+
+
+_preload_lock = threading.Lock()
+_preloading: threading.Thread | None = None
+
+
+def preload_engine() -> None:
+    """Import the engine (torch and the model code, about a second of a model's load) on a background
+    thread, once per process; a load that follows waits (on the import lock) only for what is left.
+    Called when the native backend is created, which `infer serve` and `infer run` do at start when
+    the native engine is the default, before the first model is asked for."""
+    global _preloading
+    with _preload_lock:
+        if _preloading is None:
+            _preloading = threading.Thread(target=importlib.import_module, args=("native_engine.llm_engine",),
+                                           name="native-engine-import", daemon=True)
+            _preloading.start()
+
+
+async def _engine_outputs(engine, token_ids: list[int], params, arrival: float) -> AsyncIterator:
+    """The engine's outputs, its errors translated into the backend error tree."""
+    try:
+        async for out in engine.generate(f"native-{next(_ids)}", token_ids, params, arrival_time=arrival):
+            yield out
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    except RuntimeError as exc:
+        raise BackendUnavailable(f"the native engine failed: {exc}") from None
+
+
+def _max_token_bytes(entry: _Loaded, tokenizer) -> int:
+    """The longest vocabulary entry in bytes, measured once per loaded model."""
+    if entry.max_token_bytes is None:
+        entry.max_token_bytes = max((len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), default=1)
+    return entry.max_token_bytes
+
+
+def _encode(tokenizer, spec: PromptSpec, text: str) -> list[int]:
+    """Tokenize as llama.cpp does: BOS first when the model asks for it, unless the template wrote it."""
+    add_bos = tokenizer.add_bos_token and not (spec.bos_token and text.startswith(spec.bos_token))
+    return tokenizer.encode(text, add_bos=add_bos)
+
+
+def engine_config(native: NativeSettings, model_path: str, max_model_len: int):
+    """One model's ``EngineConfig``: the settings tree's native knobs, the model's path and its context."""
+    from native_engine import EngineConfig
+
+    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.model_dump())
+
+
+def sampling_params(options: Options, request: GenerationRequest, room: int):
+    from native_engine import SamplingParams
+
+    wanted = options.num_predict if options.num_predict > 0 else room
+    return SamplingParams(
+        temperature=options.temperature, top_k=options.top_k, top_p=options.top_p or 1.0, min_p=options.min_p,
+        repetition_penalty=options.repeat_penalty or 1.0, presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty, seed=options.seed if options.seed >= 0 else None,
+        max_tokens=max(1, min(wanted, room)), stop=list(options.stop), ignore_eos=options.ignore_eos,
+        logprobs=request.top_logprobs if request.logprobs else None,
+    )
+
+
+def _logprobs(tokenizer, completion, request: GenerationRequest) -> list[TokenLogprob] | None:
+    if not request.logprobs or not completion.logprobs:
+        return None
+    return [_entry(tokenizer, lp.token_id, lp.logprob, lp.top_logprobs) for lp in completion.logprobs]
+
+
+def _entry(tokenizer, token_id: int, logprob: float, top: list[tuple[int, float]] = ()) -> TokenLogprob:
+    raw = tokenizer.token_bytes(token_id)
+    return TokenLogprob(token=raw.decode("utf-8", errors="replace"), logprob=logprob, bytes=list(raw),
+                        top_logprobs=[_entry(tokenizer, t, lp) for t, lp in top])
+
+
+def _done(out, prompt: list[int], output: list[int], timings: Timings, request: GenerationRequest,
+          dropped: int, reason: str | None = None) -> Done:
+    cached = out.num_cached_tokens if out is not None else 0
+    if out is not None:
+        m, arrival = out.metrics, request.arrival
+        timings.queue = (m.first_scheduled_time or arrival) - arrival
+        timings.prompt_eval = (m.first_token_time or arrival) - (m.first_scheduled_time or arrival)
+        timings.eval = (m.last_token_time or arrival) - (m.first_token_time or arrival)
+        timings.token_times = [t - arrival for t in m.token_times]
+        timings.ttft = timings.token_times[0] if timings.token_times else None
+        reason = out.outputs[0].finish_reason
+    timings.total = time.perf_counter() - request.arrival
+    usage = Usage(input_tokens=len(prompt), output_tokens=len(output), cached_input_tokens=cached)
+    return Done(finish_reason=reason or "stop", usage=usage, timings=timings, prompt_tokens=prompt,
+                output_tokens=output, truncated_messages=dropped)
+
+
+__all__ = ["NativeBackend"]

@@ -1,0 +1,429 @@
+"""What every remote adapter shares: settings, the injected HTTP client, deadlines, the in-flight
+cap, usage accounting and the one place its failures become the project's error tree.
+
+A concrete adapter (``adapters/remote/vllm.py``, ``tgi.py``, …) subclasses :class:`RemoteBackend` and
+writes two things: ``generate(request, turn)``, an async generator of :class:`Chunk` that speaks
+its protocol (recording reported usage and the finish reason on ``turn``), and, when its error
+bodies differ from the common shapes, ``error_from_response``. The base class wraps ``generate``
+into the :class:`~adapters.core.base.Backend` protocol:
+
+- deadlines: ``first_byte`` from arrival to the first chunk of a stream (time queued for a slot
+  included), ``total`` for the whole request, ``connect``/``read`` inside httpx;
+- ``max_inflight``: requests beyond it wait for a slot until their first-byte deadline, then get
+  :class:`BackendOverloaded` (429 with ``Retry-After``);
+- usage: the backend's figures when it reports them, else counted with the configured tokenizer
+  (or a byte estimate) and marked ``estimated``; never zero for a stream that produced text;
+- ``request.cancel`` (client gone) interrupts the read in progress and closes the HTTP response,
+  so the backend sees the disconnect; the stream ends with a ``cancelled`` Done counting the
+  tokens received;
+- a failure after the first chunk raises the mapped error with ``partial`` set to the usage so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import aiohttp
+import httpx
+from httpx_aiohttp import AiohttpTransport
+
+from .direct import Direct
+from adapters.core.base import (Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings,
+                                Usage)
+from adapters.core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
+from .http_errors import error_from_status, map_transport_error
+from .metrics_scrape import scrape
+from adapters.prompting.token_count import ByteBound, TokenCounter, load_counter, prompt_bound
+from .wire import parse_json
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds. ``first_byte`` runs from arrival to the first streamed chunk."""
+
+    connect: float = 5.0
+    first_byte: float = 120.0
+    read: float = 120.0  # a silent gap inside a reply; as long as first_byte, so a long prefill is not cut
+    total: float = 600.0
+
+    def for_httpx(self) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect, read=self.read, write=self.read, pool=self.connect)
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """One ``backends:`` entry of ``infer serve --config``, validated (see ``gateway/backends_config.py``)."""
+
+    name: str                      # the public model name clients ask for
+    type: str                      # vllm, tgi, trtllm, triton, ollama, llamacpp, openai
+    base_url: str                  # the server's root, without a trailing /v1
+    model: str                     # the backend's own model name
+    api_key: str | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    max_inflight: int | None = None
+    tokenizer: str | None = None   # tokenizer.json or .gguf, for usage the backend does not report
+    mode: str | None = None        # tgi: "generate" (native, default) or "messages"
+    context_length: int | None = None
+
+
+def make_client(settings: RemoteSettings, transport: AiohttpTransport | None = None) -> httpx.AsyncClient:
+    """A pooled client for one backend: keep-alive connections up to ``max_inflight`` (unlimited when
+    unset), so requests never wait for a connection: past ``max_inflight`` they queue for a slot
+    until their first-byte deadline and then get 429 with Retry-After, never a pool timeout.
+
+    The httpx API over aiohttp's connection pool (``httpx-aiohttp``, the transport the OpenAI SDK
+    offers): httpcore's pool scans every connection, with a ``poll`` syscall each, on every request,
+    which costs milliseconds per request at a few dozen connections.
+    """
+    return httpx.AsyncClient(base_url=settings.base_url, timeout=settings.timeouts.for_httpx(),
+                             transport=transport or pool_transport(settings))
+
+
+def pool_transport(settings: RemoteSettings) -> AiohttpTransport:
+    size = settings.max_inflight or 0  # 0: no cap of its own; max_inflight (a queue, then 429) is the one limit
+    return AiohttpTransport(limits=httpx.Limits(max_connections=size, max_keepalive_connections=size or None))
+
+
+class Turn:
+    """One request's accounting: chunks and their times, reported usage, finish reason."""
+
+    def __init__(self, request: GenerationRequest, counter: TokenCounter, start: float):
+        self.request, self.counter, self.start = request, counter, start
+        self.queue = 0.0  # waiting for a max_inflight slot, plus the backend's queue time when it reports one
+        self.reported: Usage | None = None
+        self.finish_reason: str = "stop"
+        self.parts: list[str] = []
+        self.events = 0  # chunks received, a token count when nothing else is known
+        self.token_times: list[float] = []
+        self.prompt_eval: float | None = None  # backend-measured, when it says (Ollama, llama.cpp)
+        self.eval: float | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        self.events += 1
+        self.parts.append(chunk.text)
+        self.token_times.append(time.perf_counter() - self.request.arrival)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def usage(self) -> Usage:
+        reported = self.reported
+        if reported is not None and (reported.output_tokens > 0 or not self.text):
+            if reported.input_tokens or reported.output_tokens == 0:
+                return reported
+            # Output reported but no input count (Ollama omits zero fields; TGI's /generate has none).
+            return Usage(input_tokens=self.counter.prompt_tokens(self.request), output_tokens=reported.output_tokens,
+                         cached_input_tokens=reported.cached_input_tokens, source="estimated")
+        estimate = Usage(input_tokens=self.counter.prompt_tokens(self.request),
+                         output_tokens=max(self.counter.count(self.text), 1) if self.text else 0, source="estimated")
+        if reported is not None and reported.input_tokens:  # keep the backend's input count
+            estimate.input_tokens = reported.input_tokens
+        return estimate
+
+    def done(self, finish_reason: str | None = None) -> Done:
+        times = self.token_times
+        ttft = times[0] if times else None
+        timings = Timings(queue=self.queue, ttft=ttft, total=time.perf_counter() - self.request.arrival,
+                          token_times=list(times))
+        timings.prompt_eval = self.prompt_eval if self.prompt_eval is not None else max(0.0, (ttft or 0.0) - self.queue)
+        timings.eval = self.eval if self.eval is not None else (times[-1] - times[0] if len(times) > 1 else 0.0)
+        return Done(finish_reason=finish_reason or self.finish_reason, usage=self.usage(), timings=timings)  # type: ignore[arg-type]
+
+
+class RemoteBackend:
+    """Base of the HTTP adapters; see the module docstring."""
+
+    type: ClassVar[str] = ""
+    health_path: ClassVar[str] = "/health"
+    can_stream = True
+    supports_embeddings = False
+    admits = True  # calls request.admit (a key's budget and limits) before sending (base.GenerationRequest)
+    takes_token_ids = False  # prompts and embedding inputs given as token-id lists (OpenAI-compatible servers)
+
+    def __init__(self, settings: RemoteSettings, client: httpx.AsyncClient | None = None,
+                 counter: TokenCounter | None = None):
+        self.settings = settings
+        self._owns_client = client is None
+        self._direct: Direct | None = None  # post_stream/post_json straight on the pool (adapters/remote/direct.py)
+        if client is None:
+            transport = pool_transport(settings)
+            client = make_client(settings, transport)
+            t = settings.timeouts
+            self._direct = Direct(transport, settings.base_url, t.connect, t.read)
+        self.client = client
+        self.counter = counter if counter is not None else load_counter(settings.tokenizer)
+        self.bound = self.counter if settings.tokenizer else ByteBound()  # a prompt's tokens at most
+        self._slots = asyncio.Semaphore(settings.max_inflight) if settings.max_inflight else None
+        self.num_waiting = 0  # requests queued in the gateway for a max_inflight slot
+        # Tracing on: adds the current span's ``traceparent`` to a header dict (``gateway/tracing.py``).
+        self.inject: Callable[[dict[str, str]], None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.type
+
+    @property
+    def where(self) -> str:
+        return f"{self.type} backend '{self.settings.name}' at {self.settings.base_url}"
+
+    # -- what subclasses write ------------------------------------------------------------------
+
+    def generate(self, request: GenerationRequest, turn: Turn) -> AsyncIterator[Chunk]:
+        raise NotImplementedError
+
+    def error_from_response(self, status: int, body: bytes, headers: httpx.Headers) -> BackendError:
+        """The one mapping of this backend's error replies; override for a different body shape."""
+        return error_from_status(self.where, status, error_message(body), headers)
+
+    def lists(self, ids: list[str]) -> bool:
+        """Whether the backend's model listing ``ids`` includes the configured model."""
+        return self.settings.model in ids
+
+    async def models(self) -> list[str]:
+        """The backend's own model ids (``backends check``); OpenAI-compatible servers by default."""
+        body = await self.get_json("/v1/models")
+        return [str(m.get("id")) for m in body.get("data", []) if isinstance(m, dict)]
+
+    # -- the Backend protocol ---------------------------------------------------------------------
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        if request.prompt_tokens is not None and not self.takes_token_ids:
+            raise InvalidRequest(f"the {self.type} backend takes prompts as text, not token ids; send the prompt "
+                                 "as text", param="prompt")
+        if request.admit is not None:
+            await self._admit(request)
+        turn = Turn(request, self.counter, time.perf_counter())
+        deadline = request.arrival + self.settings.timeouts.total
+        first_byte = request.arrival + self.settings.timeouts.first_byte
+        # A one-reply call (client not streaming) has only the total deadline.
+        limit = min(first_byte, deadline) if request.stream else deadline
+        async with self._slot(first_byte, turn):
+            events = self.generate(request, turn)
+            try:
+                async with asyncio.timeout_at(_loop_time(limit)) as timer:
+                    # cancel: the read in progress ends now (a TimeoutError that the loop below tells apart)
+                    request.cancel.on_cancel(lambda: _cut(timer))
+                    async for chunk in events:
+                        if not turn.events and limit != deadline:
+                            timer.reschedule(_loop_time(deadline))
+                        turn.add(chunk)
+                        yield chunk
+                        if request.cancel.cancelled:
+                            break
+            except TimeoutError:
+                if not request.cancel.cancelled:
+                    raise self._timeout(turn) from None
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except Exception as exc:
+                raise self._failure(exc, turn) from exc
+            finally:
+                await events.aclose()  # closes the HTTP response: the backend sees the disconnect
+            yield turn.done("cancelled" if request.cancel.cancelled else None)
+
+    async def _admit(self, request: GenerationRequest) -> None:
+        """A keyed request's admission before anything is sent: the prompt's upper bound (its tokenizer's
+        count, else its bytes, plus template overhead) and the configured context; the answer caps the
+        output the backend is asked for."""
+        assert request.admit is not None
+        cap = await request.admit(prompt_bound(request, self.bound), self.settings.context_length, self.settings.name)
+        asked = request.options.get("num_predict")
+        if cap is not None and not (isinstance(asked, int) and 0 < asked <= cap):
+            request.options = {**request.options, "num_predict": cap}
+
+    def to_error(self, exc: BaseException) -> BackendError:
+        """Any failure while talking to the backend, as the project's error."""
+        if isinstance(exc, BackendError):
+            return exc
+        if isinstance(exc, httpx.HTTPStatusError):
+            return self.error_from_response(exc.response.status_code, b"", exc.response.headers)
+        if isinstance(exc, (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, httpx.CookieConflict,
+                            aiohttp.ClientError)):
+            return map_transport_error(exc, self.where, self.settings.timeouts)
+        return BackendProtocolError(f"{self.where} sent a reply we cannot read ({type(exc).__name__}: {exc})")
+
+    async def health(self) -> Health:
+        health = await self.probe(self.health_path)
+        if health.ok:
+            health.metrics = await self.load_metrics()
+        return health
+
+    async def probe(self, path: str) -> Health:
+        """``GET path``: healthy on a 200, with the round trip's latency."""
+        t0 = time.perf_counter()
+        try:
+            response = await self.client.get(path, headers=self.headers())
+        except Exception as exc:
+            return Health(ok=False, detail=self.to_error(exc).message)
+        ok = response.status_code == 200
+        return Health(ok=ok, detail="ok" if ok else f"{path} answered {response.status_code}",
+                      latency_ms=(time.perf_counter() - t0) * 1000)
+
+    def current_load(self) -> dict[str, float]:
+        """The gateway's side of this backend's queue: requests waiting for a ``max_inflight`` slot."""
+        return {"requests_waiting": float(self.num_waiting)}
+
+    async def load_metrics(self) -> dict[str, float]:
+        """Load signals for routing (requests_running, requests_waiting, kv_cache_usage); {} when unknown."""
+        return {}
+
+    async def prometheus_metrics(self, names: dict[str, str], labels: dict[str, str] | None = None,
+                                 ratios: frozenset[str] = frozenset()) -> dict[str, float]:
+        """``names`` scraped from the backend's Prometheus ``/metrics``; {} when it is off or unreadable
+        (load signals are advisory: a broken page must not fail the health check)."""
+        try:
+            response = await self.client.get("/metrics", headers=self.headers())
+            return scrape(response.text, names, labels, ratios) if response.status_code == 200 else {}
+        except Exception:
+            return {}
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [ModelInfo(name=self.settings.name, backend=self.type, family=self.type,
+                          context_length=self.settings.context_length, owned_by=self.settings.type)]
+
+    async def loaded_models(self) -> list[LoadedModel]:
+        return []
+
+    async def unload(self, model: str) -> bool:
+        return False
+
+    async def embed(self, model: str, inputs: list[str], *, truncate: bool = True, keep_alive: float | None = None):
+        raise InvalidRequest(f"the {self.type} backend does not serve embeddings", param="model")
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self.client.aclose()
+
+    # -- helpers for subclasses ---------------------------------------------------------------------
+
+    def headers(self) -> dict[str, str]:
+        """Every request's headers: the key, and the current trace context when tracing is on."""
+        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        if self.inject is not None:
+            self.inject(headers)
+        return headers
+
+    @asynccontextmanager
+    async def post_stream(self, path: str, body: dict[str, Any], accept: str = "text/event-stream"):
+        """POST ``body`` and yield the streaming response once its status is known to be a success."""
+        headers = {**self.headers(), "Accept": accept}
+        if self._direct is not None:  # aiohttp without httpx's layer; an injected httpx client keeps httpx
+            reply = await self._direct.post(path, body, headers, self.to_error)
+        else:
+            reply = await self.client.send(self.client.build_request("POST", path, json=body, headers=headers),
+                                           stream=True)
+        try:
+            if reply.status_code >= 400:
+                raise self.error_from_response(reply.status_code, await reply.aread(), reply.headers)
+            yield reply
+        finally:
+            await reply.aclose()
+
+    async def post_json(self, path: str, body: dict[str, Any]) -> Any:
+        if self._direct is not None:
+            reply = await self._direct.post(path, body, self.headers(), self.to_error)
+            try:
+                content = await reply.aread()
+            finally:
+                await reply.aclose()
+            if reply.status_code >= 400:
+                raise self.error_from_response(reply.status_code, content, reply.headers)
+            return parse_json(content)
+        return await self._call("POST", path, body)
+
+    async def get_json(self, path: str) -> Any:
+        return await self._call("GET", path, None)
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        try:
+            response = await self.client.request(method, path, json=body, headers=self.headers())
+        except Exception as exc:
+            raise self.to_error(exc) from exc
+        return self._json(response)
+
+    def _json(self, response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            raise self.error_from_response(response.status_code, response.content, response.headers)
+        return parse_json(response.content)
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _slot(self, first_byte: float, turn: Turn):
+        if self._slots is None:
+            yield
+            return
+        self.num_waiting += 1
+        try:
+            async with asyncio.timeout_at(_loop_time(first_byte)):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise BackendOverloaded(f"{self.where} has {self.settings.max_inflight} requests in flight "
+                                    "(max_inflight); retry later", retry_after=1.0) from None
+        finally:
+            self.num_waiting -= 1
+        turn.queue = time.perf_counter() - turn.start
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    def _timeout(self, turn: Turn) -> BackendTimeout:
+        t = self.settings.timeouts
+        if not turn.events:
+            return BackendTimeout(f"{self.where} sent no token within {t.first_byte:g} s (first_byte timeout)")
+        return BackendTimeout(f"{self.where} did not finish within {t.total:g} s (total timeout)")
+
+    def _failure(self, exc: BaseException, turn: Turn) -> BackendError:
+        error = self.to_error(exc)
+        if turn.events:
+            error.partial = turn.done("error")
+        return error
+
+
+def error_message(body: bytes) -> str:
+    """The human message inside an error body of any common shape (OpenAI, flat, TGI, FastAPI)."""
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        value = parse_json(text) if text else None
+    except BackendError:
+        return text[:500]
+    return message_of(value) or text[:500]
+
+
+def message_of(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, dict):
+        return ""
+    for key in ("error", "message", "detail"):
+        inner = value.get(key)
+        if isinstance(inner, str) and inner:
+            return inner
+        if isinstance(inner, dict):
+            return message_of(inner)
+        if isinstance(inner, list) and inner:  # FastAPI/pydantic validation details
+            return "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in inner)
+    return ""
+
+
+def _cut(timer: asyncio.Timeout) -> None:
+    """End the read in progress now; nothing to do once the request has left the timer's block."""
+    try:
+        timer.reschedule(asyncio.get_running_loop().time())
+    except RuntimeError:  # "Cannot change state of finished Timeout": the stream already ended
+        pass
+
+
+def _loop_time(perf_deadline: float) -> float:
+    """A ``time.perf_counter`` deadline on the event loop's clock."""
+    return asyncio.get_running_loop().time() + (perf_deadline - time.perf_counter())
+
+
+__all__ = ["RemoteBackend", "RemoteSettings", "Timeouts", "Turn", "error_message", "make_client", "message_of"]

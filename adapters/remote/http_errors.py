@@ -1,0 +1,102 @@
+"""HTTP failures -> the project's error tree, shared by every remote adapter.
+
+Two functions: :func:`map_transport_error` for anything httpx raises (every exception class it
+exports is covered; ``tests/adapters/test_http_errors.py`` walks them all), or aiohttp underneath
+it (the remote backends' connection pool, ``httpx-aiohttp``, whose own translation into httpx
+classes loses what happened: a refused connection arrives as a connect timeout), and
+:func:`error_from_status` for an error status with the backend's message. A backend's 400/422 is
+the client's fault and passes through with the backend's own words; everything else names the
+backend, so an operator can tell which server failed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import aiohttp
+import httpx
+
+from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
+                                  BackendUnavailable, InvalidRequest)
+
+if TYPE_CHECKING:
+    from .base import Timeouts
+
+
+def map_transport_error(exc: BaseException, where: str, timeouts: "Timeouts | None" = None) -> BackendError:
+    """An httpx exception (transport, protocol, stream misuse, bad URL) as a BackendError."""
+    cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
+    if isinstance(cause, aiohttp.ClientError):
+        return _from_aiohttp(cause, where, timeouts)
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectTimeout):
+        limit = f" within {timeouts.connect:g} s" if timeouts else ""
+        return BackendTimeout(f"{where} did not accept a connection{limit} (connect timeout)")
+    if isinstance(exc, httpx.ReadTimeout):
+        limit = f" for {timeouts.read:g} s" if timeouts else ""
+        return BackendTimeout(f"{where} sent nothing{limit} (read timeout)")
+    if isinstance(exc, httpx.WriteTimeout):
+        return BackendTimeout(f"{where} did not take the request body in time (write timeout)")
+    if isinstance(exc, httpx.PoolTimeout):
+        return BackendTimeout(f"{where}: no free connection in time (connection pool timeout)")
+    if isinstance(exc, httpx.TimeoutException):
+        return BackendTimeout(f"{where} timed out: {detail}")
+    if isinstance(exc, httpx.ConnectError):
+        return BackendUnavailable(f"{where} is unreachable ({detail}); is the server running?")
+    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.CloseError, httpx.NetworkError)):
+        return BackendUnavailable(f"{where} dropped the connection ({type(exc).__name__}: {detail})")
+    if isinstance(exc, httpx.ProxyError):
+        return BackendUnavailable(f"{where}: the proxy failed ({detail})")
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+        return BackendUnavailable(f"{where}: invalid base_url ({detail}); use http://host:port")
+    if isinstance(exc, httpx.HTTPStatusError):
+        return error_from_status(where, exc.response.status_code, "", exc.response.headers)
+    if isinstance(exc, (httpx.ProtocolError, httpx.DecodingError, httpx.TooManyRedirects, httpx.TransportError,
+                        httpx.RequestError, httpx.StreamError, httpx.CookieConflict, httpx.HTTPError)):
+        return BackendProtocolError(f"{where} broke the HTTP protocol ({type(exc).__name__}: {detail})")
+    return BackendProtocolError(f"{where}: {type(exc).__name__}: {detail}")
+
+
+def _from_aiohttp(exc: aiohttp.ClientError, where: str, timeouts: "Timeouts | None") -> BackendError:
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        limit = f" within {timeouts.connect:g} s" if timeouts else ""
+        return BackendTimeout(f"{where} did not accept a connection{limit} (connect timeout)")
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        limit = f" for {timeouts.read:g} s" if timeouts else ""
+        return BackendTimeout(f"{where} sent nothing{limit} (read timeout)")
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return BackendTimeout(f"{where} timed out: {detail}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return BackendUnavailable(f"{where} is unreachable ({detail}); is the server running?")
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
+                        aiohttp.ClientConnectionError)):
+        return BackendUnavailable(f"{where} dropped the connection ({type(exc).__name__}: {detail})")
+    if isinstance(exc, aiohttp.InvalidURL):
+        return BackendUnavailable(f"{where}: invalid base_url ({detail}); use http://host:port")
+    return BackendProtocolError(f"{where} broke the HTTP protocol ({type(exc).__name__}: {detail})")
+
+
+def error_from_status(where: str, status: int, message: str, headers: httpx.Headers | None = None) -> BackendError:
+    """An error reply (status + the backend's message) as a BackendError."""
+    message = message or f"HTTP {status}"
+    retry_after = _retry_after(headers)
+    if status in (400, 413, 422) or (400 <= status < 500 and status not in (401, 403, 404, 408, 429)):
+        return InvalidRequest(message)
+    if status == 429 or (status == 503 and retry_after is not None):
+        return BackendOverloaded(f"{where} is overloaded: {message}", retry_after=retry_after or 1.0)
+    if status in (401, 403):
+        return BackendUnavailable(f"{where} refused our credentials ({status}: {message}); check api_key_env")
+    if status == 404:
+        return BackendUnavailable(f"{where} answered 404 ({message}); check the entry's model and base_url")
+    if status in (408, 504):
+        return BackendTimeout(f"{where} timed out ({status}: {message})")
+    return BackendUnavailable(f"{where} failed ({status}: {message})")
+
+
+def _retry_after(headers: httpx.Headers | None) -> float | None:
+    value = headers.get("retry-after") if headers is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: rare from model servers; the client's own backoff applies

@@ -1,0 +1,221 @@
+"""OpenAI-compatible servers (type ``openai``: SGLang, LM Studio, hosted APIs), and the base of the
+vLLM, TensorRT-LLM (``trtllm-serve``) and llama.cpp server adapters.
+
+Chats go to ``/v1/chat/completions``, prompts to ``/v1/completions``, always as a stream with
+``stream_options.include_usage`` so usage arrives in the final chunk, unless the client itself asked
+for one reply (then one non-streamed call, whose usage the server always reports). Usage is read
+from whichever chunk carries it, also one with non-empty ``choices``. Request options use Ollama's
+names inside the gateway; ``SAMPLING`` maps the standard ones and each subclass adds the extensions
+its server accepts (``EXTENSIONS``): an OpenAI endpoint gets only OpenAI fields, TensorRT-LLM rejects
+unknown ones. Error events inside a 200 stream (``data: {"error": {...}}``) become the mapped error.
+
+Tools: ``tools``, ``tool_choice`` and the history's tool calls/results go out in OpenAI's form
+(``adapters/tools/wire.py``); the reply's ``tool_calls`` come back as whole calls — a stream's deltas
+(``delta.tool_calls[i]`` with the name first, then argument pieces) are joined by index and the calls
+are emitted when the choice finishes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any, ClassVar
+
+import orjson
+
+from adapters.core.base import Chunk, EmbedResult, GenerationRequest, ToolCall, Usage
+from adapters.core.errors import BackendProtocolError, InvalidRequest
+from .http_errors import error_from_status
+from .base import RemoteBackend, Turn, message_of
+from .registry import register_remote
+from adapters.tools.wire import from_wire_call, openai_messages
+from .wire import parse_object, sse_batches
+
+# Ollama option -> OpenAI field, for fields every OpenAI-compatible server takes.
+SAMPLING = {"temperature": "temperature", "top_p": "top_p", "presence_penalty": "presence_penalty",
+            "frequency_penalty": "frequency_penalty", "stop": "stop"}
+
+
+class OpenAICompatBackend(RemoteBackend):
+    type: ClassVar[str] = "openai"
+    health_path: ClassVar[str] = "/v1/models"
+    EXTENSIONS: ClassVar[dict[str, str]] = {}  # server-specific sampling fields
+    supports_embeddings = True
+    takes_token_ids = True
+
+    # -- request ----------------------------------------------------------------------------------
+
+    def body(self, request: GenerationRequest, stream: bool) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {"model": self.settings.model, "stream": stream}
+        if request.is_chat:
+            path = "/v1/chat/completions"
+            body["messages"] = openai_messages(request.messages or [])
+            if request.tools:
+                body["tools"] = request.tools
+            if request.tool_choice is not None:
+                body["tool_choice"] = request.tool_choice
+            if request.tools and not request.parallel_tool_calls:
+                body["parallel_tool_calls"] = False
+            if request.logprobs:
+                body["logprobs"] = True
+                if request.top_logprobs:
+                    body["top_logprobs"] = request.top_logprobs
+        else:
+            path = "/v1/completions"
+            if request.prompt_tokens is not None:  # token ids pass through, as vLLM takes them
+                body["prompt"] = request.prompt_tokens
+            else:
+                body["prompt"] = (request.system + "\n\n" if request.system else "") + (request.prompt or "")
+            if request.suffix:
+                body["suffix"] = request.suffix
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        body.update(self.sampling(request.options))
+        if request.format is not None:
+            body["response_format"] = response_format(request.format)
+        return path, body
+
+    def sampling(self, options: dict[str, Any]) -> dict[str, Any]:
+        out = {field: options[opt] for opt, field in {**SAMPLING, **self.EXTENSIONS}.items()
+               if options.get(opt) is not None}
+        if (options.get("num_predict") or -1) > 0:
+            out["max_tokens"] = options["num_predict"]
+        if options.get("seed") is not None and options["seed"] >= 0:
+            out["seed"] = options["seed"]
+        if out.get("stop") == []:
+            del out["stop"]
+        return out
+
+    # -- response ---------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest, turn: Turn) -> AsyncIterator[Chunk]:
+        path, body = self.body(request, request.stream)
+        if not request.stream:
+            reply = await self.post_json(path, body)
+            text = self.read_event(reply, turn, delta=False)
+            calls = [from_wire_call(c) for c in _message_calls(reply)]
+            if text or calls:
+                yield Chunk(text=text, tool_calls=calls)
+            return
+        deltas = CallDeltas()
+        async with self.post_stream(path, body) as response, aclosing(sse_batches(response)) as batches:
+            async for batch in batches:
+                for data in batch:
+                    if data.strip() == "[DONE]":
+                        if deltas:
+                            yield Chunk("", tool_calls=deltas.take())
+                        return
+                    event = parse_object(data)
+                    text = self.read_event(event, turn, delta=True)
+                    if text:
+                        yield Chunk(text=text)
+                    if deltas.add(event):
+                        yield Chunk("", tool_calls=deltas.take())
+        raise BackendProtocolError(f"{self.where} ended the stream without data: [DONE]")
+
+    def read_event(self, event: dict[str, Any], turn: Turn, *, delta: bool) -> str:
+        """Text of one chunk (or of a whole reply); records usage and the finish reason on ``turn``."""
+        if "error" in event:
+            raise self.stream_error(event["error"])
+        if isinstance(event.get("usage"), dict):
+            turn.reported = usage_of(event["usage"])
+        text = ""
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            if delta and "delta" in choice:
+                text += (choice.get("delta") or {}).get("content") or ""
+            elif "message" in choice:
+                text += (choice.get("message") or {}).get("content") or ""
+            else:
+                text += choice.get("text") or ""
+            if choice.get("finish_reason"):
+                turn.finish_reason = "length" if choice["finish_reason"] == "length" else "stop"
+        return text
+
+    def stream_error(self, error: Any) -> Exception:
+        """An error event inside a 200 stream (vLLM: ``{"error": {message, type, code}}``)."""
+        status = 500
+        if isinstance(error, dict):
+            code = error.get("code", error.get("http_status_code"))
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+        return error_from_status(self.where, status, message_of({"error": error}) or "error event in the stream")
+
+    # -- other routes -----------------------------------------------------------------------------
+
+    async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
+                    keep_alive: float | None = None) -> EmbedResult:
+        t0 = time.perf_counter()
+        reply = await self.post_json("/v1/embeddings", {"model": self.settings.model, "input": inputs})
+        rows = sorted(reply.get("data") or [], key=lambda d: d.get("index", 0))
+        vectors = [row.get("embedding") for row in rows]
+        if len(vectors) != len(inputs) or not all(isinstance(v, list) for v in vectors):
+            raise BackendProtocolError(f"{self.where} answered /v1/embeddings without one vector per input")
+        tokens = (reply.get("usage") or {}).get("prompt_tokens") or sum(
+            self.counter.count(t) if isinstance(t, str) else len(t) for t in inputs)
+        return EmbedResult(vectors, int(tokens), total=time.perf_counter() - t0)
+
+
+class CallDeltas:
+    """A stream's ``delta.tool_calls`` pieces of choice 0, joined by index until the choice finishes."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, str]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.calls)
+
+    def add(self, event: dict[str, Any]) -> bool:
+        """Take in one event; True when the choice finished (its calls are complete)."""
+        finished = False
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            for piece in (choice.get("delta") or {}).get("tool_calls") or []:
+                self._add(piece)
+            finished = finished or bool(choice.get("finish_reason"))
+        return finished and bool(self.calls)
+
+    def _add(self, piece: dict[str, Any]) -> None:
+        call = self.calls.setdefault(int(piece.get("index", len(self.calls))), {"id": "", "name": "", "arguments": ""})
+        function = piece.get("function") or {}
+        call["id"] = piece.get("id") or call["id"]
+        call["name"] += function.get("name") or ""
+        arguments = function.get("arguments")
+        call["arguments"] += arguments if isinstance(arguments, str) else _json_text(arguments)
+
+    def take(self) -> list[ToolCall]:
+        calls = [from_wire_call({"id": c["id"], "function": {"name": c["name"], "arguments": c["arguments"] or "{}"}})
+                 for _, c in sorted(self.calls.items())]
+        self.calls = {}
+        return calls
+
+
+def _message_calls(reply: Any) -> list[dict[str, Any]]:
+    for choice in (reply.get("choices") or []) if isinstance(reply, dict) else []:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            return [c for c in (choice.get("message") or {}).get("tool_calls") or [] if isinstance(c, dict)]
+    return []
+
+
+def _json_text(value: Any) -> str:
+    return "" if value is None else orjson.dumps(value).decode()
+
+
+def usage_of(usage: dict[str, Any]) -> Usage:
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return Usage(input_tokens=int(usage.get("prompt_tokens") or 0),
+                 output_tokens=int(usage.get("completion_tokens") or 0),
+                 cached_input_tokens=int(cached) if cached is not None else None, source="backend")
+
+
+def response_format(fmt: str | dict) -> dict[str, Any]:
+    if fmt == "json":
+        return {"type": "json_object"}
+    if isinstance(fmt, dict):
+        return {"type": "json_schema", "json_schema": {"name": "response", "schema": fmt}}
+    raise InvalidRequest(f"unsupported format {fmt!r}: use \"json\" or a JSON schema", param="format")
+
+
+register_remote("openai", OpenAICompatBackend)
