@@ -35,11 +35,32 @@ _NO_ARG = object()  # "no value piped in", distinct from nil
 @dataclass(frozen=True)
 class RenderLimits:
     """What one render of a template may do (Go templates here, Jinja chat templates in
-    ``adapters/prompting/chat_format.py``)."""
+    ``adapters/prompting/chat_format.py``), on top of what its data asks for: a render may also loop
+    8 times per item of the lists in its data, and write twice the text in it (so a long
+    conversation, or a prompt too long for any context, still renders, and is refused for its length)."""
 
     max_iterations: int = 100_000  # loop iterations, all loops of the render together
     max_output: int = 8 << 20  # characters of output, and of any one value a function builds
     max_seconds: float = 1.0
+
+    def for_data(self, data) -> "RenderLimits":
+        """These limits, plus what ``data`` (the render's input) needs."""
+        items, chars = _size_of(data)
+        return RenderLimits(self.max_iterations + 8 * items, self.max_output + 2 * chars, self.max_seconds)
+
+
+def _size_of(value, depth: int = 0) -> tuple[int, int]:
+    """(list items, characters of text) in a JSON-like value."""
+    if isinstance(value, str):
+        return 0, len(value)
+    if depth > 32 or not isinstance(value, (dict, list, tuple)):
+        return 0, 0
+    values = value.values() if isinstance(value, dict) else value
+    items, chars = (0 if isinstance(value, dict) else len(value)), 0
+    for item in values:
+        more_items, more_chars = _size_of(item, depth + 1)
+        items, chars = items + more_items, chars + more_chars
+    return items, chars
 
 
 LIMITS = RenderLimits()
@@ -250,8 +271,9 @@ class GoTemplate:
         cut._nodes = cut_after(self._nodes, name)[0]
         return cut
 
-    def render(self, data: dict, limits: RenderLimits = LIMITS) -> str:
-        run = _Exec(self.source, data, Budget(limits))
+    def render(self, data: dict, limits: RenderLimits | None = None) -> str:
+        """The template run on ``data``, within ``limits`` (default: ``LIMITS`` for this data)."""
+        run = _Exec(self.source, data, Budget(limits or LIMITS.for_data(data)))
         run.walk(self._nodes, data)
         return "".join(run.out)
 

@@ -160,9 +160,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
 
 
-def render_bounded(template, limits: RenderLimits = LIMITS, **context: Any) -> str:
-    """``template.render(**context)`` within ``limits``."""
-    budget = Budget(limits)
+def render_bounded(template, limits: RenderLimits | None = None, **context: Any) -> str:
+    """``template.render(**context)`` within ``limits`` (default: ``LIMITS`` for this context)."""
+    budget = Budget(limits or LIMITS.for_data(context))
     token = _BUDGET.set(budget)
     try:
         parts = []

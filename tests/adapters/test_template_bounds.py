@@ -93,3 +93,17 @@ def test_real_chat_templates_keep_their_room():
 def test_the_sandbox_still_refuses_unsafe_attributes():
     with pytest.raises(Exception, match="unsafe"):
         render_chat(PromptSpec(jinja_template="{{ ''.__class__.__mro__ }}"), [{"role": "user", "content": "hi"}])
+
+
+def test_the_limits_grow_with_what_the_request_sends():
+    """A render may loop 8 times per item of its data's lists and write twice its text, on top of the
+    fixed limits: a long conversation renders, and a prompt too long for any context reaches the
+    context check (a 400 that says so) instead of a template limit."""
+    small = RenderLimits(max_iterations=10, max_output=100)
+    data = {"Messages": [{"Content": "x" * 50} for _ in range(20)]}
+    assert small.for_data(data) == RenderLimits(10 + 8 * 20, 100 + 2 * 50 * 20, small.max_seconds)
+    looping = "{{ range .Messages }}{{ range $.Messages }}{{ end }}{{ .Content }}{{ end }}"  # 20 x 21 loops
+    with pytest.raises(TemplateLimitExceeded):
+        GoTemplate(looping).render(data, small.for_data(data))
+    assert len(GoTemplate("{{ range .Messages }}{{ .Content }}{{ .Content }}{{ end }}").render(
+        data, small.for_data(data))) == 2000
