@@ -106,7 +106,7 @@ class Fuzz:
         self.registry = registry  # a host:port nothing listens on
         self.blob = blob  # the digest of a stored blob
         self.caller = caller  # keys on: a ledger key of a caller (else no keys)
-        headers = {"Authorization": f"Bearer {OPERATOR}"} if caller else None
+        headers = {"Authorization": f"Bearer {OPERATOR}"} if caller else {}
         self.schema = schemathesis.openapi.from_url(server.url + "/openapi.json", headers=headers)
 
     def credential(self, data) -> dict[str, str]:
