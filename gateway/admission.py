@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +36,7 @@ from gateway.keys import Claim, KeyBook, OverBudget
 
 DEFAULT_OUTPUT_CAP = 4096  # tokens, when a budget or token limit needs a bound and nothing else gives one
 
-Price = Callable[[Tokens], float]
+Rates = tuple[float, float]  # dollars per input token, per output token
 
 
 @dataclass
@@ -51,20 +50,22 @@ class Admission:
     claim: Claim | None = None
     cap: int | None = None
     note: str | None = None
-    _decided: asyncio.Future | None = None
+    _answer: tuple[bool, Any] | None = None  # (admitted, the cap or the refusal), once decided
     _started = False
 
     @property
     def limited(self) -> bool:
         return self.key.rpm is not None or self.key.tpm is not None
 
-    def price(self, served_by: str | None) -> Price | None:
-        """The cost estimate of the backend that serves the request (it names itself when it admits:
-        a route's member), None when it is not priced."""
+    def rates(self, served_by: str | None) -> Rates | None:
+        """What an input and an output token cost on the backend that serves the request (it names
+        itself when it admits: a route's member), None when it is not priced."""
         prices, names = self.prices, (*([served_by] if served_by else []), *self.names)
-        if prices is None or not prices.estimate(names, Tokens(0, 0, 1_000_000)):
+        if prices is None:
             return None
-        return lambda tokens: prices.estimate(names, tokens)
+        per_input = prices.estimate(names, Tokens(1_000_000, 0, 0)) / 1_000_000
+        per_output = prices.estimate(names, Tokens(0, 0, 1_000_000)) / 1_000_000
+        return (per_input, per_output) if per_input or per_output else None
 
     async def start(self) -> None:
         if self.limited:
@@ -74,20 +75,25 @@ class Admission:
     async def admit(self, prompt_tokens: int, context: int | None, served_by: str | None = None) -> int | None:
         """The most tokens the request may generate, or OverBudget/RateLimited; once per request (a
         route trying a second member gets the first answer)."""
-        if self._decided is None:
-            self._decided = asyncio.ensure_future(self._admit(prompt_tokens, context, self.price(served_by)))
-            self._decided.add_done_callback(_retrieved)
-        return await asyncio.shield(self._decided)
+        if self._answer is None:
+            try:
+                self._answer = (True, await self._admit(prompt_tokens, context, self.rates(served_by)))
+            except Exception as exc:
+                self._answer = (False, exc)
+        admitted, answer = self._answer
+        if not admitted:
+            raise answer
+        return answer
 
-    async def _admit(self, prompt: int, context: int | None, price: Price | None) -> int | None:
+    async def _admit(self, prompt: int, context: int | None, rates: Rates | None) -> int | None:
         asked = int(self.request.options.get("num_predict") or 0)
         asked = asked if asked > 0 else None
-        budgeted = self.key.budget_usd is not None and price is not None
+        budgeted = self.key.budget_usd is not None and rates is not None
         most, why = self._bound(asked, prompt, context, budgeted)
         if self.key.tpm is not None:
             await self.book.windows.charge(self.key, self.request_id, prompt + (most or 0))
         if budgeted:
-            most, why = await self._hold(prompt, most, why, price)
+            most, why = await self._hold(prompt, most, why, rates)
         self.cap = most
         if why is not None and most is not None and (asked is None or most < asked):
             self.note = f"output limited to {most} tokens: {why}"
@@ -107,10 +113,9 @@ class Admission:
         return None, None
 
     async def _hold(self, prompt: int, most: int | None, why: str | None,
-                    price: Price) -> tuple[int | None, str | None]:
+                    rates: Rates) -> tuple[int | None, str | None]:
         assert most is not None
-        base = price(Tokens(prompt, 0, 0))
-        per_token = price(Tokens(0, 0, 1_000_000)) / 1_000_000
+        base, per_token = prompt * rates[0], rates[1]
         wanted, minimum = base + per_token * most, base + per_token
         claim = await self.book.hold(self.key, wanted, minimum)
         if claim is None:
@@ -142,9 +147,3 @@ class Admission:
         if self._started and self.key.tpm is not None:
             work.append(self.book.windows.settle(self.key, self.request_id, input_tokens + output_tokens))
         return work
-
-
-def _retrieved(future: asyncio.Future) -> None:
-    """The answer was given to whoever awaited it (a request that went away never reads it)."""
-    if not future.cancelled():
-        future.exception()
