@@ -5,15 +5,23 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow test-all demo bench clean
+.PHONY: install test test-slow test-all demo bench clean litellm-proxy
+LITELLM_VENV := .bench/litellm-venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints/ci.txt scripts/install_llama_cpp.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -U pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints/ci.txt -e '.[dev]'
+	$(BIN)/python scripts/install_llama_cpp.py  # a llama.cpp that answers on this CPU (AMX: rebuilt without it)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(LITELLM_VENV)/bin/litellm:
+	$(PY) -m venv --clear $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install -q 'litellm[proxy]>=1.70'
+
+litellm-proxy: $(LITELLM_VENV)/bin/litellm  ## LiteLLM's proxy in its own venv (its extras are heavy): the slow proxy tests and bench/gateway_overhead.py
 
 test: $(STAMP)  ## the default suite (slow tests excluded)
 	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
@@ -27,11 +35,14 @@ test-all: $(STAMP)  ## everything that can run here, slow tests included
 demo: $(STAMP)  ## offline end-to-end: build, create, push, pull, run, serve, openai client, curl, usage
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
 
-bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
+bench: $(STAMP)  ## benchmarks; each prints ratios against its reference (BASELINE=DIR: an older tree to compare)
 	$(BIN)/python bench/pull.py
 	$(BIN)/python bench/gateway.py --runs 5
 	$(BIN)/python bench/native.py --json .bench/native/results.json
 	$(BIN)/python bench/native_load.py --json .bench/native/load.json
+	$(BIN)/python bench/native_step.py --json .bench/native/step.json
+	$(BIN)/python bench/native_gpu.py --json .bench/native/gpu.json
+	$(BIN)/python bench/runner_overhead.py $(if $(BASELINE),--baseline $(BASELINE)) --json .bench/runner/results.json
 	$(BIN)/python bench/remote.py --json .bench/remote/results.json
 	$(BIN)/python bench/estimate_check.py --json .bench/estimate/results.json
 	$(BIN)/python bench/gateway_overhead.py --json .bench/gateway_overhead/results.json
@@ -39,8 +50,11 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/slo.py --json .bench/slo/results.json
 	$(BIN)/python bench/slo_sim.py
 	$(BIN)/python bench/slo_oracle.py --loads 0.5,0.9 --seeds 13 --restarts 12
+	$(BIN)/python bench/prefix.py --json .bench/prefix/results.json
+	$(BIN)/python bench/slo_sim.py --conversations 24 --seeds 7,8,9 --policies prefix,slo,least_inflight,round_robin
 	$(BIN)/python bench/dashboard.py --json .bench/dashboard/results.json
 	$(BIN)/python bench/compare_accuracy.py --smollm2 --json .bench/compare/results.json
+	$(BIN)/python bench/agent_apis.py --json .bench/agent_apis/results.json
 
 clean:
 	rm -rf .demo .bench .pytest_cache

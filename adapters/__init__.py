@@ -7,10 +7,11 @@ ending in exactly one ``Done``, in-process or remote.
     prompting/   chat templates and prompt text, token bytes to text, token counting
     remote/      backends that talk HTTP to another server (vLLM, TGI, TensorRT-LLM, Triton,
                  Ollama, llama.cpp's server, any OpenAI-compatible one)
-    local/       the in-process engines over the local store: llama.cpp and the native engine
-                 (``local/native/`` is the only code that imports ``native_engine``)
-    runner/      (issue 27, next) a local model in its own process: protocol, client, the runner
+    local/       the engines over the local store: llama.cpp and the native engine (``local/native/``
+                 is the only code that imports ``native_engine``), and the scheduler of runners
+    runner/      a local model in its own process: the protocol, the gateway's client and
+                 ``RunnerBackend``, the runner's loop (``python -m adapters.runner``)
 
-Imports go one way: ``core`` <- ``tools`` <- ``prompting`` <- ``remote``, ``local``. Which backend
+Imports go one way: ``core`` <- ``tools`` <- ``prompting`` <- ``remote``, ``local`` <- ``runner``. Which backend
 serves a request is decided outside, by ``gateway/serving/router.py``.
 """

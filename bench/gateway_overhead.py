@@ -39,6 +39,12 @@ With ``--baseline DIR`` a fifth side, ``base-keyed``, runs the keyed path on DIR
 in waves of 1,000 from ``--soak-concurrency`` (500) concurrent clients; errors, the server's VmRSS
 after each wave, then SIGTERM and the number of ledger rows in its SQLite database (one per request).
 
+``--local-load ENGINE`` (issue 27): the ``infer serve`` sides also hold SmolLM2 (``infer dev fetch-model``)
+and, one side at a time, decode ``--local-streams`` (16) endless streams of it on ``ENGINE`` (native or
+llamacpp) while that side's c=1 and c=32 figures are taken against direct (LiteLLM and the minimal proxy
+are skipped). With ``--baseline DIR``, today's in-process engine shares the gateway's process and GIL;
+this tree's runs in a runner process.
+
 Goals (issue 11): added median latency at c=1 <= 1.0 ms; infer/LiteLLM req/s at c=32 >= 3x;
 soak: 0 errors, one ledger row per request, RSS after 10,000 within 10 % of RSS after 1,000.
 The machine may be shared: the script reports how many cores other processes used meanwhile.
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -168,7 +175,8 @@ PRICES = {"input_per_mtok": 0.15, "output_per_mtok": 0.60, "cached_input_per_mto
 
 
 def start_infer(procs: Processes, work: Path, fast: Side, variant: str = "infer",
-                source: Path | None = None, name: str | None = None) -> tuple[Side, subprocess.Popen, Path]:
+                source: Path | None = None, models: Path | None = None,
+                name: str | None = None) -> tuple[Side, subprocess.Popen, Path]:
     """``infer serve`` in front of ``fast``; ``variant`` ``priced`` gives its backend list prices, ``keyed``
     also sends every request with an API key whose budget (never reached) is reserved and settled.
     ``source``: run the code of that source tree instead (PYTHONPATH), e.g. an older commit's; ``name``:
@@ -183,7 +191,8 @@ def start_infer(procs: Processes, work: Path, fast: Side, variant: str = "infer"
     (home / "models").mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
-    env.update(INFER_HOME=str(home), INFER_MODELS=str(home / "models"), INFER_DATABASE_URL=f"sqlite:///{db}")
+    env.update(INFER_HOME=str(home), INFER_MODELS=str(models or home / "models"), INFER_DATABASE_URL=f"sqlite:///{db}",
+               INFER_KEEP_ALIVE="-1")
     if source is not None:
         env["PYTHONPATH"] = str(source)
     proc = procs.start([*infer_command(), "serve", "--config", str(config), "--host", f"127.0.0.1:{port}"],
@@ -536,6 +545,55 @@ async def overhead_run(args, sides: list[Side]) -> dict:
             "throughput": tput}
 
 
+LOCAL_MODEL = "smollm2:135m"
+
+
+def make_local_store(work: Path) -> Path:
+    """A store with SmolLM2-135M-Instruct Q4_1 (``--local-load``)."""
+    from registry.create import create_model
+    from registry.modelfile import parse_modelfile
+    from registry.names import parse_name
+    from registry.realmodels import fetch_smollm2
+    from registry.store import Store
+
+    home = work / "local-store"
+    create_model(Store(home / "models"), parse_name(LOCAL_MODEL), parse_modelfile(f"FROM {fetch_smollm2()}\n"), home)
+    return home / "models"
+
+
+async def decode_forever(side: Side, engine: str, streams: int, tokens: list[int]) -> None:
+    """``streams`` streams of the local model, each restarted when it ends; ``tokens[0]`` counts what arrived."""
+    body = {"model": LOCAL_MODEL, "prompt": "Tell me a long story.", "stream": True,
+            "options": {"engine": engine, "num_predict": 1000, "ignore_eos": True}}
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        while True:
+            async with session.post(side.url + "/api/generate", json=body) as resp:
+                async for line in resp.content:
+                    if line.strip():
+                        tokens[0] += 1
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        await asyncio.gather(*(one(session) for _ in range(streams)))
+
+
+async def local_load_run(args, fast: Side, gateways: list[Side]) -> dict:
+    """Each gateway alone against direct, its local model decoding ``--local-streams`` streams meanwhile."""
+    out = {}
+    for side in gateways:
+        tokens = [0]
+        load = asyncio.ensure_future(decode_forever(side, args.local_load, args.local_streams, tokens))
+        await asyncio.sleep(5.0)  # loaded, every stream decoding
+        t0, n0 = time.perf_counter(), tokens[0]
+        result = await overhead_run(args, [fast, side])
+        result["local_tok_s"] = (tokens[0] - n0) / (time.perf_counter() - t0)
+        load.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await load
+        out[side.name] = result
+    return out
+
+
 async def soak_run(args, infer: Side) -> dict:
     """Streaming requests in waves of 1,000 (``--soak-concurrency`` at once); errors and RSS after each wave."""
     errors, first_errors, rss, sent = 0, [], [], 0
@@ -661,6 +719,9 @@ def parse_args() -> argparse.Namespace:
                         "to go idle, and report the CPU each ran after its answer")
     parser.add_argument("--no-minimal", action="store_true", help="skip the bare uvicorn + aiohttp reference proxy")
     parser.add_argument("--soak", action="store_true", help="run the soak test instead")
+    parser.add_argument("--local-load", choices=("native", "llamacpp"), help="gateway overhead while a local "
+                        "model decodes (issue 27)")
+    parser.add_argument("--local-streams", type=int, default=16)
     parser.add_argument("--cost", action="store_true", help="the cost path instead (issue 15): infer unpriced vs "
                         "a priced backend vs priced + an API key with a budget, c=1 only")
     parser.add_argument("--soak-requests", type=int, default=10_000)
@@ -695,6 +756,17 @@ def main() -> None:
             n = report["cost"]["noise"]
             print(f"\n  noise: other processes used {n['others_cores']:.2f} of {n['cores']} cores during the "
                   f"{n['wall_s']:.0f} s run (this client and its servers: {n['ours_cores']:.2f})")
+        elif args.local_load:
+            models = make_local_store(work)
+            gateways = [start_infer(procs, work, fast, models=models)[0]]
+            if args.baseline:
+                gateways.append(start_infer(procs, work, fast, "base", source=args.baseline, models=models)[0])
+            report["local_load"] = run_async(local_load_run(args, fast, gateways))
+            for side in gateways:
+                result = report["local_load"][side.name]
+                print(f"\n== {side.name}, its local model decoding {args.local_streams} streams on {args.local_load} "
+                      f"({result['local_tok_s']:.0f} tok/s meanwhile)")
+                print_table(result["summary"], [fast.name, side.name], args)
         else:
             sides = [fast] + ([] if args.no_minimal else [start_minimal(procs, work, fast)])
             sides.append(start_infer(procs, work, fast)[0])

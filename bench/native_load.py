@@ -17,7 +17,11 @@ neighbour slows both; the table shows medians over ``--runs``.
    ``infer serve``'s settings (``LLMEngine`` with adapters.core.settings' native config, 2048-token
    context; ``llama_cpp.Llama(n_ctx=2048)``).
 
-Goal (issue 16): native ready in <= 2 s. Run it alone: ``flock /tmp/infer-bench.lock python bench/native_load.py``.
+Goal (issue 16): native ready in <= 2 s. Run it alone: ``flock /tmp/infer-heavy.lock python bench/native_load.py``.
+
+``--baseline DIR`` (issue 27) measures only ``infer serve``'s spawn -> first answer, for this tree (each
+model in a runner process) and for the source tree ``DIR`` (e.g. ``git archive <before> | tar -x -C DIR``:
+engines in the server's process), alternating within each run; goal: runners <= 1.10x that figure.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import time; t0 = time.perf_counter()
 from adapters.core.settings import DEFAULTS
 from native_engine import EngineConfig, LLMEngine
 t1 = time.perf_counter()
-LLMEngine(EngineConfig(model={path!r}, max_model_len=2048, **DEFAULTS.native.model_dump()))
+LLMEngine(EngineConfig(model={path!r}, max_model_len=2048, **DEFAULTS.native.given()))
 """,
     "llamacpp": """
 import time; t0 = time.perf_counter()
@@ -69,9 +73,9 @@ def make_store(gguf: Path, home: Path) -> None:
     create_model(Store(home / "models"), parse_name(MODEL), parse_modelfile(modelfile), home)
 
 
-def base_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFER_", "OLLAMA_"))}
-    env.update(INFER_HOME=str(home), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+def base_env(home: Path, root: Path = ROOT) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFER_", "OLLAMA_", "PYTHONPATH"))}
+    env.update(INFER_HOME=str(home), PYTHONPATH=str(root))
     return env
 
 
@@ -102,7 +106,7 @@ def _verbose_seconds(text: str, label: str) -> float:
     raise ValueError(f"cannot read {label!r} from {line!r}")
 
 
-def serve_once(engine: str, env: dict[str, str], tmp: Path, idle_s: float = 0.0) -> dict[str, float]:
+def serve_once(engine: str, env: dict[str, str], tmp: Path, idle_s: float = 0.0, root: Path = ROOT) -> dict[str, float]:
     """`infer serve`: spawn -> HTTP up, then (``idle_s`` later) the first /api/generate's load_duration
     and its end."""
     port = _free_port()
@@ -111,7 +115,7 @@ def serve_once(engine: str, env: dict[str, str], tmp: Path, idle_s: float = 0.0)
     t0 = time.perf_counter()
     with open(tmp / f"serve-{engine}.log", "wb") as log:
         proc = subprocess.Popen(infer_cmd("serve", "--log-level", "warning"), env=env, stdout=log,
-                                stderr=subprocess.STDOUT, cwd=ROOT)
+                                stderr=subprocess.STDOUT, cwd=root)
     try:
         up_s = _wait_http(url, proc, t0)
         time.sleep(idle_s)
@@ -204,14 +208,45 @@ def report(results: dict, busy: list[float], runs: int) -> dict:
     return table
 
 
+def against_baseline(baseline: Path, gguf: Path, runs: int) -> dict:
+    """``infer serve`` spawn -> first answer: this tree vs ``baseline``, per engine, alternating."""
+    found: dict[str, dict[str, list[float]]] = {e: {"today": [], "runners": []} for e in ENGINES}
+    with tempfile.TemporaryDirectory(prefix="native-load-") as tmp_name:
+        tmp = Path(tmp_name)
+        make_store(gguf, tmp / "home")
+        trees = {"today": baseline.resolve(), "runners": ROOT}
+        for i in range(runs):
+            for engine in ENGINES:
+                for side in (("today", "runners") if i % 2 == 0 else ("runners", "today")):
+                    env = base_env(tmp / "home", trees[side])
+                    seconds = serve_once(engine, env, tmp, root=trees[side])["first_answer_s"]
+                    found[engine][side].append(seconds)
+                    print(f"run {i + 1} {engine:8} {side:7} spawn -> first answer {seconds:.3f} s", flush=True)
+    print(f"\ninfer serve: spawn -> first answer, medians of {runs} runs (seconds)")
+    print(f"{'engine':9} {'today':>8} {'runners':>8} {'ratio':>7}  goal <= 1.10x")
+    table = {}
+    for engine, sides in found.items():
+        a, b = statistics.median(sides["today"]), statistics.median(sides["runners"])
+        table[engine] = {"today": a, "runners": b, "ratio": b / a}
+        print(f"{engine:9} {a:8.3f} {b:8.3f} {b / a:6.3f}x  {'met' if b / a <= 1.10 else 'MISSED'}")
+    return {"runs": found, "medians": table}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, metavar="DIR", help="compare infer serve's start with this tree's")
     parser.add_argument("--json", type=Path, help="write the raw runs and the table here")
     args = parser.parse_args()
     from registry.realmodels import fetch_smollm2
 
     gguf = fetch_smollm2()
+    if args.baseline is not None:
+        result = against_baseline(args.baseline, gguf, args.runs)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=2))
+        return
     results: dict[str, dict[str, list]] = {e: {"run": [], "serve": [], "serve_idle": [], "engine": []}
                                            for e in ENGINES}
     busy: list[float] = []

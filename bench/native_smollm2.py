@@ -3,12 +3,15 @@
 Both sides are loaded once in one process and measured alternately (ours, llama.cpp, ours, ...), so
 a busy neighbour slows both; figures are medians over ``runs``.
 
-1. load: a fresh `LLMEngine` with `infer serve`'s settings (64 sequences, 2048-token context) vs
+1. load: a fresh `LLMEngine` with `infer serve`'s settings (the engine's defaults, a 2048-token context) vs
    a fresh `llama_cpp.Llama` (n_ctx 2048). Goal: ours <= 2 s.
 2. single-stream decode: 16-token prompt, 128 greedy tokens; tok/s = (n - 1) / (last - first token
    time). Goal ours / llama.cpp >= 1.0.
 3. mixed: 16 requests (prompts 32..256 tokens, outputs 64..128, ignore_eos); ours all at once,
-   llama.cpp one after another; output tok/s. Goal ours / llama.cpp >= 4.
+   llama.cpp one after another; output tok/s. Goal ours / llama.cpp >= 4. Ours again with Ollama's
+   default sampling (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1), alternated with the
+   greedy runs; goal sampled / greedy >= 0.85. And ours greedy with a JSON schema on every request (a string
+   field of at least 1000 characters, so each runs to max_tokens): goal schema / plain >= 0.90.
 4. TTFT of a 512-token prompt (max_tokens = 1). Goal ours / llama.cpp <= 1.0.
 5. accuracy on a 90-token chat text: per-position KL of ours (default path) and of llama.cpp
    against the exact f32 path (dequantized weights, `cpu_int4_matmul=False`, itself equal to
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from native_engine import LLMEngine, SamplingParams
+from native_engine import LLMEngine, SamplingParams, StructuredOutputsParams
 from registry.realmodels import fetch_smollm2
 
 CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -39,7 +42,7 @@ TEXT = CHAT + ("The capital of France is Paris. It is known for the Eiffel Tower
                "about two million people live in the city itself, and more than twelve million in the region.")
 CORPUS = Path(__file__).resolve().parents[1] / "registry" / "modelbuilder" / "data" / "corpus.txt"
 MIXED_RUNS = 2
-SERVE = dict(max_num_seqs=64, max_model_len=2048, max_num_batched_tokens=512)  # adapters/core/settings.py defaults
+SERVE = dict(max_model_len=2048)  # infer serve's context (LocalSettings.context_length); the rest: EngineConfig's
 
 
 @dataclass(slots=True)
@@ -53,7 +56,7 @@ class Workload:
 def workload(tokenizer, runs: int, quick: bool) -> Workload:
     ids = tokenizer.encode(CORPUS.read_text(), add_bos=False)
     rng, lengths = random.Random(0), random.Random(1234)
-    firsts = iter(rng.sample(sorted(set(ids)), 64))  # a distinct first token per prompt: no prefix reuse
+    firsts = iter(rng.sample(sorted(set(ids)), 128))  # a distinct first token per prompt: no prefix reuse
 
     def prompt(n: int) -> list[int]:
         start = rng.randrange(len(ids) - n)
@@ -63,13 +66,26 @@ def workload(tokenizer, runs: int, quick: bool) -> Workload:
     first = [prompt(lengths.randint(p_lo, p_hi)) for _ in range(n)]
     # Each later run: the same prompts under a fresh first token, so the prefix cache (ours; llama.cpp's is
     # reset per request) cannot skip a prefill a previous run did.
-    mixed = [first] + [[[next(firsts)] + p[1:] for p in first] for _ in range(MIXED_RUNS - 1)]
+    # Runs MIXED_RUNS.. are the sampled ones and 2 * MIXED_RUNS.. the structured ones, on prompts of their own.
+    mixed = [first] + [[[next(firsts)] + p[1:] for p in first] for _ in range(3 * MIXED_RUNS - 1)]
     return Workload(prompt(16), [prompt(128 if quick else 512) for _ in range(runs)], mixed,
                     [lengths.randint(o_lo, o_hi) for _ in range(n)])
 
 
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def ollama_sampling(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1, max_tokens=n, ignore_eos=True)
+
+
+LONG_TEXT = {"type": "object", "properties": {"text": {"type": "string", "minLength": 1000}}, "required": ["text"]}
+
+
+def json_schema(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
+                          structured_outputs=StructuredOutputsParams(json=LONG_TEXT))
 
 
 def rate(times: list[float]) -> float:
@@ -88,10 +104,10 @@ def ours_stream(engine: LLMEngine, prompt: list[int], n: int) -> tuple[float, li
     return t0, times
 
 
-def ours_mixed(engine: LLMEngine, w: Workload, run: int) -> float:
+def ours_mixed(engine: LLMEngine, w: Workload, run: int, params=greedy) -> float:
     t0 = time.perf_counter()
     for i, (p, n) in enumerate(zip(w.mixed[run], w.outputs, strict=True)):
-        engine.add_request(f"m{i}-{time.monotonic_ns()}", p, greedy(n))
+        engine.add_request(f"m{i}-{time.monotonic_ns()}", p, params(n))
     generated = 0
     while engine.has_unfinished_requests():
         generated += sum(len(out.outputs[0].token_ids) for out in engine.step())
@@ -196,7 +212,9 @@ def run(runs: int, threads: int, quick: bool) -> dict:
     n = 32 if quick else 128
     warm = [w.single[0]] + w.mixed[0][0][1:24]  # no block shared with a measured prompt
     ours_stream(engine, warm, 8), llama_stream(llm, warm, 8)  # warm up
-    dec, ttft, mixed = ([], []), ([], []), ([], [])
+    engine.generate([[w.single[1]] + warm[1:20]], ollama_sampling(4))  # and the sampler's state
+    engine.generate([[w.single[2]] + warm[1:20]], json_schema(4))  # and the grammar's tokenizer
+    dec, ttft, mixed, sampled, structured = ([], []), ([], []), ([], []), [], []
     for i in range(runs):  # alternate the sides within every run
         dec[0].append(rate(ours_stream(engine, [9 + i] + w.single[1:], n)[1]))
         dec[1].append(rate(llama_stream(llm, [9 + i] + w.single[1:], n)[1]))
@@ -206,10 +224,14 @@ def run(runs: int, threads: int, quick: bool) -> dict:
         if i < (1 if quick else MIXED_RUNS):
             mixed[0].append(ours_mixed(engine, w, i))
             mixed[1].append(llama_mixed(llm, w, i))
+            sampled.append(ours_mixed(engine, w, MIXED_RUNS + i, ollama_sampling))
+            structured.append(ours_mixed(engine, w, 2 * MIXED_RUNS + i, json_schema))
     llm.close()
     for key, pair in (("decode_tps", dec), ("ttft_s", ttft), ("mixed_tps", mixed)):
         res[f"{key}_ours"], res[f"{key}_llama"] = (statistics.median(v) for v in pair)
         res[f"{key}_runs"] = pair
+    res["mixed_sampled_tps_ours"], res["mixed_sampled_runs"] = statistics.median(sampled), sampled
+    res["mixed_json_tps_ours"], res["mixed_json_runs"] = statistics.median(structured), structured
     res["workload"] = {"single_prompt": len(w.single), "single_tokens": n, "ttft_prompt": len(w.ttft[0]),
                        "mixed": len(w.mixed[0]), "mixed_prompts": [len(p) for p in w.mixed[0]], "mixed_outputs": w.outputs}
     llm_all = llama_cpp.Llama(str(path), n_ctx=512, logits_all=True, n_threads=threads, verbose=False)
@@ -234,6 +256,12 @@ def report(res: dict) -> None:
     r = res["mixed_tps_ours"] / res["mixed_tps_llama"]
     print(f"  mixed x{w['mixed']} output tok/s, ours (batched) / llama.cpp (one after another): {r:.2f}x "
           f"(goal >= 4) {ok(r >= 4)}")
+    r = res["mixed_sampled_tps_ours"] / res["mixed_tps_ours"]
+    print(f"  mixed x{w['mixed']}, ours with Ollama's default sampling / greedy: {r:.2f}x "
+          f"({res['mixed_sampled_tps_ours']:.1f} vs {res['mixed_tps_ours']:.1f} tok/s; goal >= 0.85) {ok(r >= 0.85)}")
+    r = res["mixed_json_tps_ours"] / res["mixed_tps_ours"]
+    print(f"  mixed x{w['mixed']}, ours greedy with a JSON schema / without: {r:.2f}x "
+          f"({res['mixed_json_tps_ours']:.1f} vs {res['mixed_tps_ours']:.1f} tok/s; goal >= 0.90) {ok(r >= 0.9)}")
     r = res["ttft_s_ours"] / res["ttft_s_llama"]
     print(f"  TTFT {w['ttft_prompt']}-tok prompt, ours / llama.cpp: {r:.2f}x (goal <= 1.0) {ok(r <= 1)}")
     good = a["ours_kl_mean"] < 1e-3 and a["ours_kl_max"] <= a["llama_kl_max"]

@@ -1,6 +1,6 @@
 """Routes with latency SLOs on a heterogeneous fleet: `infer serve` (slo, least_inflight, round_robin) vs LiteLLM.
 
-The fleet: three queueing fake backends (``tests/remote/servers/queueing.py``, each a subprocess speaking
+The fleet: three queueing fake backends (``fakes/queueing.py``, each a subprocess speaking
 vLLM's wire and ``/metrics``), a fast, a medium and a slow one (:data:`FLEET`). Each runs a simple
 continuous-batching engine: FIFO queue, at most ``batch_limit`` sequences decoding, a prefill of P tokens
 taking P / ``prefill_tok_s`` and blocking the batch, a decode step of n sequences lasting
@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 import gateway_overhead as go  # noqa: E402  (bench/ is the script's directory)
 from noise import wait_idle  # noqa: E402
-from tests.remote.servers.queueing import QueueModel  # noqa: E402
+from fakes.queueing import QueueModel  # noqa: E402
 
 WORK = ROOT / ".bench" / "slo"
 SERVED_MODEL = "sim-8b"
@@ -137,7 +137,7 @@ def start_fleet(procs: go.Processes, work: Path) -> dict[str, str]:
     urls = {}
     for name, model in FLEET.items():
         port = go.free_port()
-        args = [sys.executable, "-m", "tests.remote.servers.queueing", "--port", str(port)]
+        args = [sys.executable, "-m", "fakes.queueing", "--port", str(port)]
         for key in ("batch_limit", "prefill_tok_s", "tpot_base_ms", "tpot_slope_ms", "model"):
             args += ["--" + key.replace("_", "-"), str(getattr(model, key))]
         urls[name] = f"http://127.0.0.1:{port}"
@@ -207,7 +207,9 @@ class Result:
 
 
 def chat_body(side: Side, call: Call) -> dict:
-    return {"model": side.model, "messages": [{"role": "user", "content": " ".join(["abc"] * call.words)}],
+    # the first word is the request's own, so no two prompts share a prefix (issue 13's fleet has no prefix cache)
+    words = [f"r{call.at:.9f}"] + ["abc"] * (call.words - 1)
+    return {"model": side.model, "messages": [{"role": "user", "content": " ".join(words)}],
             "max_tokens": call.max_tokens, "stream": True, "stream_options": {"include_usage": True}}
 
 

@@ -1,6 +1,6 @@
 """bench/slo.py's fleet and workload in virtual time: the routing policies in seconds instead of minutes.
 
-Each backend is the queueing fake's engine (``tests/remote/servers/queueing.py``) replayed as a
+Each backend is the queueing fake's engine (``fakes/queueing.py``) replayed as a
 discrete-event model: FIFO queue, at most ``batch_limit`` sequences in the batch, the queue's head
 enters at a step boundary, a step is the prefill of the oldest unprefilled sequence
 (``prompt / prefill_tok_s``, yields its first token; decode waits) or a decode step of ``tpot(n)``.
@@ -8,7 +8,19 @@ The gateway side is the real ``routing`` code (``LatencyModel``, ``Dispatcher``)
 clock, so what this prints is what the route's policy does on that engine, minus HTTP and CPU noise
 (``--overhead-ms`` adds a fixed delay per hop). Requests are judged as bench/slo.py judges them.
 
+The engines have the queueing fake's prefix cache (``fakes.queueing.PrefixCache``) when their model
+sets ``prefix_cache_tokens``: a request's prompt (the words of its rendered chat, as the fake counts
+them) is looked up when it enters the batch and only the uncached tokens are prefilled. The gateway
+keeps the route's prefix index (``routing.prefix``) for ``slo`` and ``prefix``, as ``infer serve``
+does. bench/slo.py's prompts share no prefix (each starts with its own number; ``--shared-text``
+sends its old ``abc abc ...`` prompts, which share long prefixes on a fleet without prefix caching:
+the route must learn that a cached-looking token costs full price there). ``--conversations N``
+replays bench/prefix.py's multi-turn workload and fleet instead (sessions of turns with think time;
+the next turn is sent when the answer is in and the think time has passed) and prints mean and p90
+TTFT, each backend's share and the cache-hit ratio per policy.
+
     .venv/bin/python bench/slo_sim.py [--loads 0.5,0.9,1.2] [--seconds 60] [--seeds 13,14,15] [--policies slo,least_inflight] [--fresh] [--known-limits]
+    .venv/bin/python bench/slo_sim.py --conversations 24 --seeds 7,8,9 --policies prefix,slo,least_inflight,round_robin
 """
 
 from __future__ import annotations
@@ -25,12 +37,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from adapters.core.base import GenerationRequest  # noqa: E402
+from benchmark.conversations import Workload, conversations  # noqa: E402
+from fakes.engine import FakeEngine  # noqa: E402
+from fakes.queueing import PrefixCache  # noqa: E402
 from routing.dispatch import Dispatcher, Waiter  # noqa: E402
 from routing.predictor import median  # noqa: E402
+from routing.prefix import RoutePrefixes  # noqa: E402
 from routing.slo import SLO as RouteSLO  # noqa: E402
 from routing.strategies import Member, Orderer  # noqa: E402
 from slo import FLEET, SLO, Call, fleet_capacity, print_system_goodput, workload  # noqa: E402
-from tests.remote.servers.queueing import QueueModel  # noqa: E402
+from fakes.queueing import QueueModel  # noqa: E402
 
 
 @dataclass(eq=False)
@@ -49,6 +66,11 @@ class SimRequest:
     features: list = field(default_factory=list)
     predicted: object = None
     tpot_features: list | None = None
+    messages: list = field(default_factory=list)   # the chat as sent
+    keys: list = field(default_factory=list)       # the engine's prefix-cache keys of its prompt
+    lookup: object = None                          # the route's prefix lookup
+    cached: int = 0                                # prompt tokens the engine found cached
+    on_done: object = None                         # the next turn of its conversation
 
 
 POLL_S = 2.0  # the gateway's health poll with routes (routing.route.HEALTH_POLL_S)
@@ -60,19 +82,25 @@ class SimEngine:
 
     def __init__(self, name: str, model: QueueModel, sim: "Sim"):
         self.name, self.model, self.sim = name, model, sim
+        self.cache = PrefixCache(model.prefix_cache_tokens, model.block_size) if model.prefix_cache_tokens else None
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
         self.busy_until: float | None = None  # end of the current step
         self.step: tuple | None = None
 
     def submit(self, req: SimRequest, now: float) -> None:
+        if self.cache is not None and not req.keys:
+            req.keys = self.cache.keys(FakeEngine.render(req.messages).split())
         self.waiting.append(req)
         if self.busy_until is None:
             self._next(now)
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.model.batch_limit:
-            self.running.append(self.waiting.pop(0))
+            req = self.waiting.pop(0)
+            if self.cache is not None:
+                req.cached = self.cache.lookup(req.keys, req.prompt_tokens)
+            self.running.append(req)
 
     def _next(self, now: float) -> None:
         self._retire(now)
@@ -83,7 +111,7 @@ class SimEngine:
         pending = next((r for r in self.running if not r.prefilled), None)
         if pending is not None:
             self.step = ("prefill", pending)
-            duration = self.model.prefill(pending.prompt_tokens)
+            duration = self.model.prefill(pending.prompt_tokens, pending.cached)
         else:
             self.step = ("decode", list(self.running))
             duration = self.model.tpot(len(self.running))
@@ -94,6 +122,8 @@ class SimEngine:
         kind, what = self.step
         if kind == "prefill":
             what.prefilled = True
+            if self.cache is not None:
+                self.cache.store(what.keys)
             self._emit(what, now)
         else:
             for req in what:
@@ -119,17 +149,19 @@ class SimEngine:
 class Sim:
     """The event queue, the fleet, and the gateway's side (a ``Dispatcher`` over ``LatencyModel``s)."""
 
-    def __init__(self, policy: str, slo: RouteSLO, shed: bool, overhead: float = 0.003):
+    def __init__(self, policy: str, slo: RouteSLO, shed: bool, overhead: float = 0.003, fleet: dict | None = None):
         self.now, self.overhead = 0.0, overhead
         self.events: list = []
         self.seq = itertools.count()
-        self.engines = {name: SimEngine(name, model, self) for name, model in FLEET.items()}
-        self.members = [Member(name=name, backend=None, model=name) for name in FLEET]
+        fleet = fleet or FLEET
+        self.engines = {name: SimEngine(name, model, self) for name, model in fleet.items()}
+        self.members = [Member(name=name, backend=None, model=name) for name in fleet]
+        self.prefixes = RoutePrefixes("sim", list(fleet)) if policy in ("slo", "prefix") else None
         self.models = {m.name: m.latency for m in self.members}
         for m in self.members:
             m.latency.clock = lambda: self.now
             if KNOWN_LIMITS:  # bench/slo.py's other sides fill the fleet; the slo route's poller sees it
-                m.latency.batch_limit = FLEET[m.name].batch_limit
+                m.latency.batch_limit = fleet[m.name].batch_limit
         self.policy, self.slo = policy, slo
         self.dispatcher = Dispatcher(shed, clock=lambda: self.now)
         self.orderer = Orderer(policy)
@@ -144,10 +176,14 @@ class Sim:
         state and the gateway what it learnt, as one ``infer serve`` does across bench/slo.py's runs."""
         start, self.requests = self.now, []
         for call in calls:
-            req = SimRequest(call, call.words + 1, start + call.at)
+            req = SimRequest(call, call.words + 1, start + call.at, messages=call_messages(call))
             self.requests.append(req)
             self.at(req.arrival, lambda t, r=req: self.arrive(r, t))
         end = start + (calls[-1].at if calls else 0) + grace
+        self.drive(end)
+        return self.requests
+
+    def drive(self, end: float) -> None:
         if not self.polling:
             self.polling = True
             self.at(self.now + POLL_S, self.poll)
@@ -155,25 +191,31 @@ class Sim:
             self.now, _, fn = heapq.heappop(self.events)
             fn(self.now)
         self.now = max(self.now, end)
-        return self.requests
 
     def poll(self, now: float) -> None:
         """The route's health poller: each backend's running and waiting, as its /metrics says."""
         for name, engine in self.engines.items():
             self.models[name].reported(len(engine.running), len(engine.waiting))
+            if self.prefixes is not None and engine.cache is not None:  # vLLM's cache_config_info
+                self.prefixes.set_capacity(name, engine.model.prefix_cache_tokens, "reported")
         self.at(now + POLL_S, self.poll)
 
     # -- the gateway ------------------------------------------------------------------------------
 
     def arrive(self, req: SimRequest, now: float) -> None:
+        if self.prefixes is not None:
+            req.lookup = self.prefixes.lookup(GenerationRequest(model="sim", messages=req.messages), req.prompt_tokens)
+        cached = req.lookup.cached if req.lookup is not None else {}
         if self.policy != "slo":
-            predictions = {m.name: m.latency.predict(req.prompt_tokens) for m in self.members}
-            member = self.orderer.order(self.members, predictions, self.slo, req.call.max_tokens)[0]
+            predictions = {m.name: m.latency.predict(req.prompt_tokens, cached.get(m.name, 0)) for m in self.members}
+            first = self.prefixes.pick(req.lookup, self.members) if self.policy == "prefix" else None
+            member = self.orderer.order(self.members, predictions, self.slo, req.call.max_tokens, first)[0]
             req.key = next(self.seq)
-            req.features, req.predicted = member.latency.started(req.key, req.prompt_tokens)
+            req.features, req.predicted = member.latency.started(req.key, req.prompt_tokens, req.call.max_tokens,
+                                                                 cached.get(member.name, 0))
             self.send(req, member.name, now)
             return
-        waiter = Waiter(req.prompt_tokens, req.call.max_tokens, now, self.slo, payload=req)
+        waiter = Waiter(req.prompt_tokens, req.call.max_tokens, now, self.slo, payload=req, cached=cached)
         self.dispatcher.arrive(waiter, self.members)
         if waiter.decided:
             req.shed = True
@@ -181,6 +223,8 @@ class Sim:
 
     def send(self, req: SimRequest, name: str, now: float) -> None:
         req.backend, req.sent = name, now
+        if req.lookup is not None:
+            self.prefixes.sent(name, req.lookup)
         self.engines[name].submit(req, now + self.overhead)
 
     def pump(self, now: float) -> None:
@@ -204,7 +248,22 @@ class Sim:
         n = req.call.max_tokens
         tpot = (req.last - req.first) / (n - 1) if n > 1 else None
         self.models[req.backend].finished(req.key, tpot, n)
+        if req.lookup is not None:  # as the route hears it from the backend's usage
+            self.prefixes.served(req.backend, req.lookup, req.prompt_tokens,
+                                 req.cached if self.engines[req.backend].cache is not None else None)
+        if req.on_done is not None:
+            req.on_done(now)
         self.pump(now)
+
+
+SHARED_TEXT = False  # --shared-text: bench/slo.py's old prompts, "abc abc ...", which share prefixes
+
+
+def call_messages(call: Call) -> list[dict]:
+    """bench/slo.py's chat: ``words`` words (one token each on the fakes), its first the request's own."""
+    if SHARED_TEXT:
+        return [{"role": "user", "content": " ".join(["abc"] * call.words)}]
+    return [{"role": "user", "content": " ".join([f"r{call.at:.9f}"] + ["abc"] * (call.words - 1))}]
 
 
 def judge(req: SimRequest) -> bool:
@@ -261,6 +320,56 @@ def simulate(policy: str, loads: list[float], seconds: float, seed: int, shed: b
     return rows
 
 
+def simulate_conversations(policy: str, count: int, seed: int, systems: int | None = None) -> dict:
+    """bench/prefix.py's sessions on its fleet, in virtual time: TTFT, shares and the cache-hit ratio."""
+    from prefix import FLEET as PREFIX_FLEET, SLO as PREFIX_SLO
+
+    slo = RouteSLO(ttft_ms=PREFIX_SLO["ttft_ms"], tpot_ms=PREFIX_SLO["tpot_ms"])
+    sim = Sim(policy, slo, shed=False, fleet=PREFIX_FLEET)
+    sim.at(POLL_S, sim.poll)
+    done: list[SimRequest] = []
+
+    def send_turn(conv, index: int, messages: list[dict], now: float) -> None:
+        step = conv.turns[index]
+        messages = messages + [{"role": "user", "content": step.user}]
+        tokens = len(FakeEngine.render(messages).split())
+        req = SimRequest(Call(now, tokens - 1, step.max_tokens), tokens, now, messages=messages)
+        reply = {"role": "assistant", "content": FakeEngine.expected_text(messages, step.max_tokens)}
+
+        def next_turn(t: float) -> None:
+            done.append(req)
+            if index + 1 < len(conv.turns):
+                sim.at(t + step.think_s, lambda t2: send_turn(conv, index + 1, messages + [reply], t2))
+        req.on_done = next_turn
+        sim.arrive(req, now)
+
+    for conv in conversations(Workload(count=count, systems=systems), seed):
+        sim.at(conv.start_s, lambda t, c=conv: send_turn(c, 0, [c.system_message()], t))
+    sim.drive(3600.0)
+    ttfts = sorted(r.first - r.arrival for r in done)
+    served = {n: sum(1 for r in done if r.backend == n) for n in PREFIX_FLEET}
+    return {"requests": len(done), "ttft_mean_ms": statistics.fmean(ttfts) * 1000,
+            "ttft_p90_ms": ttfts[int(0.9 * len(ttfts))] * 1000,
+            "shares": {n: v / max(1, len(done)) for n, v in served.items()},
+            "cache_hit_ratio": sum(r.cached for r in done) / max(1, sum(r.prompt_tokens for r in done))}
+
+
+def print_conversations(policies: list[str], count: int, seeds: list[int], systems: int | None = None) -> None:
+    rows = {p: [simulate_conversations(p, count, seed, systems) for seed in seeds] for p in policies}
+    base = statistics.median(r["ttft_mean_ms"] for r in rows.get("least_inflight", [])) if "least_inflight" in rows \
+        else None
+    print(f"{count} conversations ({systems or 'one'} system prompt(s){'' if systems else ' each'}; bench/prefix.py's "
+          f"workload and fleet), seeds {','.join(map(str, seeds))}; medians over the seeds")
+    print(f"{'policy':15s} {'reqs':>5s} {'ttft mean':>9s} {'ttft p90':>9s} {'/li':>5s} {'max share':>9s} {'hit ratio':>9s}")
+    for policy, runs in rows.items():
+        mean = statistics.median(r["ttft_mean_ms"] for r in runs)
+        top = statistics.median(max(r["shares"].values()) for r in runs)
+        print(f"{policy:15s} {statistics.median(r['requests'] for r in runs):5.0f} {mean:9.0f} "
+              f"{statistics.median(r['ttft_p90_ms'] for r in runs):9.0f} "
+              f"{mean / base if base else float('nan'):5.2f} {top:9.0%} "
+              f"{statistics.median(r['cache_hit_ratio'] for r in runs):9.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loads", default="0.5,0.9,1.2")
@@ -274,11 +383,20 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true",
                         help="a new gateway and fleet (and warm-up) per load instead of one across the loads")
     parser.add_argument("--debug", action="store_true", help="print each backend's fitted models")
+    parser.add_argument("--shared-text", action="store_true", help="bench/slo.py's old prompts (abc abc ...), "
+                        "which share prefixes, on its fleet without prefix caching")
+    parser.add_argument("--conversations", type=int, default=0, metavar="N",
+                        help="bench/prefix.py's multi-turn workload (N conversations) and fleet instead")
+    parser.add_argument("--systems", type=int, help="with --conversations: system prompts shared round-robin "
+                        "(default: one per conversation)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="override a routing.dispatch constant (e.g. ERROR_QUANTILE=0.9) to compare policies")
     args = parser.parse_args()
-    global KNOWN_LIMITS
-    KNOWN_LIMITS = args.known_limits
+    global KNOWN_LIMITS, SHARED_TEXT
+    KNOWN_LIMITS, SHARED_TEXT = args.known_limits, args.shared_text
+    if args.conversations:
+        return print_conversations(args.policies.split(","), args.conversations, [int(x) for x in args.seeds.split(",")],
+                                   args.systems)
     import routing.dispatch as dispatch
     for item in args.set:
         name, value = item.split("=", 1)

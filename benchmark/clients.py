@@ -1,11 +1,15 @@
 """Streaming API clients that time one request the way vLLM's ``endpoint_request_func`` does.
 
-Four wire formats: ``openai-chat`` (/v1/chat/completions), ``openai-completions`` (/v1/completions),
-``ollama-chat`` (/api/chat) and ``ollama-generate`` (/api/generate). OpenAI requests always stream with
-``stream_options.include_usage``. A *content chunk* is an SSE event whose ``choices`` carry non-empty
-text, or an NDJSON line with non-empty ``message.content`` / ``response``; the first sets TTFT, each
-next one adds a gap to ITL, the last ends E2EL. The usage chunk (OpenAI) or the ``done`` line (Ollama)
-sets the token counts and never moves a timestamp.
+Six wire formats: ``openai-chat`` (/v1/chat/completions), ``openai-completions`` (/v1/completions),
+``ollama-chat`` (/api/chat), ``ollama-generate`` (/api/generate), ``anthropic-messages`` (/v1/messages)
+and ``openai-responses`` (/v1/responses, with ``store: false``). OpenAI chat and completion requests always
+stream with ``stream_options.include_usage``. A *content chunk* is an SSE event whose ``choices`` carry
+non-empty text, an NDJSON line with non-empty ``message.content`` / ``response``, a ``text_delta`` or a
+``response.output_text.delta`` event (thinking is not content); the first sets TTFT, each next one adds a
+gap to ITL, the last ends E2EL. The usage chunk (OpenAI), the ``done`` line (Ollama), ``message_delta``
+(Anthropic) or ``response.completed`` (Responses) sets the token counts and never moves a timestamp.
+
+The base URL may end in ``/v1`` (as OpenAI clients take it): it is dropped, never doubled.
 
 Differences from vLLM's payloads, for servers beyond vLLM: chat sends ``max_tokens`` (every
 OpenAI-compatible server reads it; vLLM's ``max_completion_tokens`` is newer) and no ``ignore_eos``
@@ -23,9 +27,10 @@ from dataclasses import dataclass
 from .http import HTTPError, Response, StreamingClient
 from .records import BenchRequest, RequestRecord
 
-APIS = ("openai-chat", "openai-completions", "ollama-chat", "ollama-generate")
+APIS = ("openai-chat", "openai-completions", "ollama-chat", "ollama-generate", "anthropic-messages", "openai-responses")
 _PATHS = {"openai-chat": "/v1/chat/completions", "openai-completions": "/v1/completions",
-          "ollama-chat": "/api/chat", "ollama-generate": "/api/generate"}
+          "ollama-chat": "/api/chat", "ollama-generate": "/api/generate", "anthropic-messages": "/v1/messages",
+          "openai-responses": "/v1/responses"}
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        return self.base_url.rstrip("/") + _PATHS[self.api]
+        return server_root(self.base_url) + _PATHS[self.api]
 
     def payload(self, request: BenchRequest) -> dict:
         n = request.output_len
@@ -53,15 +58,27 @@ class Endpoint:
                     "max_tokens": n, "temperature": 0.0}
         elif self.api == "openai-completions":
             body = {"model": self.model, "prompt": request.prompt, "max_tokens": n, "temperature": 0.0}
+        elif self.api == "anthropic-messages":
+            body = {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
+                    "max_tokens": n, "temperature": 0.0}
+        elif self.api == "openai-responses":
+            body = {"model": self.model, "input": request.prompt, "max_output_tokens": n, "temperature": 0.0,
+                    "store": False}
         elif self.api == "ollama-chat":
             body = {"model": self.model, "messages": [{"role": "user", "content": request.prompt}],
                     "options": {"num_predict": n, "temperature": 0.0}}
         else:
             body = {"model": self.model, "prompt": request.prompt, "options": {"num_predict": n, "temperature": 0.0}}
         body["stream"] = True
-        if self.api.startswith("openai"):
+        if self.api in ("openai-chat", "openai-completions"):
             body["stream_options"] = {"include_usage": True}
         return {**body, **(self.extra_body or {})}
+
+
+def server_root(base_url: str) -> str:
+    """The server's root from a base URL given with or without OpenAI's ``/v1``."""
+    root = base_url.rstrip("/")
+    return root[:-3] if root.endswith("/v1") else root
 
 
 Counter = Callable[[str], int]
@@ -75,6 +92,7 @@ async def send_request(client: StreamingClient, endpoint: Endpoint, request: Ben
     headers = {"x-request-id": request_id}
     if endpoint.api_key:
         headers["authorization"] = f"Bearer {endpoint.api_key}"
+        headers["x-api-key"] = endpoint.api_key
     body = json.dumps(endpoint.payload(request)).encode()
     timer = _Timer(record)
     try:
@@ -84,8 +102,8 @@ async def send_request(client: StreamingClient, endpoint: Endpoint, request: Ben
                 text = (await resp.read()).decode("utf-8", "replace")[:300]
                 record.error = f"HTTP {resp.status} {resp.reason}: {text}"
                 return record
-            read = _read_sse if endpoint.api.startswith("openai") else _read_ndjson
-            await read(resp, timer, chat=endpoint.api.endswith("chat"))
+            await _READERS.get(endpoint.api, _read_sse if endpoint.api.startswith("openai") else _read_ndjson)(
+                resp, timer, chat=endpoint.api.endswith("chat"))
     except (HTTPError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
         return record
@@ -109,11 +127,13 @@ class _Timer:
         self.last, self.chunks = now, self.chunks + 1
         self.parts.append(text)
 
-    def usage(self, prompt_tokens: object, completion_tokens: object) -> None:
+    def usage(self, prompt_tokens: object, completion_tokens: object, cached_tokens: object = None) -> None:
         if isinstance(completion_tokens, int):
             self.record.output_tokens = completion_tokens
         if isinstance(prompt_tokens, int):
             self.record.server_prompt_tokens = prompt_tokens
+        if isinstance(cached_tokens, int):
+            self.record.cached_tokens = cached_tokens
 
 
 async def _read_sse(resp: Response, timer: _Timer, *, chat: bool) -> None:
@@ -134,7 +154,8 @@ async def _read_sse(resp: Response, timer: _Timer, *, chat: bool) -> None:
             if text:
                 timer.content(text)
         if usage := event.get("usage"):
-            timer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+            timer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"),
+                        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
 
 
 async def _read_ndjson(resp: Response, timer: _Timer, *, chat: bool) -> None:
@@ -151,6 +172,31 @@ async def _read_ndjson(resp: Response, timer: _Timer, *, chat: bool) -> None:
         if event.get("done"):
             timer.usage(event.get("prompt_eval_count"), event.get("eval_count"))
             done = True
+
+
+async def _read_events(resp: Response, timer: _Timer, *, chat: bool) -> None:
+    """Named events (Anthropic's Messages, OpenAI's Responses): content in text deltas, usage at the end."""
+    async for line in resp.iter_lines():
+        if not line.startswith("data:"):
+            continue
+        event = json.loads(line[5:].strip())
+        kind = event.get("type")
+        if kind in ("error", "response.failed"):
+            raise ValueError(f"stream error: {json.dumps(event)[:200]}")
+        if kind == "content_block_delta" and event["delta"].get("type") == "text_delta" and event["delta"]["text"]:
+            timer.content(event["delta"]["text"])
+        elif kind == "response.output_text.delta" and event["delta"]:
+            timer.content(event["delta"])
+        elif kind == "message_delta":
+            usage = event.get("usage") or {}
+            prompt = (usage.get("input_tokens") or 0) + (usage.get("cache_read_input_tokens") or 0)
+            timer.usage(prompt, usage.get("output_tokens"))
+        elif kind in ("response.completed", "response.incomplete"):
+            usage = event["response"].get("usage") or {}
+            timer.usage(usage.get("input_tokens"), usage.get("output_tokens"))
+
+
+_READERS = {"anthropic-messages": _read_events, "openai-responses": _read_events}
 
 
 def _finish(record: RequestRecord, timer: _Timer, count_tokens: Counter | None) -> RequestRecord:

@@ -70,6 +70,7 @@ class BenchConfig:
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     seed: int = 0
     scrape_metrics: bool = True
+    shared_prefix: int = 0  # tokens every other synthetic prompt starts with (cached prefill's cost)
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -78,6 +79,8 @@ class BenchConfig:
             raise ValueError("--duration must be > 0 seconds")
         if self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
+        if self.shared_prefix < 0 or (self.shared_prefix and self.dataset):
+            raise ValueError("--shared-prefix must be >= 0 and goes with synthetic prompts, not --dataset")
         if self.search.max_concurrency < 1 or self.search.sweep_size < 3:
             raise ValueError("--max-concurrency must be >= 1 and --sweep-size >= 3")
         if not 0 < self.search.target_attainment <= 1:

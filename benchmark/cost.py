@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .records import RequestRecord
 
 
@@ -36,6 +38,19 @@ def prefill_decode_ratio(records: Sequence[RequestRecord]) -> float | None:
     if prefill_s <= 0 or decode_tokens <= 0 or decode_s <= 0:
         return None
     return (sum(r.prompt_len for r in ok) / prefill_s) / (decode_tokens / decode_s)
+
+
+def cached_prefill_weight(records: Sequence[RequestRecord]) -> float | None:
+    """What a cached prompt token costs in prefill time, in uncached tokens (0 to 1): the least-squares
+    fit TTFT ≈ a + b·uncached + c·cached over the requests whose cached tokens the server reported,
+    then c / b. None unless some requests had cached tokens and some did not (``--shared-prefix``)."""
+    rows = [(r.prompt_len - r.cached_tokens, r.cached_tokens, r.ttft) for r in records
+            if r.success and r.cached_tokens is not None and r.ttft > 0]
+    if len(rows) < 6 or not any(c for _, c, _ in rows) or all(c for _, c, _ in rows):
+        return None
+    x = np.array([[1.0, u, c] for u, c, _ in rows])
+    (a, b, c), *_ = np.linalg.lstsq(x, np.array([t for _, _, t in rows]), rcond=None)
+    return float(min(1.0, max(0.0, c / b))) if b > 0 else None
 
 
 def split_bill(bill: float, input_tokens: int, output_tokens: int, k: float) -> tuple[float, float]:

@@ -3,7 +3,10 @@
 Synthetic prompts are built from the target's own vocabulary: whole-word tokens (a space then letters)
 that encode back to themselves, sampled with a seeded generator, so ``encode(prompt)`` has exactly the
 asked length. Every prompt starts with its own random words, so no prefix cache can serve one prompt
-from another. Without a tokenizer, words stand in for tokens and the lengths are marked inexact.
+from another, unless ``shared_prefix`` is set: then every other prompt (the 2nd, 4th, ...) starts
+with one fixed prefix of that many tokens and goes on with its own words, so half the prompts can
+be served partly from a prefix cache and half cannot (what ``cost.cached_prefill_weight`` compares).
+Without a tokenizer, words stand in for tokens and the lengths are marked inexact.
 
 Datasets: JSON (a list) or JSONL (one object a line) of ShareGPT ``{"conversations": [{"from": "human",
 "value": ...}, {"from": "gpt", "value": ...}]}``, OpenAI ``{"messages": [{"role", "content"}...]}`` or
@@ -53,15 +56,26 @@ class LengthSpec:
 
 
 def synthetic_requests(counter: TokenCounter | None, num: int, input_len: LengthSpec, output_len: LengthSpec,
-                       *, seed: int = 0) -> list[BenchRequest]:
+                       *, seed: int = 0, shared_prefix: int = 0) -> list[BenchRequest]:
     rng = np.random.default_rng(seed)
     ins, outs = input_len.sample(rng, num), output_len.sample(rng, num)
     if counter is None:
         words = [" " + w for w in _FALLBACK_WORDS]
-        return [BenchRequest("".join(rng.choice(words, n)).lstrip(), n, o, is_prompt_len_exact=False)
-                for n, o in zip(ins, outs)]
-    vocab = word_tokens(counter, rng)
-    return [_exact_prompt(counter, vocab, rng, n, o) for n, o in zip(ins, outs)]
+        requests = [BenchRequest("".join(rng.choice(words, n)).lstrip(), n, o, is_prompt_len_exact=False)
+                    for n, o in zip(ins, outs)]
+        prefix = "".join(rng.choice(words, shared_prefix)).lstrip() + " " if shared_prefix else ""
+    else:
+        vocab = word_tokens(counter, rng)
+        requests = [_exact_prompt(counter, vocab, rng, n, o) for n, o in zip(ins, outs)]
+        prefix = _exact_prompt(counter, vocab, rng, shared_prefix, 0).prompt if shared_prefix else ""
+    return [_with_prefix(r, prefix, shared_prefix, counter) if prefix and i % 2 else r for i, r in enumerate(requests)]
+
+
+def _with_prefix(request: BenchRequest, prefix: str, tokens: int, counter: TokenCounter | None) -> BenchRequest:
+    """The request's prompt after the shared prefix (its own words first, so only the prefix is shared)."""
+    prompt = prefix + request.prompt
+    length = counter.count(prompt) if counter is not None else request.prompt_len + tokens
+    return BenchRequest(prompt, length, request.output_len, is_prompt_len_exact=request.is_prompt_len_exact)
 
 
 def word_tokens(counter: TokenCounter, rng: np.random.Generator, limit: int = 3000) -> list[str]:

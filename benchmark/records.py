@@ -37,6 +37,7 @@ class RequestRecord:
     success: bool = False
     error: str = ""
     server_prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when the server reports it
 
     @property
     def end_time(self) -> float:

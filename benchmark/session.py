@@ -11,7 +11,7 @@ from typing import Protocol
 
 from .clients import Counter
 from .config import BenchConfig
-from .cost import cost_fields, prefill_decode_ratio
+from .cost import cached_prefill_weight, cost_fields, prefill_decode_ratio
 from .http import StreamingClient
 from .metrics import calculate_metrics
 from .prometheus import scrape, server_token_deltas
@@ -48,7 +48,8 @@ def build_requests(config: BenchConfig, counter: TokenCounter | None, *, seed_of
     if config.dataset:
         out = config.output_tokens if config.output_tokens_given else None
         return dataset_requests(config.dataset, counter, n, out, seed=seed)
-    return synthetic_requests(counter, n, config.input_tokens, config.output_tokens, seed=seed)
+    return synthetic_requests(counter, n, config.input_tokens, config.output_tokens, seed=seed,
+                              shared_prefix=config.shared_prefix)
 
 
 def summarize(config: BenchConfig, run: PointRun, server: dict | None) -> dict:
@@ -60,6 +61,7 @@ def summarize(config: BenchConfig, run: PointRun, server: dict | None) -> dict:
     summary.update(calculate_metrics(run.records, run.duration, goodput_slos=config.goodput_slos,
                                      percentiles=config.percentiles))
     summary["prefill_decode_ratio"] = prefill_decode_ratio(run.records)  # k, for output_weight: measured
+    summary["cached_prefill_weight"] = cached_prefill_weight(run.records)  # for cached_input_weight: measured
     if config.pricing:
         summary.update(cost_fields(config.pricing, run.records, run.duration))
     if server:

@@ -49,9 +49,11 @@ def _store_tokenizer(model: str) -> Path | None:
 @app.callback()
 def bench(
     ctx: typer.Context,
-    url: str = typer.Option(None, "--url", help="Server base URL, e.g. http://127.0.0.1:11434."),
+    url: str = typer.Option(None, "--url", help="Server base URL, e.g. http://127.0.0.1:11434 (a trailing /v1 is "
+                            "dropped)."),
     model: str = typer.Option(None, "--model", help="Model name sent in each request."),
-    api: str = typer.Option("openai-chat", "--api", help="openai-chat | openai-completions | ollama-chat | ollama-generate."),
+    api: str = typer.Option("openai-chat", "--api", help="openai-chat | openai-completions | ollama-chat | "
+                            "ollama-generate | anthropic-messages | openai-responses."),
     profile: str = typer.Option("synchronous", "--profile", help="synchronous | concurrent:N | rate:R | sweep | slo-search."),
     burstiness: float = typer.Option(1.0, "--burstiness", help="Arrival gamma shape: 1 = Poisson."),
     num_requests: int = typer.Option(20, "--num-requests", help="Requests per load point."),
@@ -72,6 +74,8 @@ def bench(
                              "(default: $INFER_HOME/bench/<UTC time>, without plots)."),
     label: list[str] = typer.Option(None, "--label", help="KEY=VALUE stored in the summary (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed for prompts and arrivals."),
+    shared_prefix: int = typer.Option(0, "--shared-prefix", help="Every other prompt starts with one shared prefix "
+                                      "of N tokens: measures what a cached prompt token costs (cached_input_weight)."),
 ) -> None:
     """Run a benchmark against URL and print vLLM's summary block for each load point."""
     if ctx.invoked_subcommand:
@@ -110,6 +114,7 @@ def _config(opts: dict):
             output_tokens=LengthSpec.parse(opts["output_tokens"] or "128"),
             output_tokens_given=opts["output_tokens"] is not None, dataset=opts["dataset"], tokenizer=opts["tokenizer"],
             search=search, out=opts["out"], labels=parse_labels(opts["label"] or []), seed=opts["seed"],
+            shared_prefix=opts["shared_prefix"],
             pricing=Pricing(opts["price_per_hour"], opts["gpus"]) if opts["price_per_hour"] is not None else None)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -155,6 +160,11 @@ def _print_and_write(result, out: Path | None) -> None:
         out = new_run_dir(settings().home)
         files = write_outputs(result, out)
     typer.echo(f"wrote {', '.join(f.name for f in files)} to {out}")
+    records = [r for run in result.runs for r in run.records]
+    if records and not any(r.success for r in records):  # nothing was measured: a failed run, not a result
+        first = next(r.error for r in records if not r.success)
+        typer.echo(f"Error: all {len(records)} requests failed; the first: {first}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command("compare")

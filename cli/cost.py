@@ -93,24 +93,32 @@ def _config_path(config: Path | None) -> Path | None:
 
 
 def _render(report: dict) -> str:
-    rows = [[report["by"], "requests", "in tok", "cached tok", "out tok", "in $", "out $", "total $", "$/Mtok in",
-             "$/Mtok out", "settled − provisional $"]]
+    rows = [[report["by"], "requests", "in tok", "cached tok", "out tok", "in $", "cached $", "out $", "total $",
+             "$/Mtok in", "$/Mtok out", "settled − provisional $"]]
     for g in report["groups"]:
         rows.append([g["key"], str(g["requests"]), str(g["input_tokens"]), str(g["cached_input_tokens"]),
-                     str(g["output_tokens"]), _usd(g["input_cost_usd"] + g["cached_input_cost_usd"]),
+                     str(g["output_tokens"]), _usd(g["input_cost_usd"]), _usd(g["cached_input_cost_usd"]),
                      _usd(g["output_cost_usd"]), _usd(g["total_cost_usd"]), _usd(g["usd_per_mtok_input"]),
                      _usd(g["usd_per_mtok_output"]), _usd(g["difference_usd"])])
-    lines = [f"since {report['since']}", table(rows)]
+    lines = [f"since {report['since']}", table(rows), "(in tok: uncached prompt tokens; cached tok: prompt tokens "
+             "the backend served from its KV cache)"]
     for name, bill in report["bills"].items():
-        lines.append(f"{name}: bill ${bill['bill_usd']:.6f} over {bill['windows']} window(s), "
-                     f"{bill['windows_with_traffic']} with traffic ({bill['traffic_share']:.0%}); "
-                     f"idle ${bill['idle_usd']:.6f}; {_weight(bill)}")
+        lines.append(f"{name}: bill ${_usd(bill['bill_usd'])} = in ${_usd(bill['input_usd'])} + cached "
+                     f"${_usd(bill['cached_input_usd'])} + out ${_usd(bill['output_usd'])} "
+                     f"+ idle ${_usd(bill['idle_usd'])}, "
+                     f"over {bill['windows']} window(s), {bill['windows_with_traffic']} with traffic "
+                     f"({bill['traffic_share']:.0%}); {_weight(bill)}; {_cached_weight(bill)}")
     return "\n".join(lines)
 
 
 def _weight(bill: dict) -> str:
     source = bill["output_weight_source"]
     return f"output_weight {bill['output_weight']:g} (configured)" if source == "configured" else source
+
+
+def _cached_weight(bill: dict) -> str:
+    source = bill["cached_input_weight_source"]
+    return f"cached_input_weight {bill['cached_input_weight']:g} (configured)" if source == "configured" else source
 
 
 def _csv(groups: list[dict]) -> str:
@@ -123,4 +131,4 @@ def _csv(groups: list[dict]) -> str:
 
 
 def _usd(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6f}"
+    return "-" if value is None else f"{value if abs(value) >= 5e-7 else 0.0:.6f}"  # no "-0.000000"

@@ -65,6 +65,8 @@ def estimate_cmd(
     except ValueError as exc:
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from None
+    for warning in (basis or {}).get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
     typer.echo(json.dumps(report, indent=2) if as_json else _text(report))
 
 

@@ -7,13 +7,15 @@ Both talk to the server at ``INFER_HOST`` (``OLLAMA_HOST``) like ``ollama ps``/`
 from __future__ import annotations
 
 import os
+import time
+
 import typer
 
 from adapters.core.errors import BackendError
 from gateway.settings import client_url
 
 from .client import NotFound, ServerClient
-from .format import human_bytes, human_until, parse_time, table
+from .format import human_bytes, human_span, human_until, parse_time, table
 
 
 def register(app: typer.Typer) -> None:
@@ -26,13 +28,30 @@ def _client() -> ServerClient:
 
 
 def ps_cmd() -> None:
-    """List the models the running server has loaded."""
-    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
-    for m in _client().call("GET", "/api/ps").get("models") or []:
+    """List the models the running server has loaded, with the runner process serving each."""
+    answer = _client().call("GET", "/api/ps")
+    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "ENGINE", "PID", "MEMORY"]]
+    for m in answer.get("models") or []:
+        runner = m.get("runner") or {}
         rows.append([m.get("name", ""), (m.get("digest") or "")[:12], human_bytes(m.get("size") or 0),
                      processor(m.get("size") or 0, m.get("size_vram") or 0), str(m.get("context_length") or ""),
-                     human_until(parse_time(m.get("expires_at")))])
+                     _until(m, runner), runner.get("engine", ""), str(runner.get("pid", "")),
+                     human_bytes(runner["memory"]) if runner.get("memory") else ""])
     typer.echo(table(rows))
+    for f in answer.get("failures") or []:
+        wait = parse_time(f["retry_at"]) - time.time()
+        when = f"in {human_span(wait).lower()}" if wait > 0 else "on the next request"
+        typer.echo(f"{f['name']} ({f['engine']}): {f['crashes']} crash(es) in a row, last: {f['error']}; "
+                   f"next start {when}")
+
+
+def _until(model: dict, runner: dict) -> str:
+    state = runner.get("state")
+    if state == "loading":
+        return "loading"
+    if runner.get("requests"):
+        return f"busy ({runner['requests']})" if state != "stopping" else "stopping"
+    return human_until(parse_time(model.get("expires_at")))
 
 
 def stop_cmd(model: str = typer.Argument(..., help="A model the server has loaded.")) -> None:

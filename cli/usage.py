@@ -58,9 +58,11 @@ def _reason(exc: Exception) -> str:
 
 
 def render_usage(rows: list[RequestLog], totals: list[ModelTotals]) -> str:
-    recent_rows = [["TIME", "MODEL", "SOURCE", "ROUTE", "STATUS", "IN", "OUT", "TTFT (ms)", "TPOT (ms)", "TOTAL (ms)"]]
+    recent_rows = [["TIME", "MODEL", "SOURCE", "ROUTE", "STATUS", "IN", "CACHED", "OUT", "TTFT (ms)", "TPOT (ms)",
+                    "TOTAL (ms)"]]
     recent_rows += [[_local_time(r.datetime_utc), r.model, r.source, r.route, r.status, str(r.input_tokens),
-                     str(r.output_tokens), _ms(r.ttft_ms), _ms(r.tpot_ms), _ms(r.total_ms)] for r in rows]
+                     _count(r.cached_input_tokens), str(r.output_tokens), _ms(r.ttft_ms), _ms(r.tpot_ms),
+                     _ms(r.total_ms)] for r in rows]
     total_rows = [["MODEL", "REQUESTS", "ERRORS", "INPUT TOKENS", "OUTPUT TOKENS", "CACHED"]]
     total_rows += [[t.model, str(t.requests), str(t.errors), str(t.input_tokens), str(t.output_tokens),
                     str(t.cached_input_tokens)] for t in totals]
@@ -69,6 +71,10 @@ def render_usage(rows: list[RequestLog], totals: list[ModelTotals]) -> str:
 
 def _local_time(datetime_utc: str) -> str:
     return datetime.fromisoformat(datetime_utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _ms(value: float | None) -> str:

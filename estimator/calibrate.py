@@ -6,7 +6,8 @@ The calibration point is the bench's lowest-concurrency load point (batch = its 
 - MFU = ideal prefill time (MFU = 1) ÷ measured median TTFT,
 then the roofline predicts other models and shapes with these two factors (Dynamo's planner corrects
 its interpolations the same way, by measured ÷ expected). If the benched decode would be compute-bound
-even at the fitted MBU, the TPOT fits MFU instead.
+even at the fitted MBU, the TPOT fits MFU instead. A factor over 1 cannot be (the device would beat its
+own peak): the calibration says so in its ``warnings``, and ``infer estimate`` prints them.
 """
 
 from __future__ import annotations
@@ -36,5 +37,16 @@ def fit(dep: Deployment, summary_path) -> tuple[Efficiency, dict]:
     decode = ideal.tpot_s / tpot
     basis = {"load_point": point["load_point"], "batch": batch, "prompt_tokens": prompt, "output_tokens": output,
              "median_ttft_ms": point["median_ttft_ms"], "median_tpot_ms": point["median_tpot_ms"],
-             "model": dep.model.name, "binds": ideal.binds}
+             "model": dep.model.name, "binds": ideal.binds, "warnings": impossible(mfu, decode)}
     return Efficiency(mfu=mfu, mbu=decode, source="calibrated", decode_mfu=decode), basis
+
+
+def impossible(mfu: float, mbu: float) -> list[str]:
+    """What a fit above 100 % of the device's peak means: the peaks are wrong, or the bench's timings are."""
+    out = []
+    for name, value, peak in (("MFU", mfu, "peak FLOP/s"), ("MBU", mbu, "peak bandwidth")):
+        if value > 1.0:
+            out.append(f"calibrated {name} {value:.2f} is over 100 %: the device's {peak} is underestimated "
+                       f"(probe it again with --reprobe on an idle machine, or give --peak-tflops/--bandwidth-gbs) "
+                       f"or the bench ran on a machine whose load changed; predictions from it are not trustworthy")
+    return out

@@ -5,7 +5,8 @@ backend, the store, the ledger database and its writer, the metrics and the reco
 pass one ``backend`` that serves every model.
 
 The request path: API route → ``Recorder.resolve`` (``Router.resolve``, once) → the backend's
-stream (Chunk…, Done) → the response → one ledger row through the writer thread.
+stream (Chunk…, Done; a local model's from its runner process, ``adapters/runner/``) → the
+response → one ledger row through the writer thread.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from adapters.core.base import Backend
-from adapters.local.engines import in_process_engines
 from adapters.remote.registry import create_remote
+from adapters.runner.backend import runner_engines
 from gateway.serving.router import Router
 from pricing.book import PriceBook
 from routing.build import build_routes
+from routing.kv_events import start_subscribers
 from routing.metrics import RouteMetrics
 from ledger.db import open_db
 from ledger.writer import LedgerWriter
 from registry.store import Store
 
 from gateway import dashboard, health, infer_api, wire_docs
+from gateway.anthropic import routes as anthropic_routes
 from gateway.backends_config import AuthEntry, GatewayConfig, load_config
 from gateway.http import errors
 from gateway.http.access import AccessPolicy
@@ -37,7 +40,7 @@ from gateway.http.hot import HotRoutes
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import BackendMonitor
 from gateway.ollama import generate as ollama_generate, models as ollama_models
-from gateway.openai import generate as openai_generate, models as openai_models
+from gateway.openai import generate as openai_generate, models as openai_models, responses_routes
 from gateway.keys import KeyBook
 from gateway.serving.recorder import Recorder
 from gateway.settings import ServerSettings
@@ -75,6 +78,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.loop = asyncio.get_running_loop()
         routes = list(app.state.router.routes.values())
         pollers = [asyncio.create_task(app.state.monitor.run())]  # also tells the routes their members' health
+        pollers += start_subscribers(list({id(s): s for r in routes for s in r.kv_sources.values()}.values()))
         if routes:
             app.state.metrics.routes = RouteMetrics(app.state.metrics.registry, routes)
             for route in routes:
@@ -103,7 +107,9 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     app.add_middleware(GuardMiddleware, settings=settings)
     if tracer is not None:
         app.add_middleware(TraceContextMiddleware, tracer=tracer)  # added last: runs first
-    for module in (openai_generate, ollama_generate, openai_models, ollama_models, health, infer_api, dashboard):  # hot first
+    modules = (openai_generate, ollama_generate, anthropic_routes, responses_routes, openai_models, ollama_models,
+               health, infer_api, dashboard)  # hot first
+    for module in modules:
         app.include_router(module.router)
     return app
 
@@ -115,6 +121,11 @@ def begin_shutdown(app: FastAPI, grace: float) -> None:
     if loop is not None and not loop.is_closed():
         recorder = app.state.recorder
         loop.call_soon_threadsafe(lambda: loop.create_task(recorder.stop_after(max(0.0, grace - 1.0))))
+
+
+def _runner_log_level() -> str:
+    """Runners log at the gateway's level (``infer serve --log-level``)."""
+    return logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
 
 
 def _redis(url: str | None):
@@ -130,10 +141,11 @@ def _router(backend: Backend | Router) -> Router:
 
 
 def default_router(settings: ServerSettings, store: Store, config: GatewayConfig | None = None) -> Router:
-    """The store's in-process engines, behind the remote backends and routes of the config file."""
-    local = in_process_engines(store, settings.local)
+    """The store's engines (each model in a runner process), behind the remote backends and routes of the
+    config file. Called in the lifespan, on the event loop."""
+    local = runner_engines(store, settings.local, log_level=_runner_log_level())
     if config is None:
         return Router(local)
     remotes = {s.name: create_remote(s) for s in config.remote_settings()}
-    routes = build_routes(config.routes, remotes, lambda name: local.get())
+    routes = build_routes(config.routes, remotes, lambda name: local.get(), config.kv_event_sources())
     return Router(local, remotes, routes=routes)

@@ -77,7 +77,7 @@ class PricingEntry(BaseModel):
     gpu_hourly_usd: float | None = Field(default=None, ge=0)
     gpus: float = Field(default=1.0, gt=0)
     output_weight: float | Literal["measured"] = 5.0
-    cached_input_weight: float = Field(default=0.1, ge=0)
+    cached_input_weight: float | Literal["measured"] = 0.1
     window_s: PositiveFloat = 3600.0
 
     @field_validator("output_weight")
@@ -85,6 +85,13 @@ class PricingEntry(BaseModel):
     def _weight(cls, value: float | str) -> float | str:
         if not isinstance(value, str) and value <= 0:
             raise ValueError("must be > 0, or 'measured'")
+        return value
+
+    @field_validator("cached_input_weight")
+    @classmethod
+    def _cached_weight(cls, value: float | str) -> float | str:
+        if not isinstance(value, str) and value < 0:
+            raise ValueError("must be >= 0, or 'measured'")
         return value
 
     def model_post_init(self, _context: Any) -> None:
@@ -118,6 +125,8 @@ class BackendEntry(BaseModel):
     mode: Literal["generate", "messages"] | None = None
     context_length: int | None = Field(default=None, gt=0)
     pricing: PricingEntry | None = None
+    kv_events: str | None = None       # the backend's KV cache event stream (vLLM --kv-events-config): precise routing
+    kv_events_topic: str = ""
 
     _name = field_validator("name")(classmethod(lambda cls, value: plain_name(value)))
 
@@ -172,6 +181,18 @@ class BackendEntry(BaseModel):
             raise ValueError(f"tokenizer file {path} not found")
         return str(path.resolve())
 
+    @field_validator("kv_events")
+    @classmethod
+    def _kv_events(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"'{value}' is not a ZMQ endpoint; use tcp://host:port (vLLM's kv-events endpoint)")
+        if not info.data.get("tokenizer"):
+            raise ValueError("needs tokenizer: (the backend's tokenizer.json or .gguf) to match prompts to the "
+                             "token blocks the events name")
+        return value
+
     @field_validator("mode")
     @classmethod
     def _mode(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -202,6 +223,21 @@ class SLOEntry(BaseModel):
     window_s: PositiveFloat = 300.0
 
 
+class PrefixEntry(BaseModel):
+    """The route's prefix index (``routing/prefix.py``), for ``strategy: prefix`` and ``slo``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_chars: int = Field(default=128, ge=16, le=4096, description="Characters of rendered prompt per hashed block.")
+    capacity_tokens: int = Field(default=500_000, ge=1, description="A backend's KV cache in tokens, when it "
+                                 "does not report its own (vLLM's cache_config_info).")
+    load_factor: float = Field(default=1.25, ge=1.0, description="Bounded loads: a backend takes at most this "
+                               "times the mean in flight (rounded up).")
+    load_slack: int = Field(default=2, ge=0, description="... plus this many requests.")
+    min_match: float = Field(default=0.0, ge=0.0, le=1.0, description="A match below this share of the prompt "
+                             "counts as none.")
+
+
 class RouteEntry(BaseModel):
     """A public model name in front of several backends, with a latency SLO (``routing/``)."""
 
@@ -209,8 +245,9 @@ class RouteEntry(BaseModel):
 
     name: str
     backends: list[str] = Field(min_length=1)
-    strategy: Literal["slo", "least_inflight", "round_robin", "weighted"] = "slo"
+    strategy: Literal["slo", "least_inflight", "round_robin", "weighted", "prefix"] = "slo"
     slo: SLOEntry | None = None
+    prefix: PrefixEntry = Field(default_factory=PrefixEntry)
     shed: bool = False
     first_token_timeout_ms: PositiveFloat | None = None
     retries: int = Field(default=1, ge=0, le=10)
@@ -251,6 +288,13 @@ class GatewayConfig(BaseModel):
         if self.local is not None and self.local.pricing is not None:
             out.append(Priced.of(LOCAL, self.local.pricing, (*ENGINES, *self.local_models()), home=home))
         return out
+
+    def kv_event_sources(self) -> dict[str, Any]:
+        """The backends that publish their KV cache (``kv_events:``), for the routes' precise index."""
+        from routing.kv_events import KVEventSource
+
+        return {e.name: KVEventSource(e.name, e.kv_events, e.tokenizer or "", e.kv_events_topic)
+                for e in self.backends if e.kv_events}
 
     def local_models(self) -> list[str]:
         """Route members that are not backends of this file: models of the local store."""
@@ -360,6 +404,7 @@ def _reason(err: dict[str, Any]) -> str:
     if kind == "extra_forbidden":
         known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields,
                  *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields,
+                 *PrefixEntry.model_fields,
                  *AuthEntry.model_fields]
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         return "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")

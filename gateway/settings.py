@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from adapters.core.durations import parse_duration
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from registry.settings import RegistrySettings, env_setting
@@ -62,6 +63,9 @@ class ServerSettings(BaseModel):
     shutdown_grace: float = Field(default=5.0, ge=0.0, description="Seconds running requests get to finish "
                                   "after SIGTERM/SIGINT; the rest then end with an error event and their row.")
     database_url: str = Field(description="Usage ledger URL (INFER_DATABASE_URL).")
+    responses_retention: float = Field(default=30 * 86400.0, ge=0.0, description="Seconds a stored /v1/responses "
+                                       "answer stays readable for previous_response_id (INFER_RESPONSES_RETENTION, "
+                                       "a duration such as 720h or seconds; 0 stores none).")
     registry: RegistrySettings
 
     @field_validator("origins")
@@ -159,6 +163,8 @@ def _from_env(env: dict[str, str]) -> dict[str, Any]:
         out["hold_ttl_s"] = env["INFER_HOLD_TTL_S"].strip()
     if env.get("INFER_MAX_BLOB_BYTES"):
         out["max_blob_bytes"] = env["INFER_MAX_BLOB_BYTES"].strip()
+    if env.get("INFER_RESPONSES_RETENTION"):
+        out["responses_retention"] = parse_duration(env["INFER_RESPONSES_RETENTION"].strip())
     if env.get("INFER_CONFIG"):
         out["config"] = Path(env["INFER_CONFIG"].strip()).expanduser()
     return out

@@ -93,6 +93,15 @@ def sse_content(chunk: type[BaseModel], error: type[BaseModel]) -> dict[str, Any
     return {SSE: {"itemSchema": event}}
 
 
+def named_sse_content(events: list[type[BaseModel]], error: type[BaseModel]) -> dict[str, Any]:
+    """A stream of named events (Anthropic's Messages, OpenAI's Responses): ``event: <name>`` and a ``data``
+    that is one of ``events`` or ``error`` as JSON; no ``[DONE]``."""
+    schemas = [inline_schema(e) for e in events] + [inline_schema(error)]
+    data = {"type": "string", "contentMediaType": "application/json", "contentSchema": {"anyOf": schemas}}
+    event = {"type": "object", "required": ["data"], "properties": {"event": {"type": "string"}, "data": data}}
+    return {SSE: {"itemSchema": event}}
+
+
 def ndjson_content(*items: type[BaseModel]) -> dict[str, Any]:
     """An NDJSON stream: one JSON object per line, each one of ``items``."""
     item = inline_schema(items[0]) if len(items) == 1 else {"anyOf": [inline_schema(i) for i in items]}

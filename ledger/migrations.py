@@ -93,7 +93,35 @@ def m005_api_keys(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE requests ADD COLUMN key_name VARCHAR(255)"))
 
 
-def m006_key_roles_and_holds(conn: Connection) -> None:
+def m006_expected_cached(conn: Connection) -> None:
+    """The prompt tokens a route's prefix index expected the backend to hold in its KV cache (NULL: no
+    index: not a ``prefix`` or ``slo`` route); ``cached_input_tokens`` is what the backend reported."""
+    conn.execute(sa.text("ALTER TABLE requests ADD COLUMN expected_cached_tokens INTEGER"))
+
+
+def m007_reasoning(conn: Connection) -> None:
+    """Thinking: how many of a row's output tokens were reasoning, and what they cost (part of the output cost)."""
+    for column in ("reasoning_tokens INTEGER", "reasoning_cost_usd FLOAT"):
+        conn.execute(sa.text(f"ALTER TABLE requests ADD COLUMN {column}"))
+
+
+def m008_responses(conn: Connection) -> None:
+    """The Responses API's stored responses (``previous_response_id``): the response object and the
+    conversation it ends, kept until ``expires_at`` (epoch seconds)."""
+    metadata = sa.MetaData()
+    sa.Table(
+        "responses", metadata,
+        sa.Column("id", sa.String(64), primary_key=True),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.Column("expires_at", sa.Float, nullable=False, index=True),
+        sa.Column("model", sa.String(255), nullable=False),
+        sa.Column("body", sa.Text, nullable=False),
+        sa.Column("conversation", sa.Text, nullable=False),
+    )
+    metadata.create_all(conn)
+
+
+def m009_key_roles_and_holds(conn: Connection) -> None:
     """A key's role (``caller`` or ``operator``; NULL reads as caller) and output cap; budget holds as
     rows that expire (``key_holds``), so a hold whose request never settled cannot stay forever.
     Reservations made before this migration had no rows: they are released."""
@@ -113,8 +141,14 @@ def m006_key_roles_and_holds(conn: Connection) -> None:
     metadata.create_all(conn)
 
 
+def m010_response_owners(conn: Connection) -> None:
+    """The ledger key that stored a response (NULL: none); a caller's key reads and deletes only its own."""
+    conn.execute(sa.text("ALTER TABLE responses ADD COLUMN key_name VARCHAR(255)"))
+
+
 MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs, m005_api_keys,
-                               m006_key_roles_and_holds]
+                               m006_expected_cached, m007_reasoning, m008_responses, m009_key_roles_and_holds,
+                               m010_response_owners]
 
 
 def migrate(engine: Engine) -> list[str]:

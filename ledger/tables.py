@@ -31,7 +31,10 @@ class UsageRecord(SQLModel):
     finish_reason: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
-    cached_input_tokens: int | None = None
+    cached_input_tokens: int | None = Field(default=None, description="Prompt tokens the backend served from its "
+                                            "KV cache, as it reported them (NULL: not reported).")
+    reasoning_tokens: int | None = Field(default=None, description="Of output_tokens, those spent thinking "
+                                         "(NULL: no thinking reported or generated).")
     usage_source: str | None = Field(default=None, description="Who counted the tokens: engine (in-process), "
                                      "backend (a remote server's report) or estimated (our tokenizer).")
     queue_ms: float | None = None
@@ -46,8 +49,12 @@ class UsageRecord(SQLModel):
     input_cost_usd: float | None = Field(default=None, description="Uncached prompt tokens' cost (NULL: unpriced).")
     cached_input_cost_usd: float | None = None
     output_cost_usd: float | None = None
+    reasoning_cost_usd: float | None = Field(default=None, description="The part of output_cost_usd spent on "
+                                             "reasoning tokens.")
     total_cost_usd: float | None = None
     key_name: str | None = Field(default=None, description="The API key the request used (its name).")
+    expected_cached_tokens: int | None = Field(default=None, description="Prompt tokens the route's prefix index "
+                                               "expected cached on the backend that served (prefix and slo routes).")
     pricing_version: str | None = Field(default=None, description="Hash of the pricing entry used; hour-priced "
                                         "backends' costs are provisional until `infer cost` settles them.")
 

@@ -21,7 +21,8 @@ _T = RequestLog.__table__  # type: ignore[attr-defined]
 MAX_SERIES_ROWS = 200_000  # a period's rows read for a time series, newest kept
 
 REQUEST_COLUMNS = ("id", "datetime_utc", "route_name", "route", "model", "backend", "status", "input_tokens",
-                   "cached_input_tokens", "output_tokens", "finish_reason", "queue_ms", "ttft_ms", "tpot_ms", "total_ms",
+                   "cached_input_tokens", "expected_cached_tokens", "output_tokens", "reasoning_tokens", "finish_reason",
+                   "queue_ms", "ttft_ms", "tpot_ms", "total_ms",
                    "slo_met", "slo_missed", "attempts", "total_cost_usd", "key_name", "error")
 
 
@@ -80,13 +81,14 @@ class SeriesRow:
     input_tokens: int
     output_tokens: int
     cost_usd: float | None
+    cached_input_tokens: int | None = None
 
 
 def series_rows(db: Engine, rows: RowFilter) -> list[SeriesRow]:
     """The rows matching ``rows`` (the newest ``MAX_SERIES_ROWS``), oldest first."""
     c = _T.c
     query = (sa.select(c.datetime_utc, c.route_name, c.status, c.slo_met, c.ttft_ms, c.tpot_ms, c.total_ms, c.input_tokens,
-                       c.output_tokens, c.total_cost_usd)
+                       c.output_tokens, c.total_cost_usd, c.cached_input_tokens)
              .where(*rows.where()).order_by(c.datetime_utc.desc()).limit(MAX_SERIES_ROWS))
     with db.connect() as conn:
         found = [SeriesRow(epoch(r[0]), *r[1:]) for r in conn.execute(query)]

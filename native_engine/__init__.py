@@ -17,6 +17,7 @@ _EXPORTS = {
     "LLMEngine": ".llm_engine",
     "RequestOutput": ".output",
     "SamplingParams": ".sampling_params",
+    "StructuredOutputsParams": ".sampling_params",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .config import EngineConfig
     from .llm_engine import LLMEngine
     from .output import CompletionOutput, RequestOutput
-    from .sampling_params import SamplingParams
+    from .sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def __getattr__(name: str) -> Any:

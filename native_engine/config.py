@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -44,6 +45,7 @@ class EngineConfig:
     seed: int = 0
     cpu_fp16_small_batch: bool = True  # bf16 on CPU: fp16 weight copies for 1-2 row batches (faster GEMV)
     cpu_int4_matmul: bool = True  # f32 on CPU: weights that are exactly 4/8-bit GGUF blocks run as int4 matmuls
+    load_format: str = "auto"  # "dummy": config and tokenizer from `model`, weights drawn on the device (vLLM's)
 
     def __post_init__(self) -> None:
         model = self.model
@@ -60,6 +62,8 @@ class EngineConfig:
         _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         _check_fraction("kv_cache_fraction_cpu", self.kv_cache_fraction_cpu)
         _check(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        _check(self.load_format in LOAD_FORMATS,
+               f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}")
         device = self.device
         _check(
             isinstance(device, str) and device.split(":")[0] in ("auto", "cpu", "cuda"),

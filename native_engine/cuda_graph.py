@@ -1,7 +1,10 @@
 """Decode steps replayed from CUDA graphs, one per batch-size bucket (1, 2, 4, 8, then every 16).
 
-Inputs are copied into static buffers; padded rows get slot -1 and context length 0, so they
-write nothing and read nothing. The LM head stays outside the graph (nano-vllm's layout).
+The graphs read their inputs from static buffers: `inputs` [4, max_bs] int64 (input ids, positions,
+slot mapping, context lengths), which `InputBuffers.prepare` fills with one host-to-device copy,
+padded to the bucket (slot -1 and context length 0: padded rows write and read nothing), and
+`block_tables` [max_bs, max_blocks] int32, into which `run` copies the step's tables on the device.
+The LM head stays outside the graph (nano-vllm's layout): it runs on the sampled rows only.
 """
 
 from __future__ import annotations
@@ -22,19 +25,17 @@ class DecodeGraphs:
                  device: torch.device, dtype: torch.dtype) -> None:
         self.model, self.max_bs, self.max_blocks = model, max_bs, max_blocks
         self.buckets = batch_buckets(max_bs)
-        new = lambda *shape, dtype, fill=0: torch.full(shape, fill, dtype=dtype, device=device)  # noqa: E731
-        self.input_ids = new(max_bs, dtype=torch.long)
-        self.positions = new(max_bs, dtype=torch.long)
-        self.slot_mapping = new(max_bs, dtype=torch.long, fill=-1)
-        self.context_lens = new(max_bs, dtype=torch.int32)
-        self.block_tables = new(max_bs, max_blocks, dtype=torch.int32, fill=-1)
+        self.inputs = torch.zeros(4, max_bs, dtype=torch.long, device=device)
+        self.inputs[2].fill_(-1)
+        self.block_tables = torch.full((max_bs, max_blocks), -1, dtype=torch.int32, device=device)
         self.outputs = torch.zeros(max_bs, hidden_size, device=device, dtype=dtype)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.num_replays = 0
         self._capture_all()
 
     def _context(self, bs: int) -> Context:
-        return Context(num_decode_tokens=bs, slot_mapping=self.slot_mapping[:bs],
-                       block_tables=self.block_tables[:bs], context_lens=self.context_lens[:bs])
+        return Context(num_decode_tokens=bs, slot_mapping=self.inputs[2, :bs], block_tables=self.block_tables[:bs],
+                       context_lens=self.inputs[3, :bs])
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -42,26 +43,24 @@ class DecodeGraphs:
         for bs in reversed(self.buckets):  # largest first; the others reuse its memory pool
             graph = torch.cuda.CUDAGraph()
             ctx = self._context(bs)
-            self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], ctx)  # warm-up
+            ids, positions = self.inputs[0, :bs], self.inputs[1, :bs]
+            self.outputs[:bs] = self.model(ids, positions, ctx)  # warm-up
             with torch.cuda.graph(graph, pool):
-                self.outputs[:bs] = self.model(self.input_ids[:bs], self.positions[:bs], ctx)
+                self.outputs[:bs] = self.model(ids, positions, ctx)
             pool = pool or graph.pool()
             self.graphs[bs] = graph
             torch.cuda.synchronize()
 
-    def can_run(self, ctx: Context, num_tokens: int) -> bool:
-        return (not ctx.prefills and num_tokens == ctx.num_decode_tokens and 0 < num_tokens <= self.max_bs
-                and ctx.block_tables.shape[1] <= self.max_blocks)
+    def bucket(self, num_rows: int, width: int) -> int | None:
+        """The graph that serves a decode-only step of num_rows rows and tables of width blocks, if any."""
+        if not 0 < num_rows <= self.max_bs or width > self.max_blocks:
+            return None
+        return next(b for b in self.buckets if b >= num_rows)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
-        n = input_ids.shape[0]
-        bs = next(b for b in self.buckets if b >= n)
-        self.input_ids[:n], self.positions[:n] = input_ids, positions
-        self.slot_mapping.fill_(-1)
-        self.slot_mapping[:n] = ctx.slot_mapping
-        self.context_lens.zero_()
-        self.context_lens[:n] = ctx.context_lens
-        self.block_tables.fill_(-1)
-        self.block_tables[:n, : ctx.block_tables.shape[1]] = ctx.block_tables
+    def run(self, bs: int, ctx: Context) -> torch.Tensor:
+        """Replay bucket bs; `self.inputs` already holds the step's inputs (see `InputBuffers.prepare`)."""
+        n, width = ctx.block_tables.shape
+        self.block_tables[:n, :width].copy_(ctx.block_tables)
         self.graphs[bs].replay()
+        self.num_replays += 1
         return self.outputs[:n]

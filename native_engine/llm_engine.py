@@ -19,6 +19,7 @@ from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .structured_output import StructuredOutputManager
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,15 @@ class LLMEngine:
         self.device = platform.resolve_device(config.device)
         keep_q4_1 = self.device.type == "cpu" and config.cpu_int4_matmul  # for the int4 matmuls (f32 only)
         with platform.loading_threads(self.device):
-            model_config, weights, self.tokenizer = load_checkpoint(config.model, self._compute_dtype, keep_q4_1)
+            model_config, weights, self.tokenizer = load_checkpoint(config.model, self._compute_dtype, keep_q4_1,
+                                                                    config.load_format)
             self.model_config, self.dtype = model_config, self._compute_dtype(model_config)
             self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                      model_config.max_position_embeddings)
             self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
         self.model_runner.allocate_kv_cache(self._kv_budget())
         self.model_runner.capture_cudagraphs(self.max_model_len)
+        self.model_runner.structured = StructuredOutputManager(self.tokenizer, model_config.vocab_size, self.device)
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
         self.requests: dict[str, _Request] = {}
@@ -85,6 +88,7 @@ class LLMEngine:
         params = params or SamplingParams()
         token_ids = self._encode(prompt)
         self._check_prompt(token_ids, params)
+        self.model_runner.structured.validate(params)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
         seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority,
                        block_size=self.config.block_size)

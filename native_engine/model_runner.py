@@ -14,10 +14,12 @@ from .cuda_graph import DecodeGraphs
 from .layers.attention import Attention
 from .layers.embed_head import LMHead, VocabEmbedding
 from .layers.linear import finish_loading, use_small_batch_weights
-from .layers.sampler import SampledToken, Sampler, SamplingRow
+from .input_batch import InputBuffers, StepInputs
+from .sample import SampledToken, Sampler, SamplingMetadata, SamplingState
+from .structured_output import StructuredOutputManager
 from .models import model_class
 from .forward_context import Context, PrefillChunk
-from .utils.loader import load_weights
+from .utils.loader import dummy_weights, load_weights
 
 
 @contextlib.contextmanager
@@ -55,7 +57,10 @@ class ModelRunner:
         self.config, self.model_config, self.device, self.dtype = config, model_config, device, dtype
         with torch.device(device), _default_dtype(dtype):
             self.model = model_class(model_config.architecture)(model_config)
-        load_weights(self.model, weights)
+        if weights is None:
+            dummy_weights(self.model, config.seed)
+        else:
+            load_weights(self.model, weights)
         self.model.eval()
         self.extra_weight_bytes = 0
         if device.type == "cpu" and dtype == torch.bfloat16 and config.cpu_fp16_small_batch:
@@ -66,9 +71,10 @@ class ModelRunner:
         self.num_kvcache_blocks = 0
         self.kv_cache = torch.empty(0)
         self.sampler = Sampler()
+        self.sampling = SamplingState(model_config.vocab_size, config.max_num_seqs, device, config.seed)
+        self.structured: StructuredOutputManager | None = None  # set by the engine, which has the tokenizer
         self.graphs: DecodeGraphs | None = None
-        self.generators: dict[tuple[str, int], torch.Generator] = {}
-        self.seed_rng = torch.Generator().manual_seed(config.seed)  # seeds for requests that bring none
+        self.inputs: InputBuffers | None = None  # allocated by `size_inputs` once max_model_len is known
 
     def _finish_loading(self, int4: bool) -> int:
         """Q4_1 blocks become int4 weights (`int4`) or dense ones; the LM head keeps its dense weight
@@ -98,8 +104,15 @@ class ModelRunner:
             self.model.model.use_cpu_decode(getattr(self.model, "lm_head", None))  # decode steps in one C call
         return self.num_kvcache_blocks
 
+    def size_inputs(self, max_model_len: int) -> None:
+        """The step's input buffers, sized for the longest sequence (allocated once)."""
+        max_blocks = -(-max_model_len // self.config.block_size)
+        self.inputs = InputBuffers(max(self.config.max_num_batched_tokens, self.config.max_num_seqs),
+                                   self.config.max_num_seqs, max_blocks, self.config.block_size, self.device)
+
     def capture_cudagraphs(self, max_model_len: int) -> None:
         """CUDA graphs for decode batches up to `max_num_seqs` (GPU only; `enforce_eager` turns them off)."""
+        self.size_inputs(max_model_len)
         if self.device.type != "cuda" or self.config.enforce_eager:
             return
         max_blocks = -(-max_model_len // self.config.block_size)
@@ -115,70 +128,63 @@ class ModelRunner:
         """Bytes of the weights as computed with: dense parameters plus int4 packed ones."""
         return sum(p.numel() * p.element_size() for p in self.model.parameters()) + self.int4_weight_bytes
 
-    # -- inputs -------------------------------------------------------------------------------
-
-    def _slots(self, seq, start: int, end: int) -> list[int]:
-        bs, table = self.config.block_size, seq.block_table
-        return [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
-
-    def prepare_inputs(self, ordered: list) -> tuple[torch.Tensor, torch.Tensor, Context]:
-        """`ordered`: one-token (decode) rows first, then prefill chunks (see `decode_first`)."""
-        decodes = [s for s in ordered if s.num_new_tokens == 1]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        ctx = Context(num_decode_tokens=len(decodes))
-        sample_rows: list[int] = []
-        for s in ordered:
-            seq, start = s.seq, s.seq.num_computed_tokens
-            end = start + s.num_new_tokens
-            if s.num_new_tokens > 1:
-                table = torch.tensor(seq.block_table, dtype=torch.int32, device=self.device)
-                ctx.prefills.append(PrefillChunk(len(input_ids), s.num_new_tokens, end, table))
-            input_ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            slots += self._slots(seq, start, end)
-            if s.should_sample:
-                sample_rows.append(len(input_ids) - 1)
-        self._prepare_decode(ctx, decodes)
-        as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
-        ctx.slot_mapping = as_tensor(slots, torch.long)
-        ctx.sample_indices = as_tensor(sample_rows, torch.long)
-        return as_tensor(input_ids, torch.long), as_tensor(positions, torch.long), ctx
-
-    def _prepare_decode(self, ctx: Context, decodes: list) -> None:
-        if not decodes:
-            return
-        width = max(len(s.seq.block_table) for s in decodes)
-        tables = [s.seq.block_table + [-1] * (width - len(s.seq.block_table)) for s in decodes]
-        ctx.block_tables = torch.tensor(tables, dtype=torch.int32, device=self.device)
-        lens = [s.seq.num_computed_tokens + 1 for s in decodes]
-        ctx.context_lens = torch.tensor(lens, dtype=torch.int32, device=self.device)
-
     # -- execution ----------------------------------------------------------------------------
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         for src, dst in pairs:
             self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
 
+    def _graph_bucket(self, ordered: list) -> int | None:
+        if self.graphs is None or any(s.num_new_tokens != 1 or not s.should_sample for s in ordered):
+            return None
+        return self.graphs.bucket(len(ordered), max(len(s.seq.block_table) for s in ordered))
+
+    def prepare_inputs(self, ordered: list) -> StepInputs:
+        """`ordered`: one-token (decode) rows first, then prefill chunks (see `decode_first`)."""
+        bs = self._graph_bucket(ordered)
+        return self.inputs.prepare(ordered, bs, None if bs is None else self.graphs.inputs)
+
     @torch.inference_mode()
     def run(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = ()) -> dict[int, list[SampledToken]]:
         """Forward the scheduled chunks; returns `num_samples` tokens for each sequence that samples."""
         self.copy_blocks(list(blocks_to_copy))
         ordered = decode_first(scheduled)
-        input_ids, positions, ctx = self.prepare_inputs(ordered)
-        if self.graphs is not None and self.graphs.can_run(ctx, len(input_ids)):
-            hidden = self.graphs.run(input_ids, positions, ctx)
+        step = self.prepare_inputs(ordered)
+        if step.graph_bs is not None:
+            hidden = self.graphs.run(step.graph_bs, step.ctx)
         else:
-            hidden = self.model(input_ids, positions, ctx)
-        logits = self.model.compute_logits(hidden, ctx)
+            hidden = self.model(step.input_ids, step.positions, step.ctx)
+        logits = self.model.compute_logits(hidden, step.ctx)  # launched; the host work below overlaps it on GPU
         rows = [(s.seq, i) for s in ordered if s.should_sample for i in range(s.num_samples)]
-        sampled = self.sampler(logits.repeat_interleave(self._counts(ordered), dim=0) if len(rows) > len(logits)
-                               else logits, [self._sampling_row(seq, i) for seq, i in rows])
+        if not rows:
+            return {}
+        keys = [(seq.request_id, seq.sample_index + i) for seq, i in rows]
+        meta = self._sampling_metadata(keys, rows)
+        if len(rows) > len(logits):  # n > 1: a prompt's first token, n rows from one row of logits
+            logits = logits.repeat_interleave(self._counts(ordered), dim=0, output_size=len(rows))  # no sync
+        out = self.sampler(logits, meta)
+        self.sampling.update(meta, out.token_ids)
+        sampled = out.to_host()  # the step's one device-to-host copy
+        self._accept_grammar(keys, rows, sampled)
         tokens: dict[int, list[SampledToken]] = {}
         for (seq, _), token in zip(rows, sampled, strict=True):
             tokens.setdefault(seq.seq_id, []).append(token)
         return tokens
+
+    def _sampling_metadata(self, keys: list[tuple[str, int]], rows: list) -> SamplingMetadata:
+        slots = [self.sampling.slot(key, seq.sampling_params, seq.prompt_token_ids, seq.completion_token_ids)
+                 for key, (seq, _) in zip(keys, rows, strict=True)]
+        meta = self.sampling.metadata(slots)
+        if self.structured is not None and any(seq.sampling_params.structured_outputs for seq, _ in rows):
+            masks = self.structured.bitmask([(key, seq.sampling_params) for key, (seq, _) in zip(keys, rows)])
+            if masks is not None:
+                meta.grammar_rows, meta.grammar_bitmask = masks
+        return meta
+
+    def _accept_grammar(self, keys: list, rows: list, sampled: list[SampledToken]) -> None:
+        if self.structured is not None and self.structured.matchers:
+            pairs = [(key, seq.sampling_params) for key, (seq, _) in zip(keys, rows, strict=True)]
+            self.structured.accept(pairs, [t.token_id for t in sampled])
 
     @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:
@@ -191,19 +197,8 @@ class ModelRunner:
     def _counts(self, ordered: list) -> torch.Tensor:
         return torch.tensor([s.num_samples for s in ordered if s.should_sample], device=self.device)
 
-    def _sampling_row(self, seq, sample_index: int) -> SamplingRow:
-        key = (seq.request_id, seq.sample_index + sample_index)
-        return SamplingRow(seq.sampling_params, self._generator(seq, key), seq.prompt_token_ids,
-                           seq.completion_token_ids)
-
-    def _generator(self, seq, key: tuple[str, int]) -> torch.Generator | None:
-        params = seq.sampling_params
-        if params.is_greedy:
-            return None
-        if key not in self.generators:
-            seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (), generator=self.seed_rng))
-            self.generators[key] = torch.Generator().manual_seed(seed + key[1])
-        return self.generators[key]
-
     def release(self, seq) -> None:
-        self.generators.pop((seq.request_id, seq.sample_index), None)
+        key = (seq.request_id, seq.sample_index)
+        self.sampling.release(key)
+        if self.structured is not None:
+            self.structured.release(key)

@@ -16,6 +16,29 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """Constrain the output (vLLM's `StructuredOutputsParams`); exactly one field is set.
+
+    `json`: a JSON schema (dict or its text); `json_object`: any JSON object (Ollama's `format: "json"`,
+    OpenAI's `json_object`); `regex`; `choice`: one of these strings; `grammar`: a Lark grammar in
+    llguidance's syntax."""
+
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [self.json is not None, self.json_object, self.regex is not None, self.choice is not None,
+                 self.grammar is not None]
+        _check(sum(given) == 1, "structured_outputs needs exactly one of json, json_object, regex, choice, grammar")
+        _check(self.json is None or isinstance(self.json, (dict, str)), "structured_outputs.json must be a dict or str")
+        _check(self.choice is None or all(isinstance(c, str) for c in self.choice),
+               "structured_outputs.choice must hold strings")
+
+
 @dataclass(slots=True)
 class SamplingParams:
     n: int = 1
@@ -30,9 +53,10 @@ class SamplingParams:
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # not for structured outputs: a complete grammar allows only EOS, which ends it
     logprobs: int | None = None  # top-k count; 0 = only the sampled token's logprob
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -43,6 +67,8 @@ class SamplingParams:
         self._check_probabilities()
         self._check_penalties()
         self._check_stops()
+        _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+               f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}")
 
     def _check_counts(self) -> None:
         _check(_is_int(self.n) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")

@@ -216,7 +216,8 @@ class Scheduler:
 
     def _check_stop(self, seq: Sequence) -> bool:
         params, token_id = seq.sampling_params, seq.last_token
-        if not params.ignore_eos and token_id in self.eos_token_ids:
+        ends_at_eos = not params.ignore_eos or params.structured_outputs is not None  # a grammar ends at its EOS
+        if ends_at_eos and token_id in self.eos_token_ids:
             self._mark_finished(seq, "stop", None)
         elif token_id in params.stop_token_ids:
             self._mark_finished(seq, "stop", token_id)

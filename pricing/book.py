@@ -63,7 +63,7 @@ class PriceBook:
         self._versions = {p.name: version_of(p) for p in priced}
         self._of = {name: p.name for name, p in by_member(priced).items()}
         self.hourly = {p.name: HourlyLedger(p.entry.gpu_hourly_usd, p.entry.gpus, p.entry.window_s, p.output_weight,
-                                            p.entry.cached_input_weight) for p in priced if p.is_hourly}
+                                            p.cached_input_weight) for p in priced if p.is_hourly}
 
     def cost(self, backend: str, tokens: Tokens, now: float | None = None) -> tuple[Cost, str] | None:
         """The provisional cost of ``tokens`` served by ``backend``; None when it has no pricing."""
@@ -96,5 +96,7 @@ def version_of(priced: Priced) -> str:
     entry = priced.entry.model_dump()
     if entry["output_weight"] == "measured":
         entry["output_weight"] = priced.output_weight
+    if entry["cached_input_weight"] == "measured":
+        entry["cached_input_weight"] = priced.cached_input_weight
     text = json.dumps(entry, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -7,7 +7,9 @@ of the local store, which share that bill.
 
 ``output_weight: measured`` is resolved here from the latest ``infer bench`` run that calibrates the
 backend (``pricing.calibration``); without one it is :data:`DEFAULT_OUTPUT_WEIGHT`, and
-``weight_source`` says which command to run. ``weight_source`` travels to the log at start, to
+``weight_source`` says which command to run. ``cached_input_weight: measured`` likewise, from the
+latest run that measured cached prefill (``infer bench --shared-prefix N`` against a backend that
+reports cached tokens); without one :data:`DEFAULT_CACHED_WEIGHT`. ``weight_source`` travels to the log at start, to
 ``infer cost`` and to ``GET /infer/cost``.
 """
 
@@ -18,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .calibration import latest_calibration, runs_dir
+from .calibration import CACHED, OUTPUT, latest_calibration, runs_dir
 
 log = logging.getLogger(__name__)
 
 DEFAULT_OUTPUT_WEIGHT = 5.0  # output_weight: measured, before any infer bench calibration
+DEFAULT_CACHED_WEIGHT = 0.1  # cached_input_weight: measured, before any (and its configured default)
 LOCAL = "local"
 
 
@@ -33,6 +36,8 @@ class Priced:
     members: tuple[str, ...]   # the ledger's backend names this entry prices
     output_weight: float = DEFAULT_OUTPUT_WEIGHT
     weight_source: str = "configured"
+    cached_input_weight: float = 0.1
+    cached_weight_source: str = "configured"
 
     @property
     def is_hourly(self) -> bool:
@@ -43,25 +48,28 @@ class Priced:
            address: tuple[str, str] | None = None) -> Priced:
         """``entry`` pricing ``members`` (default: ``name`` alone), its weight resolved under ``home``."""
         members = members or (name,)
-        if entry.output_weight != "measured":
-            return cls(name, entry, members, float(entry.output_weight))
-        weight, source = measured_weight(name, members, address, home)
-        return cls(name, entry, members, weight, source)
+        output = ((float(entry.output_weight), "configured") if entry.output_weight != "measured"
+                  else measured_weight(name, members, address, home))
+        cached = ((float(entry.cached_input_weight), "configured") if entry.cached_input_weight != "measured"
+                  else measured_weight(name, members, address, home, CACHED))
+        return cls(name, entry, members, *output, *cached)
 
 
 def measured_weight(name: str, members: tuple[str, ...], address: tuple[str, str] | None,
-                    home: Path | None) -> tuple[float, str]:
+                    home: Path | None, field: str = OUTPUT) -> tuple[float, str]:
     """The latest bench calibration's weight and where it came from, or the default and what to run."""
-    found = latest_calibration(home, {name, *members}, address) if home is not None else None
+    found = latest_calibration(home, {name, *members}, address, field) if home is not None else None
     if found is not None:
         log.info("%s: %s", name, found.describe())
         return found.output_weight, found.describe()
     url, model = address or ("http://127.0.0.1:11434", "MODEL")
     where = runs_dir(home) if home is not None else "$INFER_HOME/bench"
-    source = (f"output_weight {DEFAULT_OUTPUT_WEIGHT:g} (default): no infer bench calibration of {name} in {where}; "
-              f"run: infer bench --url {url} --model {model} --label backend={name}")
+    default, what, extra = ((DEFAULT_OUTPUT_WEIGHT, "output_weight", "") if field == OUTPUT
+                            else (DEFAULT_CACHED_WEIGHT, "cached_input_weight", " --shared-prefix 1024"))
+    source = (f"{what} {default:g} (default): no infer bench calibration of {name} in {where}; "
+              f"run: infer bench --url {url} --model {model}{extra} --label backend={name}")
     log.warning("%s: %s", name, source)
-    return DEFAULT_OUTPUT_WEIGHT, source
+    return default, source
 
 
 def by_member(priced: list[Priced]) -> dict[str, Priced]:

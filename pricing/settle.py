@@ -104,8 +104,8 @@ def _settle(priced: Priced, rows: list[Row], since: float, now: float) -> dict[s
     by_window: dict[int, list[Row]] = defaultdict(list)
     for row in rows:
         by_window[math.floor(row.at / size)].append(row)
-    k, k_cache = priced.output_weight, entry.cached_input_weight
-    bill = allocated = 0.0
+    k, k_cache = priced.output_weight, priced.cached_input_weight
+    bill, parts = 0.0, Cost()
     for window in range(first, last + 1):
         start, end = max(since, window * size), min(now, (window + 1) * size)
         cost = window_bill(entry.gpu_hourly_usd, entry.gpus, max(0.0, end - start))
@@ -114,12 +114,16 @@ def _settle(priced: Priced, rows: list[Row], since: float, now: float) -> dict[s
         rates = conserving_rates(cost, sum((r.tokens for r in members), Tokens()), k, k_cache)
         for row in members:
             row.settled = rates.cost(row.tokens) if rates is not None else Cost()
-            allocated += row.settled.total
+            parts = Cost(parts.input + row.settled.input, parts.cached_input + row.settled.cached_input,
+                         parts.output + row.settled.output)
     windows = last - first + 1
+    allocated = parts.total
     return {"bill_usd": bill, "allocated_usd": allocated, "idle_usd": bill - allocated,
+            "input_usd": parts.input, "cached_input_usd": parts.cached_input, "output_usd": parts.output,
             "windows": windows, "windows_with_traffic": len([w for w in by_window if first <= w <= last]),
             "traffic_share": len([w for w in by_window if first <= w <= last]) / windows if windows else None,
             "output_weight": k, "output_weight_source": priced.weight_source, "cached_input_weight": k_cache,
+            "cached_input_weight_source": priced.cached_weight_source,
             "backends": list(priced.members)}
 
 

@@ -18,7 +18,11 @@ shown, not a constant), must fit:
 - e2e = held + TTFT + TPOT × (max tokens − 1) within the e2e SLO.
 
 Among the backends where it fits, the one with the most headroom (the smallest relative margin over
-the parts) wins. A request that fits nowhere waits. Its **deadline** is the last moment at which the
+the parts) plus its cache bonus wins. The bonus is the prefill time the backend's prefix cache is
+expected to save this request (the route's prefix index, ``prefix.py``; what a cached token is
+worth there is learnt, ``LatencyModel.cached_cost``) as a share of the TTFT SLO: a conversation goes
+back to the backend that holds it while that meets the SLO, and spreads when it does not. Without
+shared prefixes every bonus is 0. A request that fits nowhere waits. Its **deadline** is the last moment at which the
 quickest backend, idle, would still give its first token in time; past it (or at once, when the
 requests held ahead of it, at the pace requests have been leaving the queue, would hold it past its
 deadline) it is shed with ``shed: true``, or sent to the backend with the most headroom without; at
@@ -62,6 +66,7 @@ class Waiter:
     arrival: float
     slo: SLO
     priority: int = 0
+    cached: dict[str, int] = field(default_factory=dict)  # member → prompt tokens expected in its cache
     payload: Any = None
     key: int = field(default_factory=lambda: next(_keys))
     deadline: float = 0.0
@@ -94,6 +99,11 @@ class Fit:
     prediction: Prediction
     headroom: float   # smallest relative margin over the SLO parts (negative: predicted to miss)
     fits: bool
+    bonus: float = 0.0  # the prefill time its cache saves, as a share of the TTFT SLO
+
+    @property
+    def score(self) -> float:
+        return self.headroom + self.bonus
 
 
 class Dispatcher:
@@ -107,8 +117,8 @@ class Dispatcher:
 
     def arrive(self, waiter: Waiter, members: list[Member]) -> None:
         now = self.clock()
-        quickest = min((m.latency.idle_ttft(waiter.prompt_tokens) * m.latency.ratio("ttft", TTFT_QUANTILE)
-                        for m in members), default=0.0)
+        quickest = min((m.latency.idle_ttft(waiter.prompt_tokens, waiter.cached.get(m.name, 0))
+                        * m.latency.ratio("ttft", TTFT_QUANTILE) for m in members), default=0.0)
         waiter.deadline = waiter.arrival + waiter.ttft_limit_s - quickest
         ahead = sum(1 for w in self.queue if w.rank <= waiter.rank)
         expected = now + ahead * self.gap_s
@@ -127,7 +137,7 @@ class Dispatcher:
         for waiter in list(self.queue):
             fits = [self.fit(waiter, m, now) for m in members]
             sign = 1 if PICK == "most" else -1
-            best = max(fits, key=lambda f: (f.fits, sign * f.headroom if f.fits else f.headroom,
+            best = max(fits, key=lambda f: (f.fits, sign * f.score if f.fits else f.headroom,
                                             -f.member.in_flight), default=None)
             queued = max((f for f in fits if f.headroom >= 0), key=lambda f: f.headroom, default=None)
             if best is not None and best.fits:
@@ -147,21 +157,28 @@ class Dispatcher:
 
     def fit(self, waiter: Waiter, member: Member, now: float) -> Fit:
         latency, slo = member.latency, waiter.slo
-        raw = latency.predict(waiter.prompt_tokens)
+        cached = waiter.cached.get(member.name, 0)
+        raw = latency.predict(waiter.prompt_tokens, cached)
         held = now - waiter.arrival
-        ttft = raw.ttft_s * latency.ratio("ttft", TTFT_QUANTILE)
-        tpot = raw.tpot_s * latency.ratio("tpot", TPOT_QUANTILE)
-        margins = [(waiter.ttft_limit_s - held - ttft) / waiter.ttft_limit_s]
+        ttft_margin, tpot_margin = latency.ratio("ttft", TTFT_QUANTILE), latency.ratio("tpot", TPOT_QUANTILE)
+        ttft, tpot = raw.ttft_s * ttft_margin, raw.tpot_s * tpot_margin
+        limit = waiter.ttft_limit_s
+        margins = [(limit - held - ttft) / limit]
         if slo.tpot_ms is not None and waiter.max_tokens > 1:
             margins.append((slo.tpot_ms / 1000 - tpot) / (slo.tpot_ms / 1000))
         if slo.tpot_ms is not None and PROTECT_DECODING:  # nor may it push those decoding there past theirs
-            others = latency.worst_tpot_with(waiter.prompt_tokens) * latency.ratio("tpot", TPOT_QUANTILE)
+            others = latency.worst_tpot_with(waiter.prompt_tokens, cached) * tpot_margin
             margins.append((slo.tpot_ms / 1000 - others) / (slo.tpot_ms / 1000))
         if slo.e2e_ms is not None:
             e2e = held + ttft + tpot * max(0, waiter.max_tokens - 1)
             margins.append((slo.e2e_ms / 1000 - e2e) / (slo.e2e_ms / 1000))
         headroom = min(margins)
-        return Fit(member, raw, headroom, headroom >= 0 and not (HOLD_WHEN_FULL and latency.is_full))
+        bonus = 0.0
+        if cached:  # the TTFT model is linear: a cached token saves w1 - w2 (uncached less cached weight)
+            w = latency.ttft.w
+            saved = (w[1] - w[2]) * min(cached, waiter.prompt_tokens)
+            bonus = max(0.0, saved) * ttft_margin / limit
+        return Fit(member, raw, headroom, headroom >= 0 and not (HOLD_WHEN_FULL and latency.is_full), bonus)
 
     def next_deadline(self) -> float | None:
         return min((w.deadline for w in self.queue), default=None)
@@ -178,8 +195,8 @@ class Dispatcher:
             self.gap_s = gap if self.gap_s == 0 else 0.8 * self.gap_s + 0.2 * gap
         self.last_left = now
         waiter.decided, waiter.backend = True, fit.member.name
-        waiter.features, waiter.prediction = fit.member.latency.started(waiter.key, waiter.prompt_tokens,
-                                                                        waiter.max_tokens)
+        waiter.features, waiter.prediction = fit.member.latency.started(
+            waiter.key, waiter.prompt_tokens, waiter.max_tokens, waiter.cached.get(fit.member.name, 0))
 
     def _shed(self, waiter: Waiter, reason: str, best: Fit | None = None) -> None:
         """Retry-After: when the queue held here should have drained, or the best backend's work."""

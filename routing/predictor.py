@@ -9,8 +9,20 @@ prompt tokens, and requests decoding); a backend that publishes its own queue (`
 recent observations (:class:`WindowFit`, so they follow a backend whose speed drifts; the TTFT fit
 minimises the relative error, so the few requests that waited long for a slot do not drown the rest):
 
-    TTFT ≈ w0 + w1·own prompt tokens + w2·prompt tokens waiting ahead + w3·requests waiting ahead
-            + w4·requests decoding + w5·requests beyond the batch (waiting there for a slot to free)
+    TTFT ≈ w0 + w1·own uncached prompt tokens + w2·own cached prompt tokens
+            + w3·uncached prompt tokens waiting ahead + w4·cached prompt tokens waiting ahead
+            + w5·requests waiting ahead + w6·requests decoding + w7·requests beyond the batch (waiting
+            there for a slot to free)
+
+A prompt's "cached" tokens are those the route's prefix index (``prefix.py``) expects the backend to
+hold in its KV cache; the rest must be prefilled. The fit learns what an expected-cached token
+really costs on each backend (``cached_cost``: w2 / w1, between 0 and 1): about nothing where the
+backend caches and the index guesses well, as much as an uncached one where it does not (prefix
+caching off, or evicted). Its prior is 0 (a cached token is free until the backend shows otherwise),
+so a route that sends a conversation back to the backend holding it predicts the short prefill at
+once. The prefill work a request puts on a backend (what stalls the decoding batch, the rate ``ρ``
+below, the prefills due after a decoding request's first token) counts its uncached tokens plus
+``cached_cost`` × its cached ones.
     TPOT ≈ v0 + v1·mean batch during the decode + v2·prompt tokens prefilled during the decode / tokens
 
 The TPOT features are the ones the request actually lived through (the time-weighted number of
@@ -27,6 +39,8 @@ token, 20 ms per output token) keep predictions optimistic, so nothing is shed o
 
 from __future__ import annotations
 
+import math
+import operator
 import time
 from collections import deque
 from collections.abc import Callable
@@ -50,13 +64,13 @@ class WindowFit:
         self.xs: deque[list[float]] = deque(maxlen=size)
         self.ys: deque[float] = deque(maxlen=size)
         self.observations = 0
-        self._w: np.ndarray | None = None
+        self._w: list[float] | None = None  # solved on demand, once per update (the routing decision reads it)
 
     @property
     def w(self) -> list[float]:
         if self._w is None:
-            self._w = self._solve()
-        return [float(v) for v in self._w]
+            self._w = [float(v) for v in self._solve()]
+        return self._w
 
     def update(self, x: list[float], y: float) -> None:
         self.xs.append([float(v) for v in x])
@@ -65,7 +79,7 @@ class WindowFit:
         self._w = None
 
     def predict(self, x: list[float]) -> float:
-        return float(np.dot(self.w, x))
+        return math.fsum(map(operator.mul, self.w, x))
 
     predict_monotone = predict  # the weights are never negative: more work ahead never predicts less
 
@@ -100,10 +114,11 @@ def median(values: list[float]) -> float | None:
 
 @dataclass
 class InFlight:
-    prompt_tokens: int
+    prompt_tokens: int           # uncached: those the backend must prefill
     started: float
     predicted: "Prediction"
     max_tokens: int = 0
+    cached_tokens: int = 0       # expected in the backend's prefix cache
     first_token: float | None = None
     decode_area: float = 0.0     # the backend's ∫ decoding dt at this request's first token
     prefilled: float = 0.0       # the backend's prefilled prompt tokens at this request's first token
@@ -116,7 +131,7 @@ class Prediction:
 
 
 def _ttft_prior() -> WindowFit:
-    return WindowFit([0.05, 1e-4, 1e-4, 0.0, 0.0, 0.0], relative=True)
+    return WindowFit([0.05, 1e-4, 0.0, 1e-4, 0.0, 0.0, 0.0, 0.0], relative=True)
 
 
 def _tpot_prior() -> WindowFit:
@@ -144,19 +159,33 @@ class LatencyModel:
     _prefilled: float = 0.0      # prompt tokens whose prefill has ended
     _changed: float | None = None
     _prefills: deque = field(default_factory=deque)  # (time, prompt tokens) of recent first tokens
+    _prefill_sum: float = 0.0    # the sum of _prefills' tokens
     batch_limit: int = 0         # sequences the backend runs at once, from its /metrics (0: not known yet)
     _last_report: tuple[float, float] | None = None  # (running, waiting) of the previous report
     max_decoding: int = 0        # the most of the gateway's requests seen decoding here at once
+    _sorted: dict = field(default_factory=dict)  # ratios[kind] sorted, until the next one arrives
 
     # -- what is in flight ----------------------------------------------------------------------
 
-    def ttft_features(self, prompt_tokens: int) -> list[float]:
+    def ttft_features(self, prompt_tokens: int, cached_tokens: int = 0) -> list[float]:
+        """``prompt_tokens`` in all, ``cached_tokens`` of them expected in the backend's cache."""
         waiting = [r for r in self.in_flight.values() if r.first_token is None]
         decoding = len(self.in_flight) - len(waiting)
         queued = max(float(len(waiting)), self.reported_waiting)
         beyond = max(0, len(self.in_flight) + 1 - self.batch_limit) if self.batch_limit else 0
-        return [1.0, float(prompt_tokens), float(sum(r.prompt_tokens for r in waiting)), queued, float(decoding),
-                float(beyond)]
+        cached = min(cached_tokens, prompt_tokens)
+        return [1.0, float(prompt_tokens - cached), float(cached), float(sum(r.prompt_tokens for r in waiting)),
+                float(sum(r.cached_tokens for r in waiting)), queued, float(decoding), float(beyond)]
+
+    def cached_cost(self) -> float:
+        """What a prompt token the index expects cached costs here, in uncached tokens (0 to 1)."""
+        w = self.ttft.w
+        return min(1.0, w[2] / w[1]) if w[1] > 0 else (0.0 if w[2] == 0 else 1.0)
+
+    def prefill_work(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
+        """The prompt tokens a request makes this backend prefill, in uncached tokens."""
+        cached = min(cached_tokens, prompt_tokens)
+        return prompt_tokens - cached + (self.cached_cost() * cached if cached else 0.0)
 
     def reported(self, running: float | None, waiting: float | None) -> None:
         """The backend's own figures (its ``/metrics``). A queue there while it runs as many as in the
@@ -185,36 +214,44 @@ class LatencyModel:
         """Prompt tokens per second prefilled here lately."""
         now = self.clock()
         while self._prefills and self._prefills[0][0] < now - self.rate_window_s:
-            self._prefills.popleft()
-        return sum(tokens for _, tokens in self._prefills) / self.rate_window_s
+            self._prefill_sum -= self._prefills.popleft()[1]
+        if not self._prefills:
+            self._prefill_sum = 0.0  # no drift from the float sums
+        return self._prefill_sum / self.rate_window_s
 
-    def predict(self, prompt_tokens: int) -> Prediction:
-        ttft = max(0.0, self.ttft.predict(self.ttft_features(prompt_tokens)))
+    def predict(self, prompt_tokens: int, cached_tokens: int = 0) -> Prediction:
+        ttft = max(0.0, self.ttft.predict(self.ttft_features(prompt_tokens, cached_tokens)))
         v0, v1, v2 = self.tpot.w
         stall = min(0.9, v2 * self.prefill_rate())  # the share of the time prefills hold the batch
         tpot = max(0.0, (v0 + v1 * (len(self.in_flight) + 1)) / (1.0 - stall))
         return Prediction(ttft, tpot)
 
-    def idle_ttft(self, prompt_tokens: int) -> float:
+    def idle_ttft(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
         """The predicted TTFT of this prompt with nothing queued or decoding here."""
-        return max(0.0, self.ttft.predict([1.0, float(prompt_tokens), 0.0, 0.0, 0.0, 0.0]))
+        cached = min(cached_tokens, prompt_tokens)
+        return max(0.0, self.ttft.predict([1.0, float(prompt_tokens - cached), float(cached), 0.0, 0.0, 0.0, 0.0, 0.0]))
 
     def ratio(self, kind: str, quantile: float) -> float:
         """That quantile of recent actual / predicted (``ttft`` or ``tpot``), at least 1; 1 before 10."""
-        seen = sorted(self.ratios[kind])
+        seen = self._sorted.get(kind)
+        if seen is None:
+            seen = self._sorted[kind] = sorted(self.ratios[kind])
         if len(seen) < 10:
             return 1.0
         return max(1.0, seen[min(len(seen) - 1, int(quantile * len(seen)))])
 
     # -- what happens to a request --------------------------------------------------------------
 
-    def started(self, key: int, prompt_tokens: int, max_tokens: int = 0) -> tuple[list[float], Prediction]:
+    def started(self, key: int, prompt_tokens: int, max_tokens: int = 0,
+                cached_tokens: int = 0) -> tuple[list[float], Prediction]:
         """A request was sent; returns the features it was predicted from and the prediction."""
-        features, prediction = self.ttft_features(prompt_tokens), self.predict(prompt_tokens)
-        self.in_flight[key] = InFlight(prompt_tokens, self.clock(), prediction, max_tokens)
+        cached = min(cached_tokens, prompt_tokens)
+        features, prediction = self.ttft_features(prompt_tokens, cached), self.predict(prompt_tokens, cached)
+        self.in_flight[key] = InFlight(prompt_tokens - cached, self.clock(), prediction, max_tokens,
+                                       cached_tokens=cached)
         return features, prediction
 
-    def worst_tpot_with(self, prompt_tokens: int) -> float:
+    def worst_tpot_with(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
         """The highest TPOT a request in flight here would end with if one more request (this prompt)
         joined: its remaining tokens at the bigger batch's pace, plus the stalls of the new prefill and
         of every prefill still due there after its own first token (the requests sent after it that
@@ -222,18 +259,23 @@ class LatencyModel:
         waiting for its first token counts too (all its tokens are left). A decoding request's tokens
         so far are counted from what it lived through (its mean batch, the prefills that stalled it),
         not from today's batch: one slowed by a prefill has more of its decode ahead."""
+        if not self.in_flight:
+            return 0.0
         now, v0, v1, v2 = self._advance(), *self.tpot.w
         stall = min(0.9, v2 * self.prefill_rate())
         pace_with = (v0 + v1 * (len(self.in_flight) + 1)) / (1.0 - stall)
-        worst, due = 0.0, float(prompt_tokens)  # prompt tokens prefilled after the entry's first token
+        worst, due = 0.0, self.prefill_work(prompt_tokens, cached_tokens)  # prefilled after the entry's first token
         for entry in reversed(list(self.in_flight.values())):  # the latest sent first (a FIFO backend)
             if entry.max_tokens >= 2:
                 elapsed = now - entry.first_token if entry.first_token is not None else 0.0
                 left = max(0.0, entry.max_tokens - 1 - self._tokens_done(entry, elapsed))
                 worst = max(worst, (elapsed + left * pace_with + v2 * due) / (entry.max_tokens - 1))
             if entry.first_token is None:
-                due += entry.prompt_tokens
+                due += self._work(entry)
         return worst
+
+    def _work(self, entry: InFlight) -> float:
+        return entry.prompt_tokens + (self.cached_cost() * entry.cached_tokens if entry.cached_tokens else 0.0)
 
     def _tokens_done(self, entry: InFlight, elapsed: float) -> float:
         """The tokens a decoding request has produced after its first, by the TPOT model over what it
@@ -252,8 +294,10 @@ class LatencyModel:
             return None
         now = self._advance()
         ttft = now - entry.started
-        self._prefilled += entry.prompt_tokens
-        self._prefills.append((now, entry.prompt_tokens))
+        work = self._work(entry)
+        self._prefilled += work
+        self._prefills.append((now, work))
+        self._prefill_sum += work
         entry.first_token, entry.decode_area, entry.prefilled = now, self._area, self._prefilled
         self.max_decoding = max(self.max_decoding, self.decoding())
         if self.batch_limit and self.max_decoding > self.batch_limit:  # more ran at once: that limit was wrong
@@ -297,3 +341,4 @@ class LatencyModel:
         if fitted and predicted > 0 and actual > 0:
             self.ratios[kind].append(actual / predicted)
             del self.ratios[kind][:-100]
+            self._sorted.pop(kind, None)

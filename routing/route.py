@@ -3,7 +3,10 @@
 ``Route.stream(request)`` is a Backend stream (Chunk…, Done) whose steps are:
 
 1. the SLO: the route's, tightened by the client's ``x-slo-*`` headers;
-2. predictions for every backend whose breaker admits a request (``predictor.py``);
+2. predictions for every backend whose breaker admits a request (``predictor.py``), from the prompt
+   tokens each is expected to have to prefill: with ``strategy: slo`` or ``prefix`` the route keeps
+   an index of the prefixes it sent each backend (``prefix.py``), and a backend holding the
+   prompt's prefix is expected to prefill only the rest;
 3. admission and binding: with ``strategy: slo`` the request is held at the gateway until a backend
    is predicted to serve it within every part of its SLO without pushing the requests decoding there
    past theirs, and goes to the one with the most headroom (``dispatch.py``); what cannot be served in
@@ -11,7 +14,8 @@
    already too long. Other strategies with ``shed`` refuse a request no backend is predicted to start
    within its TTFT SLO. A negative priority is held to a tighter TTFT (each step of −1 takes 25 % off),
    so low priority goes first; nothing is shed once a byte has been sent;
-4. the order of the backends (``strategies.py``); the request goes to the first;
+4. the order of the backends (``strategies.py``; ``prefix``: the longest cached prefix within a
+   bounded load); the request goes to the first;
 5. first-token deadline: no first event within ``first_token_timeout_ms`` cancels that attempt
    (the backend ends it with a cancelled Done) and resubmits to the next backend, unseen by the client;
 6. retries: a connection error, 5xx or 429 from a backend before any byte goes to the next
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import time
 from collections import deque
@@ -40,11 +45,14 @@ from adapters.prompting.token_count import TokenCounter, load_counter
 
 from . import dispatch
 from .dispatch import Dispatcher, Waiter
+from .kv_events import KVEventSource, prompt_token_ids
 from .predictor import Prediction, median
+from .prefix import Lookup, PrefixPolicy, RoutePrefixes
 from .slo import SLO, vllm_tpot
 from .stats import Outcome, Window
 from .strategies import Member, Orderer
 
+log = logging.getLogger(__name__)
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
 HEALTH_POLL_S = 2.0  # how fresh a route needs its members' health and queue figures
 _keys = itertools.count()
@@ -58,6 +66,7 @@ class RoutePolicy:
     first_token_timeout_s: float | None = None
     retries: int = 1
     fallbacks: tuple[str, ...] = ()
+    prefix: PrefixPolicy = field(default_factory=PrefixPolicy)
 
 
 class Route:
@@ -66,7 +75,7 @@ class Route:
 
     def __init__(self, name: str, members: list[Member], policy: RoutePolicy,
                  resolve_route: Callable[[str], "Route | None"] = lambda name: None,
-                 counter: TokenCounter | None = None) -> None:
+                 counter: TokenCounter | None = None, kv_sources: dict[str, KVEventSource] | None = None) -> None:
         self.name, self.members, self.policy = name, members, policy
         self.orderer = Orderer(policy.strategy)
         self.dispatcher = Dispatcher(policy.shed)
@@ -76,6 +85,9 @@ class Route:
         self.counter = counter or load_counter(None)
         self.on_outcome: list[Callable[[str, Outcome], None]] = []  # metrics hooks
         self.recent_prompts: deque[int] = deque(maxlen=200)  # prompt tokens of the latest requests
+        self.prefixes = (RoutePrefixes(name, [m.name for m in members], policy.prefix)
+                         if policy.strategy in ("slo", "prefix") else None)
+        self.kv_sources = kv_sources if self.prefixes is not None and kv_sources else {}  # precise members
 
     @property
     def admits(self) -> bool:
@@ -90,21 +102,28 @@ class Route:
         self.recent_prompts.append(prompt_tokens)
         max_tokens = int(request.options.get("num_predict") or 256)
         members = [m for m in self.members if m.breaker.allows()]
+        lookup = self.prefixes.lookup(request, prompt_tokens) if self.prefixes is not None else None
+        if lookup is not None and self.kv_sources:
+            await self._precise(request, lookup, prompt_tokens)
+        cached = lookup.cached if lookup is not None else {}
         bound: Waiter | None = None
         if self.policy.strategy == "slo" and slo.is_set and members:
-            bound = await self._hold(Waiter(prompt_tokens, max_tokens, time.monotonic(), slo, request.priority))
+            bound = await self._hold(Waiter(prompt_tokens, max_tokens, time.monotonic(), slo, request.priority,
+                                            cached=cached))
             members = [m for m in self.members if m.name == bound.backend] + \
                 [m for m in members if m.name != bound.backend]
-        predictions = {m.name: m.latency.predict(prompt_tokens) for m in members}
+        predictions = {m.name: m.latency.predict(prompt_tokens, cached.get(m.name, 0)) for m in members}
         if bound is None:
             self._admit(request, slo, members, predictions)
-            members = self.orderer.order(members, predictions, slo, max_tokens)
+            first = self.prefixes.pick(lookup, members) if self.policy.strategy == "prefix" and lookup else None
+            members = self.orderer.order(members, predictions, slo, max_tokens, first)
         retries = self.policy.retries
         last_error: BackendError | None = None
         attempts = 0
         for member in members:
             attempts += 1
-            outcome = _Attempt(self, member, request, prompt_tokens, slo, max_tokens, bound if attempts == 1 else None)
+            outcome = _Attempt(self, member, request, prompt_tokens, slo, max_tokens, bound if attempts == 1 else None,
+                               lookup)
             try:
                 async for event in outcome.run(attempts):
                     yield event
@@ -119,6 +138,21 @@ class Route:
                 retries -= 1
         async for event in self._fall_back(request, _visited | {self.name}, last_error, attempts):
             yield event
+
+    async def _precise(self, request: GenerationRequest, lookup: Lookup, prompt_tokens: int) -> None:
+        """The members that publish their KV cache: what they hold of this prompt, in its tokens (rendered
+        and tokenized off the event loop, once per tokenizer), instead of the approximate index's guess."""
+        tokens: dict[str, list[int] | None] = {}
+        for name, source in self.kv_sources.items():
+            if source.tokenizer not in tokens:
+                try:
+                    tokens[source.tokenizer] = await asyncio.to_thread(prompt_token_ids, request, source.tokenizer)
+                except Exception as exc:  # a template or tokenizer failure: the approximate index stands
+                    log.warning("route %s: cannot tokenize for %s's KV events: %s", self.name, name, exc)
+                    tokens[source.tokenizer] = None
+            ids = tokens[source.tokenizer]
+            if ids:
+                self.prefixes.precise(name, lookup, source.index.match(ids) / len(ids), prompt_tokens)
 
     async def _fall_back(self, request: GenerationRequest, visited: frozenset[str], last_error: BackendError | None,
                          attempts: int) -> AsyncIterator[StreamEvent]:
@@ -237,6 +271,8 @@ class Route:
             member.up = health is not None and health.ok
             if health is not None:
                 member.latency.reported(health.metrics.get("requests_running"), health.metrics.get("requests_waiting"))
+                if self.prefixes is not None and health.metrics.get("kv_cache_tokens"):
+                    self.prefixes.set_capacity(name, health.metrics["kv_cache_tokens"], "reported")
 
     def snapshot(self) -> dict:
         """The live view of ``GET /infer/routes``: the route's window, and per backend its window,
@@ -260,6 +296,8 @@ class Route:
                 "margins": {kind: round(m.latency.ratio(kind, q), 3)
                             for kind, q in (("ttft", dispatch.TTFT_QUANTILE), ("tpot", dispatch.TPOT_QUANTILE))},
                 **self.window.summary(m.name),
+                **(self.prefixes.view(m.name) if self.prefixes is not None else {}),
+                **(self._kv_view(m.name) if self.prefixes is not None else {}),
             })
         return {"name": self.name, "strategy": self.policy.strategy, "sheds_early": self.policy.shed,
                 "predicted_for_prompt_tokens": prompt_tokens,
@@ -270,13 +308,23 @@ class Route:
                 **self.window.summary(), "backends": backends}
 
 
+    def _kv_view(self, name: str) -> dict:
+        source = self.kv_sources.get(name)
+        if source is None:
+            return {"prefix_mode": "approximate"}
+        index = source.index
+        return {"prefix_mode": "precise", "kv_events": index.events, "kv_event_gaps": index.gaps,
+                "kv_blocks": len(index.keys), "kv_block_size": index.block_size or None}
+
+
 class _Attempt:
     """One try of one backend: its own cancel token (the client's cancel reaches it), the
     first-token deadline, and the bookkeeping of the backend's latency model and the route's window."""
 
     def __init__(self, route: Route, member: Member, request: GenerationRequest, prompt_tokens: int, slo: SLO,
-                 max_tokens: int, bound: Waiter | None = None):
-        self.route, self.member, self.slo = route, member, slo
+                 max_tokens: int, bound: Waiter | None = None, lookup: Lookup | None = None):
+        self.route, self.member, self.slo, self.lookup = route, member, slo, lookup
+        self.cached = lookup.cached.get(member.name, 0) if lookup is not None else 0
         # Always a stream from the backend, also for a client that wants one reply (the gateway joins the
         # chunks for it): the route times the backend's first token for the SLO, the predictor and the
         # first-token deadline, which a one-reply call would put at its last token.
@@ -295,7 +343,9 @@ class _Attempt:
             key, features = self.bound.key, self.bound.features
         else:
             key = next(_keys)
-            features, _ = latency.started(key, self.prompt_tokens, self.max_tokens)
+            features, _ = latency.started(key, self.prompt_tokens, self.max_tokens, self.cached)
+        if self.lookup is not None:
+            self.route.prefixes.sent(member.name, self.lookup)  # it holds this prompt's prefix from now on
         member.breaker.attempt()
         timer = self._first_token_timer()
         try:
@@ -348,6 +398,10 @@ class _Attempt:
         e2e = timings.total or (time.perf_counter() - self.request.arrival)
         tpot = vllm_tpot(timings.ttft, e2e, done.usage.output_tokens)
         member.latency.finished(key, tpot, done.usage.output_tokens)
+        if self.lookup is not None:
+            done.expected_cached_tokens = self.lookup.cached_of(member.name, done.usage.input_tokens)
+            self.route.prefixes.served(member.name, self.lookup, done.usage.input_tokens,
+                                       done.usage.cached_input_tokens)
         cancelled = done.finish_reason == "cancelled"
         missed = self.slo.missed(timings.ttft, e2e, done.usage.output_tokens) if self.slo.is_set else ()
         self.route._record(Outcome(time.monotonic(), member.name, "cancelled" if cancelled else "ok",

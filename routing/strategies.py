@@ -5,7 +5,9 @@ take retries and hedges in turn.
   the SLO sets (e2e predicted as TTFT + TPOT × (max tokens − 1)); ties broken by fewer in flight;
 - ``least_inflight``: fewest requests in flight through this gateway first;
 - ``round_robin``: each request starts one further along the list;
-- ``weighted``: smooth weighted round robin (nginx's), by each backend's ``weight``.
+- ``weighted``: smooth weighted round robin (nginx's), by each backend's ``weight``;
+- ``prefix``: the backend with the longest cached prefix of the prompt, within a bounded load
+  (``prefix.choose``), then the others by fewest in flight.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .breaker import CircuitBreaker
 from .predictor import LatencyModel, Prediction
 from .slo import SLO
 
-STRATEGIES = ("slo", "least_inflight", "round_robin", "weighted")
+STRATEGIES = ("slo", "least_inflight", "round_robin", "weighted", "prefix")
 
 
 @dataclass
@@ -57,7 +59,11 @@ class Orderer:
     turn: int = 0
 
     def order(self, members: list[Member], predictions: dict[str, Prediction], slo: SLO,
-              max_tokens: int) -> list[Member]:
+              max_tokens: int, first: Member | None = None) -> list[Member]:
+        """``first``: the ``prefix`` strategy's pick (the route's prefix index chose it)."""
+        if self.strategy == "prefix":
+            rest = sorted((m for m in members if m is not first), key=lambda m: m.in_flight)
+            return ([first] if first is not None and first in members else []) + rest
         if self.strategy == "slo":
             return sorted(members, key=lambda m: (-headroom(slo, predictions[m.name], max_tokens), m.in_flight))
         if self.strategy == "least_inflight":

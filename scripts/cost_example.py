@@ -1,6 +1,7 @@
 """The README's `infer cost` worked example (metrics-and-cost.md §4.2): one hour of a $2.50/h H100
-(`vllm-h100`, output_weight 5) that served 40,000 requests of 1,000 input and 200 output tokens
-(40 M in, 8 M out), next to a list-priced API (`api-mini`) that served 1,000 such requests. The rows
+(`vllm-h100`, output_weight 5, cached_input_weight 0.1) that served 40,000 requests of 1,000 input
+tokens (600 of them a system prompt found in the prefix cache) and 200 output tokens, next to a
+list-priced API (`api-mini`) that served 1,000 such requests. The rows
 are costed as the gateway costs them when they finish (provisional), written to a fresh ledger, and
 settled for that hour as `infer cost` does; it prints what `infer cost` prints for the hour.
 
@@ -54,15 +55,16 @@ def main() -> None:
     print("$ infer cost --by backend   # for the hour " + _iso(START) + " to " + _iso(START + HOUR))
     print(_render(report))
     gpu = next(g for g in report["groups"] if g["key"] == "vllm-h100")
-    print(f"\none vllm-h100 request of 1,000 in and 200 out, settled: ${gpu['total_cost_usd'] / gpu['requests']:.7f}")
+    print(f"\none vllm-h100 request of 1,000 in (600 cached) and 200 out, settled: "
+          f"${gpu['total_cost_usd'] / gpu['requests']:.7f}")
     db.dispose()
 
 
 def _row(book: PriceBook, backend: str, at: float) -> dict:
     """A request through route ``chat`` served by ``backend``, costed as the recorder costs it."""
-    tokens = Tokens(1000, 0, 200)
+    tokens = Tokens(400, 600, 200)  # uncached, cached, output
     record = UsageRecord(source="gateway", route="/v1/chat/completions", route_name="chat", model="chat",
-                         backend=backend, input_tokens=1000, output_tokens=200, cached_input_tokens=0)
+                         backend=backend, input_tokens=1000, output_tokens=200, cached_input_tokens=600)
     cost, record.pricing_version = book.cost(backend, tokens, now=at)
     record.input_cost_usd, record.cached_input_cost_usd = cost.input, cost.cached_input
     record.output_cost_usd, record.total_cost_usd = cost.output, cost.total

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.gateway.conftest import free_port  # noqa: E402
-from tests.remote.servers import start_server  # noqa: E402
-from tests.remote.servers.behaviour import Behaviour  # noqa: E402
+from fakes import start_server  # noqa: E402
+from fakes.behaviour import Behaviour  # noqa: E402
 
 
 def main() -> None:

@@ -120,6 +120,10 @@ class GenerationRequest:
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True  # False: at most one call per answer
     suffix: str | None = None
+    # Thinking (Ollama's ``think``): None = the model's default, True/False, or a level "low"/"medium"/"high".
+    # A model whose template thinks gets it as ``.Think``/``.ThinkLevel`` (Go) or ``enable_thinking`` and
+    # ``reasoning_effort`` (Jinja); its output is split into thinking and text (adapters/prompting/reasoning.py).
+    think: bool | str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     format: str | dict | None = None  # "json" or a JSON schema
     logprobs: bool = False
@@ -175,12 +179,14 @@ class ToolCall:
 @dataclass(slots=True)
 class Chunk:
     """A piece of generated text; ``token_ids`` when the backend knows them; ``tool_calls`` completed
-    in this piece (each call arrives whole, in one chunk)."""
+    in this piece (each call arrives whole, in one chunk); ``thinking``: reasoning text generated in
+    this piece (a reasoning model's ``<think>`` part, or a backend's ``reasoning_content``), never in ``text``."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    thinking: str = ""
 
 
 UsageSource = Literal["engine", "backend", "estimated"]
@@ -195,6 +201,9 @@ class Usage:
     output_tokens: int = 0
     cached_input_tokens: int | None = None
     source: UsageSource = "engine"
+    # Of ``output_tokens``, those spent thinking (OpenAI's completion_tokens_details.reasoning_tokens);
+    # None: the backend neither reported nor generated any thinking.
+    reasoning_tokens: int | None = None
 
 
 @dataclass
@@ -230,12 +239,14 @@ class Done:
     prompt_tokens: list[int] | None = None  # the prompt as tokenized (Ollama's "context")
     output_tokens: list[int] | None = None
     truncated_messages: int = 0  # messages dropped because the request allowed truncation
+    stop_sequence: str | None = None  # the request's stop string that ended it, when the backend says which
     # Set by a route (``routing/``): which of its backends served, after how many attempts, and the
     # SLO parts missed (None: no SLO; empty: met).
     route: str | None = None
     served_by: str | None = None
     attempts: int = 1
     slo_missed: tuple[str, ...] | None = None
+    expected_cached_tokens: int | None = None  # the prompt tokens the route's prefix index expected cached there
 
 
 StreamEvent = Chunk | Done
@@ -263,6 +274,11 @@ class LoadedModel:
     digest: str
     expires_at: float | None  # wall-clock epoch seconds; None = never
     context_length: int
+    # A runner's (``infer serve``): its process, resident bytes, "loading" | "ready" | "stopping", requests in flight.
+    pid: int | None = None
+    memory: int | None = None
+    state: str = "ready"
+    active: int = 0
 
 
 @dataclass

@@ -9,6 +9,8 @@
     │   ├── RouteShed                 429: a route refused a request no backend can serve within its SLO
     │   └── RouteUnavailable          503: every backend of a route is out (breakers open, no first token)
     ├── BackendUnavailable            502: the backend cannot be reached or failed to load
+    │   ├── RunnerStopped             502: a local model's runner process died or hung (adapters/runner)
+    │   └── RunnerBackoff             503: that runner crashed repeatedly; no new one before ``retry_after``
     ├── ShuttingDown                  503: the server stopped this request to shut down
     ├── BackendTimeout                504: the backend did not answer in time
     └── BackendProtocolError          502: the backend answered something we cannot parse
@@ -94,6 +96,18 @@ class RouteUnavailable(BackendOverloaded):
 
 class BackendUnavailable(BackendError):
     status = 502
+
+
+class RunnerStopped(BackendUnavailable):
+    """The runner serving the request exited (a signal, an exit status) or was killed as hung."""
+
+
+class RunnerBackoff(BackendUnavailable):
+    status = 503
+
+    def __init__(self, message: str, *, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ShuttingDown(BackendError):

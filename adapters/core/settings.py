@@ -14,6 +14,9 @@ means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=
 | ``INFER_MAX_QUEUE`` (``OLLAMA_MAX_QUEUE``) | ``max_queue`` | ``512`` |
 | ``INFER_MAX_LOADED_MODELS`` (``OLLAMA_MAX_LOADED_MODELS``) | ``max_loaded_models`` | ``3`` |
 | ``INFER_CONTEXT_LENGTH`` (``OLLAMA_CONTEXT_LENGTH``) | ``context_length`` | ``2048`` |
+| ``INFER_LOAD_TIMEOUT`` (``OLLAMA_LOAD_TIMEOUT``) | ``load_timeout`` | ``5m``: a runner not loaded by then is killed |
+| ``INFER_HANG_TIMEOUT`` | ``hang_timeout`` | ``5m``: a runner with work that sends no event for this long is killed |
+| ``INFER_TEST_ENGINE`` | ``test_engine`` | off: ``1`` offers the ``scripted`` engine (tests, benches) |
 """
 
 from __future__ import annotations
@@ -31,24 +34,30 @@ ENV_PREFIX = "INFER_"
 
 
 class NativeSettings(BaseModel):
-    """Engine knobs used for every model the native backend loads: ``EngineConfig`` fields by the same names
-    (``adapters.local.native.backend.engine_config`` builds it; this tree imports nothing of the engine)."""
+    """Engine knobs for every model the native backend loads: ``EngineConfig`` fields by the same names
+    (``adapters.local.native.backend.engine_config`` builds it; this tree imports nothing of the engine).
+    None, the default of each, is the engine's own default (``native_engine/config.py``), so ``infer
+    serve`` and ``LLMEngine.from_model`` cannot disagree: each default is written once, there."""
 
     model_config = ConfigDict(frozen=True)
 
-    max_num_seqs: int = Field(default=64, ge=1)
-    max_num_batched_tokens: int = Field(default=512, ge=16)
-    block_size: int = Field(default=16, ge=1)
-    kv_cache_memory_bytes: int | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    enable_prefix_caching: bool = True
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=16)
+    block_size: int | None = Field(default=None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    dtype: str | None = None
+    device: str | None = None
+    enable_prefix_caching: bool | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The knobs set (the rest are the engine's defaults)."""
+        return self.model_dump(exclude_none=True)
 
 
 class LocalSettings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, env_prefix=ENV_PREFIX, extra="ignore")
 
-    engine: Literal["llamacpp", "native"] = Field(
+    engine: Literal["llamacpp", "native", "scripted"] = Field(
         default="llamacpp", description="In-process engine for store models; a request may name another.")
     keep_alive: float = Field(default=300.0, description="Seconds an idle model stays loaded (-1 = forever).")
     num_parallel: int = Field(default=1, ge=1, le=64, description="Concurrent requests per llama.cpp model.")
@@ -56,9 +65,13 @@ class LocalSettings(BaseSettings):
     max_loaded_models: int = Field(default=3, ge=0, description="Models kept loaded at once.")
     context_length: int = Field(default=2048, ge=16, le=1 << 20,
                                 description="num_ctx when neither the model nor the request sets one.")
+    load_timeout: float = Field(default=300.0, gt=0, description="Seconds a runner may take to load its model.")
+    hang_timeout: float = Field(default=300.0, gt=0,
+                                description="Seconds a runner with requests in flight may go without an event.")
+    test_engine: bool = Field(default=False, description="Offer the model-less 'scripted' engine (tests, benches).")
     native: NativeSettings = Field(default_factory=NativeSettings)
 
-    @field_validator("keep_alive", mode="before")
+    @field_validator("keep_alive", "load_timeout", "hang_timeout", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
         return parse_keep_alive(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
@@ -73,8 +86,9 @@ class LocalSettings(BaseSettings):
         """From ``INFER_*`` in ``env`` (not ``os.environ``), then ``overrides``; ValueError names the variable."""
         values: dict[str, Any] = {}
         variables: dict[str, str] = {}
-        for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length"):
-            found = env_setting(env, name.upper(), ollama=name != "engine")
+        for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length",
+                     "load_timeout", "hang_timeout", "test_engine"):
+            found = env_setting(env, name.upper(), ollama=name not in ("engine", "hang_timeout", "test_engine"))
             if found and found != ("OLLAMA_MAX_LOADED_MODELS", "0"):  # Ollama's 0 = auto: our default
                 variables[name], values[name] = found
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -1,8 +1,11 @@
-"""The in-process engines over the local store: llama.cpp (default) and the native PyTorch engine.
+"""The engines over the local store by name: llama.cpp (default), the native PyTorch engine, and
+``scripted`` (no model; offered with ``INFER_TEST_ENGINE=1``).
 
-:class:`LocalEngines` creates each engine on first use and hands it out by name; it serves no
-request itself. ``gateway/serving/router.py`` asks it for the engine a request names (``request.engine``,
-else the server's default).
+:class:`LocalEngines` creates each engine's backend on first use and hands it out by name; it serves
+no request itself. ``gateway/serving/router.py`` asks it for the engine a request names
+(``request.engine``, else the server's default). ``infer serve`` builds it with runner backends
+(``adapters/runner/backend.py``: each model in its own process); ``infer run --local`` with the
+in-process backends of :func:`in_process_engines`.
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ from dataclasses import dataclass, field
 from adapters.core.base import LoadedModel, LocalBackend
 from adapters.core.errors import InvalidRequest
 from adapters.core.settings import LocalSettings
+from adapters.local.scheduler import RunnerFailure, Scheduler
 
 ENGINES = ("llamacpp", "native")
+TEST_ENGINE = "scripted"
 
 
-def check_engine(name: str) -> str:
-    if name not in ENGINES:
-        raise InvalidRequest(f"unknown engine {name!r}: choose one of {', '.join(ENGINES)}", param="engine")
+def check_engine(name: str, offered: tuple[str, ...] | list[str] = ENGINES) -> str:
+    if name not in offered:
+        raise InvalidRequest(f"unknown engine {name!r}: choose one of {', '.join(offered)}", param="engine")
     return name
 
 
@@ -27,11 +32,12 @@ def check_engine(name: str) -> str:
 class LocalEngines:
     factories: dict[str, Callable[[], LocalBackend]]
     default: str = "llamacpp"
+    scheduler: Scheduler | None = None  # the runners' (infer serve); None for in-process engines
     _started: dict[str, LocalBackend] = field(default_factory=dict)
 
     def get(self, engine: str | None = None) -> LocalBackend:
         """The engine ``engine`` (None = the default), started on first use."""
-        engine = check_engine(engine or self.default)
+        engine = check_engine(engine or self.default, list(self.factories))
         if engine not in self._started:
             self._started[engine] = self.factories[engine]()
         return self._started[engine]
@@ -39,6 +45,9 @@ class LocalEngines:
     def for_embedding(self) -> LocalBackend:
         backend = self.get()
         return backend if backend.supports_embeddings else self.get("llamacpp")
+
+    def failures(self) -> list[RunnerFailure]:
+        return self.scheduler.failures() if self.scheduler is not None else []
 
     def started(self) -> dict[str, LocalBackend]:
         return dict(self._started)
@@ -53,6 +62,8 @@ class LocalEngines:
         for backend in self._started.values():
             await backend.aclose()
         self._started.clear()
+        if self.scheduler is not None:
+            await self.scheduler.aclose()
 
 
 def in_process_engines(store, settings: LocalSettings) -> LocalEngines:

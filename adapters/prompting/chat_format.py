@@ -63,14 +63,19 @@ def _render_request(spec: PromptSpec, request, count_tokens: Callable[[str], int
     if not request.is_chat:
         return render_generate(spec, request.prompt or "", system=request.system, suffix=request.suffix,
                                template=request.template), 0
+    think = getattr(request, "think", None)
     if not request.truncate:
-        return render_chat(spec, request.messages or [], tools=request.tools), 0
-    return fit_messages(spec, request.messages or [], count_tokens=count_tokens, limit=limit, tools=request.tools)
+        return render_chat(spec, request.messages or [], tools=request.tools, think=think), 0
+    return fit_messages(spec, request.messages or [], count_tokens=count_tokens, limit=limit, tools=request.tools,
+                        think=think)
 
 
-def render_chat(spec: PromptSpec, messages: list[dict], *, tools: list | None = None) -> str:
-    """The prompt for ``/api/chat``: MESSAGE layer, SYSTEM default, then the request's messages."""
-    return _render(spec, conversation(spec, messages), tools)
+def render_chat(spec: PromptSpec, messages: list[dict], *, tools: list | None = None,
+                think: bool | str | None = None) -> str:
+    """The prompt for ``/api/chat``: MESSAGE layer, SYSTEM default, then the request's messages.
+    ``think`` (None: unset) reaches Go templates as ``.Think``/``.ThinkLevel``/``.IsThinkSet`` and Jinja
+    templates as ``enable_thinking`` and ``reasoning_effort`` (a level)."""
+    return _render(spec, conversation(spec, messages), tools, think)
 
 
 def render_generate(spec: PromptSpec, prompt: str, *, system: str | None = None, suffix: str | None = None,
@@ -87,7 +92,7 @@ def render_generate(spec: PromptSpec, prompt: str, *, system: str | None = None,
 
 
 def fit_messages(spec: PromptSpec, messages: list[dict], *, count_tokens: Callable[[str], int], limit: int,
-                 tools: list | None = None) -> tuple[str, int]:
+                 tools: list | None = None, think: bool | str | None = None) -> tuple[str, int]:
     """The chat prompt with the fewest oldest non-system messages dropped to fit ``limit`` tokens, and how
     many were dropped. System messages and the last message always stay; if even that is too long, the
     smallest rendering is returned and the caller reports the overflow."""
@@ -96,7 +101,7 @@ def fit_messages(spec: PromptSpec, messages: list[dict], *, count_tokens: Callab
 
     def render(dropped: int) -> str:
         gone = set(droppable[:dropped])
-        return _render(spec, [message for i, message in enumerate(convo) if i not in gone], tools)
+        return _render(spec, [message for i, message in enumerate(convo) if i not in gone], tools, think)
 
     prompt = render(0)
     if not droppable or count_tokens(prompt) <= limit:
@@ -117,11 +122,11 @@ def conversation(spec: PromptSpec, messages: list[dict]) -> list[dict]:
     return convo
 
 
-def _render(spec: PromptSpec, convo: list[dict], tools: list | None) -> str:
+def _render(spec: PromptSpec, convo: list[dict], tools: list | None, think: bool | str | None = None) -> str:
     if spec.template:
-        return _render_go(spec.template, convo, tools)
+        return _render_go(spec.template, convo, tools, think)
     if spec.jinja_template:
-        return _render_jinja(spec, convo, tools)
+        return _render_jinja(spec, convo, tools, think)
     return _render_plain(convo)
 
 
@@ -140,11 +145,13 @@ def _go_generation_prefix(source: str) -> GoTemplate:
     return _go_template(source).cut_after("Response")
 
 
-def _render_go(source: str, convo: list[dict], tools: list | None) -> str:
+def _render_go(source: str, convo: list[dict], tools: list | None, think: bool | str | None = None) -> str:
     template = _go_template(source)
     system, merged = _collate(convo)
     if template.uses("Messages"):
         data = {"System": system, "Messages": to_go(merged), "Tools": to_go(tools) if tools else None, "Response": ""}
+        if think is not None:  # Ollama's api.ThinkValue: a level thinks too
+            data.update(Think=think is not False, ThinkLevel=think if isinstance(think, str) else "", IsThinkSet=True)
         return template.render(data)
     return _render_legacy(source, merged)
 
@@ -211,11 +218,16 @@ def _jinja_template(source: str) -> jinja2.Template:
         raise TemplateError(f"chat template does not parse: line {exc.lineno}: {exc.message}") from None
 
 
-def _render_jinja(spec: PromptSpec, convo: list[dict], tools: list | None) -> str:
+def _render_jinja(spec: PromptSpec, convo: list[dict], tools: list | None, think: bool | str | None = None) -> str:
     template = _jinja_template(spec.jinja_template or "")
+    flags: dict = {}
+    if think is not None:  # Qwen3's enable_thinking, gpt-oss's reasoning_effort
+        flags["enable_thinking"] = think is not False
+        if isinstance(think, str):
+            flags["reasoning_effort"] = think
     try:
         return render_bounded(template, messages=convo, tools=tools or None, add_generation_prompt=True,
-                              bos_token=spec.bos_token, eos_token=spec.eos_token)
+                              bos_token=spec.bos_token, eos_token=spec.eos_token, **flags)
     except TemplateError:
         raise
     except Exception as exc:  # the template is model data: whatever it raises is a template error

@@ -22,6 +22,7 @@ class TextStream:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, data: bytes) -> str:
         """Add a token's bytes; return the text that can be emitted now."""
@@ -41,6 +42,7 @@ class TextStream:
         hit = self._first_stop()
         if hit is not None:
             self.stopped = True
+            self.matched = min((s for s in self._stop if self._pending.find(s) == hit), key=len)
             out, self._pending = self._pending[:hit], ""
             return out
         keep = self._partial_stop_len()

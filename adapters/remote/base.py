@@ -102,26 +102,43 @@ class Turn:
         self.token_times: list[float] = []
         self.prompt_eval: float | None = None  # backend-measured, when it says (Ollama, llama.cpp)
         self.eval: float | None = None
+        self.thinking: list[str] = []  # reasoning text received (reasoning_content, Ollama's thinking)
+        self.new_thinking = ""  # what the last event read carried, for the adapter's next chunk
+        self.stop_sequence: str | None = None  # the stop string that ended the reply, when the backend says
 
     def add(self, chunk: Chunk) -> None:
         self.events += 1
         self.parts.append(chunk.text)
         self.token_times.append(time.perf_counter() - self.request.arrival)
+        if chunk.thinking:
+            self.thinking.append(chunk.thinking)
+
+    def take_thinking(self) -> str:
+        out, self.new_thinking = self.new_thinking, ""
+        return out
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
 
     def usage(self) -> Usage:
+        usage = self._usage()
+        if usage.reasoning_tokens is None and self.thinking:  # counted here, as the output is when unreported
+            usage.reasoning_tokens = min(usage.output_tokens, max(self.counter.count("".join(self.thinking)), 1))
+        return usage
+
+    def _usage(self) -> Usage:
         reported = self.reported
         if reported is not None and (reported.output_tokens > 0 or not self.text):
             if reported.input_tokens or reported.output_tokens == 0:
                 return reported
             # Output reported but no input count (Ollama omits zero fields; TGI's /generate has none).
             return Usage(input_tokens=self.counter.prompt_tokens(self.request), output_tokens=reported.output_tokens,
-                         cached_input_tokens=reported.cached_input_tokens, source="estimated")
+                         cached_input_tokens=reported.cached_input_tokens, source="estimated",
+                         reasoning_tokens=reported.reasoning_tokens)
+        output = self.text + "".join(self.thinking)
         estimate = Usage(input_tokens=self.counter.prompt_tokens(self.request),
-                         output_tokens=max(self.counter.count(self.text), 1) if self.text else 0, source="estimated")
+                         output_tokens=max(self.counter.count(output), 1) if output else 0, source="estimated")
         if reported is not None and reported.input_tokens:  # keep the backend's input count
             estimate.input_tokens = reported.input_tokens
         return estimate
@@ -133,7 +150,9 @@ class Turn:
                           token_times=list(times))
         timings.prompt_eval = self.prompt_eval if self.prompt_eval is not None else max(0.0, (ttft or 0.0) - self.queue)
         timings.eval = self.eval if self.eval is not None else (times[-1] - times[0] if len(times) > 1 else 0.0)
-        return Done(finish_reason=finish_reason or self.finish_reason, usage=self.usage(), timings=timings)  # type: ignore[arg-type]
+        reason = finish_reason or self.finish_reason
+        return Done(finish_reason=reason, usage=self.usage(), timings=timings,  # type: ignore[arg-type]
+                    stop_sequence=self.stop_sequence)
 
 
 class RemoteBackend:

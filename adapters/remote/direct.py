@@ -8,11 +8,17 @@ about a tenth of the gateway's CPU per request. :class:`DirectResponse` offers t
 ``httpx.Response`` the adapters read (``status_code``, ``headers``, ``aiter_bytes``, ``aread``,
 ``content``); aiohttp failures become the project's errors through the same mapping
 (``adapters/remote/http_errors.py``), so an adapter cannot tell the two paths apart.
+
+A request whose pooled connection fails before any answer came back — the backend had just closed
+it (keep-alive expiry, a restart): ``ClientOSError: Can not write request body``, ``Connection reset
+by peer``, ``ServerDisconnectedError`` — is sent once more on a fresh connection of its own, as
+browsers and Go's ``net/http`` do for idle connections. A refused connection is not retried.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -21,10 +27,13 @@ from httpx_aiohttp import AiohttpTransport
 
 from adapters.core.errors import BackendError
 
+log = logging.getLogger(__name__)
+
 
 class DirectResponse:
-    def __init__(self, response: aiohttp.ClientResponse, to_error: Callable[[BaseException], BackendError]):
-        self._response, self._to_error = response, to_error
+    def __init__(self, response: aiohttp.ClientResponse, to_error: Callable[[BaseException], BackendError],
+                 on_close: Callable[[], Awaitable[None]] | None = None):
+        self._response, self._to_error, self._on_close = response, to_error, on_close
         self.status_code = response.status
         self.headers = response.headers
         self._content: bytes | None = None
@@ -55,6 +64,8 @@ class DirectResponse:
         """Back to the pool when read to the end, else the connection closes (the backend sees it)."""
         self._response.release()
         await self._response.wait_for_close()
+        if self._on_close is not None:
+            await self._on_close()
 
 
 class Direct:
@@ -71,10 +82,40 @@ class Direct:
 
     async def post(self, path: str, body: dict[str, Any], headers: dict[str, str],
                    to_error: Callable[[BaseException], BackendError]) -> DirectResponse:
+        data, headers = orjson.dumps(body), {**headers, "Content-Type": "application/json"}
         try:
-            response = await self.session().post(
-                self.base_url + path, data=orjson.dumps(body), allow_redirects=False, timeout=self.timeout,
-                headers={**headers, "Content-Type": "application/json"})
+            response = await self._send(self.session(), path, data, headers)
         except aiohttp.ClientError as exc:
-            raise to_error(exc) from exc
+            if not stale_connection(exc):
+                raise to_error(exc) from exc
+            log.info("%s%s: the pooled connection failed before an answer (%s: %s); sending again on a new one",
+                     self.base_url, path, type(exc).__name__, exc)
+            return await self._retry(path, data, headers, to_error)
         return DirectResponse(response, to_error)
+
+    async def _send(self, session: aiohttp.ClientSession, path: str, data: bytes,
+                    headers: dict[str, str]) -> aiohttp.ClientResponse:
+        return await session.post(self.base_url + path, data=data, allow_redirects=False, timeout=self.timeout,
+                                  headers=headers)
+
+    async def _retry(self, path: str, data: bytes, headers: dict[str, str],
+                     to_error: Callable[[BaseException], BackendError]) -> DirectResponse:
+        """The request once more, on a connection of its own (closed with the response)."""
+        fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        try:
+            response = await self._send(fresh, path, data, headers)
+        except aiohttp.ClientError as exc:
+            await fresh.close()
+            raise to_error(exc) from exc
+        except BaseException:
+            await fresh.close()
+            raise
+        return DirectResponse(response, to_error, on_close=fresh.close)
+
+
+def stale_connection(exc: aiohttp.ClientError) -> bool:
+    """The connection broke before any answer: written into a socket the backend had closed, or closed
+    by it while we waited for the status line. Not a refused or timed-out connection."""
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError)):
+        return False
+    return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))

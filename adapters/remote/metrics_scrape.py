@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+# Info gauges (value 1) whose figure is in their labels: vLLM's KV cache size in tokens.
+_FROM_LABELS = {"vllm:cache_config_info": lambda labels: float(labels["num_gpu_blocks"]) * float(labels["block_size"])}
+
 
 def scrape(text: str, names: dict[str, str], labels: dict[str, str] | None = None,
            ratios: frozenset[str] = frozenset()) -> dict[str, float]:
@@ -20,6 +23,11 @@ def scrape(text: str, names: dict[str, str], labels: dict[str, str] | None = Non
             if key is None or not _matches(sample.labels, labels):
                 continue
             value = float(sample.value)
+            if sample.name in _FROM_LABELS:
+                try:
+                    value = _FROM_LABELS[sample.name](sample.labels)
+                except (KeyError, ValueError):
+                    continue
             out[key] = max(out.get(key, value), value) if key in ratios else out.get(key, 0.0) + value
     return out
 

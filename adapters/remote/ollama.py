@@ -48,9 +48,10 @@ class OllamaBackend(RemoteBackend):
                     raise self.line_error(line["error"])
                 message = line.get("message") or {}
                 text = message.get("content") if request.is_chat else line.get("response")
+                thinking = message.get("thinking") if request.is_chat else line.get("thinking")
                 calls = [from_wire_call(c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
-                if text or calls:
-                    yield Chunk(str(text or ""), tool_calls=calls)
+                if text or calls or thinking:
+                    yield Chunk(str(text or ""), tool_calls=calls, thinking=str(thinking or ""))
                 if line.get("done"):
                     done = True
                     record(turn, line)
@@ -72,6 +73,8 @@ class OllamaBackend(RemoteBackend):
         body.update({k: v for k, v in extras.items() if v})
         if request.keep_alive is not None:
             body["keep_alive"] = _seconds(request.keep_alive)
+        if request.think is not None:
+            body["think"] = request.think
         return body
 
     # -- errors ----------------------------------------------------------------------------------

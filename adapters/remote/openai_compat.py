@@ -74,7 +74,13 @@ class OpenAICompatBackend(RemoteBackend):
         body.update(self.sampling(request.options))
         if request.format is not None:
             body["response_format"] = response_format(request.format)
+        if request.think is not None and request.is_chat:
+            body.update(self.think_fields(request.think))
         return path, body
+
+    def think_fields(self, think: bool | str) -> dict[str, Any]:
+        """A request's ``think`` as this server's fields: OpenAI's ``reasoning_effort`` for a level."""
+        return {"reasoning_effort": think} if isinstance(think, str) else {}
 
     def sampling(self, options: dict[str, Any]) -> dict[str, Any]:
         out = {field: options[opt] for opt, field in {**SAMPLING, **self.EXTENSIONS}.items()
@@ -94,9 +100,10 @@ class OpenAICompatBackend(RemoteBackend):
         if not request.stream:
             reply = await self.post_json(path, body)
             text = self.read_event(reply, turn, delta=False)
+            thinking = turn.take_thinking()
             calls = [from_wire_call(c) for c in _message_calls(reply)]
-            if text or calls:
-                yield Chunk(text=text, tool_calls=calls)
+            if text or calls or thinking:
+                yield Chunk(text=text, tool_calls=calls, thinking=thinking)
             return
         deltas = CallDeltas()
         async with self.post_stream(path, body) as response, aclosing(sse_batches(response)) as batches:
@@ -108,8 +115,9 @@ class OpenAICompatBackend(RemoteBackend):
                         return
                     event = parse_object(data)
                     text = self.read_event(event, turn, delta=True)
-                    if text:
-                        yield Chunk(text=text)
+                    thinking = turn.take_thinking()
+                    if text or thinking:
+                        yield Chunk(text=text, thinking=thinking)
                     if deltas.add(event):
                         yield Chunk("", tool_calls=deltas.take())
         raise BackendProtocolError(f"{self.where} ended the stream without data: [DONE]")
@@ -125,14 +133,27 @@ class OpenAICompatBackend(RemoteBackend):
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             if delta and "delta" in choice:
-                text += (choice.get("delta") or {}).get("content") or ""
+                text += self._message_text(choice.get("delta"), turn)
             elif "message" in choice:
-                text += (choice.get("message") or {}).get("content") or ""
+                text += self._message_text(choice.get("message"), turn)
             else:
                 text += choice.get("text") or ""
             if choice.get("finish_reason"):
                 turn.finish_reason = "length" if choice["finish_reason"] == "length" else "stop"
+                if isinstance(choice.get("stop_reason"), str):  # vLLM: the stop string that matched
+                    turn.stop_sequence = choice["stop_reason"]
         return text
+
+    @staticmethod
+    def _message_text(message: Any, turn: Turn) -> str:
+        """A delta's or message's content; its reasoning (vLLM's ``reasoning_content``, newer ``reasoning``)
+        goes to ``turn.new_thinking``."""
+        if not isinstance(message, dict):
+            return ""
+        thinking = message.get("reasoning_content") or message.get("reasoning")
+        if isinstance(thinking, str) and thinking:
+            turn.new_thinking += thinking
+        return message.get("content") or ""
 
     def stream_error(self, error: Any) -> Exception:
         """An error event inside a 200 stream (vLLM: ``{"error": {message, type, code}}``)."""
@@ -205,9 +226,11 @@ def _json_text(value: Any) -> str:
 
 def usage_of(usage: dict[str, Any]) -> Usage:
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
     return Usage(input_tokens=int(usage.get("prompt_tokens") or 0),
                  output_tokens=int(usage.get("completion_tokens") or 0),
-                 cached_input_tokens=int(cached) if cached is not None else None, source="backend")
+                 cached_input_tokens=int(cached) if cached is not None else None, source="backend",
+                 reasoning_tokens=int(reasoning) if reasoning else None)
 
 
 def response_format(fmt: str | dict) -> dict[str, Any]:

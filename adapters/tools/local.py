@@ -103,8 +103,8 @@ class ToolPlan:
                 held.add(event)
                 continue
             text, calls = parser.feed(event.text)
-            if text or event.token_ids or event.logprobs:
-                yield Chunk(text, event.token_ids, event.logprobs)
+            if text or event.token_ids or event.logprobs or event.thinking:
+                yield Chunk(text, event.token_ids, event.logprobs, thinking=event.thinking)
             if calls:
                 yield Chunk("", tool_calls=calls)
 
@@ -122,8 +122,8 @@ class ToolPlan:
             text, calls = parser.finish()
         if self.required and not calls:
             raise _missing_call(self.named, held.text, done)
-        if text or held.token_ids or held.logprobs:
-            yield Chunk(text, held.token_ids, held.logprobs or None)
+        if text or held.token_ids or held.logprobs or held.thinking:
+            yield Chunk(text, held.token_ids, held.logprobs or None, thinking=held.thinking)
         if calls:
             yield Chunk("", tool_calls=calls)
         yield done
@@ -146,8 +146,10 @@ class _Held:
         self.parts: list[str] = []
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
+        self.thinking = ""  # a reasoning model's thinking, shown before the calls
 
     def add(self, chunk: Chunk) -> None:
+        self.thinking += chunk.thinking
         self.parts.append(chunk.text)
         self.token_ids += chunk.token_ids
         self.logprobs += chunk.logprobs or []

@@ -12,7 +12,7 @@ from functools import cache
 from importlib.resources import files
 
 from fastapi import APIRouter
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import Response
 
 from gateway.http.errors import APIError
 
@@ -30,12 +30,9 @@ def _read(name: str) -> bytes:
 
 
 @router.get("/dashboard")
-async def dashboard_root() -> Response:
-    return RedirectResponse("/dashboard/", status_code=308)
-
-
 @router.get("/dashboard/")
 async def dashboard() -> Response:
+    """The page at both addresses (its assets are linked by absolute path): ``curl /dashboard`` gets it."""
     return _file("index.html")
 
 

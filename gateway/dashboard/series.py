@@ -53,6 +53,7 @@ def _bucket(start: float, step_s: float, rows: list[SeriesRow]) -> dict:
         "ttft": _ms_percentiles([r.ttft_ms for r in ok]), "tpot": _ms_percentiles([tpot_ms(r.tpot_ms, r.ttft_ms, r.total_ms, r.output_tokens) for r in ok]),
         "e2e": _ms_percentiles([r.total_ms for r in ok]),
         "input_tokens": sum(r.input_tokens for r in rows), "output_tokens": sum(r.output_tokens for r in rows),
+        "cached_input_tokens": sum(r.cached_input_tokens or 0 for r in rows),
         "spend_usd": sum(costs) if costs else 0.0,
     }
 
@@ -73,6 +74,7 @@ def _ms_percentiles(values: list[float | None]) -> dict[str, float | None]:
 def window_totals(buckets: list[dict]) -> dict:
     """The whole period: sums, and attainment over it."""
     sums = {key: sum(b[key] for b in buckets) for key in ("requests", "ok", "errors", "shed", "cancelled", "good",
-                                                        "judged", "input_tokens", "output_tokens", "spend_usd")}
+                                                        "judged", "input_tokens", "output_tokens",
+                                                        "cached_input_tokens", "spend_usd")}
     sums["attainment"] = sums["good"] / sums["judged"] if sums["judged"] else None
     return sums

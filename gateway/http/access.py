@@ -52,7 +52,10 @@ ROUTES: dict[str, Access] = {
     # generation and embeddings
     "POST /api/generate": CALLER, "POST /api/chat": CALLER, "POST /api/embed": CALLER,
     "POST /api/embeddings": CALLER, "POST /v1/chat/completions": CALLER, "POST /v1/completions": CALLER,
-    "POST /v1/embeddings": CALLER,
+    "POST /v1/embeddings": CALLER, "POST /v1/messages": CALLER, "POST /v1/messages/count_tokens": CALLER,
+    "POST /v1/responses": CALLER,
+    # a caller's key reads and deletes only the responses it stored
+    "GET /v1/responses/{response_id}": CALLER, "DELETE /v1/responses/{response_id}": CALLER,
     # model reads
     "GET /api/tags": CALLER, "HEAD /api/tags": CALLER, "POST /api/show": CALLER, "GET /api/ps": CALLER,
     "GET /v1/models": CALLER, "GET /v1/models/{model:path}": CALLER,

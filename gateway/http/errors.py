@@ -1,6 +1,7 @@
 """The one place where errors become HTTP answers.
 
-Routes under ``/v1`` answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``;
+Routes under ``/v1`` answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``, except
+Anthropic's Messages API (``/v1/messages…``): ``{"type": "error", "error": {"type", "message"}}``;
 every other route answers in Ollama's ``{"error": "..."}``. Statuses follow ``adapters.core.errors`` and
 the registry mapping below; nothing a client sends can produce a 500.
 """
@@ -43,12 +44,26 @@ def registry_status(exc: reg.RegistryError) -> int:
     return next((status for cls, status in _REGISTRY_STATUS if isinstance(exc, cls)), 500)
 
 
+# Anthropic's error types (https://docs.anthropic.com/en/api/errors), by status.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+                    403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+                    504: "timeout_error", 529: "overloaded_error"}
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
 def error_body(path: str, status: int, message: str, *, param: str | None = None,
                code: str | None = None, kind: str | None = None) -> dict:
     if not path.startswith("/v1"):
         return {"error": message}
+    if path.startswith(ANTHROPIC_PREFIX):  # Anthropic's Messages API: its own shape
+        return anthropic_error(status, message)
     kind = kind or _OPENAI_TYPES.get(status, "api_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def anthropic_error(status: int, message: str) -> dict:
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
 
 
 def error_response(request: Request, status: int, message: str, **extra) -> JSONResponse:
@@ -124,12 +139,24 @@ def validation_message(errors) -> str:
     err = errors[0]
     if err.get("type") == "json_invalid":
         return f"invalid JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}"
-    field, kinds = _union(errors)
+    field = ".".join(_fields(err))
+    kinds = _kinds(errors)
     if kinds:
-        got = repr(err.get("input"))[:80]
-        return f"invalid '{field}': expected {' or '.join(kinds)}, got {got}"
+        return f"invalid '{field}': expected {' or '.join(kinds)}, got {repr(err.get('input'))[:80]}"
     msg = err.get("msg", "invalid value").removeprefix("Value error, ")
     return f"invalid '{field}': {msg}" if field else f"invalid request body: {msg}"
+
+
+def _fields(err: dict) -> list[str]:
+    """The field path of a pydantic error without the union members pydantic names in it
+    (``stop.str``, ``content.list[ContentPart]``, ``function-after[...]``): the path a client wrote."""
+    return [str(p) for p in err.get("loc", ()) if p != "body" and not _is_member_tag(p)]
+
+
+def _is_member_tag(part) -> bool:
+    if not isinstance(part, str):
+        return False
+    return "[" in part or part in ("str", "int", "float", "bool", "dict", "list", "none", "tagged-union")
 
 
 _KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "none": "null",
@@ -138,21 +165,23 @@ _KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "
           "list[dict[str,any]]": "a list of objects"}
 
 
-def _union(errors) -> tuple[str, list[str]]:
-    """The field of the first error, and the types it takes when it failed as a union of them
-    (pydantic puts each member's tag at the end of the error's path)."""
+def _kinds(errors) -> list[str]:
+    """The types a field takes when the first error is one member of a union failing (pydantic puts
+    each member's tag right after the field's path), in words; [] otherwise."""
     loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
-    if not loc or loc[-1] not in _KINDS:
-        return ".".join(loc), []
-    field, kinds = loc[:-1], []
+    field = _fields(errors[0])
+    at = len(field)
+    if len(loc) <= at or loc[:at] != field or loc[at] not in _KINDS:
+        return []
+    kinds = []
     for other in errors:
         path = [str(p) for p in other.get("loc", ()) if p != "body"]
-        if path[:len(field)] == field and len(path) > len(field) and path[len(field)] in _KINDS:
-            kinds.append(_KINDS[path[len(field)]])
-    return ".".join(field), list(dict.fromkeys(kinds))
+        if path[:at] == field and len(path) > at and path[at] in _KINDS:
+            kinds.append(_KINDS[path[at]])
+    return list(dict.fromkeys(kinds)) if len(kinds) > 1 else []
 
 
 def _param(errors) -> str | None:
     if not errors or errors[0].get("type") == "json_invalid":  # its loc is a byte offset, not a field
         return None
-    return _union(errors)[0] or None
+    return ".".join(_fields(errors[0])) or None

@@ -25,7 +25,8 @@ from gateway.http.outage import Unavailable
 from gateway.settings import ServerSettings
 
 ALLOWED_HEADERS = ", ".join([
-    "Authorization", "X-Api-Key", "Anthropic-Version", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "OpenAI-Beta",
+    "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "OpenAI-Beta",
+    "x-api-key", "anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access",
     *(f"x-stainless-{h}" for h in ("arch", "async", "custom-poll-interval", "helper-method", "lang", "os",
                                     "package-version", "poll-helper", "retry-count", "runtime",
                                     "runtime-version", "timeout")),

@@ -1,4 +1,5 @@
-"""Wire framings: NDJSON (Ollama) and server-sent events (OpenAI), flushed per chunk.
+"""Wire framings: NDJSON (Ollama), server-sent events (OpenAI chat, with ``data: [DONE]``) and named
+server-sent events (Anthropic Messages, OpenAI Responses), flushed per chunk.
 
 The body iterator is cancelled when the client disconnects (:class:`Stream`); the recorder's
 generation then cancels its request (``request.cancel``), so the backend stops generating and
@@ -107,6 +108,30 @@ def sse_response(objects: AsyncIterator[dict], more_ready: Callable[[], bool] = 
             yield Final(held.take())
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
     return Stream(events(), media_type=SSE, headers=headers)
+
+
+def event_stream_response(events: AsyncIterator[tuple[str, dict]], *, error: Callable[[Exception], tuple[str, dict]],
+                          last: frozenset[str], more_ready: Callable[[], bool] = _never) -> StreamingResponse:
+    """Named server-sent events, as Anthropic's Messages and OpenAI's Responses stream them:
+    ``event: <name>\ndata: <json>\n\n`` per ``(name, object)``; no ``[DONE]``. A failure after the
+    headers becomes the event ``error(exc)`` makes; an event named in ``last`` ends the body."""
+    async def frames() -> AsyncIterator[bytes]:
+        held = _Held(more_ready)
+        try:
+            async for name, obj in events:
+                piece = b"event: " + name.encode() + b"\ndata: " + dumps(obj) + b"\n\n"
+                if name in last:
+                    yield Final(held.take() + piece if held.pieces else piece)
+                    return
+                if (ready := held.add(piece)) is not None:
+                    yield ready
+        except Exception as exc:  # headers are sent: the error is the last event
+            name, obj = error(exc)
+            held.pieces.append(b"event: " + name.encode() + b"\ndata: " + dumps(obj) + b"\n\n")
+        if held.pieces:
+            yield Final(held.take())
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return Stream(frames(), media_type=SSE, headers=headers)
 
 
 class _Held:

@@ -47,7 +47,7 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
         model=body.model, engine=body.engine, prompt=body.prompt, system=body.system, template=body.template,
         raw=body.raw, suffix=body.suffix, options=body.sampling_options, format=body.format,
         logprobs=body.logprobs, top_logprobs=body.top_logprobs, truncate=bool(body.truncate),
-        keep_alive=keep_alive, client=client)
+        keep_alive=keep_alive, client=client, think=body.think)
     hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
@@ -55,7 +55,8 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
         return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready, headers=note_header([gen]))
     async with on_disconnect(http.receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
-    final = with_cost(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks)), gen)
+    final = with_cost(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks),
+                                          thinking=_thinking(chunks)), gen)
     return JSONBytes(final, headers=cost_header(gen.cost_usd, [gen]))
 
 
@@ -63,6 +64,8 @@ async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncItera
     async for kind, text, logprobs, done in _pieces(gen):
         if kind == "chunk":
             yield view.generate_chunk(body.model, text, logprobs)
+        elif kind == "thinking":
+            yield view.generate_chunk(body.model, "", logprobs, thinking=text)
         else:
             yield with_cost(view.generate_final(body.model, done, raw=body.raw, logprobs=logprobs), gen)
 
@@ -86,7 +89,7 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
     req = GenerationRequest(
         model=body.model, engine=body.engine, messages=body.backend_messages(),
         options=body.sampling_options, format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
-        truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools)
+        truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools, think=body.think)
     hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
@@ -95,7 +98,8 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
     async with on_disconnect(receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
     calls = [call for chunk in chunks for call in chunk.tool_calls]
-    final = view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks), tool_calls=calls)
+    final = view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks), tool_calls=calls,
+                            thinking=_thinking(chunks))
     return JSONBytes(with_cost(final, gen), headers=cost_header(gen.cost_usd, [gen]))
 
 
@@ -104,6 +108,8 @@ async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:
     async for kind, text, logprobs, done in _pieces(gen, with_calls=True):
         if kind == "chunk":
             yield view.chat_chunk(model, text, logprobs)
+        elif kind == "thinking":
+            yield view.chat_chunk(model, "", logprobs, thinking=text)
         elif kind == "calls":  # Ollama sends a model's calls in a chunk of their own
             yield view.chat_chunk(model, "", logprobs, tool_calls=text, first_index=calls)
             calls += len(text)
@@ -112,7 +118,8 @@ async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:
 
 
 async def _pieces(gen: Generation, *, with_calls: bool = False):
-    """("chunk", text, logprobs, None) for every chunk with text, ("calls", tool calls, logprobs, None)
+    """("thinking", thinking, logprobs, None) for every chunk with thinking (before its text),
+    ("chunk", text, logprobs, None) for every chunk with text, ("calls", tool calls, logprobs, None)
     for every chunk with tool calls (``with_calls``), then ("done", "", logprobs, done).
 
     Logprobs of chunks without text (an incomplete UTF-8 sequence, a held-back stop prefix) ride
@@ -121,6 +128,9 @@ async def _pieces(gen: Generation, *, with_calls: bool = False):
     async for event in gen:
         if isinstance(event, Chunk):
             pending.extend(event.logprobs or [])
+            if event.thinking:
+                yield "thinking", event.thinking, pending, None
+                pending = []
             if event.text:
                 yield "chunk", event.text, pending, None
                 pending = []
@@ -134,6 +144,10 @@ async def _pieces(gen: Generation, *, with_calls: bool = False):
 def with_cost(final: dict, gen: Generation) -> dict:
     """The final record with ``cost_usd`` (an extra field clients ignore) when the backend is priced."""
     return final if gen.cost_usd is None else {**final, "cost_usd": round(gen.cost_usd, 12)}
+
+
+def _thinking(chunks: list[Chunk]) -> str:
+    return "".join(c.thinking for c in chunks)
 
 
 def _logprobs(chunks: list[Chunk]) -> list[TokenLogprob]:

@@ -57,7 +57,7 @@ async def ps(backends: RouterDep, store: StoreDep) -> dict:
         except ModelNotFound:  # a remote backend's model need not be in the local store
             return None
     entries = [view.ps_entry(m, await asyncio.to_thread(details, m.name)) for m in loaded]
-    return {"models": entries}
+    return {"models": entries, "failures": [view.failure_entry(f) for f in backends.runner_failures()]}
 
 
 @router.post("/api/pull", responses=wire.progress_responses(401, 404, 502, 507))

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from adapters.core.durations import parse_keep_alive
+from adapters.prompting.reasoning import LEVELS
 from adapters.tools.wire import check_tools, internal_calls, name_tool_results
 from gateway.http.bodies import checked_text
 from gateway.http.errors import APIError
@@ -43,12 +44,19 @@ class _Generation(_Body):
     format: str | dict[str, Any] | None = None
     keep_alive: KeepAlive = None
     options: dict[str, Any] | None = None
-    think: bool | str | None = None  # accepted and ignored: no thinking models yet
+    think: bool | str | None = None  # true/false, or a level: "low", "medium", "high"
     truncate: StrictBool | None = None
     logprobs: StrictBool = False
     top_logprobs: int = Field(default=0, ge=0, le=20)
 
     _keep_alive = field_validator("keep_alive", mode="before")(_no_bool)
+
+    @field_validator("think")
+    @classmethod
+    def _think(cls, value: bool | str | None) -> bool | str | None:
+        if isinstance(value, str) and value not in LEVELS:
+            raise ValueError('use true, false, "low", "medium" or "high"')
+        return value
 
     @field_validator("format")
     @classmethod

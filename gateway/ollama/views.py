@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from adapters.core.base import Done, LoadedModel, ModelInfo, TokenLogprob, ToolCall
+from adapters.local.scheduler import RunnerFailure
+from adapters.prompting.reasoning import thinks
 from adapters.tools.parser import supports_tools
 from adapters.tools.wire import ollama_call
 from registry.details import ModelDetails
@@ -67,16 +69,21 @@ def logprobs_wire(items: list[TokenLogprob]) -> list[dict]:
             for lp in items]
 
 
-def generate_chunk(model: str, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+def generate_chunk(model: str, text: str, logprobs: list[TokenLogprob] | None = None, *,
+                   thinking: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {"model": model, "created_at": utc_now(), "response": text, "done": False}
+    if thinking:
+        out["thinking"] = thinking
     if logprobs:
         out["logprobs"] = logprobs_wire(logprobs)
     return out
 
 
 def generate_final(model: str, done: Done, *, text: str = "", raw: bool = False,
-                   logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+                   logprobs: list[TokenLogprob] | None = None, thinking: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {"model": model, "created_at": utc_now(), "response": text, "done": True}
+    if thinking:
+        out["thinking"] = thinking
     out.update(final_metrics(done))
     if not raw:
         out["context"] = [*(done.prompt_tokens or []), *(done.output_tokens or [])]
@@ -86,8 +93,10 @@ def generate_final(model: str, done: Done, *, text: str = "", raw: bool = False,
 
 
 def chat_chunk(model: str, text: str, logprobs: list[TokenLogprob] | None = None, *,
-               tool_calls: list[ToolCall] | None = None, first_index: int = 0) -> dict[str, Any]:
+               tool_calls: list[ToolCall] | None = None, first_index: int = 0, thinking: str = "") -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    if thinking:
+        message["thinking"] = thinking
     if tool_calls:
         message["tool_calls"] = [ollama_call(c, first_index + i) for i, c in enumerate(tool_calls)]
     out: dict[str, Any] = {"model": model, "created_at": utc_now(), "message": message, "done": False}
@@ -97,8 +106,8 @@ def chat_chunk(model: str, text: str, logprobs: list[TokenLogprob] | None = None
 
 
 def chat_final(model: str, done: Done, *, text: str = "", logprobs: list[TokenLogprob] | None = None,
-               tool_calls: list[ToolCall] | None = None) -> dict[str, Any]:
-    out = chat_chunk(model, text, logprobs, tool_calls=tool_calls)
+               tool_calls: list[ToolCall] | None = None, thinking: str = "") -> dict[str, Any]:
+    out = chat_chunk(model, text, logprobs, tool_calls=tool_calls, thinking=thinking)
     out["done"] = True
     out.update(final_metrics(done))
     return out
@@ -152,9 +161,18 @@ def remote_show_body(m: ModelInfo) -> dict[str, Any]:
 
 def ps_entry(m: LoadedModel, d: ModelDetails | None) -> dict[str, Any]:
     expires = FOREVER if m.expires_at is None else m.expires_at
-    return {"name": m.name, "model": m.name, "size": m.size, "digest": bare_digest(m.digest),
-            "details": details_wire(d), "expires_at": local_time(expires), "size_vram": 0,
-            "context_length": m.context_length}
+    entry = {"name": m.name, "model": m.name, "size": m.size, "digest": bare_digest(m.digest),
+             "details": details_wire(d), "expires_at": local_time(expires), "size_vram": 0,
+             "context_length": m.context_length}
+    if m.pid is not None:
+        entry["runner"] = {"pid": m.pid, "engine": m.backend, "memory": m.memory or 0, "state": m.state,
+                           "requests": m.active}
+    return entry
+
+
+def failure_entry(f: RunnerFailure) -> dict[str, Any]:
+    return {"name": f.name, "engine": f.engine, "crashes": f.count, "error": f.why, "at": local_time(f.at),
+            "retry_at": local_time(f.retry_at)}
 
 
 def show_body(d: ModelDetails) -> dict[str, Any]:
@@ -162,6 +180,8 @@ def show_body(d: ModelDetails) -> dict[str, Any]:
     capabilities = ["completion"]
     if supports_tools(d):
         capabilities.append("tools")
+    if thinks(d):
+        capabilities.append("thinking")
     if d.template and ".Suffix" in d.template:
         capabilities.append("insert")
     return {"license": "\n".join(d.licenses), "modelfile": d.modelfile(), "parameters": parameter_lines(d.parameters),

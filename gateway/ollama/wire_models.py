@@ -138,6 +138,16 @@ class ListResponse(BaseModel):
     models: list[ListModel]
 
 
+class Runner(BaseModel):
+    """infer's addition: the process serving a local model (absent for a remote backend's model)."""
+
+    pid: int
+    engine: str
+    memory: int = Field(ge=0, description="resident bytes of the runner process")
+    state: Literal["loading", "ready", "stopping"]
+    requests: int = Field(ge=0, description="requests in flight")
+
+
 class ProcessModel(BaseModel):
     name: str
     model: str
@@ -147,10 +157,23 @@ class ProcessModel(BaseModel):
     expires_at: str = Field(description="RFC 3339, local time")
     size_vram: int = Field(ge=0)
     context_length: int | None = None
+    runner: Runner | None = None
+
+
+class RunnerFailure(BaseModel):
+    """infer's addition: a local model whose runner crashed and has not finished a request since."""
+
+    name: str
+    engine: str
+    crashes: int = Field(ge=1, description="crashes in a row")
+    error: str = Field(description="why the last one stopped")
+    at: str = Field(description="RFC 3339, local time, of the last crash")
+    retry_at: str = Field(description="RFC 3339, local time: requests before it get a 503")
 
 
 class ProcessResponse(BaseModel):
     models: list[ProcessModel]
+    failures: list[RunnerFailure] = []
 
 
 class ShowResponse(BaseModel):

@@ -57,6 +57,9 @@ def usage(dones: Sequence[Done], prompt_of: Sequence[int] | None = None) -> dict
     cached = [d.usage.cached_input_tokens for d in firsts.values()]
     if cached and all(c is not None for c in cached):
         out["prompt_tokens_details"] = {"cached_tokens": sum(cached)}
+    reasoning = [d.usage.reasoning_tokens for d in dones if d.usage.reasoning_tokens is not None]
+    if reasoning:
+        out["completion_tokens_details"] = {"reasoning_tokens": sum(reasoning)}
     return out
 
 
@@ -96,11 +99,17 @@ def tool_calls(chunks: Sequence[Chunk]) -> list[ToolCall]:
     return [call for chunk in chunks for call in chunk.tool_calls]
 
 
-def assistant_message(text: str, calls: Sequence[ToolCall]) -> dict:
-    """The reply; with tool calls, ``content`` is null when the model wrote nothing else (as OpenAI)."""
+def assistant_message(text: str, calls: Sequence[ToolCall], thinking: str = "") -> dict:
+    """The reply; with tool calls, ``content`` is null when the model wrote nothing else (as OpenAI);
+    a thinking model's reasoning in ``reasoning_content`` (vLLM's name), before the content."""
+    out: dict = {"role": "assistant"}
+    if thinking:
+        out["reasoning_content"] = thinking
     if not calls:
-        return {"role": "assistant", "content": text}
-    return {"role": "assistant", "content": text or None, "tool_calls": [openai_call(c) for c in calls]}
+        out["content"] = text
+        return out
+    out.update(content=text or None, tool_calls=[openai_call(c) for c in calls])
+    return out
 
 
 Result = tuple[str, list[Chunk], Done]
@@ -110,7 +119,8 @@ def chat_completion(meta: ResponseMeta, results: Sequence[Result], *, logprobs: 
     choices = []
     for i, (text, chunks, done) in enumerate(results):
         calls = tool_calls(chunks)
-        choices.append({"index": i, "message": assistant_message(text, calls),
+        thinking = "".join(c.thinking for c in chunks)
+        choices.append({"index": i, "message": assistant_message(text, calls, thinking),
                         "logprobs": chat_logprobs(all_logprobs(chunks)) if logprobs else None,
                         "finish_reason": finish_reason(done, called=bool(calls))})
     body = meta.envelope(choices, stream=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapters.core.base import GenerationRequest
 from adapters.tools.wire import check_tools, internal_calls, name_tool_results
@@ -102,7 +102,7 @@ class _Sampling(_Request):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
-    stop: str | list[str] | None = Field(default=None)
+    stop: str | list[str] | None = Field(default=None, description="a string or a list of up to 4 strings")
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     ignore_eos: bool | None = None  # vLLM's extension, accepted as an extra body field
@@ -110,6 +110,11 @@ class _Sampling(_Request):
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value: Any) -> Any:
+        return check_stop(value)
 
     @property
     def include_usage(self) -> bool:
@@ -141,6 +146,7 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # false: one call at most (enforced where the output is forced)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None  # a thinking model's think
 
     def check(self) -> None:
         super().check()
@@ -154,6 +160,7 @@ class ChatCompletionRequest(_Sampling):
         num_predict = self.max_completion_tokens or self.max_tokens
         tools, choice = self._tools()
         return [GenerationRequest(model=self.model, messages=messages, options=self.options(num_predict, i),
+                                  think=think_of_effort(self.reasoning_effort),
                                   engine=self.engine, format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
                                   strict_max_tokens=True, client=client, tools=tools, tool_choice=choice,
                                   parallel_tool_calls=self.parallel_tool_calls is not False)
@@ -209,6 +216,22 @@ class EmbeddingRequest(_Request):
         if len({isinstance(i, str) for i in items}) > 1:
             raise APIError(400, "'input' mixes texts and token lists: send one kind", param="input")
         return items
+
+
+def check_stop(value: Any) -> Any:
+    """``stop`` as OpenAI takes it: a string or a list of strings (the count is checked later)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ValueError(f"must be a string or a list of up to 4 strings, got {type(value).__name__} {value!r:.40}")
+
+
+def think_of_effort(effort: str | None) -> bool | str | None:
+    """OpenAI's ``reasoning_effort`` as a request's ``think``, as Ollama maps it ("minimal" thinks "low")."""
+    if effort is None:
+        return None
+    return False if effort == "none" else ("low" if effort == "minimal" else effort)
 
 
 def texts_or_tokens(value: str | list[Any], param: str) -> list[Any]:

@@ -145,6 +145,12 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
                     delta = {"role": "assistant", **delta}
                 yield chunk(index, delta, None, _take(pending, index))
             continue
+        if event.thinking:  # reasoning in a chunk of its own, before the text (vLLM's reasoning_content)
+            delta = {"reasoning_content": event.thinking}
+            if index not in started:
+                started.add(index)
+                delta = {"role": "assistant", **delta}
+            yield chunk(index, delta, None, _take(pending, index) if logprobs else None)
         if not event.text:
             continue
         delta = {"content": event.text}

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from gateway.wire_docs import TokenLogprob, error_responses, sse_content
+from gateway.wire_docs import TokenLogprob, error_responses, named_sse_content, sse_content
 
 __all__ = ["ChatCompletion", "ChatCompletionChunk", "Embedding", "EmbeddingList", "OpenAIError", "Model",
            "ModelList", "TextCompletion", "TextCompletionChunk", "Usage", "chat_responses", "completion_responses",
@@ -44,12 +44,18 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(ge=0)
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(ge=0, description="of completion_tokens, those spent thinking")
+
+
 class Usage(BaseModel):
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     total_tokens: int = Field(ge=0)
     prompt_tokens_details: PromptTokensDetails | None = Field(
         default=None, description="present when the backend reports prompt-cache hits")
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        default=None, description="present when the model thought (a reasoning model)")
 
 
 class ChoiceLogprobs(BaseModel):
@@ -89,6 +95,7 @@ class ToolCallDelta(ToolCall):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
+    reasoning_content: str | None = Field(default=None, description="a thinking model's reasoning, when it thought")
     content: str | None = Field(description="null when the model only called tools")
     tool_calls: list[ToolCall] | None = Field(default=None, description="present when the model called tools "
                                                                         "(finish_reason tool_calls)")
@@ -112,6 +119,7 @@ class ChatCompletion(_Envelope):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = Field(default=None, description="in the first chunk of each choice")
     content: str | None = Field(default=None, description="never empty; absent in a choice's last chunk")
+    reasoning_content: str | None = Field(default=None, description="a piece of a thinking model's reasoning")
     tool_calls: list[ToolCallDelta] | None = Field(default=None, description="one whole call per chunk")
 
 
@@ -183,6 +191,54 @@ class ModelList(BaseModel):
     data: list[Model]
 
 
+class ResponseUsage(BaseModel):
+    input_tokens: int = Field(ge=0)
+    input_tokens_details: dict[str, int]
+    output_tokens: int = Field(ge=0)
+    output_tokens_details: dict[str, int] = Field(description="reasoning_tokens: of output_tokens, those spent "
+                                                              "thinking")
+    total_tokens: int = Field(ge=0)
+
+
+class OutputItem(BaseModel):
+    id: str
+    type: Literal["message", "function_call", "reasoning"]
+    status: str | None = None
+    role: Literal["assistant"] | None = None
+    content: list[dict[str, Any]] | None = Field(default=None, description="message: one output_text part")
+    call_id: str | None = Field(default=None, description="function_call: a function_call_output answers it")
+    name: str | None = None
+    arguments: str | None = Field(default=None, description="function_call: the arguments object as JSON text")
+    summary: list[dict[str, Any]] | None = Field(default=None, description="reasoning: the thinking")
+
+
+class ResponseObject(BaseModel):
+    """``POST /v1/responses`` without ``stream``, and ``GET /v1/responses/{id}``."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "in_progress", "failed"]
+    model: str
+    output: list[OutputItem]
+    usage: ResponseUsage | None
+    previous_response_id: str | None
+    store: bool
+
+
+class ResponseEvent(BaseModel):
+    """One event of a Responses stream: ``response.created`` … ``response.completed``."""
+
+    type: str
+    sequence_number: int = Field(ge=0)
+
+
+class ResponseDeleted(BaseModel):
+    id: str
+    object: Literal["response.deleted"]
+    deleted: bool
+
+
 # -- the ``responses=`` of each route -------------------------------------------------------------
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -217,3 +273,17 @@ def models_responses() -> dict[int | str, dict[str, Any]]:
 
 def model_responses() -> dict[int | str, dict[str, Any]]:
     return {200: {"model": Model, "description": "the model"}, **_errors(404)}
+
+
+def responses_responses() -> dict[int | str, dict[str, Any]]:
+    return {200: {"model": ResponseObject, "description": "the response; with \"stream\": true a stream of named "
+                                                         "events ending with response.completed (or .incomplete, "
+                                                         ".failed)",
+                  "content": named_sse_content([ResponseEvent], OpenAIError)},
+            **_errors(*_BACKEND)}
+
+
+def stored_response_responses(*, deleted: bool = False) -> dict[int | str, dict[str, Any]]:
+    model = ResponseDeleted if deleted else ResponseObject
+    return {200: {"model": model, "description": "the stored response" if not deleted else "it is gone"},
+            **_errors(404)}

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from adapters.core.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
 from adapters.core.errors import BackendError, BackendProtocolError, RouteShed, ShuttingDown
+from adapters.core.settings import DEFAULTS
 from gateway.serving.router import Router
 from ledger.tables import UsageRecord
 from adapters.prompting.token_count import prompt_bound
@@ -75,6 +76,8 @@ class Recorder:
             cost, version = found
             record.input_cost_usd, record.cached_input_cost_usd = cost.input, cost.cached_input
             record.output_cost_usd, record.total_cost_usd, record.pricing_version = cost.output, cost.total, version
+            if record.reasoning_tokens and record.output_tokens:  # reasoning is billed as output, at its rate
+                record.reasoning_cost_usd = cost.output * record.reasoning_tokens / record.output_tokens
         return record
 
     def resolve(self, router: Router, request: GenerationRequest, *, route: str, stream: bool) -> Backend:
@@ -388,6 +391,8 @@ def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
         finish_reason="tool_calls" if gen.called and done.finish_reason == "stop" else done.finish_reason,
         input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
         cached_input_tokens=done.usage.cached_input_tokens, usage_source=done.usage.source,
+        expected_cached_tokens=done.expected_cached_tokens,
+        reasoning_tokens=done.usage.reasoning_tokens,
         queue_ms=ms(t.queue), ttft_ms=ms(t.ttft),
         tpot_ms=ms(t.tpot), total_ms=ms(t.total),
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 from adapters.core.base import Backend, GenerationRequest, Health, LoadedModel, LocalBackend, ModelInfo
 from adapters.local.engines import LocalEngines
+from adapters.local.scheduler import RunnerFailure
 from adapters.core.errors import ModelNotFound
 
 
@@ -93,6 +94,10 @@ class Router:
         found = await asyncio.gather(*(b.loaded_models() for _, b in self._all()), return_exceptions=True)
         local = await self.local.loaded_models() if self.local is not None else []
         return local + [m for models in found if isinstance(models, list) for m in models]
+
+    def runner_failures(self) -> list[RunnerFailure]:
+        """Local models whose runners crashed and have not served since (``/api/ps``)."""
+        return self.local.failures() if self.local is not None else []
 
     async def health(self) -> Health:
         checks = await self.health_by_name()

@@ -1,5 +1,11 @@
 """Paged attention over the KV cache: decode rows through the paged kernel, prefill chunks
-through `scaled_dot_product_attention` over the sequence's gathered blocks."""
+through `scaled_dot_product_attention` over the sequence's gathered blocks.
+
+Same input, same output: on CPU in float32 a prefill token's numbers do not depend on the chunk it was
+computed in nor on how much of the prompt the prefix cache served (`_canonical_flash_attention`; the
+linear kernels are row-invariant for chunks of two or more tokens). Where they still differ: a chunk of a
+single token is a decode row (the paged decode kernel, another summation order), and bf16 or GPU prefills
+use the kernels' own blocking."""
 
 from __future__ import annotations
 
@@ -21,24 +27,49 @@ def prefill_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int, scale: float
 ) -> torch.Tensor:  # q: [n, nh, D]; k, v: [num_cached + n, nkv, D] -> [n, nh, D]
     n, total = q.shape[0], k.shape[0]
+    if q.device.type == "cpu" and q.dtype == torch.float32:
+        return _canonical_flash_attention(q, k, v, num_cached, scale)
     if num_cached == 0:
         mask, causal = None, True
     else:
         rows = torch.arange(n, device=q.device)[:, None] + num_cached
         mask, causal = torch.arange(total, device=q.device)[None, :] <= rows, False
     q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    if q.device.type == "cpu" and q.dtype == torch.float32:
-        # [1, heads, tokens, D]: with a batch dimension PyTorch's CPU flash kernel takes the call (GQA included),
-        # ~3x faster than the math kernel at 512 tokens. Not in bf16: the flash kernel's blocks follow the
-        # chunk's length, so a prompt's tokens would depend on how it was chunked (bf16 stays batch-invariant).
-        out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, is_causal=causal, scale=scale,
-                                             enable_gqa=k.shape[0] != q.shape[0])
-        return out[0].transpose(0, 1)
     if q.device.type == "cpu" and k.shape[0] != q.shape[0]:  # 3-D inputs: the math kernel, also for `enable_gqa`
         k, v = (x.repeat_interleave(q.shape[0] // k.shape[0], dim=0) for x in (k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
                                          enable_gqa=k.shape[0] != q.shape[0])
     return out.transpose(0, 1)
+
+
+def _canonical_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int,
+                               scale: float) -> torch.Tensor:
+    """PyTorch's CPU flash kernel ([1, heads, tokens, D] with a batch dimension: ~3x the math kernel at 512
+    tokens, GQA included), called so that a token's numbers depend only on its position and its keys, not
+    on how its prompt was chunked or how much of it came from the prefix cache. The kernel splits the
+    queries into blocks of 32/64/256 rows and the keys into blocks of 512 from the call's start, and its
+    matmuls round a row differently when it sits in a partial tile. So the queries are padded with zero rows
+    to start and end on multiples of `_Q_UNIT` absolute positions, the keys to a multiple of `_KV_UNIT`,
+    and an explicit mask hides the padding (masked keys add exact zeros): cached and uncached prefills,
+    and any chunking, give bit-identical outputs (tests/native_engine/test_attention.py). The cost: the
+    mask computes the whole [queries, keys] square instead of skipping the blocks above the diagonal."""
+    n, total = q.shape[0], k.shape[0]
+    front = num_cached % _Q_UNIT
+    back = -(front + n) % _Q_UNIT
+    if front or back:
+        q = torch.cat([q.new_zeros(front, *q.shape[1:]), q, q.new_zeros(back, *q.shape[1:])])
+    pad = -total % _KV_UNIT
+    if pad:
+        k, v = (torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) for x in (k, v))
+    positions = torch.arange(num_cached - front, num_cached - front + q.shape[0]).clamp_(max=total - 1)
+    mask = torch.arange(k.shape[0])[None, :] <= positions[:, None]
+    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale,
+                                         enable_gqa=k.shape[0] != q.shape[0])
+    return out[0].transpose(0, 1)[front : front + n]
+
+
+_Q_UNIT, _KV_UNIT = 16, 512
 
 
 class Attention(nn.Module):

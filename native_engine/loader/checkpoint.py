@@ -24,16 +24,20 @@ def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32)
 
 def load_checkpoint(
     path: str | os.PathLike[str], dtype: torch.dtype | Callable[[ModelConfig], torch.dtype] = torch.float32,
-    keep_q4_1: bool = False,
-) -> tuple[ModelConfig, Weights, Tokenizer]:
+    keep_q4_1: bool = False, load_format: str = "auto",
+) -> tuple[ModelConfig, Weights | None, Tokenizer]:
     """Config, lazy weights and tokenizer; a GGUF file's metadata is parsed once for all three.
 
     ``dtype`` may be a function of the config (to follow the checkpoint's own dtype); ``keep_q4_1``:
-    see ``load_gguf``."""
+    see ``load_gguf``; ``load_format="dummy"``: no weights (None), the directory needs only config.json
+    and the tokenizer's files."""
     if Path(path).is_dir():
         config = ModelConfig.from_hf(path)
+        if load_format == "dummy":
+            return config, None, Tokenizer.from_hf(path)
         return *load_hf(path, dtype(config) if callable(dtype) else dtype), Tokenizer.from_hf(path)
     reader = GGUFFile(path)
     if callable(dtype):
         dtype = dtype(ModelConfig.from_gguf(reader))
-    return *load_gguf(reader, dtype, keep_q4_1), Tokenizer.from_gguf(reader)
+    config, weights = load_gguf(reader, dtype, keep_q4_1)
+    return config, None if load_format == "dummy" else weights, Tokenizer.from_gguf(reader)

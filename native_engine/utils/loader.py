@@ -39,3 +39,18 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
     missing = sorted(set(params) - loaded - ({"lm_head.weight"} if tied else set()))
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+@torch.no_grad()
+def dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """vLLM's `--load-format dummy`: every parameter drawn where it lives (on the GPU, no host copy), with
+    the registry builder's scales so activations stay near unit size: norms 1, embeddings and biases
+    N(0, 0.02), matrices N(0, 1 / in_features)."""
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif param.dim() == 2 and "embed" not in name and "lm_head" not in name:
+            param.normal_(0.0, param.shape[1] ** -0.5, generator=generator)
+        else:
+            param.normal_(0.0, 0.02, generator=generator)

@@ -36,6 +36,7 @@ FILE_TYPES = {
     "f32": gguf.LlamaFileType.ALL_F32,
     "f16": gguf.LlamaFileType.MOSTLY_F16,
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
 }
 LICENSE = "apache-2.0"
 # llama.cpp selects its pre-tokenizer regex by this name; "qwen2" is the
@@ -102,8 +103,9 @@ def _storage_type(ts: TensorSpec, dtype: str) -> QType:
     """Norms, biases and all 1-D tensors stay F32; matrices follow ``dtype``."""
     if len(ts.shape) == 1 or dtype == "f32":
         return QType.F32
-    if dtype == "q8_0" and ts.shape[-1] % gguf.GGML_QUANT_SIZES[QType.Q8_0][0] == 0:
-        return QType.Q8_0
+    quantized = {"q8_0": QType.Q8_0, "q4_0": QType.Q4_0}.get(dtype)
+    if quantized is not None and ts.shape[-1] % gguf.GGML_QUANT_SIZES[quantized][0] == 0:
+        return quantized
     return QType.F16
 
 
@@ -193,7 +195,7 @@ def _write(path: Path, spec: ModelSpec, dtype: str, produce: Callable[[TensorSpe
 def build_gguf(out_path: str | os.PathLike[str], spec: ModelSpec, *, dtype: str = "f32", seed: int = 0) -> Path:
     """Write ``spec`` with random weights from ``seed`` as a GGUF file; returns its path.
 
-    ``dtype`` is ``"f32"``, ``"f16"`` or ``"q8_0"`` (matrices only; norms and
+    ``dtype`` is ``"f32"``, ``"f16"``, ``"q8_0"`` or ``"q4_0"`` (matrices only; norms and
     biases stay F32). The file is written to a temporary name and renamed.
     """
     if dtype not in FILE_TYPES:

@@ -91,4 +91,15 @@ PRESETS: dict[str, ModelSpec] = {
         num_kv_heads=2,
         context_length=32_768,
     ),
+    "qwen2-7b": ModelSpec(  # bench/native_gpu.py only: its weights are drawn on the device, never written
+        name="qwen2-7b",
+        vocab_size=152_064,
+        hidden_size=3584,
+        intermediate_size=18_944,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        context_length=32_768,
+        tie_embeddings=False,
+    ),
 }

@@ -63,13 +63,13 @@ def test_table_of_rows_and_totals(ledger):
     result = invoke()
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
-        "TIME                   MODEL         SOURCE     ROUTE                   STATUS    IN    OUT    "
+        "TIME                   MODEL         SOURCE     ROUTE                   STATUS    IN    CACHED    OUT    "
         "TTFT (ms)    TPOT (ms)    TOTAL (ms)",
-        "2026-11-21 15:33:00    llama3:8b     cli        run                     ok        10    20     "
+        "2026-11-21 15:33:00    llama3:8b     cli        run                     ok        10    -         20     "
         "80.0         9.5          300.0",
-        "2026-11-21 15:32:00    qwen2:0.5b    gateway    /v1/chat/completions    error     3     0      "
+        "2026-11-21 15:32:00    qwen2:0.5b    gateway    /v1/chat/completions    error     3     -         0      "
         "-            -            -",
-        "2026-11-21 15:31:00    qwen2:0.5b    gateway    /v1/chat/completions    ok        10    20     "
+        "2026-11-21 15:31:00    qwen2:0.5b    gateway    /v1/chat/completions    ok        10    4         20     "
         "120.0        15.2         420.0",
         "",
         "Totals per model",

@@ -91,3 +91,11 @@ def test_calibrate_from_the_cli_reads_the_summary_model(tmp_path):
     assert result.exit_code == 0, result.output
     assert "TPOT 20.00 ms" in result.output and "(calibrated)" in result.output
     assert "calibrated on model at synchronous" in result.output
+
+
+def test_a_calibration_over_100_percent_is_a_warning(tmp_path):
+    small = ModelShape("small", 1024, 2816, 12, 16, 4, 32000)
+    _summary(tmp_path / "s.json", tpot_ms=20.0, ttft_ms=0.001)  # a TTFT faster than the device's peak allows
+    eff, basis = fit(Deployment(small, Device("cpu", 0.07, None, 24, 27)), tmp_path / "s.json")
+    assert eff.mfu > 1 and len(basis["warnings"]) == 1
+    assert basis["warnings"][0].startswith(f"calibrated MFU {eff.mfu:.2f} is over 100 %: the device's peak FLOP/s")

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,14 +48,26 @@ def server_env(home: Path, models: Path, port: int, **extra: str) -> dict[str, s
     return env
 
 
+def _die_with_pytest() -> None:
+    """In the child before exec: SIGKILL it when pytest dies (Linux PR_SET_PDEATHSIG), so a crashed or
+    killed test run leaves no server (and so no runner) behind. The signal follows the death of the
+    *thread* that started the child, so only servers started on pytest's main thread get it."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
+
 def start_server(tmp: Path, models: Path, **extra_env: str) -> LiveServer:
     port = free_port()
     home = tmp / "server-home"
     log_path = tmp / "server.log"
     env = server_env(home, models, port, **extra_env)
+    main_thread = threading.current_thread() is threading.main_thread()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_pytest if main_thread else None)
     db_url = extra_env.get("INFER_DATABASE_URL") or f"sqlite:///{home / 'usage.db'}"
     server = LiveServer(f"http://127.0.0.1:{port}", port, home, db_url, proc, log_path,
                         engine=extra_env.get("INFER_ENGINE", "llamacpp"))
@@ -118,3 +131,6 @@ def app_client(tiny_store, tmp_path):
     settings = ServerSettings.from_env(env)
     with TestClient(create_app(settings), base_url="http://127.0.0.1:11434") as client:
         yield client
+
+
+from tests.gateway.agent_gateway import agent_gateway  # noqa: E402,F401  (the agent APIs' live server)

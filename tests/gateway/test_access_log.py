@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.gateway.conftest import free_port, server_env
-from tests.remote.servers import start_server as start_fake
+from fakes import start_server as start_fake
 
 LINE = re.compile(r'INFO: +127\.0\.0\.1:\d+ - "(\w+) (\S+) HTTP/1\.1" (\d{3})')
 

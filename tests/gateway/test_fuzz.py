@@ -166,14 +166,14 @@ def _serve(engine: str, tiny_store, tmp_path_factory, keys: bool = False) -> Ite
         stop_server(server)
 
 
-GENERATION = ("/v1/chat/completions", "/v1/completions", "/api/generate", "/api/chat")
+GENERATION = ("/v1/chat/completions", "/v1/completions", "/api/generate", "/api/chat", "/v1/messages", "/v1/responses")
 MAX_TOKENS = 8  # pinned generations are cut short: the budget goes to more cases, not longer answers
 
 
 def _bound(body: dict, path: str, index: int) -> None:
     """Pinned generation: at most ``MAX_TOKENS`` tokens, and every other case streamed."""
     if path.startswith("/v1/"):
-        for key in ("max_tokens", "max_completion_tokens"):
+        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if not isinstance(body.get(key), int) or body[key] > MAX_TOKENS:
                 body[key] = MAX_TOKENS
     elif isinstance(body.get("options"), dict) or body.get("options") is None:

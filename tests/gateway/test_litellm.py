@@ -117,9 +117,12 @@ PROXY_KEY = "sk-test-litellm-proxy-0123456789abcdef"
 @pytest.fixture(scope="module")
 def litellm_proxy(server, tmp_path_factory):
     """LiteLLM's proxy (``litellm --config``) in front of the server, with ``ollama_chat/`` and ``ollama/`` entries.
-    Its extras are heavy, so it lives in bench/gateway_overhead.py's venv; skipped when that is not built."""
+    Its extras are heavy, so it lives in its own venv (``make litellm-proxy``, which .ci/run runs); skipped
+    when that is not built, except in CI, where it fails."""
     if not PROXY.exists():
-        pytest.skip(f"LiteLLM's proxy is not installed ({PROXY}; bench/gateway_overhead.py installs it)")
+        if os.environ.get("CI"):  # .ci/run builds it (make litellm-proxy): missing there is a failure, not a skip
+            pytest.fail(f"LiteLLM's proxy is not installed ({PROXY}): run make litellm-proxy")
+        pytest.skip(f"LiteLLM's proxy is not installed ({PROXY}; make litellm-proxy installs it)")
     tmp = tmp_path_factory.mktemp("litellm-proxy")
     config = tmp / "config.yaml"
     config.write_text(yaml.safe_dump({"model_list": [

@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.conftest import free_port, start_server, stop_server
-from tests.remote.servers import Behaviour, start_server as start_fake
+from fakes import Behaviour, start_server as start_fake
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

@@ -15,6 +15,7 @@ import time
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
@@ -371,3 +372,30 @@ def test_oversize_body_is_413_then_keeps_serving(live_server):
                    headers={"content-type": "application/json"}, timeout=60)
     _check_error(r, 413, "invalid_request_error", None)
     _ok(live_server.url)
+
+
+def test_our_engines_report_the_prompt_tokens_their_prefix_cache_served(live_server):
+    """A second turn behind the same system prompt: the engine (llama.cpp's slot reuse, the native
+    engine's block hashes) prefills only the rest, and says so in usage and in the ledger."""
+    system = {"role": "system", "content": "You answer in one short sentence about rivers. " * 12}
+    body = lambda text: {"model": "tiny", "max_tokens": 2, "seed": 1,  # noqa: E731
+                         "messages": [system, {"role": "user", "content": text}]}
+    first = httpx.post(live_server.url + "/v1/chat/completions", json=body("first question"), timeout=60).json()
+    second = httpx.post(live_server.url + "/v1/chat/completions", json=body("second question"), timeout=60).json()
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] < 16
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 64 <= cached < second["usage"]["prompt_tokens"]
+    db = sa.create_engine(live_server.db_url)
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline:
+            with db.connect() as conn:
+                rows = list(conn.execute(sa.text("SELECT input_tokens, cached_input_tokens FROM requests "
+                                                 "WHERE input_tokens = :n ORDER BY rowid"),
+                                         {"n": second["usage"]["prompt_tokens"]}))
+            if rows and rows[-1].cached_input_tokens == cached:
+                break
+            time.sleep(0.1)
+    finally:
+        db.dispose()
+    assert rows[-1].cached_input_tokens == cached

@@ -89,7 +89,7 @@ def test_wrong_types_get_a_readable_400_naming_the_field(store, tmp_path):
     with client_for(store, tmp_path) as client:
         r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": chat, "stop": 5})
         assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
-        assert r.json()["error"]["message"] == "invalid 'stop': expected a string or a list of strings, got 5"
+        assert "'stop'" in r.json()["error"]["message"] and "a list of" in r.json()["error"]["message"]
         r = client.post("/api/chat", json={"model": "tiny", "messages": chat, "options": {"stop": 5}})
         assert r.status_code == 400 and r.json()["error"] == ("invalid option 'stop': must be a string or a list of "
                                                               "strings, got 5")

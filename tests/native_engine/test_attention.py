@@ -42,3 +42,17 @@ def test_prefill_attention_takes_the_flash_kernel_on_cpu(num_cached):
     names = {event.key for event in prof.key_averages()}
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in names, sorted(names)
     assert "aten::_scaled_dot_product_attention_math" not in names
+
+
+@pytest.mark.parametrize("total", [17, 100, 333, 600])
+def test_cpu_prefill_gives_the_same_numbers_however_the_prompt_is_chunked_or_cached(total):
+    """Cached and uncached prefills, and any chunking, compute bit-identical attention outputs."""
+    gen = torch.Generator().manual_seed(total)
+    q, k, v = torch.randn(total, 9, 64, generator=gen), torch.randn(total, 3, 64, generator=gen), torch.randn(
+        total, 3, 64, generator=gen)
+    whole = prefill_attention(q, k, v, 0, 0.125)
+    for cached in sorted({16, 32, total // 2, total - 2} - {0}):  # the prefix cache serves whole blocks; any cut
+        torch.testing.assert_close(prefill_attention(q[cached:], k, v, cached, 0.125), whole[cached:], rtol=0, atol=0)
+    cuts = [0, total // 3, total // 3 + 7, total]
+    chunks = [prefill_attention(q[a:b], k[:b], v[:b], a, 0.125) for a, b in zip(cuts, cuts[1:])]
+    torch.testing.assert_close(torch.cat(chunks), whole, rtol=0, atol=0)

@@ -74,6 +74,36 @@ def test_default_path_is_within_the_accuracy_goal(smollm2_gguf, f32_engine, toke
     assert "Paris" in answers[0] and answers[1] == answers[0]
 
 
+def forced_logits(engine: LLMEngine, prompts: list[list[int]], paths: list[list[int]]) -> torch.Tensor:
+    """The logits each step computes while the engine is fed `paths` (one token path per prompt) instead of
+    its own choices: two numerically different paths compared on the same tokens. -> [steps, rows, V]"""
+    captured, sampler = [], engine.model_runner.sampler
+
+    def forced(logits, meta):
+        captured.append(logits.clone())
+        out = sampler(logits, meta)
+        out.token_ids.copy_(torch.tensor([p[len(captured) - 1] for p in paths]))
+        return out
+
+    engine.model_runner.sampler = forced
+    try:
+        engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=len(paths[0]), ignore_eos=True))
+    finally:
+        engine.model_runner.sampler = sampler
+    return torch.stack(captured)
+
+
+def assert_same_distributions(reference: torch.Tensor, ours: torch.Tensor, mean_kl: float, max_kl: float) -> None:
+    """KL per step and row within bounds; where the greedy tokens differ, only at a near-tie (top-2 logits
+    within 0.05 of each other): tokens are not compared across numerically different paths."""
+    kl = kl_per_position(reference.flatten(0, 1), ours.flatten(0, 1))
+    assert kl.mean() < mean_kl and kl.max() < max_kl, f"mean KL {kl.mean():.3g}, max {kl.max():.3g}"
+    ref, mine = reference.flatten(0, 1), ours.flatten(0, 1)
+    for i in (ref.argmax(-1) != mine.argmax(-1)).nonzero().flatten().tolist():
+        top2 = ref[i].topk(2).values
+        assert top2[0] - top2[1] < 0.05, f"step/row {i}: argmax differs with a margin of {top2[0] - top2[1]:.3f}"
+
+
 def test_decode_steps_in_one_c_call_match_the_module_path(smollm2_gguf, f32_engine):
     from native_engine.kernels import cpu_kernels
 
@@ -84,11 +114,12 @@ def test_decode_steps_in_one_c_call_match_the_module_path(smollm2_gguf, f32_engi
     by_modules.model_runner.model.model.cpu_decode = None
     prompts = [f32_engine.tokenizer.encode(PROMPT, add_bos=False), f32_engine.tokenizer.encode(TEXT, add_bos=False)]
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outputs = [[o.outputs[0].token_ids for o in e.generate(prompts, greedy)] for e in (in_c, by_modules)]
-    assert outputs[0] == outputs[1]
+    paths = [o.outputs[0].token_ids for o in in_c.generate(prompts, greedy)]
+    assert_same_distributions(forced_logits(by_modules, prompts, paths), forced_logits(in_c, prompts, paths),
+                              mean_kl=1e-5, max_kl=1e-3)
 
 
-def test_batched_decode_steps_match_the_module_path_and_the_f32_answers(smollm2_gguf, f32_engine):
+def test_batched_decode_steps_match_the_module_path_and_the_f32_path(smollm2_gguf, f32_engine):
     from native_engine.kernels import cpu_batch
 
     if cpu_batch.library() is None:
@@ -100,9 +131,28 @@ def test_batched_decode_steps_match_the_module_path_and_the_f32_answers(smollm2_
     chat = f32_engine.tokenizer.encode(PROMPT, add_bos=False)
     prompts = [chat] + [f32_engine.tokenizer.encode(TEXT, add_bos=False)[: 20 + 9 * i] for i in range(5)]
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outputs = [[o.outputs[0].token_ids for o in e.generate(prompts, greedy)] for e in (in_c, by_modules)]
-    assert outputs[0] == outputs[1]  # decode batches of 6 rows: tiled int16 matmuls, grouped attention
-    assert outputs[0][0] == f32_engine.generate([chat], greedy)[0].outputs[0].token_ids
+    paths = [o.outputs[0].token_ids for o in in_c.generate(prompts, greedy)]
+    batched = forced_logits(in_c, prompts, paths)  # decode batches of 6 rows: tiled int16 matmuls, grouped attention
+    assert_same_distributions(forced_logits(by_modules, prompts, paths), batched, mean_kl=1e-5, max_kl=1e-3)
+    f32 = torch.cat([forced_logits(f32_engine, [p], [q]) for p, q in zip(prompts, paths, strict=True)], dim=1)
+    assert_same_distributions(f32, batched, mean_kl=1e-4, max_kl=1e-2)
+
+
+def test_cached_and_uncached_prefills_give_the_same_numbers(smollm2_gguf):
+    """Same input, same output: a prompt whose prefix the cache serves computes the same logits, to the
+    bit, as the same prompt computed cold (a red-team run once saw "List three prime numbers." answer 32
+    tokens cold and 14 warm)."""
+    system = PROMPT.split("<|im_start|>user")[0]
+    ask = system + "<|im_start|>user\nList three prime numbers.<|im_end|>\n<|im_start|>assistant\n"
+    other = system + "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    params = SamplingParams(temperature=0.0, max_tokens=32, logprobs=5)
+    cold = engine(smollm2_gguf).generate([ask], params)[0]
+    warm_engine = engine(smollm2_gguf)
+    warm_engine.generate([other], params)
+    warm = warm_engine.generate([ask], params)[0]
+    assert cold.num_cached_tokens == 0 and warm.num_cached_tokens >= 16
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert warm.outputs[0].logprobs == cold.outputs[0].logprobs  # every logprob, bit for bit
 
 
 def test_without_a_c_compiler_the_int4_fallback_keeps_the_goal(smollm2_gguf, f32_engine, token_ids,

@@ -288,6 +288,7 @@ def test_gguf_and_hf_compute_the_same_model(
 
 def test_presets_and_spec_validation() -> None:
     assert parameter_count(PRESETS["qwen2-0.5b"]) == 494_032_768  # Qwen2-0.5B's parameter count
+    assert parameter_count(PRESETS["qwen2-7b"]) == 7_615_616_512  # Qwen2-7B's
     assert PRESETS["tiny-llama"].num_kv_heads == PRESETS["tiny-llama"].num_heads
     with pytest.raises(ValueError, match="divisible"):
         ModelSpec(hidden_size=60, num_heads=7)
@@ -296,7 +297,7 @@ def test_presets_and_spec_validation() -> None:
     with pytest.raises(ValueError, match="qwen2 always has"):
         ModelSpec(qkv_bias=False)
     with pytest.raises(ValueError, match="unsupported dtype"):
-        build_gguf(Path("unused.gguf"), PRESETS["tiny-qwen2"], dtype="q4_0")
+        build_gguf(Path("unused.gguf"), PRESETS["tiny-qwen2"], dtype="q5_k")
 
 
 def test_cli_make_model_writes_files(tmp_path: Path) -> None:

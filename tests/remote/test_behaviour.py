@@ -21,7 +21,7 @@ from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtoc
                                   BackendUnavailable, InvalidRequest)
 from adapters.remote.base import RemoteSettings, Timeouts
 from adapters.remote.registry import create_remote
-from tests.remote.servers import FakeEngine, start_server
+from fakes import FakeEngine, start_server
 
 # (adapter type, fake server, mode); the Messages API mode is asked chats, the others prompts.
 CASES = {"vllm": ("vllm", "vllm", None), "tgi": ("tgi", "tgi", None), "tgi-messages": ("tgi", "tgi", "messages"),

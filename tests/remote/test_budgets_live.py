@@ -25,8 +25,8 @@ import pytest
 import sqlalchemy as sa
 
 import tests.servers
-from tests.remote.servers import start_server as start_fake
-from tests.remote.servers.behaviour import Behaviour
+from fakes import start_server as start_fake
+from fakes.behaviour import Behaviour
 from tests.servers import wait_for
 
 CHAT = [{"role": "user", "content": "name four letters"}]

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from cli.main import app
 
-from tests.remote.servers import start_server as start_fake
-from tests.remote.servers.behaviour import Behaviour
+from fakes import start_server as start_fake
+from fakes.behaviour import Behaviour
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 API = {"input_per_mtok": 150.0, "output_per_mtok": 600.0}  # big prices: costs well above float noise
@@ -53,6 +53,7 @@ def rows(server, where: str, count: int) -> list:
             with db.connect() as conn:
                 found = list(conn.execute(sa.text(
                     "SELECT status, input_tokens, output_tokens, input_cost_usd, output_cost_usd, total_cost_usd, "
+                    "cached_input_tokens, cached_input_cost_usd, "
                     f"pricing_version FROM requests WHERE {where} ORDER BY datetime_utc")))
             if len(found) >= count or time.monotonic() > deadline:
                 return found

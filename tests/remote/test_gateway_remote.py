@@ -21,7 +21,7 @@ from gateway.serving.router import Router
 from gateway.app import create_app
 from gateway.settings import ServerSettings
 from tests.gateway.conftest import server_env
-from tests.remote.servers import FakeEngine, RunningServer, start_server
+from fakes import FakeEngine, RunningServer, start_server
 from tests.remote.test_llamacpp_server import ledger_row
 
 # public name -> (adapter type, fake server, mode)

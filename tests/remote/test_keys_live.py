@@ -15,8 +15,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.remote.servers import start_server as start_fake
-from tests.remote.servers.behaviour import Behaviour
+from fakes import start_server as start_fake
+from fakes.behaviour import Behaviour
 from tests.servers import wait_for
 
 CHAT = [{"role": "user", "content": "name four letters"}]

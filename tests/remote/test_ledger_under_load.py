@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.gateway.conftest import stop_server
-from tests.remote.servers import start_server as start_fake
-from tests.remote.servers.behaviour import Behaviour
+from fakes import start_server as start_fake
+from fakes.behaviour import Behaviour
 
 
 @pytest.fixture

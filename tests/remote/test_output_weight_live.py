@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.remote.servers import start_server as start_fake
-from tests.remote.servers.behaviour import Behaviour
+from fakes import start_server as start_fake
+from fakes.behaviour import Behaviour
 from tests.remote.test_costs_live import rows
 
 CHAT = [{"role": "user", "content": "name four letters " * 20}]

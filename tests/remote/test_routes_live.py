@@ -11,9 +11,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.remote.servers import start_server as start_fake
-from tests.remote.servers.behaviour import Behaviour
-from tests.remote.servers.queueing import QueueModel, start_queueing
+from fakes import start_server as start_fake
+from fakes.behaviour import Behaviour
+from fakes.queueing import QueueModel, start_queueing
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 

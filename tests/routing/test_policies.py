@@ -91,10 +91,10 @@ def test_latency_model_counts_what_is_in_flight_and_scores_its_predictions():
     m = LatencyModel(clock=lambda: clock[0])
     f1, p1 = m.started(1, 100, max_tokens=11)
     f2, _ = m.started(2, 50, max_tokens=11)
-    assert f2 == [1.0, 50.0, 100.0, 1.0, 0.0, 0.0]  # 100 prompt tokens and one request queued ahead
+    assert f2 == [1.0, 50.0, 0.0, 100.0, 0.0, 1.0, 0.0, 0.0]  # 100 prompt tokens and one request queued ahead
     clock[0] = 0.2
     assert m.first_token(1, f1) == pytest.approx(0.2)
-    assert m.ttft_features(10)[3:5] == [1.0, 1.0]  # one waiting, one decoding
+    assert m.ttft_features(10)[5:7] == [1.0, 1.0]  # one waiting, one decoding
     assert m.median_error() == pytest.approx(abs(p1.ttft_s - 0.2) / 0.2)
     clock[0] = 0.3
     m.first_token(2, f2)  # its 50 prompt tokens were prefilled while request 1 decoded

@@ -143,10 +143,16 @@ def test_langchain_bind_tools(tools_server):
     assert streamed.tool_calls[0]["name"] == "get_weather"
 
 
-def test_native_engine_required_without_a_call_is_a_clear_error(oai):
-    """The native engine has no grammars: a forced choice is checked after generation (random weights
-    answer with text, so the request fails, saying why; a model that stops without a call gets a 500,
-    see test_scripted_stream.py)."""
+def test_native_engine_forced_tool_choice_returns_the_call(oai):
+    """The native engine steers a forced choice with its grammar (llguidance), as llama.cpp does; a call
+    that cannot be completed within max_tokens still fails, saying why."""
+    reply = oai.chat.completions.create(model="qwen-tools", messages=ASK, tools=[WEATHER, TIME], tool_choice=NAMED,
+                                        max_tokens=60, seed=1, extra_body={"engine": "native"})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Tokyo")
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(model="qwen-tools", messages=ASK, tools=[WEATHER], tool_choice="required",
                                     max_tokens=8, seed=1, extra_body={"engine": "native"})

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tests.gateway.conftest import start_server, stop_server
-from tests.remote.servers.behaviour import Behaviour
-from tests.remote.servers.runner import RunningServer
+from fakes.behaviour import Behaviour
+from fakes.runner import RunningServer
 from tests.tools.conftest import ASK, TIME, WEATHER
 from tests.tools.fake_backends import ARGUMENTS, CALL_ID, ollama_app, openai_app
 

@@ -21,8 +21,8 @@ from adapters.local.store_models import model_details
 from gateway.app import create_app
 from gateway.settings import ServerSettings
 from tests.gateway.conftest import private_store, server_env
-from tests.remote.servers.behaviour import Behaviour
-from tests.remote.servers.runner import RunningServer
+from fakes.behaviour import Behaviour
+from fakes.runner import RunningServer
 from tests.tools.conftest import ASK, TIME, WEATHER, install_tool_models
 
 HERMES = ['Sure.\n<to', 'ol_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>\n',
@@ -138,15 +138,20 @@ def test_the_ledger_row_of_an_answer_that_called_tools_says_tool_calls(engine, o
 
     import httpx
 
+    def rows() -> list[dict]:
+        return httpx.get(url + "/infer/requests", params={"since": "5m", "limit": 500}).json()["requests"]
+
     engine.script = HERMES
     reply = oai.chat.completions.create(model="qwen-tools", messages=ASK, tools=[WEATHER, TIME])
     assert reply.choices[0].finish_reason == "tool_calls"
+    before = len(rows())  # the earlier tests' rows, and maybe this one's (the writer flushes every 50 ms)
     engine.script = ["just text"]
     oai.chat.completions.create(model="qwen-tools", messages=ASK, tools=[WEATHER])
     deadline = time.monotonic() + 5
-    while True:  # the writer thread flushes every 50 ms
-        rows = httpx.get(url + "/infer/requests", params={"since": "5m", "limit": 2}).json()["requests"]
-        if len(rows) == 2 or time.monotonic() > deadline:
+    while True:  # until this test's two rows are both written (the older tests' rows are there already)
+        found = rows()
+        if (len(found) > before and found[0]["finish_reason"] == "stop" and len(found) >= 2
+                and found[1]["finish_reason"] == "tool_calls") or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert [r["finish_reason"] for r in rows] == ["stop", "tool_calls"]  # newest first
+    assert [r["finish_reason"] for r in found[:2]] == ["stop", "tool_calls"]  # newest first

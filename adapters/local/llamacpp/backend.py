@@ -24,6 +24,7 @@ from adapters.core.base import (Done, EmbedResult, GenerationRequest, Health, Lo
 from adapters.prompting.chat_format import PromptSpec
 from adapters.core.errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
 from .job import GenerationJob, Refused
+from adapters.prompting.reasoning import reasoning
 from adapters.tools.local import tool_calling
 from .pool import ModelPool
 from adapters.core.settings import DEFAULTS, LocalSettings
@@ -45,7 +46,7 @@ class LlamaCppBackend:
     admits: bool = True  # calls request.admit with the tokenized prompt before generating
 
     def __post_init__(self) -> None:
-        workers = max(4, self.settings.num_parallel * max(1, self.settings.max_loaded_models) + 2)
+        workers = max(4, 2 * self.settings.num_parallel + 2)  # one model's slots, its loads and its embeddings
         self.defaults = self.settings.option_defaults
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llamacpp")
         self._pool = ModelPool(self.settings, self._executor)
@@ -53,6 +54,7 @@ class LlamaCppBackend:
     # -- generation -----------------------------------------------------------------------------
 
     @tool_calling(grammar=True)
+    @reasoning
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.defaults)

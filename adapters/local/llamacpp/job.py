@@ -62,11 +62,11 @@ class GenerationJob:
         cached = _reuse_prefix(llm, tokens)
         llm.eval(tokens[cached:])
         self.timings.prompt_eval = time.perf_counter() - t0
-        output, reason = self._sample(llm, tokens, emit)
+        output, reason, matched = self._sample(llm, tokens, emit)
         self.timings.eval = time.perf_counter() - t0 - self.timings.prompt_eval
         usage = Usage(input_tokens=len(tokens), output_tokens=len(output), cached_input_tokens=cached)
         return Done(finish_reason=reason, usage=usage, timings=self.timings, prompt_tokens=tokens,
-                    output_tokens=output, truncated_messages=dropped)
+                    output_tokens=output, truncated_messages=dropped, stop_sequence=matched)
 
     # -- prompt ---------------------------------------------------------------------------------
 
@@ -123,7 +123,7 @@ class GenerationJob:
         tail = text.flush()
         if tail:
             emit(Chunk(text=tail))
-        return output, reason
+        return output, reason, text.matched
 
 
 _CHEAP_BYTES_PER_TOKEN = 8  # below n_ctx * 8 characters a prompt tokenizes in milliseconds: no bound needed

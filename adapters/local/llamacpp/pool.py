@@ -1,5 +1,9 @@
 """Loaded llama.cpp models: load on first use, up to ``num_parallel`` slots each, unload after keep-alive.
 
+How many models run at once is not decided here: in ``infer serve`` each model has its own runner
+process, and ``adapters/local/scheduler.py`` applies ``max_loaded_models`` to the runners; inside a
+runner this pool holds that one model's contexts (one per set of load options, and the embedding one).
+
 A *slot* is one ``llama_cpp.Llama`` (its own context and KV cache; the weights are mmapped and
 shared by the page cache). A request takes a free slot, or opens a new one while the model has
 fewer than ``num_parallel``, or waits in a bounded queue (``QueueFull`` when it is full). Tokens of
@@ -68,7 +72,6 @@ class ModelPool:
         async with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                await self._make_room()
                 entry = self._entries[key] = LoadedEntry(name, path, digest, options, embedding)
             entry.reserved += 1  # keeps the entry from expiring until this request holds a slot
             entry.unload_when_idle = False  # a new request wins over an earlier unload
@@ -181,16 +184,6 @@ class ModelPool:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, _close_all, slots)
         log.info("unloaded %s", entry.name)
-
-    async def _make_room(self) -> None:
-        loaded = self.entries()
-        limit = self.settings.max_loaded_models
-        if limit <= 0 or len(loaded) < limit:
-            return
-        idle = sorted((e for e in loaded if e.active == 0 and e.waiters == 0),
-                      key=lambda e: e.expires_at or float("inf"))
-        if idle:
-            await self._drop(idle[0])
 
     async def aclose(self) -> None:
         for entry in list(self._entries.values()):

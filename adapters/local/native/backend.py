@@ -23,6 +23,7 @@ from adapters.core.base import (Chunk, Done, EmbedResult, GenerationRequest, Hea
                                 StreamEvent, Timings, TokenLogprob, Usage, until_cancelled)
 from adapters.prompting.chat_format import PromptSpec, render_request
 from adapters.core.errors import BackendUnavailable, InvalidRequest, ModelNotFound
+from adapters.prompting.reasoning import reasoning
 from adapters.tools.local import tool_calling
 from adapters.core.options import Options, check_prompt_bytes, check_room, check_token_ids, resolve_options
 from adapters.core.settings import DEFAULTS, LocalSettings, NativeSettings
@@ -41,6 +42,7 @@ class _Loaded:
     active: int = 0
     expires_at: float | None = None
     timer: asyncio.TimerHandle | None = None
+    unload_when_idle: bool = False  # an unload was asked while requests ran: it happens when they end
     max_token_bytes: int | None = None  # the longest vocabulary entry, measured on first use
 
 
@@ -60,13 +62,12 @@ class NativeBackend:
 
     # -- generation -----------------------------------------------------------------------------
 
-    @tool_calling(grammar=False)
+    @tool_calling(grammar=True)
+    @reasoning
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)
-        if request.format:
-            raise InvalidRequest("the native engine does not support \"format\" (JSON grammars) yet; "
-                                 "use the llama.cpp engine for structured output", param="format")
+        structured_outputs(request.format)  # a malformed format is a 400 before the model loads
         entry, load_s = await self._acquire(details, options)
         try:
             async for event in self._generate(entry, request, options, Timings(load=load_s)):
@@ -114,6 +115,7 @@ class NativeBackend:
                 entry = await asyncio.get_running_loop().run_in_executor(None, self._load, details, options)
                 self._loaded[details.digest] = entry
             entry.active += 1
+            entry.unload_when_idle = False
             if entry.timer is not None:
                 entry.timer.cancel()
                 entry.timer = None
@@ -138,6 +140,8 @@ class NativeBackend:
     def _release(self, entry: _Loaded, keep_alive: float | None) -> None:
         entry.active -= 1
         seconds = self.settings.keep_alive if keep_alive is None else keep_alive
+        if entry.unload_when_idle:
+            seconds = 0
         if seconds < 0:
             entry.expires_at = None
             return
@@ -187,7 +191,10 @@ class NativeBackend:
             entry = self._loaded.get(digest)
             if entry is None:
                 return False
-            self._drop(entry)
+            if entry.active:
+                entry.unload_when_idle = True  # the engine stops when its requests end, not under them
+            else:
+                self._drop(entry)
             return True
 
     async def health(self) -> Health:
@@ -253,7 +260,7 @@ def engine_config(native: NativeSettings, model_path: str, max_model_len: int):
     """One model's ``EngineConfig``: the settings tree's native knobs, the model's path and its context."""
     from native_engine import EngineConfig
 
-    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.model_dump())
+    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.given())
 
 
 def sampling_params(options: Options, request: GenerationRequest, room: int):
@@ -266,7 +273,22 @@ def sampling_params(options: Options, request: GenerationRequest, room: int):
         frequency_penalty=options.frequency_penalty, seed=options.seed if options.seed >= 0 else None,
         max_tokens=max(1, min(wanted, room)), stop=list(options.stop), ignore_eos=options.ignore_eos,
         logprobs=request.top_logprobs if request.logprobs else None,
+        structured_outputs=structured_outputs(request.format),
     )
+
+
+def structured_outputs(fmt: str | dict | None):
+    """Ollama's `format` ("json" or a JSON schema; OpenAI's `response_format` arrives as the same) as the
+    engine's grammar constraint."""
+    from native_engine import StructuredOutputsParams
+
+    if not fmt:
+        return None
+    if fmt == "json":
+        return StructuredOutputsParams(json_object=True)
+    if isinstance(fmt, dict):
+        return StructuredOutputsParams(json=fmt)
+    raise InvalidRequest(f"invalid format {fmt!r}: use \"json\" or a JSON schema object", param="format")
 
 
 def _logprobs(tokenizer, completion, request: GenerationRequest) -> list[TokenLogprob] | None:

@@ -124,6 +124,7 @@ function backendRow(routeName, b, h) {
     pill(b.breaker ?? "—", k("breaker")), cell(fmt.int(b.in_flight ?? h.in_flight), k("in_flight")),
     cell(fmt.int(b.queued), k("queued")), cell(num(h.requests_running), k("running")),
     cell(num(h.requests_waiting ?? b.reported_waiting), k("waiting")), cell(fmt.pct(h.kv_cache_usage ?? null), k("kv_cache")),
+    cell(fmt.pct(b.cache_hit_ratio ?? null), k("cache_hit_ratio")),
     cell(fmt.ms(b.predicted_ttft_ms), k("predicted_ttft_ms")), cell(fmt.ms(b.ttft?.p50 ?? null), k("ttft_p50")),
     cell(fmt.pct(b.prediction_error ?? null), k("prediction_error")),
     cell(fmt.ms(b.predicted_tpot_ms), k("predicted_tpot_ms")), cell(fmt.ms(b.tpot?.p50 ?? null), k("tpot_p50")),
@@ -167,8 +168,10 @@ function renderCost(cost) {
   $("cost").tBodies[0].replaceChildren(...groups.map(g => {
     const k = f => `cost.${g.key}.${f}`;
     return row([cell(g.key, k("key")), cell(fmt.int(g.requests), k("requests")), cell(fmt.int(g.input_tokens), k("input_tokens")),
+      cell(fmt.int(g.cached_input_tokens), k("cached_input_tokens")),
       cell(fmt.int(g.output_tokens), k("output_tokens")), cell(fmt.mtok(g.usd_per_mtok_input), k("usd_per_mtok_input")),
-      cell(fmt.mtok(g.usd_per_mtok_output), k("usd_per_mtok_output")), cell(fmt.usd(g.total_cost_usd), k("total_cost_usd"))]);
+      cell(fmt.mtok(g.usd_per_mtok_output), k("usd_per_mtok_output")), cell(fmt.usd(g.cached_input_cost_usd), k("cached_input_cost_usd")),
+      cell(fmt.usd(g.total_cost_usd), k("total_cost_usd"))]);
   }));
   const priced = groups.filter(g => g.priced_requests > 0);
   InferCharts.barChart($("chart-price"), {keys: ["input $/Mtok", "output $/Mtok"], format: fmt.mtok,
@@ -200,6 +203,7 @@ function renderRequests(page) {
     const k = f => `request.${r.id}.${f}`;
     const tr = row([cell(new Date(r.at * 1000).toLocaleTimeString(), k("time")), cell(r.route_name || r.route, k("route")),
       cell(r.backend, k("backend")), pill(r.status, k("status")), cell(fmt.int(r.input_tokens), k("input_tokens")),
+      cell(fmt.int(r.cached_input_tokens), k("cached_input_tokens")),
       cell(fmt.int(r.output_tokens), k("output_tokens")), cell(fmt.ms(r.ttft_ms), k("ttft_ms")), cell(fmt.ms(r.tpot_ms), k("tpot_ms")),
       cell(fmt.usd(r.total_cost_usd), k("total_cost_usd")),
       cell(r.slo_met === null ? "—" : r.slo_met ? "met" : "missed " + (r.slo_missed || ""), k("slo"))]);

@@ -33,12 +33,11 @@ def _force_token(engine, token_id: int, at_call: int) -> None:
     """Make the sampler's `at_call`-th call return token_id for every row."""
     sampler, calls = engine.model_runner.sampler, []
 
-    def forced(logits, rows):
-        out = sampler(logits, rows)
+    def forced(logits, meta):
+        out = sampler(logits, meta)
         calls.append(None)
         if len(calls) == at_call:
-            for token in out:
-                token.token_id = token_id
+            out.token_ids.fill_(token_id)
         return out
 
     engine.model_runner.sampler = forced

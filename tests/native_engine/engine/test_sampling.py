@@ -127,7 +127,7 @@ def test_abort_frees_every_block(make_engine, prompts):
     for i in range(4):
         engine.abort(f"a{i}")
     assert_all_blocks_free(engine)
-    assert engine.model_runner.generators == {}
+    assert engine.model_runner.sampling.slots == {} and engine.model_runner.sampling.generators == {}
     assert engine.step() == []
     # the engine is still usable and gives the same answers as a fresh one
     assert token_ids(engine.generate(batch[:2], greedy(8))) == token_ids(make_engine().generate(batch[:2], greedy(8)))

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from . import KINDS, FakeEngine, start_server
+from fakes import KINDS, FakeEngine, start_server
 
 PROMPT = "hello world"  # 2 tokens → output starts at " charlie"
 

@@ -1,4 +1,4 @@
-"""Protocol-faithful fake inference servers for the remote adapters' tests.
+"""Protocol-faithful fake inference servers: the remote adapters' tests and the benches share them.
 
     with start_server("tgi") as server:            # also "vllm", "trtllm", "triton"
         server.behaviour.token_delay = 0.01

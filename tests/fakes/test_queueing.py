@@ -20,9 +20,9 @@ import pytest
 
 from tests.gateway.conftest import free_port
 
-from .queueing import QueueModel, start_queueing
+from fakes.queueing import QueueModel, start_queueing
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 MS = 1e-3
 
 
@@ -178,7 +178,7 @@ def test_a_client_that_leaves_frees_its_batch_slot():
 
 def test_runs_as_a_subprocess():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.remote.servers.queueing", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "fakes.queueing", "--port", str(port),
                              "--batch-limit", "3", "--model", "slow-one", "--tpot-base-ms", "5"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -197,3 +197,19 @@ def test_runs_as_a_subprocess():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_the_prefix_cache_skips_the_cached_prefill_and_reports_it():
+    """A 2,000-word system prompt at 4,000 tokens/s: 0.5 s to prefill, then again only the new turn's
+    words; usage's cached_tokens and the prefix-cache counters say how many were skipped."""
+    system = {"role": "system", "content": " ".join(f"w{i}" for i in range(2000))}
+    turn = lambda text: {"model": "queueing", "messages": [system, {"role": "user", "content": text}],  # noqa: E731
+                         "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}}
+    model = QueueModel(batch_limit=4, prefill_tok_s=4000, tpot_base_ms=5, tpot_slope_ms=0, prefix_cache_tokens=64_000)
+    with start_queueing(model) as server:
+        first, second = asyncio.run(run_all(server.url, (turn("one two"), 0.0), (turn("three four"), 0.8)))
+        metrics = httpx.get(server.url + "/metrics").text
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": 2000}  # 125 whole blocks of 16 words
+    assert first["ttft"] > 0.45 and second["ttft"] < 0.2
+    assert 'num_gpu_blocks="4000"' in metrics and "vllm:prefix_cache_hits_total" in metrics

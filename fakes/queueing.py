@@ -9,11 +9,26 @@ unless a stop string ends it). Timing comes from one :class:`Engine` loop per se
 - requests join a FIFO queue; at each step boundary the queue's head enters the batch while fewer than
   ``batch_limit`` sequences are in it;
 - a step is a **prefill** when a sequence in the batch is not yet prefilled (the oldest one; it lasts
-  ``prompt_tokens / prefill_tok_s`` and yields that sequence's first token at its end; decoding waits),
+  ``uncached prompt tokens / prefill_tok_s`` and yields that sequence's first token at its end;
+  decoding waits),
   else a **decode** step: every sequence in the batch gets one token, and the step lasts
   ``tpot(n) = (tpot_base_ms + tpot_slope_ms * n) / 1000`` s for ``n`` sequences;
 - a sequence leaves the batch at the end of the step that produced its last token, or at the next
   boundary after its client left (vLLM's abort).
+
+**Prefix cache** (``prefix_cache_tokens`` > 0, vLLM's automatic prefix caching): the prompt's tokens
+(the words of the rendered chat) are cut into blocks of ``block_size``, each keyed by a hash chained
+over the blocks before it; when a sequence enters the batch, its leading blocks found in the cache are
+cached tokens (at most all but the last prompt token, as vLLM computes at least one), which it does not
+prefill; at the end of its prefill all its whole blocks are put in the cache, most recently used, the
+first block last (so a shared prefix outlives each prompt's tail), and the least recently used blocks
+beyond ``prefix_cache_tokens`` are evicted. Usage reports ``prompt_tokens_details.cached_tokens`` (vLLM
+with ``--enable-prompt-tokens-details``), ``/metrics`` ``vllm:prefix_cache_queries`` and
+``vllm:prefix_cache_hits`` (tokens) and ``vllm:cache_config_info`` (``num_gpu_blocks`` × ``block_size``
+= ``kv_tokens``). Generated tokens are not cached. With ``kv_events_port`` the cache publishes
+vLLM's KV events (``fakes/kv_events.py``): a ``BlockStored`` per run of new blocks with their token
+ids (``tokenizer``: a WordLevel ``tokenizer.json`` mapping the words to ids), a ``BlockRemoved`` per
+eviction.
 
 So an idle server answers a lone request with TTFT = P / prefill_tok_s and TPOT = tpot(1); steps are
 scheduled on absolute times, so a late wake-up is caught up and long runs keep the model's averages.
@@ -27,7 +42,7 @@ the sequence never enters the queue; ``stall_times`` limits it to that many requ
     server.model.fail_status = 503            # mutable between requests
     server.engine.records                     # one Record per finished or aborted request
 
-    python -m tests.remote.servers.queueing --port 8001 --batch-limit 4 --prefill-tok-s 2000 --tpot-base-ms 20
+    python -m fakes.queueing --port 8001 --batch-limit 4 --prefill-tok-s 2000 --tpot-base-ms 20
 """
 
 from __future__ import annotations
@@ -36,7 +51,7 @@ import argparse
 import asyncio
 import json
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -49,7 +64,8 @@ from starlette.routing import Route
 from . import vllm
 from .behaviour import Behaviour
 from .common import Reply, json_reply, text_reply
-from .engine import Generation
+from .engine import FakeEngine, Generation
+from .kv_events import KVEventPublisher, WordVocab
 from .openai_wire import Style, full_body, stream_wire
 from .runner import RunningServer
 
@@ -65,6 +81,10 @@ class QueueModel:
     tpot_base_ms: float = 20.0        # a decode step lasts tpot_base_ms + tpot_slope_ms * n
     tpot_slope_ms: float = 2.0
     kv_tokens: int = 0                # KV cache size in tokens for kv_cache_usage_perc; 0: batch_limit * 2048
+    prefix_cache_tokens: int = 0      # prefix cache size in tokens; 0: no prefix caching
+    block_size: int = 16              # tokens per cached block
+    kv_events_port: int = 0           # publish vLLM's KV events on tcp://127.0.0.1:PORT (0: off)
+    tokenizer: str = ""               # a WordLevel tokenizer.json giving the words' token ids (else CRC-32s)
     model: str = "queueing"           # the served model name
     fail_status: int | None = None
     fail_times: int | None = None     # None: every request while fail_status is set
@@ -83,8 +103,8 @@ class QueueModel:
         """Seconds of one decode step of ``n`` sequences."""
         return (self.tpot_base_ms + self.tpot_slope_ms * n) / 1000
 
-    def prefill(self, prompt_tokens: int) -> float:
-        return prompt_tokens / self.prefill_tok_s
+    def prefill(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
+        return (prompt_tokens - cached_tokens) / self.prefill_tok_s
 
     def take_failure(self) -> int | None:
         status = self.fail_status
@@ -119,12 +139,70 @@ class Record:
     aborted: bool = False
     batch_at_admit: int = 0           # sequences in the batch just after it entered
     finish_reason: str = "length"     # for vllm:request_success_total
+    cached_tokens: int = 0            # prompt tokens found in the prefix cache when it entered the batch
+
+
+class PrefixCache:
+    """Chained block hashes in LRU order, at most ``capacity`` blocks (the module docstring); with a
+    ``publisher``, vLLM's KV events for the blocks stored and evicted."""
+
+    def __init__(self, capacity_tokens: int, block_size: int, publisher: KVEventPublisher | None = None):
+        self.block_size, self.capacity = block_size, capacity_tokens // block_size
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.queries = self.hits = 0  # tokens, as vLLM's counters
+        self.publisher = publisher
+
+    def keys(self, words: list[str]) -> list[int]:
+        key, keys = 0, []
+        for start in range(0, len(words) - self.block_size + 1, self.block_size):
+            key = hash((key, tuple(words[start:start + self.block_size])))
+            keys.append(key)
+        return keys
+
+    def lookup(self, keys: list[int], prompt_tokens: int) -> int:
+        matched = 0
+        for key in keys:
+            if key not in self.blocks:
+                break
+            matched += 1
+        cached = min(matched * self.block_size, max(0, prompt_tokens - 1))
+        self.queries += prompt_tokens
+        self.hits += cached
+        return cached
+
+    def store(self, keys: list[int], tokens: list | None = None) -> None:
+        """``keys`` (of ``tokens``, for the events) are used now; evicts past the capacity."""
+        events = self._stored_events(keys, tokens) if self.publisher is not None else []
+        for key in reversed(keys):
+            self.blocks[key] = None
+            self.blocks.move_to_end(key)
+        evicted = []
+        while len(self.blocks) > self.capacity:
+            evicted.append(self.blocks.popitem(last=False)[0])
+        if self.publisher is not None:
+            self.publisher.publish(events + ([["BlockRemoved", evicted, "GPU"]] if evicted else []))
+
+    def _stored_events(self, keys: list[int], tokens: list | None) -> list[list]:
+        """One BlockStored per run of blocks not held yet, with the block before the run as parent."""
+        events, size, run = [], self.block_size, []
+        for i, key in enumerate(keys + [None]):
+            if key is not None and key not in self.blocks:
+                run.append(i)
+                continue
+            if run:
+                ids = (tokens or [])[run[0] * size:(run[-1] + 1) * size]
+                parent = keys[run[0] - 1] if run[0] else None
+                events.append(self.publisher.stored([keys[j] for j in run], parent, list(ids), size))
+                run = []
+        return events
 
 
 @dataclass(eq=False)
 class Sequence:
     record: Record
     tokens: asyncio.Queue = field(default_factory=asyncio.Queue)  # token indices, then None
+    keys: list[int] = field(default_factory=list)  # the prompt's block keys (prefix caching)
+    ids: list[int] = field(default_factory=list)   # the prompt's token ids
     is_prefilled: bool = False
     is_done: bool = False
 
@@ -148,17 +226,25 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._clock = 0.0  # scheduled end of the last step
+        publisher = KVEventPublisher(model.kv_events_port) if model.kv_events_port else None
+        self.cache = (PrefixCache(model.prefix_cache_tokens, model.block_size, publisher)
+                      if model.prefix_cache_tokens else None)
+        self.vocab = WordVocab(model.tokenizer)
 
     @property
     def kv_usage(self) -> float:
         return min(1.0, sum(s.context for s in self.running) / self.model.kv_tokens)
 
     def submit(self, prompt_tokens: int, max_output: int, request_id: str | None = None,
-               finish_reason: str = "length") -> Sequence:
+               finish_reason: str = "length", words: list[str] | None = None) -> Sequence:
+        """``words``: the prompt's tokens, for the prefix cache."""
         record = Record(self.arrivals, request_id, prompt_tokens, max_output, time.monotonic(),
                         finish_reason=finish_reason)
         self.arrivals += 1
         seq = Sequence(record)
+        if self.cache is not None and words:
+            seq.ids = self.vocab.ids(words)
+            seq.keys = self.cache.keys(seq.ids)
         self.waiting.append(seq)
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
@@ -185,7 +271,7 @@ class Engine:
                 continue
             pending = next((s for s in self.running if not s.is_prefilled and not s.record.aborted), None)
             if pending is not None:
-                await self._step(self.model.prefill(pending.record.prompt_tokens))
+                await self._step(self.model.prefill(pending.record.prompt_tokens, pending.record.cached_tokens))
                 self._prefilled(pending)
             else:
                 batch = [s for s in self.running if not s.record.aborted]
@@ -206,12 +292,16 @@ class Engine:
             if not self.running:  # the engine was idle: the schedule starts now
                 self._clock = time.monotonic()
             seq.record.admitted = time.monotonic()
+            if self.cache is not None:
+                seq.record.cached_tokens = self.cache.lookup(seq.keys, seq.record.prompt_tokens)
             self.running.append(seq)
             seq.record.batch_at_admit = len(self.running)
 
     def _prefilled(self, seq: Sequence) -> None:
         seq.is_prefilled = True
         self.prompt_tokens_total += seq.record.prompt_tokens
+        if self.cache is not None:
+            self.cache.store(seq.keys, seq.ids)
         if seq.record.max_output > 0 and not seq.record.aborted:
             self._emit(seq)
 
@@ -280,8 +370,9 @@ class QueueingApp:
             style = Style(chat, body.get("model") or self.model.model)
             if self.model.take_stall():
                 return Reply(self.behaviour, 200, {"content-type": vllm.SSE}, _stall())
+            words = FakeEngine.render(body["messages"] if chat else str(body["prompt"])).split()
             seq = self.engine.submit(gen.prompt_tokens, len(gen.tokens), request.headers.get("x-request-id"),
-                                     gen.finish_reason)
+                                     gen.finish_reason, words)
             if body.get("stream"):
                 return self.stream(style, gen, seq, body)
             return await self.whole(style, gen, seq)
@@ -295,13 +386,19 @@ class QueueingApp:
         async def chunks() -> AsyncIterator[bytes]:
             async for index in self.engine.tokens(seq):
                 yield wire.token(index)
+            self.cached_usage(style, seq)
             yield wire.finish()
 
         return Reply(self.behaviour, 200, {"content-type": vllm.SSE}, chunks())
 
+    def cached_usage(self, style: Style, seq: Sequence) -> None:
+        if self.engine.cache is not None:
+            style.usage_extra["prompt_tokens_details"] = {"cached_tokens": seq.record.cached_tokens}
+
     async def whole(self, style: Style, gen: Generation, seq: Sequence) -> Reply:
         async for _ in self.engine.tokens(seq):
             pass
+        self.cached_usage(style, seq)
         return json_reply(self.behaviour, full_body(style, gen, True))
 
     def metrics_text(self) -> str:
@@ -316,6 +413,11 @@ class QueueingApp:
                    self.engine.prompt_tokens_total),
                   ("vllm:generation_tokens", "counter", "Number of generation tokens processed.",
                    self.engine.generation_tokens_total)]
+        if self.engine.cache is not None:
+            gauges += [("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of "
+                        "queried tokens.", self.engine.cache.queries),
+                       ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+                        self.engine.cache.hits)]
         lines = []
         for name, kind, help_text, value in gauges:
             sample = f"{name}_total" if kind == "counter" else name
@@ -325,7 +427,17 @@ class QueueingApp:
         for reason, count in sorted(self.engine.success.items()):
             lines.append(f'vllm:request_success_total{{engine="0",finished_reason="{reason}",'
                          f'model_name="{self.model.model}"}} {float(count)}')
+        lines += ["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+                  "# TYPE vllm:cache_config_info gauge",
+                  f'vllm:cache_config_info{{block_size="{self.model.block_size}",enable_prefix_caching='
+                  f'"{bool(self.engine.cache)}",engine="0",'
+                  f'num_gpu_blocks="{self.cache_tokens // self.model.block_size}"}} 1.0']
         return "\n".join(lines) + "\n"
+
+    @property
+    def cache_tokens(self) -> int:
+        """The KV cache's size as ``cache_config_info`` reports it: the prefix cache's, when on."""
+        return self.model.prefix_cache_tokens or self.model.kv_tokens
 
     def routes(self) -> list[Route]:
         b = self.behaviour

@@ -1,0 +1,274 @@
+"""The native engine on one GPU, in one command of a few minutes: Qwen2-0.5B and Qwen2-7B shapes, random bf16.
+
+For each shape the model's config.json and tokenizer are written (registry.modelbuilder's Qwen2 presets),
+then the engine loads them with `load_format="dummy"`: the weights are drawn on the device, nothing is
+written or copied from the host. Measured, in one process, one side at a time:
+
+1. the device's copy bandwidth (a 2 GiB device-to-device copy of random data, bytes read + written,
+   CUDA events, median of 10 after warm-up): the ceiling for MBU;
+2. batch 1: a 16-token prompt, 256 tokens; decode tok/s = (n - 1) / (last - first token time), greedy and
+   with Ollama's default sampling (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1);
+   MBU = (weights + KV read per token) x tok/s / copy bandwidth;
+3. 64 uniform requests (256 in, 256 out) and 64 mixed ones (32..512 in, 32..256 out, seeded), all added at
+   once, ignore_eos: output tok/s = requested tokens / wall time; median TTFT and TPOT; how many steps ran
+   as CUDA graphs. The same prompts through transformers `generate` (one left-padded batch, the model built
+   from the same config on the device, bf16, max_new_tokens = the longest output, only the requested tokens
+   counted), greedy and sampled with the same settings;
+4. ratios: ours / transformers, sampled / greedy; then a JSON file (--json).
+
+transformers for the 7B shape runs only while the run is inside --budget-s (default 240 s), so the
+command stays under five minutes on an H100 or H200. `--quick`: a tiny model on the CPU (float32),
+a few requests, seconds: the default test suite runs it so this script never rots.
+
+    python bench/native_gpu.py [--quick] [--models 0.5b,7b] [--budget-s 240] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from native_engine import LLMEngine, SamplingParams  # noqa: E402
+from registry.modelbuilder.hf_out import generation_config, hf_config, tokenizer_config  # noqa: E402
+from registry.modelbuilder.spec import PRESETS  # noqa: E402
+from registry.modelbuilder.tokenizer import padded_tokenizer, special_ids  # noqa: E402
+
+SHAPES = {"0.5b": "qwen2-0.5b", "7b": "qwen2-7b", "tiny": "tiny-qwen2"}
+OLLAMA = dict(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
+HF_OLLAMA = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
+
+
+def workloads(quick: bool) -> dict:
+    rng = random.Random(0)
+    ids = lambda n: [rng.randrange(300, 1000) for _ in range(n)]  # noqa: E731  (ordinary tokens, any model)
+    n, single = (4, 8) if quick else (64, 256)
+    lo, hi, olo, ohi, u_in, u_out = (8, 32, 4, 12, 16, 8) if quick else (32, 512, 32, 256, 256, 256)
+    mixed_in = [rng.randint(lo, hi) for _ in range(n)]
+    return {"single": (ids(16), single), "uniform": ([ids(u_in) for _ in range(n)], [u_out] * n),
+            "mixed": ([ids(k) for k in mixed_in], [rng.randint(olo, ohi) for _ in range(n)])}
+
+
+def model_dir(shape: str, root: Path) -> Path:
+    """config.json and the tokenizer for a preset; no weights (the engine draws them)."""
+    spec, out = PRESETS[SHAPES[shape]], root / shape
+    out.mkdir(parents=True, exist_ok=True)
+    tok = padded_tokenizer(spec.vocab_size, spec.tokenizer_vocab_size)
+    ids = special_ids(tok)
+    for name, data in (("config.json", hf_config(spec, "bf16", ids)), ("tokenizer_config.json", tokenizer_config(spec)),
+                       ("generation_config.json", generation_config(ids))):
+        (out / name).write_text(json.dumps(data))
+    (out / "tokenizer.json").write_text(tok.to_str())
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, quick: bool) -> float:
+    """Bytes read + written per second by a large device-to-device copy of random data (median of 10)."""
+    n = (64 << 20 if quick or device.type == "cpu" else 2 << 30) // 4
+    src = torch.rand(n, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(13):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            elapsed = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            elapsed = time.perf_counter() - t0
+        if i >= 3:
+            times.append(elapsed)
+    assert torch.equal(dst[:1024], src[:1024])
+    return 2 * n * 4 / statistics.median(times)
+
+
+# -- ours -----------------------------------------------------------------------------------------
+
+
+def engine_for(path: Path, device: torch.device) -> LLMEngine:
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    return LLMEngine.from_model(path, load_format="dummy", device=str(device), dtype=dtype, max_num_seqs=64,
+                                max_model_len=1024, max_num_batched_tokens=4096)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def sampled(n: int) -> SamplingParams:
+    return SamplingParams(**OLLAMA, max_tokens=n, ignore_eos=True)
+
+
+def ours_batch(engine: LLMEngine, prompts: list[list[int]], outputs: list[int], params, tag: str) -> dict:
+    graphs = engine.model_runner.graphs
+    replays = graphs.num_replays if graphs is not None else 0
+    sync(engine.device)
+    t0 = time.perf_counter()
+    for i, (p, n) in enumerate(zip(prompts, outputs, strict=True)):
+        engine.add_request(f"{tag}-{i}", p, params(n))
+    generated, steps, ttft, tpot, token_times = 0, 0, [], [], []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            generated += len(out.outputs[0].token_ids)
+            if out.finished:
+                m = out.metrics
+                ttft.append(m.first_token_time - m.arrival_time)
+                tpot.append((m.last_token_time - m.first_token_time) / max(1, len(m.token_times) - 1))
+                token_times = m.token_times
+        steps += 1
+    sync(engine.device)
+    wall = time.perf_counter() - t0
+    assert generated == sum(outputs), (generated, sum(outputs))
+    graph_steps = (graphs.num_replays if graphs is not None else 0) - replays
+    return {"tok_s": generated / wall, "wall_s": wall, "steps": steps, "graph_steps": graph_steps,
+            "ttft_ms_p50": 1e3 * statistics.median(ttft), "tpot_ms_p50": 1e3 * statistics.median(tpot),
+            "decode_tok_s": (len(token_times) - 1) / (token_times[-1] - token_times[0]) if len(token_times) > 1 else 0}
+
+
+def run_ours(path: Path, w: dict, device: torch.device, bandwidth: float) -> dict:
+    t0 = time.perf_counter()
+    engine = engine_for(path, device)
+    res: dict = {"load_s": time.perf_counter() - t0, "weight_bytes": engine.model_runner.weight_bytes()}
+    prompt, n = w["single"]
+    ours_batch(engine, [prompt[:8]], [4], greedy, "warm")
+    ours_batch(engine, [prompt[:8]], [4], sampled, "warm-s")
+    kv = engine.stats()["kv_bytes_per_token"] * (len(prompt) + n / 2)  # KV read per token, on average
+    firsts = iter(range(100, 1000))  # each measured prompt starts with its own token: no prefix-cache hits
+    for name, params in (("greedy", greedy), ("sampled", sampled)):
+        single = ours_batch(engine, [[next(firsts)] + prompt[1:]], [n], params, f"single-{name}")
+        single["mbu"] = (res["weight_bytes"] + kv) * single["decode_tok_s"] / bandwidth
+        res[f"single_{name}"] = single
+        for load in ("uniform", "mixed"):
+            prompts, outputs = w[load]
+            fresh = [[next(firsts)] + p[1:] for p in prompts]
+            res[f"{load}_{name}"] = ours_batch(engine, fresh, outputs, params, f"{load}-{name}")
+    del engine
+    free(device)
+    return res
+
+
+# -- transformers -------------------------------------------------------------------------------
+
+
+def hf_model(path: Path, device: torch.device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    model.generation_config.eos_token_id = None  # ignore_eos: every row runs max_new_tokens
+    return model
+
+
+@torch.inference_mode()
+def hf_batch(model, prompts: list[list[int]], outputs: list[int], device: torch.device, sample: bool) -> dict:
+    width, pad = max(len(p) for p in prompts), 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    kwargs = HF_OLLAMA if sample else {"do_sample": False}
+    sync(device)
+    t0 = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(outputs), pad_token_id=pad, **kwargs)
+    sync(device)
+    wall = time.perf_counter() - t0
+    assert out.shape[1] == width + max(outputs), out.shape
+    return {"tok_s": sum(outputs) / wall, "wall_s": wall}
+
+
+def run_hf(path: Path, w: dict, device: torch.device) -> dict:
+    model = hf_model(path, device)
+    hf_batch(model, [p[:8] for p in w["uniform"][0][:2]], [4, 4], device, True)  # warm up
+    res = {f"{load}_{name}": hf_batch(model, *w[load], device, name == "sampled")
+           for name in ("greedy", "sampled") for load in ("uniform", "mixed")}
+    del model
+    free(device)
+    return res
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def report(res: dict) -> None:
+    print(f"\n{res['device']}; copy bandwidth {res['copy_bandwidth'] / 1e12:.2f} TB/s (measured)")
+    head = f"{'model':6s} {'workload':16s} {'ours tok/s':>11s} {'hf tok/s':>10s} {'ours/hf':>8s} " \
+           f"{'TTFT ms':>8s} {'TPOT ms':>8s} {'graph steps':>12s}"
+    print(head)
+    for shape, r in res["models"].items():
+        ours, hf = r["ours"], r.get("hf", {})
+        for key in ("single_greedy", "single_sampled", "uniform_greedy", "uniform_sampled", "mixed_greedy",
+                    "mixed_sampled"):
+            o = ours[key]
+            rate = o["decode_tok_s"] if key.startswith("single") else o["tok_s"]
+            h = hf.get(key, {}).get("tok_s")
+            ratio = f"{rate / h:7.2f}x" if h else f"{'-':>8s}"
+            print(f"{shape:6s} {key:16s} {rate:11.1f} {h or float('nan'):10.1f} {ratio} {o['ttft_ms_p50']:8.1f} "
+                  f"{o['tpot_ms_p50']:8.2f} {o['graph_steps']:5d}/{o['steps']:<6d}")
+        for name in ("greedy", "sampled"):
+            print(f"{shape:6s} batch 1 {name}: MBU {ours[f'single_{name}']['mbu']:.1%} of the measured copy bandwidth")
+        for load in ("single", "uniform", "mixed"):
+            g, s = ours[f"{load}_greedy"], ours[f"{load}_sampled"]
+            key = "decode_tok_s" if load == "single" else "tok_s"
+            print(f"{shape:6s} {load}: sampled / greedy {s[key] / g[key]:.2f}x (goal >= 0.90)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU, seconds (the test suite's run)")
+    parser.add_argument("--models", default="0.5b,7b", help="comma-separated: 0.5b, 7b")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="skip transformers on 7B past this")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    device = torch.device("cpu" if args.quick or not torch.cuda.is_available() else "cuda")
+    shapes = ["tiny"] if args.quick or device.type == "cpu" else args.models.split(",")
+    w = workloads(args.quick or device.type == "cpu")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    res: dict = {"device": name, "torch": torch.__version__, "copy_bandwidth": copy_bandwidth(device, args.quick),
+                 "models": {}}
+    with tempfile.TemporaryDirectory(prefix="native-gpu-") as tmp:
+        for shape in shapes:
+            path = model_dir(shape, Path(tmp))
+            entry = res["models"][shape] = {"ours": run_ours(path, w, device, res["copy_bandwidth"])}
+            if shape != "7b" or time.perf_counter() - started < args.budget_s:
+                entry["hf"] = run_hf(path, w, device)
+            res["elapsed_s"] = time.perf_counter() - started
+            print(f"  {shape}: done at {res['elapsed_s']:.0f} s", flush=True)
+            dump(res, args.json)  # after each model: a run cut short still leaves what it measured
+    report(res)
+
+
+def dump(res: dict, path: Path | None) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The cost of the process boundary (issue 27): a local model through ``infer serve`` with today's
+in-process engines (the tree given by ``--baseline``) vs this tree's runners, both sides in one run.
+
+    git archive <commit-before-runners> | tar -x -C /tmp/base
+    flock /tmp/infer-heavy.lock .venv/bin/python bench/runner_overhead.py --baseline /tmp/base
+
+Both servers run at once on free loopback ports over one store holding SmolLM2-135M-Instruct Q4_1
+(``infer dev fetch-model``), ``INFER_KEEP_ALIVE=-1``; each engine (native, llama.cpp) is warmed up on
+both first. Then ``--rounds`` rounds, the sides alternating in every round and engine:
+
+- 1 stream: ``--requests`` streamed ``/api/generate`` one after the other, the same ~40-token raw prompt,
+  greedy, ``--tokens`` tokens (``ignore_eos``); TTFT = request sent -> first token line; decode tok/s =
+  (tokens - 1) / (last token line - first token line);
+- 16 streams: 16 such requests at once; per-stream decode tok/s (median) and the batch's output
+  tokens / its wall time.
+
+Medians over rounds; ratio = runner / in-process. Goals: TTFT +<= 2 ms, decode tok/s >= 0.97x at 1
+and at 16 streams, for each engine. Then ``--kill`` (default on): 16 streams on the runner side's
+native model, SIGKILL of its runner 1 s in; the seconds until every stream has ended (goal <= 2 s),
+and whether the gateway's PID is unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2:135m"
+ENGINES = ("native", "llamacpp")
+PROMPT = ("<|im_start|>user\nWrite a long story about a lighthouse keeper who finds a map in a bottle, "
+          "and tell it slowly.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def make_store(home: Path) -> Path:
+    from registry.create import create_model
+    from registry.modelfile import parse_modelfile
+    from registry.names import parse_name
+    from registry.realmodels import fetch_smollm2
+    from registry.store import Store
+
+    create_model(Store(home / "models"), parse_name(MODEL), parse_modelfile(f"FROM {fetch_smollm2()}\n"), home)
+    return home / "models"
+
+
+def start(tree: Path, name: str, models: Path, work: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFER_", "OLLAMA_"))}
+    env.update(INFER_HOME=str(work / name), INFER_MODELS=str(models), INFER_HOST=f"127.0.0.1:{port}",
+               INFER_KEEP_ALIVE="-1", PYTHONPATH=str(tree))
+    log = open(work / f"{name}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"], cwd=tree, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited: {(work / f'{name}.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+    raise RuntimeError(f"{name} did not start")
+
+
+async def one(session: aiohttp.ClientSession, url: str, engine: str, tokens: int) -> dict:
+    body = {"model": MODEL, "prompt": PROMPT, "raw": True, "stream": True,
+            "options": {"engine": engine, "num_predict": tokens, "temperature": 0, "ignore_eos": True, "seed": 1}}
+    t0 = time.perf_counter()
+    first = last = None
+    final: dict = {}
+    async with session.post(url + "/api/generate", json=body) as resp:
+        async for line in resp.content:
+            item = json.loads(line)
+            now = time.perf_counter()
+            if "error" in item:
+                return {"error": item["error"], "end": now}
+            if item.get("response"):
+                first = first or now
+                last = now
+            if item.get("done"):
+                final, last = item, now
+    n = final.get("eval_count", 0)
+    return {"ttft": first - t0, "decode": (n - 1) / (last - first) if n > 1 and last > first else 0.0, "tokens": n,
+            "wall": last - t0}
+
+
+async def measure(url: str, engine: str, args) -> dict:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        single = [await one(session, url, engine, args.tokens) for _ in range(args.requests)]
+        t0 = time.perf_counter()
+        batch = await asyncio.gather(*(one(session, url, engine, args.tokens) for _ in range(args.streams)))
+        wall = time.perf_counter() - t0
+    return {"ttft_ms": statistics.median(r["ttft"] for r in single) * 1000,
+            "decode_1": statistics.median(r["decode"] for r in single),
+            "decode_16": statistics.median(r["decode"] for r in batch),
+            "batch_tok_s": sum(r["tokens"] for r in batch) / wall}
+
+
+async def kill_drill(url: str, proc: subprocess.Popen, args) -> dict:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        streams = [asyncio.ensure_future(one(session, url, "native", 100000)) for _ in range(args.streams)]
+        await asyncio.sleep(1.0)
+        async with session.get(url + "/api/ps") as resp:
+            pids = [m["runner"]["pid"] for m in (await resp.json())["models"]
+                    if (m.get("runner") or {}).get("engine") == "native"]
+        killed = time.perf_counter()
+        os.kill(pids[0], signal.SIGKILL)
+        ends = await asyncio.gather(*streams)
+    return {"streams": len(ends), "errors": sum("error" in e for e in ends),
+            "all_ended_s": max(e["end"] for e in ends if "end" in e) - killed, "gateway_alive": proc.poll() is None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, help="a source tree of infer before runners (without it: the "
+                        "runner side's figures and the kill drill only)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=5, help="1-stream requests per round")
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--no-kill", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    engines = args.engines.split(",")
+    names = ("inproc", "runner") if args.baseline else ("runner",)
+    results: dict = {e: {name: [] for name in names} for e in engines}
+    with tempfile.TemporaryDirectory(prefix="runner-overhead-") as tmp:
+        work = Path(tmp)
+        models = make_store(work / "store")
+        procs = {"runner": start(ROOT, "runner", models, work)}
+        if args.baseline:
+            procs["inproc"] = start(args.baseline.resolve(), "inproc", models, work)
+        try:
+            for engine in engines:  # loads, kernels compiled
+                for side, (_, url) in procs.items():
+                    asyncio.run(measure(url, engine, argparse.Namespace(**{**vars(args), "requests": 1, "streams": 2})))
+            time.sleep(8.0)  # the runner side's next spares have started and imported their engines
+            for r in range(args.rounds):
+                for engine in engines:
+                    order = names if r % 2 == 0 else names[::-1]
+                    for side in order:
+                        got = asyncio.run(measure(procs[side][1], engine, args))
+                        results[engine][side].append(got)
+                        print(f"round {r + 1} {engine:8} {side:7} " + "  ".join(f"{k}={v:.2f}" for k, v in got.items()),
+                              flush=True)
+            drill = None if args.no_kill else asyncio.run(kill_drill(procs["runner"][1], procs["runner"][0], args))
+        finally:
+            for proc, _ in procs.values():
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+    report(results, drill, args)
+
+
+def report(results: dict, drill: dict | None, args) -> None:
+    table = {}
+    print(f"\nmedians of {args.rounds} rounds; ratio = runner / in-process")
+    print(f"{'engine':9} {'metric':22} {'in-process':>11} {'runner':>9} {'ratio':>7}  goal")
+    for engine, sides in results.items():
+        for key, label, goal in (("ttft_ms", "TTFT ms (1 stream)", "+<= 2 ms"),
+                                 ("decode_1", "decode tok/s, 1 stream", ">= 0.97x"),
+                                 ("decode_16", f"decode tok/s, {args.streams} str.", ">= 0.97x"),
+                                 ("batch_tok_s", f"batch tok/s, {args.streams} str.", "")):
+            b = statistics.median(r[key] for r in sides["runner"])
+            if "inproc" not in sides:
+                print(f"{engine:9} {label:22} {'':11} {b:9.2f}")
+                continue
+            a = statistics.median(r[key] for r in sides["inproc"])
+            met = (b - a <= 2.0) if key == "ttft_ms" else (b / a >= 0.97 if goal else None)
+            verdict = "" if met is None else ("met" if met else "MISSED")
+            extra = f"{b - a:+.2f} ms" if key == "ttft_ms" else f"{b / a:.3f}x"
+            print(f"{engine:9} {label:22} {a:11.2f} {b:9.2f} {extra:>9}  {goal} {verdict}")
+            table[f"{engine}.{key}"] = {"inproc": a, "runner": b, "met": met}
+    if drill:
+        print(f"\nkill drill: SIGKILL of the native runner during {drill['streams']} streams: {drill['errors']} ended "
+              f"with an error, all within {drill['all_ended_s']:.3f} s (goal <= 2 s); gateway alive: "
+              f"{drill['gateway_alive']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"rounds": results, "medians": table, "kill": drill}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Anthropic's Messages API: request translation (schemas), answers and events (views), routes."""

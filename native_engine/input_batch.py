@@ -1,0 +1,117 @@
+"""A step's model inputs, written in place into buffers allocated once (pinned on CUDA) and sent to the
+device with non-blocking copies; on CPU the model reads the host buffers themselves.
+
+Two layouts:
+- eager steps: int64 [input_ids n | positions n | slot_mapping n | context_lens d | sample_indices s],
+  then the block tables int32 [rows, width] (decodes first, then the prefill chunks): two copies a step.
+- CUDA-graph steps (decode only, n <= the graph's batch): int64 [4, max_bs] laid out as the graph's own
+  static buffer, padded to the graph's bucket (slot -1, context length 0: padded rows write and read
+  nothing), copied straight into it; the tables go through the eager buffer and one device copy.
+The host work is numpy over the whole batch; the Python loop over rows only collects each row's numbers.
+Buffers are reused by the next step; that is safe because every step ends with a host sync (the
+sampled ids), after which the previous step's copies have completed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .forward_context import Context, PrefillChunk
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    ctx: Context
+    num_rows: int
+    graph_bs: int | None = None  # the CUDA graph bucket that runs this step, if any
+
+
+def _pinned(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.zeros(n, dtype=dtype, pin_memory=device.type == "cuda")
+
+
+class InputBuffers:
+    def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks: int, block_size: int,
+                 device: torch.device) -> None:
+        self.device, self.block_size = device, block_size
+        self.max_rows, self.max_blocks = max_num_seqs, max_blocks
+        size = 3 * max_num_tokens + 2 * max_num_seqs
+        self.host = _pinned(size, torch.int64, device)
+        self.host_tables = _pinned(max_num_seqs * max_blocks, torch.int32, device)
+        self.graph_host = _pinned(4 * max_num_seqs, torch.int64, device)
+        on_device = device.type != "cpu"
+        self.dev = torch.zeros_like(self.host, device=device) if on_device else self.host
+        self.dev_tables = torch.zeros_like(self.host_tables, device=device) if on_device else self.host_tables
+
+    def _send(self, host: torch.Tensor, dev: torch.Tensor, n: int) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return host[:n]
+        dev[:n].copy_(host[:n], non_blocking=True)
+        return dev[:n]
+
+    def prepare(self, ordered: list, graph_bs: int | None = None, graph_inputs: torch.Tensor | None = None
+                ) -> StepInputs:
+        """`ordered`: one-token (decode) rows first, then prefill chunks. With `graph_bs`, a decode-only
+        step whose int64 inputs go into `graph_inputs` ([4, max_bs] on the device)."""
+        rows = len(ordered)
+        assert rows <= self.max_rows, f"{rows} rows, buffers sized for {self.max_rows}"
+        starts = np.empty(rows, np.int64)
+        counts = np.empty(rows, np.int64)
+        ids: list[int] = []
+        width = max(len(s.seq.block_table) for s in ordered)
+        assert width <= self.max_blocks, f"a block table of {width} blocks, buffers sized for {self.max_blocks}"
+        tables = self.host_tables[: rows * width].numpy().reshape(rows, width)
+        tables.fill(-1)
+        for r, s in enumerate(ordered):
+            seq = s.seq
+            start = seq.num_computed_tokens
+            starts[r], counts[r] = start, s.num_new_tokens
+            ids += seq.token_ids[start : start + s.num_new_tokens]
+            tables[r, : len(seq.block_table)] = seq.block_table
+        num_decodes = int(np.count_nonzero(counts == 1)) if graph_bs is None else rows
+        token_rows = np.repeat(np.arange(rows), counts)
+        offsets = np.cumsum(counts) - counts  # first token of each row in the flat batch
+        positions = np.repeat(starts - offsets, counts) + np.arange(len(ids))
+        slots = tables[token_rows, positions // self.block_size].astype(np.int64) * self.block_size \
+            + positions % self.block_size
+        dev_tables = self._send(self.host_tables, self.dev_tables, rows * width).view(rows, width)
+        if graph_bs is not None:
+            return self._graph_inputs(ids, positions, slots, starts + 1, dev_tables, graph_bs, graph_inputs)
+        return self._eager_inputs(ordered, ids, positions, slots, starts, counts, offsets, dev_tables, num_decodes)
+
+    def _eager_inputs(self, ordered, ids, positions, slots, starts, counts, offsets, dev_tables,
+                      num_decodes: int) -> StepInputs:
+        n, host = len(ids), self.host.numpy()
+        sampled = np.array([s.should_sample for s in ordered], dtype=bool)
+        sample_rows = (offsets + counts - 1)[sampled]
+        s = len(sample_rows)
+        host[:n], host[n : 2 * n], host[2 * n : 3 * n] = ids, positions, slots
+        host[3 * n : 3 * n + num_decodes] = starts[:num_decodes] + 1
+        host[3 * n + num_decodes : 3 * n + num_decodes + s] = sample_rows
+        dev = self._send(self.host, self.dev, 3 * n + num_decodes + s)
+        ctx = Context(num_decode_tokens=num_decodes, slot_mapping=dev[2 * n : 3 * n])
+        if num_decodes:
+            ctx.block_tables, ctx.context_lens = dev_tables[:num_decodes], dev[3 * n : 3 * n + num_decodes]
+        ends = starts + counts
+        for r in range(num_decodes, len(ordered)):
+            chunk_table = dev_tables[r, : len(ordered[r].seq.block_table)]
+            ctx.prefills.append(PrefillChunk(int(offsets[r]), int(counts[r]), int(ends[r]), chunk_table))
+        if s < n:  # else every token is sampled: the LM head takes all rows
+            ctx.sample_indices = dev[3 * n + num_decodes : 3 * n + num_decodes + s]
+        return StepInputs(dev[:n], dev[n : 2 * n], ctx, len(ordered))
+
+    def _graph_inputs(self, ids, positions, slots, lens, dev_tables, bs: int, graph_inputs: torch.Tensor
+                      ) -> StepInputs:
+        n, max_bs = len(ids), graph_inputs.shape[1]
+        host = self.graph_host[: 4 * max_bs].numpy().reshape(4, max_bs)
+        host[:, n:bs] = ((0,), (0,), (-1,), (0,))  # padded rows: no cache write, nothing read
+        host[0, :n], host[1, :n], host[2, :n], host[3, :n] = ids, positions, slots, lens
+        graph_inputs.copy_(self.graph_host[: 4 * max_bs].view(4, max_bs), non_blocking=True)
+        ctx = Context(num_decode_tokens=n, slot_mapping=graph_inputs[2, :n], block_tables=dev_tables,
+                      context_lens=graph_inputs[3, :n])
+        return StepInputs(graph_inputs[0, :n], graph_inputs[1, :n], ctx, n, graph_bs=bs)

@@ -1,0 +1,102 @@
+"""``make install``'s llama.cpp step: leave a llama-cpp-python that answers on this CPU.
+
+1. Read the CPU's flags (/proc/cpuinfo). With AMX, pip's default build (``GGML_NATIVE=ON``) is known
+   to segfault on quantized models, so go to 3.
+2. Without AMX, run the smoke test (``python -m adapters.local.llamacpp.smoke``: a Q4_0 model, a prompt
+   of several tokens, in a child process). It answers: done. It crashes (a wheel built for another
+   CPU, from a shared cache): go to 3 with this CPU's extensions.
+3. Build llama-cpp-python (the installed version) with ``GGML_NATIVE=OFF``, this CPU's extensions
+   named explicitly and AMX off (``adapters/local/llamacpp/cpu_build.py``), into
+   ``~/.cache/infer/llama-cpp-wheels/<version>-<digest of the flags>/``, bypassing pip's wheel cache
+   (its key does not know the flags); install it, record the flags beside the package, smoke-test it.
+
+Exit status 0 when llama.cpp answers, 1 otherwise (with the reason). ``--check`` only reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from adapters.local.llamacpp.cpu_build import cmake_args, cpu_flags, explicit_args, has_amx, wheel_key
+
+PACKAGE = "llama-cpp-python"
+
+
+def smoke() -> tuple[bool, str]:
+    try:
+        done = subprocess.run([sys.executable, "-m", "adapters.local.llamacpp.smoke"], capture_output=True,
+                              text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return False, "no answer in 600 s"
+    if done.returncode == 0:
+        return True, done.stdout.strip()
+    if done.returncode < 0:
+        return False, f"killed by {signal.Signals(-done.returncode).name}"
+    return False, (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+
+
+def marker() -> Path:
+    spec = importlib.util.find_spec("llama_cpp")
+    return Path(spec.origin).parent / ".infer-cmake-args"
+
+
+def wheel_dir(version: str, args: list[str]) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "infer" / "llama-cpp-wheels" / wheel_key(version, args)
+
+
+def build(version: str, args: list[str]) -> Path:
+    """A wheel of ``version`` built with ``args`` (from the flag-keyed cache when it is there)."""
+    out = wheel_dir(version, args)
+    wheels = sorted(out.glob("llama_cpp_python-*.whl"))
+    if wheels:
+        return wheels[-1]
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CMAKE_ARGS": " ".join(args), "FORCE_CMAKE": "1"}
+    print(f"building {PACKAGE} {version} with CMAKE_ARGS={env['CMAKE_ARGS']!r} (minutes)", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir", "--no-binary", PACKAGE,
+                    f"{PACKAGE}=={version}", "-w", str(out)], env=env, check=True)
+    return sorted(out.glob("llama_cpp_python-*.whl"))[-1]
+
+
+def install(version: str, args: list[str]) -> None:
+    wheel = build(version, args)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
+                   check=True)
+    marker().write_text(" ".join(args) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="report, change nothing")
+    options = parser.parse_args(argv)
+    flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+    version = importlib.metadata.version(PACKAGE)
+    args = cmake_args(flags)
+    installed = marker().read_text().split() if marker().exists() else None
+    print(f"llama.cpp: {PACKAGE} {version}; this CPU {'has' if has_amx(flags) else 'has no'} AMX"
+          + (f"; installed build: {' '.join(installed)}" if installed else "; installed build: pip's default"))
+    if args is None or installed == args:
+        ok, detail = smoke()
+        print(f"llama.cpp smoke test: {'answers' if ok else 'FAILS'} ({detail})")
+        if ok or options.check:
+            return 0 if ok else 1
+        args = explicit_args(flags)
+    elif options.check:
+        print("llama.cpp: this CPU needs a build without AMX; run `make install`")
+        return 1
+    install(version, args)
+    ok, detail = smoke()
+    print(f"llama.cpp smoke test after the rebuild: {'answers' if ok else 'FAILS'} ({detail})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""bench/native_gpu.py --quick: the GPU bench's whole path (model directory, dummy weights, every workload on
+our engine and on transformers, the report and its JSON) on a tiny model on the CPU, so it never rots."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_bench_quick_runs_on_cpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "native_gpu.py"), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["device"] == "CPU" and res["copy_bandwidth"] > 0
+    ours, hf = res["models"]["tiny"]["ours"], res["models"]["tiny"]["hf"]
+    for key in ("uniform_greedy", "uniform_sampled", "mixed_greedy", "mixed_sampled"):
+        assert ours[key]["tok_s"] > 0 and hf[key]["tok_s"] > 0 and ours[key]["steps"] > 1
+    assert 0 < ours["single_greedy"]["mbu"] < 1 and ours["single_sampled"]["decode_tok_s"] > 0
+    assert "sampled / greedy" in proc.stdout and "ours/hf" in proc.stdout
