@@ -95,3 +95,25 @@ def test_wrong_types_get_a_readable_400_naming_the_field(store, tmp_path):
                                                               "strings, got 5")
         r = client.post("/api/embed", json={"model": "tiny"})
         assert r.status_code == 400 and "'input' is required" in r.json()["error"]
+
+
+def test_a_callers_key_reads_continues_and_deletes_only_its_own_stored_responses(store, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"routes": [{"name": "fast", "backends": ["tiny"]}], "auth": {"required": True}}))
+    db_url = f"sqlite:///{tmp_path / 'usage.db'}"
+    db = open_db(db_url)
+    alice, bob = create_key(db, "alice"), create_key(db, "bob")
+    admin = create_key(db, "admin", role="operator")
+    db.dispose()
+    as_ = lambda key: {"Authorization": f"Bearer {key}"}  # noqa: E731
+    with client_for(store, tmp_path, INFER_CONFIG=str(config), INFER_DATABASE_URL=db_url) as client:
+        r = client.post("/v1/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 2}, headers=as_(alice))
+        assert r.status_code == 200, r.text
+        rid = r.json()["id"]
+        assert client.get(f"/v1/responses/{rid}", headers=as_(bob)).status_code == 404
+        again = {"model": "tiny", "input": "more", "max_output_tokens": 2, "previous_response_id": rid}
+        assert client.post("/v1/responses", json=again, headers=as_(bob)).status_code == 404
+        assert client.request("DELETE", f"/v1/responses/{rid}", headers=as_(bob)).status_code == 404
+        assert client.get(f"/v1/responses/{rid}", headers=as_(admin)).json()["id"] == rid
+        assert client.get(f"/v1/responses/{rid}", headers=as_(alice)).status_code == 200
+        assert client.request("DELETE", f"/v1/responses/{rid}", headers=as_(alice)).status_code == 200
