@@ -33,6 +33,7 @@ with content, or an SSE stream up to ``[DONE]`` with every content chunk and a u
 ``--cost`` (issue 15): only c=1, direct vs three ``infer serve``: unpriced (``infer``), its backend with list
 prices (``priced``), and priced with every request sent under an API key with a budget (``keyed``: the
 budget is reserved and settled per request); added = the paired median over the unpriced run. Goal: <= 0.1 ms.
+With ``--baseline DIR`` a fifth side, ``base-keyed``, runs the keyed path on DIR's code in the same run.
 
 ``--soak``: only the fast server and ``infer serve``; ``--soak-requests`` (10,000) streaming requests
 in waves of 1,000 from ``--soak-concurrency`` (500) concurrent clients; errors, the server's VmRSS
@@ -174,16 +175,19 @@ PRICES = {"input_per_mtok": 0.15, "output_per_mtok": 0.60, "cached_input_per_mto
 
 
 def start_infer(procs: Processes, work: Path, fast: Side, variant: str = "infer",
-                source: Path | None = None, models: Path | None = None) -> tuple[Side, subprocess.Popen, Path]:
+                source: Path | None = None, models: Path | None = None,
+                name: str | None = None) -> tuple[Side, subprocess.Popen, Path]:
     """``infer serve`` in front of ``fast``; ``variant`` ``priced`` gives its backend list prices, ``keyed``
     also sends every request with an API key whose budget (never reached) is reserved and settled.
-    ``source``: run the code of that source tree instead (PYTHONPATH), e.g. an older commit's."""
+    ``source``: run the code of that source tree instead (PYTHONPATH), e.g. an older commit's; ``name``:
+    the side's name (default: the variant)."""
+    name = name or variant
     backend = {"name": "fast-openai", "type": "openai", "base_url": fast.url + "/v1", "model": "fast"}
     if variant in ("priced", "keyed"):
         backend["pricing"] = PRICES
-    config = work / f"{variant}-config.yaml"
+    config = work / f"{name}-config.yaml"
     config.write_text(yaml.safe_dump({"backends": [backend]}))
-    home, db = work / f"{variant}-home", work / f"{variant}-home" / "usage.db"
+    home, db = work / f"{name}-home", work / f"{name}-home" / "usage.db"
     (home / "models").mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFER_")}
@@ -192,8 +196,8 @@ def start_infer(procs: Processes, work: Path, fast: Side, variant: str = "infer"
     if source is not None:
         env["PYTHONPATH"] = str(source)
     proc = procs.start([*infer_command(), "serve", "--config", str(config), "--host", f"127.0.0.1:{port}"],
-                       work / f"{variant}-serve.log", f"http://127.0.0.1:{port}/", env)
-    side = Side(variant, f"http://127.0.0.1:{port}", "fast-openai", proc.pid)
+                       work / f"{name}-serve.log", f"http://127.0.0.1:{port}/", env)
+    side = Side(name, f"http://127.0.0.1:{port}", "fast-openai", proc.pid)
     if variant == "keyed":
         side.headers = {"Authorization": f"Bearer {create_bench_key(db)}"}
     return side, proc, db
@@ -634,7 +638,7 @@ async def cost_run(args, sides: list[Side]) -> dict:
         row = {name: {"p50_ms": statistics.median(lat[mode][name]) * 1e3,
                       "p90_ms": statistics.quantiles(lat[mode][name], n=10)[8] * 1e3,
                       "c1_cpu_ms_per_request": lat["cpu_ms_per_request"][name]} for name in lat[mode]}
-        for name in COST_SIDES[1:]:
+        for name in [n for n in lat[mode] if n not in ("direct", "infer")]:
             xs = lat[mode][name]
             row[name]["added_over_unpriced_ms"] = row[name]["p50_ms"] - row["infer"]["p50_ms"]
             row[name]["added_paired_ms"] = statistics.median(a - b for a, b in zip(xs, base)) * 1e3
@@ -645,21 +649,22 @@ async def cost_run(args, sides: list[Side]) -> dict:
 
 def print_cost_table(result: dict, args) -> None:
     print(f"\ncost path: {args.chunks} content chunks; c=1 median over {args.rounds} rounds (sides alternated); "
-          "infer = unpriced backend, priced = list prices, keyed = priced + an API key with a budget")
-    print(f"  {'mode':10s} {'side':8s} {'c=1 p50 ms':>11s} {'p90 ms':>8s} {'added ms':>9s} {'paired':>8s} "
+          "infer = unpriced backend, priced = list prices, keyed = priced + an API key with a budget"
+          + (", base-keyed = keyed on --baseline's code" if args.baseline else ""))
+    print(f"  {'mode':10s} {'side':10s} {'c=1 p50 ms':>11s} {'p90 ms':>8s} {'added ms':>9s} {'paired':>8s} "
           f"{'cpu ms/req':>10s}")
     for mode in MODES:
         for name, r in result["summary"][mode].items():
             added = (f"{r['added_over_unpriced_ms']:+9.3f} {r['added_paired_ms']:+8.3f}" if "added_paired_ms" in r
                      else f"{'':9s} {'':8s}")
-            print(f"  {mode:10s} {name:8s} {r['p50_ms']:11.2f} {r['p90_ms']:8.2f} {added} "
+            print(f"  {mode:10s} {name:10s} {r['p50_ms']:11.2f} {r['p90_ms']:8.2f} {added} "
                   f"{r['c1_cpu_ms_per_request']:10.3f}")
     print("  (cpu ms/req: the server's CPU over both modes at c=1, per request)")
     print("\n  goal (issue 15): the cost path adds <= 0.1 ms median over the unpriced run:")
     for mode in MODES:
-        for name in COST_SIDES[1:]:
+        for name in [n for n in result["summary"][mode] if n not in ("direct", "infer")]:
             added = result["summary"][mode][name]["added_paired_ms"]
-            print(f"    {mode:10s} {name:7s} {added:+.3f} ms (paired median): "
+            print(f"    {mode:10s} {name:10s} {added:+.3f} ms (paired median): "
                   f"{'met' if added <= 0.1 else f'MISSED by {added - 0.1:.3f} ms'}")
 
 
@@ -744,6 +749,8 @@ def main() -> None:
             report["soak"] = soak(args, procs, work, fast)
         elif args.cost:
             sides = [fast] + [start_infer(procs, work, fast, variant)[0] for variant in COST_SIDES]
+            if args.baseline:  # the keyed path of another source tree, in the same run
+                sides.append(start_infer(procs, work, fast, "keyed", source=args.baseline, name="base-keyed")[0])
             report["cost"] = run_async(cost_run(args, sides))
             print_cost_table(report["cost"], args)
             n = report["cost"]["noise"]

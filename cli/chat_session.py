@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from adapters.core.base import Chunk, Done, GenerationRequest
 from adapters.core.errors import BackendError
 from adapters.local.engines import in_process_engines
-from adapters.core.options import Options, resolve_options
+from adapters.core.options import Options, check_parameters, resolve_options
 from adapters.core.settings import LocalSettings
 from ledger.db import open_db
 from adapters.core.durations import format_duration
@@ -27,6 +27,7 @@ from gateway.settings import SettingsError
 from ledger.writer import LedgerWriter
 from registry.create import create_model
 from registry.details import ModelDetails
+from registry.errors import ModelfileError
 from registry.modelfile import Modelfile
 from registry.names import parse_name
 from registry.store import Store
@@ -117,6 +118,10 @@ class ChatSession:
         """``/save``: a new model from this one, the system message, parameters and history."""
         mf = Modelfile(from_=self.model, system=self.system, parameters=dict(self.options),
                        messages=list(self.messages))
+        try:
+            check_parameters(mf.parameters)
+        except ValueError as exc:
+            raise ModelfileError(str(exc)) from None
         create_model(self.store, parse_name(name), mf, self.store.root)
 
     def list_models(self) -> None:

@@ -1,4 +1,4 @@
-"""``infer keys``: API keys for ``infer serve`` (budgets, per-minute limits, allowed routes)."""
+"""``infer keys``: API keys for ``infer serve`` (role, budgets, per-minute limits, output cap, allowed routes)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def create_cmd(
     rpm: int = typer.Option(None, "--rpm", min=1, help="Requests per minute."),
     tpm: int = typer.Option(None, "--tpm", min=1, help="Tokens (in + out) per minute."),
     routes: str = typer.Option(None, "--routes", help="Comma-separated models or routes the key may use."),
+    max_tokens: int = typer.Option(None, "--max-tokens", min=1, help="The most tokens one request may generate "
+                                   "(requests asking for more, or for no limit, stop there)."),
+    operator: bool = typer.Option(False, "--operator", help="An operator key: model management (create, delete, "
+                                  "copy, pull, push, blobs), /infer/cost and /metrics, besides what callers may do."),
     db: str = DB,
 ) -> None:
     """Create a key and print it once: only its hash is stored."""
@@ -35,14 +39,16 @@ def create_cmd(
     engine = _open(db or database_url_from_env(settings().home))
     try:
         key = create_key(engine, name, budget_usd=budget_usd, period_s=seconds if budget_usd is not None else None,
-                         rpm=rpm, tpm=tpm, routes=tuple(r.strip() for r in (routes or "").split(",") if r.strip()))
+                         rpm=rpm, tpm=tpm, routes=tuple(r.strip() for r in (routes or "").split(",") if r.strip()),
+                         role="operator" if operator else "caller", max_output_tokens=max_tokens)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     finally:
         engine.dispose()
     typer.echo(key)
-    typer.echo(f"key '{name}' created; it is shown only now: keep it (clients send Authorization: Bearer <key>)",
-               err=True)
+    role = "an operator key" if operator else "a caller key"
+    typer.echo(f"key '{name}' created ({role}); it is shown only now: keep it (clients send Authorization: Bearer "
+               "<key>, or x-api-key: <key>)", err=True)
 
 
 @app.command("list")
@@ -53,11 +59,11 @@ def list_cmd(db: str = DB) -> None:
         keys = list_keys(engine)
     finally:
         engine.dispose()
-    rows = [["name", "status", "spent $", "reserved $", "budget $", "rpm", "tpm", "routes"]]
+    rows = [["name", "role", "status", "spent $", "reserved $", "budget $", "rpm", "tpm", "max tokens", "routes"]]
     for k in keys:
-        rows.append([k.name, "revoked" if k.revoked else "active", f"{k.spent_usd:.6f}", f"{k.reserved_usd:.6f}",
-                     "-" if k.budget_usd is None else f"{k.budget_usd:.6f}", str(k.rpm or "-"), str(k.tpm or "-"),
-                     ",".join(k.routes) or "all"])
+        rows.append([k.name, k.role, "revoked" if k.revoked else "active", f"{k.spent_usd:.6f}",
+                     f"{k.reserved_usd:.6f}", "-" if k.budget_usd is None else f"{k.budget_usd:.6f}",
+                     str(k.rpm or "-"), str(k.tpm or "-"), str(k.max_output_tokens or "-"), ",".join(k.routes) or "all"])
     typer.echo(table(rows) if keys else "No keys yet: infer keys create NAME")
 
 

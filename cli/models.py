@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from adapters.core.options import check_parameters
 from registry.create import create_model
 from registry.details import ModelDetails, load_details
 from registry.errors import ModelfileError
@@ -110,6 +111,10 @@ def create_cmd(model: str,
     except OSError as exc:
         raise ModelfileError(f"cannot read Modelfile {file}: {exc.strerror}") from None
     mf = parse_modelfile(text)
+    try:
+        check_parameters(mf.parameters)
+    except ValueError as exc:
+        raise ModelfileError(f"{file}: {exc}") from None
     name = parse_name(model)
     with ProgressRenderer() as renderer:
         create_model(get_store(), name, mf, file.resolve().parent, renderer)

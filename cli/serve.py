@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from adapters.core.durations import parse_duration
+from adapters.core.durations import parse_keep_alive
+from gateway.http.access import exposure_warnings
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
 
@@ -35,8 +36,9 @@ def serve(
 ) -> None:
     """Start the API server (Ollama /api/* and OpenAI /v1/*).
 
-    Requests need `Authorization: Bearer KEY` when INFER_API_KEYS (comma-separated keys) is set;
-    without it, only this machine should reach the server (the default 127.0.0.1)."""
+    Requests need a key (`Authorization: Bearer KEY` or `x-api-key: KEY`) when INFER_API_KEYS (comma-separated
+    operator keys) is set or the config says `auth: {required: true}`; without either, only this machine
+    should reach the server (the default 127.0.0.1)."""
     from gateway.app import create_app
     from gateway.server import GatewayServer
 
@@ -46,20 +48,22 @@ def serve(
         if host:
             overrides["host"], overrides["port"] = parse_host(host)
         if keep_alive:
-            overrides["keep_alive"] = parse_duration(keep_alive)
+            overrides["keep_alive"] = parse_keep_alive(keep_alive)
         settings = ServerSettings.from_env(**overrides)
         from gateway.backends_config import load_config  # the remote adapters (aiohttp) load with the server
 
-        backends = load_config(settings.config).remote_settings() if settings.config else []
+        config = load_config(settings.config) if settings.config else None
+        backends = config.remote_settings() if config is not None else []
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))  # no line per backend call
     sock = listen_socket(settings.host, settings.port)  # a port in use fails here, before "listening"
-    if not settings.is_loopback and not settings.api_key_hashes:
-        typer.echo(f"warning: listening on {settings.host}, beyond this machine, and no INFER_API_KEYS are set: "
-                   "anyone who can reach this port can use every model (Host checks are off for a "
-                   "wildcard address)", err=True)
+    auth = config.auth if config is not None else None
+    for line in exposure_warnings(host=settings.host, loopback=settings.is_loopback,
+                                  operator_keys=bool(settings.api_key_hashes), required=bool(auth and auth.required),
+                                  public=auth.public() if auth is not None else ()):
+        typer.echo(line, err=True)
     typer.echo(f"infer serve listening on {settings.bind_url} (models: {settings.registry.models})", err=True)
     for entry in backends:
         typer.echo(f"  {entry.name} -> {entry.type} {entry.base_url} ({entry.model})", err=True)

@@ -31,8 +31,9 @@ from registry.store import Store
 
 from gateway import dashboard, health, infer_api, wire_docs
 from gateway.anthropic import routes as anthropic_routes
-from gateway.backends_config import GatewayConfig, load_config
+from gateway.backends_config import AuthEntry, GatewayConfig, load_config
 from gateway.http import errors
+from gateway.http.access import AccessPolicy
 from gateway.http.bodies import JSONBodies
 from gateway.http.guards import GuardMiddleware
 from gateway.http.hot import HotRoutes
@@ -62,8 +63,11 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
         app.state.db = open_db(settings.database_url)
         app.state.ledger = LedgerWriter(app.state.db)
         app.state.metrics = GatewayMetrics()
-        app.state.keys = KeyBook(app.state.db, required=config is not None and config.auth.required,
-                                 redis=_redis(settings.redis_url))
+        auth = config.auth if config is not None else AuthEntry()
+        app.state.keys = KeyBook(app.state.db, redis=_redis(settings.redis_url), fail_open=auth.rate_limits_fail_open,
+                                 hold_ttl_s=settings.hold_ttl_s)
+        app.state.access = AccessPolicy.build(app.routes, required=auth.required or bool(settings.api_key_hashes),
+                                              operator_hashes=settings.api_key_hashes, public=auth.public())
         app.state.monitor = app.state.metrics.monitor = BackendMonitor(app.state.router, app.state.metrics.registry)
         app.state.tracer = tracer
         if tracer is not None:

@@ -258,9 +258,17 @@ class RouteEntry(BaseModel):
 
 
 class AuthEntry(BaseModel):
+    """Who may call the server (``gateway/http/access.py``)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     required: bool = False  # every API request needs an API key (infer keys create); loopback included
+    public_metrics: bool = False  # GET /metrics answers without a key (a Prometheus without a bearer)
+    public_docs: bool = False  # GET /openapi.json answers without a key
+    rate_limits_fail_open: bool = False  # Redis down: keyed requests go on without rpm/tpm (else 503)
+
+    def public(self) -> tuple[str, ...]:
+        return tuple(name for name, on in (("metrics", self.public_metrics), ("docs", self.public_docs)) if on)
 
 
 class GatewayConfig(BaseModel):

@@ -14,7 +14,9 @@ from sqlalchemy import Engine
 from gateway.serving.router import Router
 from registry.store import Store
 
+from gateway.http.access import Principal
 from gateway.http.errors import APIError
+from gateway.http.hints import caller_of
 from gateway.serving.recorder import Recorder
 from gateway.settings import ServerSettings
 
@@ -61,26 +63,25 @@ ClientDep = Annotated[str | None, Depends(client_of)]
 
 
 async def viewer(request: Request) -> str | None:
-    """``None``: may see every row; a key's name: may see that key's rows only."""
-    keys = request.app.state.keys
-    if not keys.required:
+    """Whose rows a view shows: ``None``, every row (an operator, or a server without auth); a ledger
+    key's name, that key's rows only. The access policy has already let the request in."""
+    principal = caller_of(request.scope)
+    if principal is None or principal.operator or not request.app.state.access.required:
         return None
-    scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-    bearer = bearer.strip()
-    if scheme.lower() == "bearer" and request.app.state.settings.key_allowed(bearer):
-        return None
-    if scheme.lower() != "bearer" or not bearer.startswith("sk-infer-"):
-        raise APIError(401, "this server requires an API key: send 'Authorization: Bearer <key>' "
-                            "(the dashboard asks for it once)")
-    return (await keys.identify(bearer)).name
+    return principal.name
 
 
-async def operator(request: Request) -> None:
-    """With ``auth: {required: true}``, only an operator key (``INFER_API_KEYS``) may read views that
-    cover every key (``GET /infer/cost``); a ledger key gets 403."""
-    if await viewer(request) is not None:
-        raise APIError(403, "this view covers every key: send an operator key (one of INFER_API_KEYS)")
+async def caller(request: Request) -> Principal | None:
+    """Who sent the request (``gateway/http/access.py``): None without a key on a server without auth."""
+    return caller_of(request.scope)
+
+
+def check_model(principal: Principal | None, model: str) -> None:
+    """403 when the request's key may not use ``model`` (its ``--routes``)."""
+    if principal is not None and not principal.allows(model):
+        raise APIError(403, f"key '{principal.name}' may not use '{model}' (its routes: "
+                            f"{', '.join(principal.key.routes)})", param="model")
 
 
 ViewerDep = Annotated[str | None, Depends(viewer)]
-OperatorDep = Annotated[None, Depends(operator)]
+CallerDep = Annotated[Principal | None, Depends(caller)]

@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Any
 
 from adapters.core.base import Backend, EmbedResult
 
+from gateway.admission import Admission
 from gateway.http.errors import APIError, to_status_message
 from gateway.monitor import backend_label
 from gateway.serving.recorder import Recorder
@@ -19,18 +21,25 @@ from ledger.tables import UsageRecord
 
 async def embed(backend: Backend, recorder: Recorder, *, route: str, model: str, inputs: list[str],
                 client: str | None, truncate: bool = True, keep_alive: float | None = None,
-                dimensions: int | None = None) -> EmbedResult:
-    """Embed ``inputs`` on ``backend`` (the router's pick); the ledger gets a row also when the request fails."""
+                dimensions: int | None = None, caller: Any = None) -> EmbedResult:
+    """Embed ``inputs`` on ``backend`` (the router's pick); the ledger gets a row also when the request fails.
+    A ledger key's name goes on the row, and its requests per minute are counted (and its tokens, when
+    the request ends)."""
     if any(not text for text in inputs):  # llama.cpp cannot decode an empty input (and must not be asked to)
         raise APIError(400, "'input' must not contain empty strings", param="input")
     if not backend.supports_embeddings:
         raise APIError(400, f"the {backend.name} backend does not serve embeddings", param="model")
-    record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client)
+    key = getattr(caller, "key", None)
+    record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client,
+                         key_name=getattr(key, "name", None))
+    admission = None if key is None or recorder.keys is None else Admission(recorder.keys, key, None)
     label = backend_label(backend)
     tracer = recorder.tracer
     span = None if tracer is None else tracer.start_embedding(model, endpoint=route, backend=backend, label=label)
     t0 = time.perf_counter()
     try:
+        if admission is not None:
+            await admission.start()
         result = await _embed(backend, model, inputs, truncate, keep_alive, span, tracer)
         if dimensions:
             result = dataclasses.replace(result, embeddings=[resize(v, dimensions) for v in result.embeddings])
@@ -40,6 +49,7 @@ async def embed(backend: Backend, recorder: Recorder, *, route: str, model: str,
         raise
     record.input_tokens = result.input_tokens
     record.total_ms = round((time.perf_counter() - t0) * 1000, 3)
+    recorder.settle_key(admission, record)
     recorder.record(record, backend=label, span=span)
     return result
 

@@ -2,8 +2,8 @@
 in flight, running, waiting and KV-cache use (``gateway/monitor.py``). ``GET /infer/routes``: per route and per backend,
 over the route's SLO window: requests, good, shed, errors, attainment, goodput, TTFT/TPOT/e2e
 percentiles, in flight, predictions now and their error, breaker state (``routing/route.py``).
-``GET /infer/cost``: ``infer cost --json``. With ``auth: {required: true}`` the routes and backends
-need a key and the cost report an operator key (``INFER_API_KEYS``), as the dashboard's views do."""
+``GET /infer/cost``: ``infer cost --json``. Who may read them: ``gateway/http/access.py`` (with auth
+on, the routes and backends need a key, the cost report an operator key)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
-from gateway.deps import DbDep, OperatorDep, RouterDep, ViewerDep
+from gateway.deps import DbDep, RouterDep
 from gateway.http.errors import APIError
 from pricing.settle import cost_report
 from gateway.http.jsonwire import JSONBytes
@@ -46,7 +46,7 @@ class CostReport(BaseModel):
 
 
 @router.get("/infer/routes", responses={200: {"model": RoutesResponse}, **errors(401)})
-async def routes(backends: RouterDep, _viewer: ViewerDep) -> JSONBytes:
+async def routes(backends: RouterDep) -> JSONBytes:
     return JSONBytes({"routes": [route.snapshot() for route in backends.routes.values()]})
 
 
@@ -71,14 +71,14 @@ class BackendsResponse(BaseModel):
 
 
 @router.get("/infer/backends", responses={200: {"model": BackendsResponse}, **errors(401)})
-async def backends_view(request: Request, _viewer: ViewerDep) -> JSONBytes:
+async def backends_view(request: Request) -> JSONBytes:
     """Every backend: its last health check, the gateway's requests in flight to it, and its load
     (running, waiting, KV-cache use) as ``/metrics`` shows it."""
     return JSONBytes({"backends": request.app.state.monitor.view()})
 
 
 @router.get("/infer/cost", responses={200: {"model": CostReport}, **errors(400, 401, 403)})
-async def cost(request: Request, db: DbDep, _operator: OperatorDep, since: str = "24h",
+async def cost(request: Request, db: DbDep, since: str = "24h",
                by: str = "backend") -> JSONBytes:
     """What ``infer cost --json`` prints: requests since ``since`` grouped ``by`` backend, route,
     model, key or day, settled against each hour-priced backend's bill (with its output weight and

@@ -4,7 +4,7 @@
 |---|---|---|
 | ``INFER_HOST`` (``OLLAMA_HOST``) | ``127.0.0.1:11434`` | ``[scheme://]host[:port]`` to bind (and where the CLI looks for a server) |
 | ``INFER_ORIGINS`` (``OLLAMA_ORIGINS``) | — | extra allowed CORS origins, comma-separated, ``*`` wildcards |
-| ``INFER_API_KEYS`` | — | comma-separated keys; when set, requests need ``Authorization: Bearer <key>`` |
+| ``INFER_API_KEYS`` | — | comma-separated operator keys; when set, requests need a key (``gateway/http/access.py``) |
 | ``INFER_CONFIG`` | — | YAML file with remote ``backends:`` (vLLM, TGI, TensorRT-LLM, Triton, Ollama, llama.cpp, OpenAI) |
 | ``INFER_DATABASE_URL`` | ``sqlite:///$INFER_HOME/usage.db`` | usage ledger (any SQLAlchemy URL) |
 
@@ -17,7 +17,6 @@ in parentheses falls back to Ollama's ``OLLAMA_X`` when unset (``registry.settin
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from registry.settings import RegistrySettings, env_setting
 
 from ledger.db import ENV_VAR as DB_ENV_VAR, default_database_url
 from adapters.core.settings import DEFAULTS, LocalSettings
+from gateway.http.access import hash_key
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434  # Ollama's
 DEFAULT_ORIGINS = (
@@ -57,6 +57,9 @@ class ServerSettings(BaseModel):
                                 "(INFER_MAX_BLOB_BYTES); free disk space less a GiB caps it too.")
     redis_url: str | None = Field(default=None, description="Redis for per-key rate limits shared by replicas "
                                   "(INFER_REDIS_URL / --redis-url); in process memory without it.")
+    hold_ttl_s: float = Field(default=60.0, ge=1.0, description="Seconds a budget hold outlives its last renewal "
+                              "(INFER_HOLD_TTL_S): a replica renews its running requests' holds every quarter "
+                              "of it; one that dies or loses the database longer than this releases them.")
     shutdown_grace: float = Field(default=5.0, ge=0.0, description="Seconds running requests get to finish "
                                   "after SIGTERM/SIGINT; the rest then end with an error event and their row.")
     database_url: str = Field(description="Usage ledger URL (INFER_DATABASE_URL).")
@@ -93,9 +96,6 @@ class ServerSettings(BaseModel):
     def origin_allowed(self, origin: str) -> bool:
         return any(fnmatch.fnmatchcase(origin, pattern) for pattern in (*DEFAULT_ORIGINS, *self.origins))
 
-    def key_allowed(self, key: str) -> bool:
-        return hash_key(key) in self.api_key_hashes
-
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> "ServerSettings":
         env = dict(os.environ if env is None else env)
@@ -112,10 +112,6 @@ class ServerSettings(BaseModel):
             raise SettingsError(f"invalid setting {err['loc'][0]}: {err['msg']}") from None
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def parse_host(text: str, variable: str = "INFER_HOST") -> tuple[str, int]:
@@ -163,6 +159,8 @@ def _from_env(env: dict[str, str]) -> dict[str, Any]:
         out["api_key_hashes"] = frozenset(hash_key(k.strip()) for k in env["INFER_API_KEYS"].split(",") if k.strip())
     if env.get("INFER_REDIS_URL"):
         out["redis_url"] = env["INFER_REDIS_URL"].strip()
+    if env.get("INFER_HOLD_TTL_S"):
+        out["hold_ttl_s"] = env["INFER_HOLD_TTL_S"].strip()
     if env.get("INFER_MAX_BLOB_BYTES"):
         out["max_blob_bytes"] = env["INFER_MAX_BLOB_BYTES"].strip()
     if env.get("INFER_RESPONSES_RETENTION"):

@@ -27,15 +27,17 @@ SSE = "text/event-stream"
 
 STATUS_TEXT = {
     400: "invalid request: a malformed body, a field of the wrong type or value, a prompt that does not fit",
-    401: "keys are required (INFER_API_KEYS, or auth in the config) and the request has no valid "
-         "'Authorization: Bearer <key>', or its key is revoked",
-    403: "the key may not use this model (error body), or the Host or Origin header is not allowed (empty body)",
+    401: "keys are required (INFER_API_KEYS, or auth in the config) and the request has no valid key "
+         "('Authorization: Bearer <key>' or 'x-api-key: <key>'), or its key is revoked",
+    403: "the route needs an operator key, or the key may not use this model (error body), or the Host or "
+         "Origin header is not allowed (empty body)",
     404: "the model (or blob) is not found",
     413: "the request body is larger than the limit",
     429: "a remote backend is saturated, or the key's rate limit or budget is reached; Retry-After says when "
          "to come back",
     502: "the backend (or registry) failed or answered something unreadable",
-    503: "too many requests queued for the model",
+    503: "too many requests queued for the model, or the ledger database or Redis (API keys, budgets, rate "
+         "limits) is unreachable; Retry-After says when to come back",
     504: "the backend did not answer in time",
     507: "not enough disk space for the model",
 }
@@ -55,9 +57,9 @@ class TokenLogprob(TopLogprob):
 
 def error_responses(error_model: type[BaseModel], statuses: tuple[int, ...] | list[int], *,
                     guarded: bool = True) -> dict[int | str, dict[str, Any]]:
-    """``responses=`` entries for ``statuses`` with ``error_model`` bodies, and the guards' 401/403/413."""
+    """``responses=`` entries for ``statuses`` with ``error_model`` bodies, and the guards' 401/403/413/503."""
     out: dict[int | str, dict[str, Any]] = {}
-    extra = (401, 403, 413) if guarded else (403,)
+    extra = (401, 403, 413, 503) if guarded else (403,)
     for status in sorted({*statuses, *extra}):
         out[status] = {"model": error_model, "description": STATUS_TEXT[status]}
     return out

@@ -121,8 +121,34 @@ def m008_responses(conn: Connection) -> None:
     metadata.create_all(conn)
 
 
+def m009_key_roles_and_holds(conn: Connection) -> None:
+    """A key's role (``caller`` or ``operator``; NULL reads as caller) and output cap; budget holds as
+    rows that expire (``key_holds``), so a hold whose request never settled cannot stay forever.
+    Reservations made before this migration had no rows: they are released."""
+    for column in ("role VARCHAR(16)", "max_output_tokens INTEGER"):
+        conn.execute(sa.text(f"ALTER TABLE api_keys ADD COLUMN {column}"))
+    conn.execute(sa.text("UPDATE api_keys SET reserved_usd = 0.0"))
+    metadata = sa.MetaData()
+    sa.Table(
+        "key_holds", metadata,
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("key_name", sa.String(255), nullable=False),
+        sa.Column("amount_usd", sa.Float, nullable=False),
+        sa.Column("period_start", sa.Float, nullable=False),
+        sa.Column("expires_at", sa.Float, nullable=False),
+        sa.Index("ix_key_holds_key_expires", "key_name", "expires_at"),
+    )
+    metadata.create_all(conn)
+
+
+def m010_response_owners(conn: Connection) -> None:
+    """The ledger key that stored a response (NULL: none); a caller's key reads and deletes only its own."""
+    conn.execute(sa.text("ALTER TABLE responses ADD COLUMN key_name VARCHAR(255)"))
+
+
 MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs, m005_api_keys,
-                               m006_expected_cached, m007_reasoning, m008_responses]
+                               m006_expected_cached, m007_reasoning, m008_responses, m009_key_roles_and_holds,
+                               m010_response_owners]
 
 
 def migrate(engine: Engine) -> list[str]:

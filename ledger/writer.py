@@ -9,10 +9,14 @@ batch is kept and retried with exponential backoff; rows are only ever dropped w
 holds ``max_pending`` rows (bounded memory), and then every dropped row is counted and logged as
 an error. ``close()`` flushes every queued row before it returns (graceful shutdown).
 
-``settle(key, reserved, actual)`` queues an API key's budget settlement (``ledger.keys.settle``) the
-same way: the writer applies a batch's settlements after its rows, one statement per key, so a keyed
-request costs the event loop no thread hop of its own (the reservation is released up to
-``flush_s`` later, which only makes admission more careful).
+``settle(key, hold, taken, actual, period_start)`` queues an API key's budget settlement
+(``ledger.keys.settle``) the same way: the writer applies a batch's settlements after its rows, one
+transaction per hold (a lease's requests share one), so a keyed request costs the event loop no
+thread hop of its own (the hold is released up to ``flush_s`` later, which only makes admission more
+careful).
+
+An unreachable database is logged once when the outage starts and once when it ends (how long,
+how many rows waited), not on every retry.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ class LedgerWriter:
         self.db = db
         self.settings = settings or WriterSettings()
         self._rows: deque[dict] = deque()
-        self._settles: deque[tuple[str, float, float]] = deque()
+        self._settles: deque[tuple[str, str, float, float, float]] = deque()
+        self._down_since: float | None = None  # monotonic time the database became unreachable
         self._has_rows = threading.Event()  # set once per batch, not once per row: no thread wake-up per row
         self._stopping = threading.Event()
         self._written = 0
@@ -74,11 +79,11 @@ class LedgerWriter:
         if not self._has_rows.is_set():
             self._has_rows.set()
 
-    def settle(self, key_name: str, reserved: float, actual: float) -> None:
-        """Queue turning a key's reservation into its actual spend; thread-safe, never blocks."""
+    def settle(self, key_name: str, hold_id: str, taken: float, actual: float, period_start: float) -> None:
+        """Queue turning ``taken`` of a key's hold into its actual spend; thread-safe, never blocks."""
         with self._idle:
             self._pending += 1
-        self._settles.append((key_name, reserved, actual))
+        self._settles.append((key_name, hold_id, taken, actual, period_start))
         if not self._has_rows.is_set():
             self._has_rows.set()
 
@@ -124,48 +129,48 @@ class LedgerWriter:
             rows.append(self._rows.popleft())
         return rows
 
-    def _take_settles(self) -> list[tuple[str, float, float]]:
+    def _take_settles(self) -> list[tuple[str, str, float, float, float]]:
         settles = []
         while self._settles:
             settles.append(self._settles.popleft())
         return settles
 
-    def _settle(self, settles: list[tuple[str, float, float]]) -> None:
-        by_key: dict[str, list[float]] = {}
-        for name, reserved, actual in settles:
-            total = by_key.setdefault(name, [0.0, 0.0])
-            total[0] += reserved
+    def _settle(self, settles: list[tuple[str, str, float, float, float]]) -> None:
+        by_hold: dict[tuple[str, str, float], list[float]] = {}
+        for name, hold_id, taken, actual, period_start in settles:
+            total = by_hold.setdefault((name, hold_id, period_start), [0.0, 0.0])
+            total[0] += taken
             total[1] += actual
-        for name, (reserved, actual) in by_key.items():
-            self._retrying(f"the settlement of key {name!r}", lambda: settle(self.db, name, reserved, actual))
+        for (name, hold_id, start), (taken, actual) in by_hold.items():
+            self._retrying(lambda: settle(self.db, name, hold_id, taken, actual, start))
         self._done(len(settles))
 
-    def _retrying(self, what: str, work) -> None:
+    def _retrying(self, work) -> None:
+        """``work()`` until the database takes it: a locked or unreachable database is waited for, with
+        backoff; the outage is logged when it starts and when it ends."""
         delay = self.settings.retry_initial_s
         while True:
             try:
-                return work()
+                work()
             except (SQLAlchemyError, OSError) as exc:
                 self.failed_attempts += 1
-                log.warning("usage ledger: %s waits for the database (%s); retrying in %.2f s", what, _short(exc),
-                            delay)
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    log.warning("usage ledger: the database is unreachable or locked (%s); rows and settlements "
+                                "wait in memory and are written when it is back", _short(exc))
                 time.sleep(delay)
                 delay = min(delay * 2, self.settings.retry_max_s)
+                continue
+            if self._down_since is not None:
+                log.warning("usage ledger: the database is back after %.1f s; %d row(s) and settlement(s) waited",
+                            time.monotonic() - self._down_since, self._pending)
+                self._down_since = None
+            return
 
     def _write(self, batch: list[dict]) -> None:
-        delay = self.settings.retry_initial_s
         for start in range(0, len(batch), self.settings.batch_rows):
             chunk = batch[start:start + self.settings.batch_rows]
-            while True:
-                try:
-                    insert_rows(self.db, chunk)
-                    break
-                except (SQLAlchemyError, OSError) as exc:
-                    self.failed_attempts += 1
-                    log.warning("usage ledger: %d row(s) wait for the database (%s); retrying in %.2f s",
-                                len(chunk), _short(exc), delay)
-                    time.sleep(delay)
-                    delay = min(delay * 2, self.settings.retry_max_s)
+            self._retrying(lambda: insert_rows(self.db, chunk))
             self._done(len(chunk))
 
     def _done(self, count: int) -> None:

@@ -104,7 +104,7 @@ def _add_gguf(b: _Builder, path: Path) -> GGUFInfo:
         raise ModelfileError(f"FROM {path}: not a GGUF file; only GGUF weights can be imported")
     b.emit(ProgressEvent("parsing GGUF"))
     try:
-        info = read_gguf_info(path)
+        info = read_gguf_info(path, check_data=True)
     except RegistryError as exc:
         raise ModelfileError(str(exc)) from None
     b.add_file(MEDIA_MODEL, path)

@@ -4,6 +4,10 @@
 a real vocabulary (151,936 tokens for Qwen2). Serving needs only the scalars and tensor shapes, so
 this walks the header with ``struct`` over an mmap and keeps arrays only up to ``max_array``
 elements (longer ones become ``[]``, as Ollama's ``model_info`` shows them).
+
+``check_layout(header, file_size)`` checks what the header says about the weights against the file:
+every tensor's data lies inside it, aligned, with a known type (a file cut short, or a header that
+lies, is refused before a model is made of it).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     ggml_type: int
+    offset: int = 0  # of its data, from the start of the data section
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,12 @@ class GGUFHeader:
     version: int
     metadata: dict
     tensors: list[TensorInfo]
+    data_start: int = 0  # where the tensor data begins in the file
+
+    @property
+    def alignment(self) -> int:
+        value = self.metadata.get("general.alignment", 32)
+        return value if isinstance(value, int) and value > 0 else 32
 
 
 class _Cursor:
@@ -90,12 +101,36 @@ def read_header(path: Path, *, max_array: int = 32) -> GGUFHeader:
             tensors = [_tensor(cur) for _ in range(n_tensors)]
         except struct.error as exc:
             raise ValueError(f"truncated header: {exc}") from None
-    return GGUFHeader(version, metadata, tensors)
+        header = GGUFHeader(version, metadata, tensors)
+    align = header.alignment
+    return GGUFHeader(version, metadata, tensors, data_start=-(-cur.pos // align) * align)
 
 
 def _tensor(cur: _Cursor) -> TensorInfo:
     name = cur.string()
     dims = tuple(cur.scalar("Q") for _ in range(cur.scalar("I")))
     ggml_type = cur.scalar("I")
-    cur.scalar("Q")  # data offset
-    return TensorInfo(name, dims, ggml_type)
+    return TensorInfo(name, dims, ggml_type, cur.scalar("Q"))
+
+
+def check_layout(header: GGUFHeader, file_size: int) -> None:
+    """ValueError unless every tensor's data is in the file, aligned, with a known type and whole blocks."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # the block sizes of ggml's types
+
+    for tensor in header.tensors:
+        try:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.ggml_type)]
+        except (ValueError, KeyError):
+            raise ValueError(f"tensor {tensor.name!r} has an unknown type {tensor.ggml_type}") from None
+        count = 1
+        for dim in tensor.shape:
+            count *= dim
+        if count % block:
+            raise ValueError(f"tensor {tensor.name!r} of shape {list(tensor.shape)} is not whole blocks of {block}")
+        start = header.data_start + tensor.offset
+        end = start + count // block * block_bytes
+        if tensor.offset % header.alignment:
+            raise ValueError(f"tensor {tensor.name!r} is not aligned to {header.alignment} bytes")
+        if end > file_size:
+            raise ValueError(f"tensor {tensor.name!r} ends at byte {end}, past the end of the file ({file_size} "
+                             "bytes): the file is cut short or damaged")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelFormatError
-from .gguf_header import GGUFHeader, read_header
+from .gguf_header import GGUFHeader, check_layout, read_header
 
 GGUF_MAGIC = b"GGUF"
 _MAX_ARRAY = 32  # array values longer than this are elided unless verbose
@@ -34,11 +34,15 @@ def is_gguf(path: Path) -> bool:
         return fh.read(4) == GGUF_MAGIC
 
 
-def read_gguf_info(path: Path, *, verbose: bool = False) -> GGUFInfo:
+def read_gguf_info(path: Path, *, verbose: bool = False, check_data: bool = False) -> GGUFInfo:
+    """The header's facts; with ``check_data``, also that every tensor's data is in the file
+    (``infer create`` and ``/api/create`` check before a model is made of it)."""
     if not is_gguf(path):
         raise ModelFormatError(f"{path} is not a GGUF file (bad magic)")
     try:
         header = read_header(path, max_array=1 << 62 if verbose else _MAX_ARRAY)
+        if check_data:
+            check_layout(header, path.stat().st_size)
     except (ValueError, OSError) as exc:
         raise ModelFormatError(f"{path} is not a readable GGUF file: {exc}") from exc
     meta = header.metadata

@@ -3,6 +3,13 @@
 Go semantics with ``missingkey=zero``: missing keys and nil print as "", Go truthiness, ``range``
 over lists, maps (sorted keys) and ints, short-circuit ``and``/``or``. Maps and lists print as JSON,
 as Ollama's ``Tools`` and tool-call ``Arguments`` do; ``to_go`` lets ``.ToolCalls`` read ``tool_calls``.
+
+Templates come from clients (``/api/generate``'s ``template``, a Modelfile's ``TEMPLATE``), so one
+render is bounded (:class:`RenderLimits`): loop iterations over the whole render, the output's
+length (and any one value a function builds), and time. Past a bound it stops with
+:class:`TemplateLimitExceeded` (a 400 for a request) before it has done more than the bound's work:
+``{{ range 20000000 }}`` is refused before its first iteration. Ollama's templates loop over the
+messages and tools of one request: the limits leave them orders of magnitude of room.
 """
 
 from __future__ import annotations
@@ -11,15 +18,91 @@ import copy
 import json
 import operator
 import re
+import time
+from dataclasses import dataclass
 from datetime import date, timedelta
 from functools import partial
 
 from .gotemplate_parse import (Action, Branch, Jump, Operand, Pipe, TemplateError, Text, cut_after, error,
                                identifiers, parse)
 
-__all__ = ["GoTemplate", "JSONObject", "TemplateError", "to_go", "to_json", "to_text", "truthy"]
+__all__ = ["GoTemplate", "JSONObject", "RenderLimits", "TemplateError", "TemplateLimitExceeded", "to_go", "to_json",
+           "to_text", "truthy"]
 
 _NO_ARG = object()  # "no value piped in", distinct from nil
+
+
+@dataclass(frozen=True)
+class RenderLimits:
+    """What one render of a template may do (Go templates here, Jinja chat templates in
+    ``adapters/prompting/chat_format.py``), on top of what its data asks for: a render may also loop
+    8 times per item of the lists in its data, and write twice the text in it (so a long
+    conversation, or a prompt too long for any context, still renders, and is refused for its length)."""
+
+    max_iterations: int = 100_000  # loop iterations, all loops of the render together
+    max_output: int = 8 << 20  # characters of output, and of any one value a function builds
+    max_seconds: float = 1.0
+
+    def for_data(self, data) -> "RenderLimits":
+        """These limits, plus what ``data`` (the render's input) needs."""
+        items, chars = _size_of(data)
+        return RenderLimits(self.max_iterations + 8 * items, self.max_output + 2 * chars, self.max_seconds)
+
+
+def _size_of(value, depth: int = 0) -> tuple[int, int]:
+    """(list items, characters of text) in a JSON-like value."""
+    if isinstance(value, str):
+        return 0, len(value)
+    if depth > 32 or not isinstance(value, (dict, list, tuple)):
+        return 0, 0
+    values = value.values() if isinstance(value, dict) else value
+    items, chars = (0 if isinstance(value, dict) else len(value)), 0
+    for item in values:
+        more_items, more_chars = _size_of(item, depth + 1)
+        items, chars = items + more_items, chars + more_chars
+    return items, chars
+
+
+LIMITS = RenderLimits()
+
+
+class TemplateLimitExceeded(TemplateError):
+    """A render went past one of its :class:`RenderLimits`."""
+
+
+class Budget:
+    """One render's use of its limits; ``spend``/``emit``/``check`` raise TemplateLimitExceeded."""
+
+    __slots__ = ("limits", "iterations", "output", "deadline")
+
+    def __init__(self, limits: RenderLimits = LIMITS) -> None:
+        self.limits = limits
+        self.iterations = 0
+        self.output = 0
+        self.deadline = time.monotonic() + limits.max_seconds
+
+    def spend(self, iterations: int) -> None:
+        """Count ``iterations`` more loop iterations (all of a ``range`` over an int at once, before it runs)."""
+        self.iterations += iterations
+        if self.iterations > self.limits.max_iterations:
+            raise TemplateLimitExceeded(f"the template loops more than {self.limits.max_iterations} times")
+        if self.iterations & 255 == 0:
+            self.check_time()
+
+    def emit(self, size: int) -> None:
+        self.output += size
+        if self.output > self.limits.max_output:
+            raise TemplateLimitExceeded(f"the template's output is longer than {self.limits.max_output} characters")
+
+    def value(self, value):
+        """``value`` when a function built no string longer than the output limit."""
+        if isinstance(value, str) and len(value) > self.limits.max_output:
+            raise TemplateLimitExceeded(f"the template builds a value longer than {self.limits.max_output} characters")
+        return value
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateLimitExceeded(f"the template took more than {self.limits.max_seconds:g} s to render")
 
 
 class JSONObject(dict):
@@ -188,28 +271,33 @@ class GoTemplate:
         cut._nodes = cut_after(self._nodes, name)[0]
         return cut
 
-    def render(self, data: dict) -> str:
-        run = _Exec(self.source, data)
+    def render(self, data: dict, limits: RenderLimits | None = None) -> str:
+        """The template run on ``data``, within ``limits`` (default: ``LIMITS`` for this data)."""
+        run = _Exec(self.source, data, Budget(limits or LIMITS.for_data(data)))
         run.walk(self._nodes, data)
         return "".join(run.out)
 
 
 class _Exec:
-    """One execution: output buffer and the variable stack."""
+    """One execution: output buffer, the variable stack and the render's budget."""
 
-    def __init__(self, source: str, root) -> None:
+    def __init__(self, source: str, root, budget: Budget) -> None:
         self.source = source
         self.out: list[str] = []
         self.vars: list[list] = [["$", root]]
+        self.budget = budget
 
     def walk(self, nodes: list, dot) -> None:
         for node in nodes:
             if isinstance(node, Text):
+                self.budget.emit(len(node.text))
                 self.out.append(node.text)
             elif isinstance(node, Action):
                 value = self.pipe(node.pipe, dot)
                 if not node.pipe.decl:
-                    self.out.append(to_text(value))
+                    text = to_text(value)
+                    self.budget.emit(len(text))
+                    self.out.append(text)
             elif isinstance(node, Branch):
                 self.branch(node, dot)
             elif isinstance(node, Jump):
@@ -235,6 +323,7 @@ class _Exec:
             self.walk(node.else_body, dot)
         mark = len(self.vars)
         for key, value in items:
+            self.budget.spend(1)
             del self.vars[mark:]
             for name, bound in zip(node.pipe.decl, (value,) if len(node.pipe.decl) == 1 else (key, value)):
                 self.bind(name, bound, node.pipe.assign)
@@ -244,15 +333,17 @@ class _Exec:
                 if jump.args[0] == "break":
                     break
 
-    def items(self, value, pos: int) -> list[tuple]:
+    def items(self, value, pos: int):
         if value is None:
-            return []
+            return ()
         if isinstance(value, dict):
             return [(key, value[key]) for key in sorted(value, key=str)]
         if isinstance(value, (list, tuple)):
             return list(enumerate(value))
         if isinstance(value, int) and not isinstance(value, bool):
-            return [(i, i) for i in range(value)]
+            if value > self.budget.limits.max_iterations - self.budget.iterations:  # refused before it runs
+                self.budget.spend(max(0, value))
+            return _IntRange(value)
         raise error(self.source, pos, f"range can't iterate over {to_text(value)}")
 
     def pipe(self, pipe: Pipe, dot, bind: bool = True):
@@ -278,7 +369,8 @@ class _Exec:
         try:
             if head.value in ("and", "or"):
                 return _logic(head.value == "or", thunks)
-            return FUNCS[head.value](*(thunk() for thunk in thunks))  # type: ignore[misc]
+            self.budget.check_time()
+            return self.budget.value(FUNCS[head.value](*(thunk() for thunk in thunks)))  # type: ignore[misc]
         except TemplateError:
             raise
         except (TypeError, ValueError, IndexError, KeyError) as exc:
@@ -311,6 +403,21 @@ class _Exec:
         if value is None:
             return None
         raise error(self.source, pos, f"can't evaluate field {name} in type {_kind(value)}")
+
+
+class _IntRange:
+    """``range N`` over an int: (i, i) pairs made as the loop runs, not a list of N up front."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return max(0, self.n)
+
+    def __iter__(self):
+        return ((i, i) for i in range(self.n))
 
 
 def _logic(want: bool, thunks: list):

@@ -89,6 +89,11 @@ class Route:
                          if policy.strategy in ("slo", "prefix") else None)
         self.kv_sources = kv_sources if self.prefixes is not None and kv_sources else {}  # precise members
 
+    @property
+    def admits(self) -> bool:
+        """A keyed request is admitted by the member that serves it (each counts its own prompt)."""
+        return all(getattr(m.backend, "admits", False) for m in self.members)
+
     # -- the Backend protocol -------------------------------------------------------------------
 
     async def stream(self, request: GenerationRequest, _visited: frozenset[str] = frozenset()) -> AsyncIterator[StreamEvent]:

@@ -44,8 +44,8 @@ class Postgres:
         if os.geteuid() == 0:  # initdb refuses root: the cluster belongs to the postgres account
             shutil.chown(self.dir, self.user)
         self._run([initdb, "-D", str(self.dir / "data"), "-U", self.user, "--auth=trust", "-E", "UTF8"])
-        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off"
-        self._run([pg_ctl, "-D", str(self.dir / "data"), "-o", opts, "-l", str(self.dir / "log"), "-w", "start"])
+        self.opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off"
+        self.resume()
         self._run([postgres_bin("createdb") or "createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user,
                    "infer"])
         self.url = f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/infer"
@@ -57,9 +57,17 @@ class Postgres:
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed: {done.stderr[-1000:]}")
 
+    def pause(self) -> None:
+        """An outage: the server stops at once (clients' connections are cut), its data kept."""
+        self._run([self.pg_ctl, "-D", str(self.dir / "data"), "-m", "immediate", "-w", "stop"])
+
+    def resume(self) -> None:
+        self._run([self.pg_ctl, "-D", str(self.dir / "data"), "-o", self.opts, "-l", str(self.dir / "log"), "-w",
+                   "start"])
+
     def stop(self) -> None:
         try:
-            self._run([self.pg_ctl, "-D", str(self.dir / "data"), "-m", "immediate", "stop"])
+            self.pause()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -80,15 +88,24 @@ class Redis:
         binary = shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server not found: apt-get install redis-server")
+        self.binary = binary
         self.port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="infer-redis-"))
-        self.process = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.resume()
+
+    def resume(self) -> None:
+        self.process = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                          "--appendonly", "no", "--dir", str(self.dir)],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
         if not wait_for(self._up, timeout=15):
             self.stop()
             raise RuntimeError("redis-server did not start")
+
+    def pause(self) -> None:
+        """An outage: the server is gone (what it held goes with it, as after a crash)."""
+        self.process.kill()
+        self.process.wait(timeout=10)
 
     def _up(self) -> bool:
         try:

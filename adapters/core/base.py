@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
@@ -142,9 +142,17 @@ class GenerationRequest:
     priority: int = 0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
-    # API keys (``gateway/keys.py``): the bearer a client sent (dropped once checked) and the key's name.
-    credential: str | None = field(default=None, repr=False)
+    # API keys (``gateway/admission.py``): who sent it (the gateway's access principal), the ledger
+    # key's name for its row, and, for a request with a ledger key, ``admit``: a backend that sets
+    # ``admits = True`` awaits ``admit(prompt_tokens, context, served_by)`` once it has counted the
+    # prompt and before it generates anything (``served_by``: the name its cost is priced under); the
+    # answer is the most tokens it may generate (None: no bound), which it enforces, or an error
+    # (429/503) it raises as the request's. The gateway admits a request itself, with an upper bound
+    # of its prompt, before starting a backend without ``admits``.
+    caller: Any = field(default=None, repr=False, compare=False)
     key_name: str | None = None
+    admit: Callable[[int, int | None, str | None], Awaitable[int | None]] | None = field(
+        default=None, repr=False, compare=False)
 
     @property
     def is_chat(self) -> bool:

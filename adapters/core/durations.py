@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -38,6 +39,20 @@ def parse_duration(value: str | int | float) -> float:
     if not body or pos != len(body):
         raise ValueError(f"invalid duration {value!r}: use seconds or a form like 5m, 1h30m, 90s")
     return sign * total
+
+
+MAX_KEEP_ALIVE_S = 9_223_372_036.0  # Go's longest time.Duration, about 292 years
+
+
+def parse_keep_alive(value: str | int | float) -> float:
+    """Seconds a model stays loaded: a duration up to ``MAX_KEEP_ALIVE_S``; negative means forever."""
+    seconds = parse_duration(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"invalid duration {value!r}: not a finite number of seconds")
+    if seconds > MAX_KEEP_ALIVE_S:
+        raise ValueError(f"{value!r} is longer than the longest keep_alive ({MAX_KEEP_ALIVE_S:.0f} s, about 292 "
+                         "years); a negative value keeps the model loaded for good")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

@@ -25,18 +25,19 @@ LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "use_mmap")
 class Options(BaseModel):
     """One request's effective options. Field names are Ollama's ``options`` keys."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
-    seed: int = Field(default=-1, description="Sampling seed; -1 picks a random one.")
-    num_predict: int = Field(default=-1, ge=-2, description="Max tokens to generate; -1 = until stop or context end.")
-    num_keep: int = Field(default=4, ge=0)
-    top_k: int = Field(default=40, ge=0)
+    seed: int = Field(default=-1, ge=-(1 << 63), le=(1 << 64) - 1, description="Sampling seed; negative picks a random one.")
+    num_predict: int = Field(default=-1, ge=-2, le=(1 << 31) - 1,
+                             description="Max tokens to generate; -1 = until stop or context end.")
+    num_keep: int = Field(default=4, ge=0, le=1 << 20)
+    top_k: int = Field(default=40, ge=0, le=1 << 20)
     top_p: float = Field(default=0.9, ge=0.0, le=1.0)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     typical_p: float = Field(default=1.0, ge=0.0, le=1.0)
     temperature: float = Field(default=0.8, ge=0.0, le=100.0)
-    repeat_penalty: float = Field(default=1.0, ge=0.0)
-    repeat_last_n: int = Field(default=64, ge=-1, description="0 = off, -1 = num_ctx.")
+    repeat_penalty: float = Field(default=1.0, ge=0.0, le=100.0)
+    repeat_last_n: int = Field(default=64, ge=-1, le=1 << 20, description="0 = off, -1 = num_ctx.")
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     stop: tuple[str, ...] = Field(default=(), description="Stop strings; generation ends before them.")
@@ -44,9 +45,9 @@ class Options(BaseModel):
                              "(vLLM's flag, for benchmarks and tests that need an exact length).")
     num_ctx: int = Field(default=DEFAULTS.context_length, ge=16, le=1 << 20,
                          description="Context window in tokens (load time).")
-    num_batch: int = Field(default=512, ge=1)
-    num_thread: int = Field(default=0, ge=0, description="0 = llama.cpp's choice.")
-    num_gpu: int = Field(default=-1)
+    num_batch: int = Field(default=512, ge=1, le=1 << 20)
+    num_thread: int = Field(default=0, ge=0, le=512, description="0 = llama.cpp's choice (512: ggml's most).")
+    num_gpu: int = Field(default=-1, ge=-1, le=1 << 16)
     use_mmap: bool = True
 
     @field_validator("stop", mode="before")
@@ -57,12 +58,13 @@ class Options(BaseModel):
             return ()
         if isinstance(value, str):
             value = (value,)
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return tuple(v for v in value if v != "")
-        return value
+        raise ValueError(f"must be a string or a list of strings, got {value!r}"[:200])
 
     def sampling_seed(self) -> int:
-        return self.seed if self.seed >= 0 else random.randrange(1 << 31)
+        """A 32-bit seed (llama.cpp's): the seed's low 32 bits, or a random one for a negative seed."""
+        return self.seed % (1 << 32) if self.seed >= 0 else random.randrange(1 << 31)
 
     def load_key(self) -> tuple:
         return tuple(getattr(self, name) for name in LOAD_OPTIONS)
@@ -88,9 +90,26 @@ def resolve_options(*layers: dict[str, Any] | None, defaults: dict[str, Any] | N
     try:
         return Options(**merged)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        name = ".".join(str(p) for p in err["loc"]) or "options"
-        raise InvalidRequest(f"invalid option '{name}': {err['msg']}", param=f"options.{name}") from None
+        name, message = _first_error(exc, "options")
+        raise InvalidRequest(f"invalid option '{name}': {message}", param=f"options.{name}") from None
+
+
+def check_parameters(params: dict[str, Any]) -> None:
+    """A model's params layer (a Modelfile's PARAMETERs, ``/api/create``'s ``parameters``) checked
+    against the same ranges as a request's options, before the model is written; ValueError naming
+    the parameter."""
+    try:
+        Options(**{k: v for k, v in params.items() if k in KNOWN})
+    except ValidationError as exc:
+        name, message = _first_error(exc, "parameters")
+        raise ValueError(f"invalid parameter '{name}': {message}") from None
+
+
+def _first_error(exc: ValidationError, where: str) -> tuple[str, str]:
+    """The first error's field (a list's index left out) and its message, without pydantic's prefix."""
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else where
+    return name, err["msg"].removeprefix("Value error, ")
 
 
 def check_prompt_bytes(text: str, n_ctx: int, max_token_bytes: int) -> None:

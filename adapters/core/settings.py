@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from adapters.core.durations import parse_duration
+from adapters.core.durations import parse_keep_alive
 from registry.settings import env_setting
 
 ENV_PREFIX = "INFER_"
@@ -74,7 +74,7 @@ class LocalSettings(BaseSettings):
     @field_validator("keep_alive", "load_timeout", "hang_timeout", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        return parse_duration(value) if isinstance(value, str) else value
+        return parse_keep_alive(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
 
     @property
     def option_defaults(self) -> dict[str, Any]:

@@ -13,12 +13,11 @@ from datetime import datetime
 from functools import lru_cache
 
 import jinja2
-from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from registry.templates import GoTemplate, TemplateError, to_go
 
 from adapters.core.errors import BackendError, InvalidRequest
+from adapters.prompting.bounded_jinja import BoundedSandbox, render_bounded
 
 __all__ = ["PromptSpec", "TemplateError", "conversation", "fit_messages", "render_chat", "render_generate",
            "render_request"]
@@ -207,17 +206,11 @@ def _tojson(value, indent=None, separators=None, sort_keys=False, ensure_ascii=F
     return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """Refuses unsafe attributes (``''.__class__``) outright instead of rendering them as empty."""
-
-    def unsafe_undefined(self, obj, attribute):
-        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
-
-
 @lru_cache(maxsize=32)
 def _jinja_template(source: str) -> jinja2.Template:
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
+    env.bound_filters()
     env.globals.update(raise_exception=_raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
     try:
         return env.from_string(source)
@@ -233,8 +226,8 @@ def _render_jinja(spec: PromptSpec, convo: list[dict], tools: list | None, think
         if isinstance(think, str):
             flags["reasoning_effort"] = think
     try:
-        return template.render(messages=convo, tools=tools or None, add_generation_prompt=True,
-                               bos_token=spec.bos_token, eos_token=spec.eos_token, **flags)
+        return render_bounded(template, messages=convo, tools=tools or None, add_generation_prompt=True,
+                              bos_token=spec.bos_token, eos_token=spec.eos_token, **flags)
     except TemplateError:
         raise
     except Exception as exc:  # the template is model data: whatever it raises is a template error

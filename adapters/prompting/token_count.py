@@ -6,10 +6,18 @@ English BPE vocabularies). Either way the ledger marks such usage ``estimated``.
 
 Prompt tokens are counted from the text the client sent plus a small per-message overhead for the
 chat template's role markers (OpenAI's published rule of thumb: 3 per message and 3 to prime the reply).
+
+``prompt_bound(request, counter)`` is an *upper bound* of a prompt's tokens, for a budget's hold
+before a remote backend has counted anything: the configured tokenizer's count (or, without one,
+the UTF-8 bytes: every token of a byte-level or byte-fallback vocabulary covers at least one byte)
+plus generous template overheads: ``BOUND_PER_MESSAGE`` per message, ``BOUND_FIXED`` for the
+template's own text (a default system prompt, the reply's header) and ``BOUND_TOOLS`` more with
+tools (their JSON counted too).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -19,6 +27,9 @@ from adapters.core.errors import InvalidRequest
 
 PER_MESSAGE = 3
 REPLY_PRIMER = 3
+BOUND_PER_MESSAGE = 16
+BOUND_FIXED = 128
+BOUND_TOOLS = 512
 
 
 class TokenCounter(Protocol):
@@ -58,6 +69,27 @@ class TokenizerCounter(_Counter):
 
     def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+
+class ByteBound(_Counter):
+    """No tokenizer, an upper bound: one token per UTF-8 byte at most."""
+
+    def count(self, text: str) -> int:
+        return len(text.encode("utf-8", "replace")) if text else 0
+
+
+def prompt_bound(request: Any, counter: TokenCounter | None = None) -> int:
+    """At least as many tokens as ``request``'s prompt has once a chat template has wrapped it."""
+    counter = counter or ByteBound()
+    if request.prompt_tokens is not None:
+        return len(request.prompt_tokens) + counter.count(request.system or "") + BOUND_FIXED
+    texts = [request.system or "", request.prompt or "", request.suffix or ""]
+    texts += [_text(m.get("content")) + json.dumps(m.get("tool_calls") or "") for m in request.messages or []]
+    total = sum(counter.count(text) for text in texts) + BOUND_FIXED
+    total += BOUND_PER_MESSAGE * len(request.messages or [])
+    if request.tools:
+        total += counter.count(json.dumps(request.tools)) + BOUND_TOOLS
+    return total
 
 
 def load_counter(path: str | None) -> TokenCounter:

@@ -38,7 +38,7 @@ from adapters.core.base import (Chunk, Done, GenerationRequest, Health, LoadedMo
 from adapters.core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
 from .http_errors import error_from_status, map_transport_error
 from .metrics_scrape import scrape
-from adapters.prompting.token_count import TokenCounter, load_counter
+from adapters.prompting.token_count import ByteBound, TokenCounter, load_counter, prompt_bound
 from .wire import parse_json
 
 
@@ -162,6 +162,7 @@ class RemoteBackend:
     health_path: ClassVar[str] = "/health"
     can_stream = True
     supports_embeddings = False
+    admits = True  # calls request.admit (a key's budget and limits) before sending (base.GenerationRequest)
     takes_token_ids = False  # prompts and embedding inputs given as token-id lists (OpenAI-compatible servers)
 
     def __init__(self, settings: RemoteSettings, client: httpx.AsyncClient | None = None,
@@ -176,6 +177,7 @@ class RemoteBackend:
             self._direct = Direct(transport, settings.base_url, t.connect, t.read)
         self.client = client
         self.counter = counter if counter is not None else load_counter(settings.tokenizer)
+        self.bound = self.counter if settings.tokenizer else ByteBound()  # a prompt's tokens at most
         self._slots = asyncio.Semaphore(settings.max_inflight) if settings.max_inflight else None
         self.num_waiting = 0  # requests queued in the gateway for a max_inflight slot
         # Tracing on: adds the current span's ``traceparent`` to a header dict (``gateway/tracing.py``).
@@ -213,6 +215,8 @@ class RemoteBackend:
         if request.prompt_tokens is not None and not self.takes_token_ids:
             raise InvalidRequest(f"the {self.type} backend takes prompts as text, not token ids; send the prompt "
                                  "as text", param="prompt")
+        if request.admit is not None:
+            await self._admit(request)
         turn = Turn(request, self.counter, time.perf_counter())
         deadline = request.arrival + self.settings.timeouts.total
         first_byte = request.arrival + self.settings.timeouts.first_byte
@@ -241,6 +245,16 @@ class RemoteBackend:
             finally:
                 await events.aclose()  # closes the HTTP response: the backend sees the disconnect
             yield turn.done("cancelled" if request.cancel.cancelled else None)
+
+    async def _admit(self, request: GenerationRequest) -> None:
+        """A keyed request's admission before anything is sent: the prompt's upper bound (its tokenizer's
+        count, else its bytes, plus template overhead) and the configured context; the answer caps the
+        output the backend is asked for."""
+        assert request.admit is not None
+        cap = await request.admit(prompt_bound(request, self.bound), self.settings.context_length, self.settings.name)
+        asked = request.options.get("num_predict")
+        if cap is not None and not (isinstance(asked, int) and 0 < asked <= cap):
+            request.options = {**request.options, "num_predict": cap}
 
     def to_error(self, exc: BaseException) -> BackendError:
         """Any failure while talking to the backend, as the project's error."""

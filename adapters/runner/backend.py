@@ -94,6 +94,7 @@ class RunnerBackend:
     scheduler: Scheduler
     name: str = "llamacpp"
     can_stream: bool = True
+    admits: bool = True  # the runner asks the gateway to admit a keyed request once it has counted the prompt
 
     @property
     def supports_embeddings(self) -> bool:

@@ -145,12 +145,15 @@ class RunnerClient:
         self._pending[id_] = queue
         seen = _Seen(request)
         finished = False
+        refusal: BaseException | None = None  # the gateway refused to admit it: the client gets this error
         try:
-            await self._send(p.Generate(id_, p.request_to_wire(request)))
+            await self._send(p.Generate(id_, p.request_to_wire(request), admit=request.admit is not None))
             request.cancel.on_cancel(lambda: self._cancel(id_))
             while True:
                 item = await queue.get()
-                if isinstance(item, p.Token):
+                if isinstance(item, p.Admit):
+                    refusal = await self._admit(id_, request, item)
+                elif isinstance(item, p.Token):
                     seen.add(item.chunk)
                     yield item.chunk
                 elif isinstance(item, p.Finished):
@@ -159,7 +162,7 @@ class RunnerClient:
                     return
                 elif isinstance(item, p.Failed):
                     finished = True
-                    raise p.error_from_wire(item.error)
+                    raise refusal if refusal is not None else p.error_from_wire(item.error)
                 else:
                     finished = True
                     raise RunnerStopped(STOPPED.format(why=item.why), partial=seen.partial())
@@ -167,6 +170,16 @@ class RunnerClient:
             self._pending.pop(id_, None)
             if not finished:
                 self._cancel(id_)
+
+    async def _admit(self, id_: int, request: GenerationRequest, asked: p.Admit) -> BaseException | None:
+        """Answer a runner's ``Admit`` with ``request.admit``'s decision; the refusal, if it refused."""
+        try:
+            cap = await request.admit(asked.prompt_tokens, asked.context, asked.served_by)
+        except Exception as exc:  # over budget, rate-limited, the database down: the runner stops it
+            await self._send(p.Refused(id_))
+            return exc
+        await self._send(p.Admitted(id_, cap))
+        return None
 
     async def embed(self, model: str, inputs: list, *, truncate: bool) -> EmbedResult:
         id_ = next(_ids)

@@ -6,14 +6,20 @@ sends msgspec structs between its API server and ``EngineCore`` the same way, ov
 
 gateway -> runner                        runner -> gateway
     Load(engine, store, model, ...)          Ready(pid, context_length) | Failed(error)
-    Generate(id, request)                    Token(id, chunk)... then Finished(id, done, load) | Failed(id, error)
+    Generate(id, request, admit)             [Admit(id, prompt_tokens, context, served_by)]
+                                             Token(id, chunk)... then Finished(id, done, load) | Failed(id, error)
+    Admitted(id, cap) | Refused(id)          (the answer to Admit: generation goes on, or fails)
     Embed(id, model, inputs, ...)            Embedded(id, result) | Failed(id, error)
     Cancel(id)                               (the stream ends with a ``cancelled`` Finished)
     Ping(id)                                 Pong(id, load)
     Shutdown()                               the process exits 0
 
-``Generate.request`` is a :class:`~adapters.core.base.GenerationRequest` without its cancel token
-and credential; events carry the ``Chunk`` and ``Done`` dataclasses as they are. A runner's error
+``Generate.request`` is a :class:`~adapters.core.base.GenerationRequest` without its cancel token,
+its caller and its admission hook; events carry the ``Chunk`` and ``Done`` dataclasses as they are.
+A keyed request (``Generate.admit``) is admitted by the gateway (``request.admit``: the key's budget
+and limits) once the runner has counted its prompt: the runner sends ``Admit`` and generates nothing
+until the answer (``Admitted`` with the most tokens it may generate, or ``Refused``; the gateway
+then answers the client with its own error). A runner's error
 travels as its class name in ``adapters.core.errors`` and its fields (:func:`error_to_wire`).
 """
 
@@ -27,7 +33,7 @@ import msgspec
 from adapters.core import errors
 from adapters.core.base import Chunk, Done, EmbedResult, GenerationRequest
 
-_LOCAL_ONLY = ("cancel", "credential")  # fields of a request that stay in the gateway
+_LOCAL_ONLY = ("cancel", "caller", "admit")  # fields of a request that stay in the gateway
 
 
 class WireError(msgspec.Struct):
@@ -54,6 +60,16 @@ class Load(msgspec.Struct, tag=True):
 class Generate(msgspec.Struct, tag=True):
     id: int
     request: dict[str, Any]
+    admit: bool = False  # the gateway admits it once its prompt is counted (``Admit``)
+
+
+class Admitted(msgspec.Struct, tag=True):
+    id: int
+    cap: int | None = None  # the most tokens it may generate (None: no bound)
+
+
+class Refused(msgspec.Struct, tag=True):
+    id: int
 
 
 class Embed(msgspec.Struct, tag=True):
@@ -82,6 +98,13 @@ class Ready(msgspec.Struct, tag=True):
     context_length: int
 
 
+class Admit(msgspec.Struct, tag=True):
+    id: int
+    prompt_tokens: int
+    context: int | None = None
+    served_by: str | None = None
+
+
 class Token(msgspec.Struct, tag=True):
     id: int
     chunk: Chunk
@@ -108,8 +131,8 @@ class Pong(msgspec.Struct, tag=True):
     load: dict[str, float] = {}
 
 
-ToRunner = Load | Generate | Embed | Cancel | Ping | Shutdown
-FromRunner = Ready | Token | Finished | Embedded | Failed | Pong
+ToRunner = Load | Generate | Admitted | Refused | Embed | Cancel | Ping | Shutdown
+FromRunner = Ready | Admit | Token | Finished | Embedded | Failed | Pong
 
 encoder = msgspec.msgpack.Encoder()
 to_runner = msgspec.msgpack.Decoder(ToRunner)

@@ -46,6 +46,7 @@ class Worker:
         self.backend: LocalBackend | None = None
         self.model = ""
         self.cancels: dict[int, CancelToken] = {}
+        self.admissions: dict[int, asyncio.Future] = {}  # requests waiting for the gateway's Admitted/Refused
         self.tasks: set[asyncio.Task] = set()
         self.stopping = asyncio.Event()
 
@@ -56,6 +57,10 @@ class Worker:
         match message:
             case p.Generate():
                 self._spawn(self.generate(message))
+            case p.Admitted(id=id_, cap=cap):
+                self._answer(id_, cap)
+            case p.Refused(id=id_):
+                self._answer(id_, BackendError("the gateway refused the request (its key's budget or limits)"))
             case p.Cancel(id=id_):
                 token = self.cancels.get(id_)
                 if token is not None:
@@ -68,6 +73,36 @@ class Worker:
                 self._spawn(self.load(message))
             case p.Shutdown():
                 self.stopping.set()
+
+    def _answer(self, id_: int, answer: Any) -> None:
+        future = self.admissions.get(id_)
+        if future is None or future.done():
+            return
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
+
+    def _admission(self, id_: int):
+        """``request.admit`` for a request of this runner: asks the gateway and waits for its answer."""
+        async def admit(prompt_tokens: int, context: int | None, served_by: str | None = None) -> int | None:
+            future = asyncio.get_running_loop().create_future()
+            self.admissions[id_] = future
+            try:
+                await self.send(p.Admit(id_, prompt_tokens, context, served_by))
+                return await future
+            finally:
+                self.admissions.pop(id_, None)
+        return admit
+
+    async def _admit_here(self, request) -> None:
+        """An engine that counts no prompt (``admits`` unset): admitted now, with an upper bound of it."""
+        from adapters.prompting.token_count import prompt_bound
+
+        cap = await request.admit(prompt_bound(request), None, self.engine)
+        request.admit = None
+        if cap is not None:
+            request.options = {**request.options, "num_predict": cap}
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -96,6 +131,10 @@ class Worker:
         self.cancels[message.id] = request.cancel
         first = True
         try:
+            if message.admit:
+                request.admit = self._admission(message.id)
+                if not getattr(self.backend, "admits", False):
+                    await self._admit_here(request)
             async for event in self.backend.stream(request):
                 if isinstance(event, Done):
                     await self.send(p.Finished(message.id, event, self.current_load()))

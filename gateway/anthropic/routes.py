@@ -16,7 +16,7 @@ from starlette.responses import Response
 from gateway.anthropic import views
 from gateway.anthropic.schemas import CountTokensRequest, MessagesRequest
 from gateway.anthropic.wire_models import count_responses, messages_responses
-from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.deps import CallerDep, ClientDep, RecorderDep, RouterDep, check_model
 from gateway.http.disconnect import on_disconnect
 from gateway.http.errors import anthropic_error, to_status_message
 from gateway.http.hints import HintsDep
@@ -49,7 +49,8 @@ async def messages(body: MessagesRequest, backends: RouterDep, recorder: Recorde
 
 
 @router.post(COUNT_ROUTE, responses=count_responses())
-async def count_tokens(body: CountTokensRequest, backends: RouterDep, client: ClientDep) -> Response:
+async def count_tokens(body: CountTokensRequest, backends: RouterDep, client: ClientDep, who: CallerDep) -> Response:
+    check_model(who, body.model)
     return JSONBytes({"input_tokens": await prompt_tokens(backends, body.translated(client))})
 
 

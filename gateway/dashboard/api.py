@@ -9,9 +9,8 @@
   its requests and spend in the ledger since ``since``.
 - ``GET /infer/dashboard``: which optional views the page can poll (``GET /infer/backends``).
 
-Who may read: as the rest of the API (loopback by default, ``INFER_API_KEYS`` checked by the guard
-middleware). With ``auth: {required: true}`` a key is needed here too; a ledger key (``sk-infer-…``)
-sees only its own rows and budget, an operator key (``INFER_API_KEYS``) sees everything.
+Who may read: ``gateway/http/access.py`` (callers). With auth on, a caller's ledger key
+(``sk-infer-…``) sees only its own rows and budget, an operator key sees everything.
 """
 
 from __future__ import annotations

@@ -95,6 +95,8 @@ def known_error_response(path: str, exc: Exception) -> JSONResponse:
 
     status, message, extra = to_status_message(exc)
     response = JSONResponse(error_body(path, status, message, **extra), status_code=status)
+    if status >= 500 and not isinstance(exc, KNOWN):  # an unexpected failure: the server closes this connection
+        response.headers["Connection"] = "close"
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:  # an overloaded backend: tell clients when to come back
         response.headers["Retry-After"] = str(max(1, round(retry_after)))
@@ -130,13 +132,17 @@ def install(app: FastAPI) -> None:
 
 
 def validation_message(errors) -> str:
-    """One readable sentence from pydantic/FastAPI validation errors."""
+    """One readable sentence from pydantic/FastAPI validation errors. A field that takes one of
+    several types (``stop``: a string or a list of strings) names them, not pydantic's union paths."""
     if not errors:
         return "invalid request"
     err = errors[0]
     if err.get("type") == "json_invalid":
         return f"invalid JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}"
     field = ".".join(_fields(err))
+    kinds = _kinds(errors)
+    if kinds:
+        return f"invalid '{field}': expected {' or '.join(kinds)}, got {repr(err.get('input'))[:80]}"
     msg = err.get("msg", "invalid value").removeprefix("Value error, ")
     return f"invalid '{field}': {msg}" if field else f"invalid request body: {msg}"
 
@@ -151,6 +157,28 @@ def _is_member_tag(part) -> bool:
     if not isinstance(part, str):
         return False
     return "[" in part or part in ("str", "int", "float", "bool", "dict", "list", "none", "tagged-union")
+
+
+_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false", "none": "null",
+          "list[str]": "a list of strings", "list[int]": "a list of integers (token ids)",
+          "list[list[int]]": "a list of token-id lists", "list[any]": "a list", "dict[str,any]": "an object",
+          "list[dict[str,any]]": "a list of objects"}
+
+
+def _kinds(errors) -> list[str]:
+    """The types a field takes when the first error is one member of a union failing (pydantic puts
+    each member's tag right after the field's path), in words; [] otherwise."""
+    loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
+    field = _fields(errors[0])
+    at = len(field)
+    if len(loc) <= at or loc[:at] != field or loc[at] not in _KINDS:
+        return []
+    kinds = []
+    for other in errors:
+        path = [str(p) for p in other.get("loc", ()) if p != "body"]
+        if path[:at] == field and len(path) > at and path[at] in _KINDS:
+            kinds.append(_KINDS[path[at]])
+    return list(dict.fromkeys(kinds)) if len(kinds) > 1 else []
 
 
 def _param(errors) -> str | None:

@@ -5,9 +5,10 @@
   hostname gets ``403`` with an empty body, as Ollama does.
 - CORS: allowed origins are the Ollama defaults plus ``INFER_ORIGINS``; a disallowed ``Origin`` gets
   ``403`` with an empty body; a preflight on an allowed origin gets ``204``.
-- API keys: when keys are configured, every route except ``/``, ``/api/version``, ``/health``, ``/ready``,
-  the dashboard's static files (``/dashboard/…``) and preflights needs
-  ``Authorization: Bearer <key>``; keys are compared by their sha256.
+- API keys: the access policy (``gateway/http/access.py``) decides, from the route's class and the
+  key the request sends, whether it goes on (401, 403 otherwise; 503 with ``Retry-After`` when the
+  ledger database cannot be asked about a key). Who the key names goes on in ``scope["state"]
+  ["principal"]`` for the route (budgets, limits, a key's models, whose rows a view shows).
 - Bodies larger than ``max_body_bytes`` get ``413`` before the route sees them (except blob
   uploads, ``/api/blobs/*``, which are streamed to disk and verified by digest).
 """
@@ -18,7 +19,9 @@ import ipaddress
 import json
 import socket
 
+from gateway.http.access import LEDGER_PREFIX, PUBLIC, AccessPolicy, Principal, credential_of
 from gateway.http.errors import error_body
+from gateway.http.outage import Unavailable
 from gateway.settings import ServerSettings
 
 ALLOWED_HEADERS = ", ".join([
@@ -29,7 +32,6 @@ ALLOWED_HEADERS = ", ".join([
                                     "runtime-version", "timeout")),
 ])
 ALLOWED_METHODS = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
-OPEN_PATHS = frozenset({"/", "/api/version", "/health", "/ready"})  # what probes ask
 
 
 class GuardMiddleware:
@@ -50,10 +52,11 @@ class GuardMiddleware:
             return await _send(send, 403, b"")
         if scope["method"] == "OPTIONS" and origin is not None:
             return await _send(send, 204, b"", self._cors_headers(origin))
-        if not self._authorized(scope, headers):
-            body = error_body(scope["path"], 401, "missing or invalid API key: send 'Authorization: Bearer <key>' "
-                              "(or 'x-api-key: <key>')")
-            return await _send(send, 401, json.dumps(body).encode(), [(b"content-type", b"application/json")])
+        refusal = await self._authorize(scope, headers)
+        if refusal is not None:
+            status, message, extra = refusal
+            body = json.dumps(error_body(scope["path"], status, message)).encode()
+            return await _send(send, status, body, [(b"content-type", b"application/json"), *extra])
         limited = not scope["path"].startswith("/api/blobs/")  # model uploads are streamed to disk
         if limited and _content_length(headers) > self.settings.max_body_bytes:
             return await self._too_large(scope, send)
@@ -86,15 +89,24 @@ class GuardMiddleware:
             return False
         return ip.is_loopback or ip.is_private or ip.is_unspecified
 
-    def _authorized(self, scope, headers: dict[str, str]) -> bool:
-        if not self.settings.api_key_hashes or scope["path"] in OPEN_PATHS or _is_page(scope["path"]):
-            return True
-        scheme, _, key = headers.get("authorization", "").partition(" ")
-        key = key.strip()
-        if not key and headers.get("x-api-key"):  # issue 30: Anthropic's clients send x-api-key (lead: merge with 26)
-            scheme, key = "bearer", headers["x-api-key"].strip()
-        # keys of the ledger (infer keys create) are checked with the request (gateway/keys.py)
-        return scheme.lower() == "bearer" and (key.startswith("sk-infer-") or self.settings.key_allowed(key))
+    async def _authorize(self, scope, headers: dict[str, str]) -> tuple[int, str, list] | None:
+        """None when the policy lets the request through (who it is then rides in the scope's state),
+        else the answer's status, message and extra headers."""
+        state = scope["app"].state
+        policy: AccessPolicy = state.access
+        access = policy.access(scope["method"], scope["path"])
+        if access is PUBLIC:
+            return None
+        credential = credential_of(headers)
+        try:
+            principal = await _principal(credential, policy, state.keys)
+        except Unavailable as exc:
+            return 503, exc.message, [(b"retry-after", str(round(exc.retry_after)).encode())]
+        denial = policy.decide(access, principal, credential)
+        if denial is not None:
+            return denial.status, denial.message, []
+        scope.setdefault("state", {})["principal"] = principal
+        return None
 
     def _cors_headers(self, origin: str) -> list[tuple[bytes, bytes]]:
         return [(b"access-control-allow-origin", origin.encode("latin-1")),
@@ -154,9 +166,18 @@ class _BodyLimit:
         return wrapped
 
 
-def _is_page(path: str) -> bool:
-    """The dashboard's static files hold no data (its JSON is guarded): a browser loads them without a key."""
-    return path == "/dashboard" or path.startswith("/dashboard/")
+async def _principal(credential: str | None, policy: AccessPolicy, keys) -> Principal | None:
+    """Who ``credential`` names: an operator of INFER_API_KEYS, a live ledger key, or nobody."""
+    if credential is None:
+        return None
+    if policy.operator(credential):
+        return Principal(None, operator=True)
+    if not credential.startswith(LEDGER_PREFIX):
+        return None
+    key = await keys.find(credential)
+    if key is None or key.revoked:
+        return None
+    return Principal(key.name, operator=key.operator, key=key)
 
 
 def _content_length(headers: dict[str, str]) -> int:

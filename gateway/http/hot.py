@@ -38,7 +38,7 @@ def hot_route(model: type[BaseModel], serve: Callable[..., Awaitable[Response]])
         try:
             body = model.model_validate(data, context=PARSED_STRICTLY)
             headers = Headers(scope=scope)
-            hints = hints_from(headers)
+            hints = hints_from(headers, scope)
         except (ValidationError, APIError):
             return None
         state = scope["app"].state

@@ -6,6 +6,7 @@ FastAPI walk the whole body through ``jsonable_encoder`` before encoding it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -24,6 +25,17 @@ class JSONBytes(Response):
         return dumps(content)
 
 
-def cost_header(cost_usd: float | None) -> dict[str, str] | None:
-    """``x-infer-cost-usd`` on a non-streaming answer whose backend is priced."""
-    return None if cost_usd is None else {"x-infer-cost-usd": f"{cost_usd:.12f}".rstrip("0").rstrip(".") or "0"}
+def cost_header(cost_usd: float | None, gens: Sequence[Any] = ()) -> dict[str, str] | None:
+    """``x-infer-cost-usd`` on a non-streaming answer whose backend is priced, and the gateway's notes."""
+    headers = note_header(gens) or {}
+    if cost_usd is not None:
+        headers["x-infer-cost-usd"] = f"{cost_usd:.12f}".rstrip("0").rstrip(".") or "0"
+    return headers or None
+
+
+def note_header(gens: Sequence[Any]) -> dict[str, str] | None:
+    """``x-infer-note``: why the gateway limited a generation's output (a key's budget or cap)."""
+    notes = list(dict.fromkeys(g.note for g in gens if g.note))
+    if not notes:
+        return None
+    return {"x-infer-note": "; ".join(notes).encode("latin-1", "replace").decode("latin-1")}

@@ -75,7 +75,7 @@ class Stream(StreamingResponse):
 
 
 def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200,
-                   more_ready: Callable[[], bool] = _never) -> StreamingResponse:
+                   more_ready: Callable[[], bool] = _never, headers: dict[str, str] | None = None) -> StreamingResponse:
     async def lines() -> AsyncIterator[bytes]:
         held = _Held(more_ready)
         try:
@@ -87,10 +87,11 @@ def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200,
                 yield ready
         if held.pieces:
             yield Final(held.take())
-    return Stream(lines(), status_code=status_code, media_type=NDJSON)
+    return Stream(lines(), status_code=status_code, media_type=NDJSON, headers=headers)
 
 
-def sse_response(objects: AsyncIterator[dict], more_ready: Callable[[], bool] = _never) -> StreamingResponse:
+def sse_response(objects: AsyncIterator[dict], more_ready: Callable[[], bool] = _never,
+                 headers: dict[str, str] | None = None) -> StreamingResponse:
     """``data: <json>\\n\\n`` per object, then ``data: [DONE]\\n\\n``, always."""
     async def events() -> AsyncIterator[bytes]:
         held = _Held(more_ready)
@@ -105,7 +106,7 @@ def sse_response(objects: AsyncIterator[dict], more_ready: Callable[[], bool] = 
             yield Final(ready)
         if held.pieces:
             yield Final(held.take())
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
     return Stream(events(), media_type=SSE, headers=headers)
 
 

@@ -17,12 +17,12 @@ from adapters.core.base import Chunk, GenerationRequest, TokenLogprob
 from gateway.serving.router import Router
 
 from gateway.ollama import views as view
-from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.deps import CallerDep, ClientDep, RecorderDep, RouterDep, check_model
 from gateway.http.disconnect import Receive, on_disconnect
 from gateway.http.hints import HintsDep, RequestHints
 from gateway.http.hot import hot_route
 from gateway.http.errors import APIError
-from gateway.http.jsonwire import JSONBytes, cost_header
+from gateway.http.jsonwire import JSONBytes, cost_header, note_header
 from gateway.ollama.local import load_or_unload
 from gateway.embeddings import embed as embed_inputs
 from gateway.ollama.wire_models import chat_responses, embed_responses, embeddings_responses, generate_responses
@@ -40,6 +40,7 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
         raise APIError(400, "images are not supported", param="images")
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not body.prompt:
+        check_model(hints.caller, body.model)
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONBytes(view.load_answer(body.model, reason, chat=False))
     req = GenerationRequest(
@@ -51,12 +52,12 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
     backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
     if body.streaming:
-        return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready)
+        return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready, headers=note_header([gen]))
     async with on_disconnect(http.receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
     final = with_cost(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks),
                                           thinking=_thinking(chunks)), gen)
-    return JSONBytes(final, headers=cost_header(gen.cost_usd))
+    return JSONBytes(final, headers=cost_header(gen.cost_usd, [gen]))
 
 
 async def _generate_stream(gen: Generation, body: GenerateRequest) -> AsyncIterator[dict]:
@@ -82,6 +83,7 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
         raise APIError(400, "images are not supported", param="messages.images")
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not messages:
+        check_model(hints.caller, body.model)
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONBytes(view.load_answer(body.model, reason, chat=True))
     req = GenerationRequest(
@@ -92,13 +94,13 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
     backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
-        return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready)
+        return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready, headers=note_header([gen]))
     async with on_disconnect(receive, req.cancel.cancel):
         text, chunks, done = await gen.collect()
     calls = [call for chunk in chunks for call in chunk.tool_calls]
     final = view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks), tool_calls=calls,
                             thinking=_thinking(chunks))
-    return JSONBytes(with_cost(final, gen), headers=cost_header(gen.cost_usd))
+    return JSONBytes(with_cost(final, gen), headers=cost_header(gen.cost_usd, [gen]))
 
 
 async def _chat_stream(gen: Generation, model: str) -> AsyncIterator[dict]:
@@ -155,28 +157,34 @@ def _logprobs(chunks: list[Chunk]) -> list[TokenLogprob]:
 # -- embeddings -----------------------------------------------------------------------------------
 
 @router.post("/api/embed", responses=embed_responses(), response_model=None)
-async def embed(body: EmbedRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> dict:
+async def embed(body: EmbedRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
+                who: CallerDep) -> dict:
     keep_alive = keep_alive_seconds(body.keep_alive)
+    if body.input is None:
+        raise APIError(400, "'input' is required: a string or a list of strings to embed (an empty one "
+                            "loads the model)", param="input")
     inputs = ([body.input] if body.input else []) if isinstance(body.input, str) else list(body.input)
+    check_model(who, body.model)
     if not inputs:
         await load_or_unload(backends, body.model, keep_alive, body.options or {}, embedding=True)
         return {"model": body.model, "embeddings": []}
     result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route="/api/embed", model=body.model, inputs=inputs,
                                 client=client, truncate=body.truncate, keep_alive=keep_alive,
-                                dimensions=body.dimensions)
+                                dimensions=body.dimensions, caller=who)
     return {"model": body.model, "embeddings": result.embeddings, "total_duration": view.ns(result.total),
             "load_duration": view.ns(result.load), "prompt_eval_count": result.input_tokens}
 
 
 @router.post("/api/embeddings", responses=embeddings_responses(), response_model=None)
 async def embeddings(body: EmbeddingsRequest, backends: RouterDep, recorder: RecorderDep,
-                     client: ClientDep) -> dict:
+                     client: ClientDep, who: CallerDep) -> dict:
     keep_alive = keep_alive_seconds(body.keep_alive)
+    check_model(who, body.model)
     if not body.prompt:
         await load_or_unload(backends, body.model, keep_alive, body.options or {}, embedding=True)
         return {"embedding": []}
     result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route="/api/embeddings", model=body.model,
-                                inputs=[body.prompt], client=client, keep_alive=keep_alive)
+                                inputs=[body.prompt], client=client, keep_alive=keep_alive, caller=who)
     return {"embedding": result.embeddings[0]}
 
 

@@ -15,7 +15,7 @@ from adapters.core.errors import ModelNotFound
 from registry.names import parse_digest
 
 from gateway.ollama import views as view
-from gateway.deps import RouterDep, SettingsDep, StoreDep
+from gateway.deps import CallerDep, RouterDep, SettingsDep, StoreDep, check_model
 from gateway.ollama.local import listing_details, local_details, resolve_local
 from gateway.ollama.registry_jobs import (Job, copy_model, create_job, progress_stream, pull_job, push_job, receive_blob,
                                run_quietly)
@@ -38,7 +38,8 @@ async def tags(store: StoreDep, backends: RouterDep) -> dict:
 
 @router.post("/api/show", responses={200: {"model": wire.ShowResponse}, **wire.errors(400, 404)},
              response_model=None)
-async def show(body: ShowRequest, store: StoreDep, backends: RouterDep) -> dict:
+async def show(body: ShowRequest, store: StoreDep, backends: RouterDep, who: CallerDep) -> dict:
+    check_model(who, body.model)
     for remote in await backends.remote_models():
         if remote.name == body.model:
             return view.remote_show_body(remote)

@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from adapters.core.options import check_parameters
 from registry.client import RegistryClient
 from registry.create import create_model
 from registry.modelfile import PARAMETER_TYPES, ROLES, Modelfile, parse_parameter
@@ -110,7 +111,13 @@ def create_modelfile(store: Store, body: CreateRequest) -> Modelfile:
             raise APIError(400, f"invalid message role {m.role!r}: use one of {', '.join(ROLES)}",
                            param="messages")
         messages.append({"role": m.role.lower(), "content": m.content})
-    return Modelfile(from_=_weights_source(store, body), parameters=_parameters(body.parameters or {}),
+    parameters = _parameters(body.parameters or {})
+    try:
+        check_parameters(parameters)
+    except ValueError as exc:
+        name = str(exc).split("'")[1] if "'" in str(exc) else ""
+        raise APIError(400, str(exc), param=f"parameters.{name}" if name else "parameters") from None
+    return Modelfile(from_=_weights_source(store, body), parameters=parameters,
                      template=body.template, system=body.system, licenses=licenses, messages=messages)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from adapters.core.durations import parse_duration
+from adapters.core.durations import parse_keep_alive
 from adapters.prompting.reasoning import LEVELS
 from adapters.tools.wire import check_tools, internal_calls, name_tool_results
 from gateway.http.bodies import checked_text
@@ -131,7 +131,7 @@ class ChatRequest(_Generation):
 
 class EmbedRequest(_Body):
     model: str = Field(min_length=1)
-    input: str | list[str] = ""
+    input: str | list[str] | None = None  # "" or []: load the model (Ollama's empty request); absent: 400
     truncate: StrictBool = True
     dimensions: int | None = Field(default=None, ge=0)
     keep_alive: KeepAlive = None
@@ -190,10 +190,10 @@ class CreateRequest(ModelRequest):
 
 
 def keep_alive_seconds(value: KeepAlive) -> float | None:
-    """Seconds from a ``keep_alive`` field (None = the server default); a bad value is a 400."""
+    """Seconds from a ``keep_alive`` field (None = the server default); a bad or out-of-range value is a 400."""
     if value is None:
         return None
     try:
-        return parse_duration(value)
+        return parse_keep_alive(value)
     except ValueError as exc:
         raise APIError(400, f"invalid keep_alive: {exc}", param="keep_alive") from None

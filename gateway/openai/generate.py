@@ -17,7 +17,7 @@ from gateway.http.disconnect import Receive, on_disconnect
 from gateway.http.hints import HintsDep, RequestHints
 from gateway.http.hot import hot_route
 from gateway.serving.recorder import Recorder
-from gateway.http.jsonwire import JSONBytes, cost_header
+from gateway.http.jsonwire import JSONBytes, cost_header, note_header
 from gateway.http.streaming import sse_response
 from gateway.openai.responses import ResponseMeta, chat_completion, text_completion
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
@@ -46,11 +46,11 @@ async def serve_chat(body: ChatCompletionRequest, backends: Router, recorder: Re
         gens: list = []
         events, more_ready = await start_stream(recorder, backend, requests, CHAT_ROUTE, gens)
         return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage,
-                                        cost=lambda: total_cost(gens)), more_ready)
+                                        cost=lambda: total_cost(gens)), more_ready, headers=note_header(gens))
     gens = []
     async with on_disconnect(receive, lambda: [r.cancel.cancel() for r in requests]):
         results = await run_all(recorder, backend, requests, CHAT_ROUTE, gens)
-    return JSONBytes(chat_completion(meta, results, logprobs=logprobs), headers=cost_header(total_cost(gens)))
+    return JSONBytes(chat_completion(meta, results, logprobs=logprobs), headers=cost_header(total_cost(gens), gens))
 
 
 @router.post(COMPLETIONS_ROUTE, responses=completion_responses())
@@ -67,12 +67,12 @@ async def completions(body: CompletionRequest, backends: RouterDep, recorder: Re
         events, more_ready = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE, gens)
         return sse_response(completion_chunks(meta, events, prompt_of, logprobs=logprobs,
                                               include_usage=body.include_usage, cost=lambda: total_cost(gens)),
-                            more_ready)
+                            more_ready, headers=note_header(gens))
     gens = []
     async with on_disconnect(http.receive, lambda: [r.cancel.cancel() for r in requests]):
         results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE, gens)
     return JSONBytes(text_completion(meta, results, prompt_of, logprobs=logprobs),
-                     headers=cost_header(total_cost(gens)))
+                     headers=cost_header(total_cost(gens), gens))
 
 
 hot_chat = hot_route(ChatCompletionRequest, serve_chat)  # ``POST /v1/chat/completions`` without FastAPI's routing (gateway/http/hot.py)

@@ -15,7 +15,7 @@ from adapters.core.base import ModelInfo
 from registry.errors import RegistryError
 from registry.names import parse_name
 
-from gateway.deps import ClientDep, RecorderDep, RouterDep
+from gateway.deps import CallerDep, ClientDep, RecorderDep, RouterDep, check_model
 from gateway.embeddings import embed as embed_inputs
 from gateway.http.errors import APIError
 from gateway.openai.schemas import EmbeddingRequest
@@ -50,7 +50,8 @@ async def list_models(backends: RouterDep) -> dict:
 
 
 @router.get("/v1/models/{model:path}", responses=model_responses(), response_model=None)
-async def get_model(model: str, backends: RouterDep) -> dict:
+async def get_model(model: str, backends: RouterDep, who: CallerDep) -> dict:
+    check_model(who, model)
     wanted = _canonical(model)
     for info in await backends.list_models():
         if _canonical(info.name) == wanted:
@@ -59,10 +60,12 @@ async def get_model(model: str, backends: RouterDep) -> dict:
 
 
 @router.post(EMBEDDINGS_ROUTE, responses=embedding_responses(), response_model=None)
-async def embeddings(body: EmbeddingRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep) -> dict:
+async def embeddings(body: EmbeddingRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
+                     who: CallerDep) -> dict:
+    check_model(who, body.model)
     inputs = body.inputs()
     result = await embed_inputs(backends.resolve_embedding(body.model), recorder, route=EMBEDDINGS_ROUTE, model=body.model, inputs=inputs,
-                                client=client, dimensions=body.dimensions)
+                                client=client, dimensions=body.dimensions, caller=who)
     vectors = result.embeddings
     encode = _base64 if body.encoding_format == "base64" else list
     return {"object": "list", "model": body.model,

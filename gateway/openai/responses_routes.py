@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from ledger import responses as store
 
-from gateway.deps import ClientDep, DbDep, RecorderDep, RouterDep, SettingsDep
+from gateway.deps import ClientDep, DbDep, RecorderDep, RouterDep, SettingsDep, ViewerDep
 from gateway.http.disconnect import on_disconnect
 from gateway.http.errors import APIError, to_status_message
 from gateway.http.hints import HintsDep
@@ -36,14 +36,15 @@ _LAST = frozenset({"response.completed", "response.incomplete", "response.failed
 
 @router.post(RESPONSES_ROUTE, responses=responses_responses())
 async def create_response(body: ResponsesRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
-                          hints: HintsDep, db: DbDep, settings: SettingsDep, http: Request) -> Response:
-    history = await _history(db, body.previous_response_id)
+                          hints: HintsDep, db: DbDep, settings: SettingsDep, viewer: ViewerDep,
+                          http: Request) -> Response:
+    history = await _history(db, body.previous_response_id, viewer)
     request = hints.apply(body.generation_request(history, client))
     stream = bool(body.stream)
     backend = recorder.resolve(backends, request, route=RESPONSES_ROUTE, stream=stream)
     gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=stream)
     meta = views.ResponseMeta(body.model, views.settings_of(body))
-    keep = _keeper(db, body, history, settings.responses_retention)
+    keep = _keeper(db, body, history, settings.responses_retention, getattr(hints.caller, "name", None))
     if stream:
         events = views.stream_events(meta, gen.__aiter__(), keep, _failure)
         return event_stream_response(events, error=lambda exc: ("error", _error_event(exc)), last=_LAST,
@@ -56,36 +57,37 @@ async def create_response(body: ResponsesRequest, backends: RouterDep, recorder:
 
 
 @router.get(RESPONSES_ROUTE + "/{response_id}", responses=stored_response_responses())
-async def get_response(response_id: str, db: DbDep) -> Response:
-    found = await asyncio.to_thread(store.load, db, response_id)
+async def get_response(response_id: str, db: DbDep, viewer: ViewerDep) -> Response:
+    found = await asyncio.to_thread(store.load, db, response_id, None, viewer)
     if found is None:
         raise _not_found(response_id, "response_id")
     return JSONBytes(found.body)
 
 
 @router.delete(RESPONSES_ROUTE + "/{response_id}", responses=stored_response_responses(deleted=True))
-async def delete_response(response_id: str, db: DbDep) -> Response:
-    if not await asyncio.to_thread(store.delete, db, response_id):
+async def delete_response(response_id: str, db: DbDep, viewer: ViewerDep) -> Response:
+    if not await asyncio.to_thread(store.delete, db, response_id, viewer):
         raise _not_found(response_id, "response_id")
     return JSONBytes({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
-async def _history(db, previous_id: str | None) -> list[dict[str, Any]]:
+async def _history(db, previous_id: str | None, viewer: str | None) -> list[dict[str, Any]]:
+    """The conversation ``previous_id`` ended: a caller's key continues only its own responses."""
     if previous_id is None:
         return []
-    found = await asyncio.to_thread(store.load, db, previous_id)
+    found = await asyncio.to_thread(store.load, db, previous_id, None, viewer)
     if found is None:
         raise _not_found(previous_id, "previous_response_id")
     return found.conversation
 
 
-def _keeper(db, body: ResponsesRequest, history: list[dict[str, Any]], retention_s: float):
+def _keeper(db, body: ResponsesRequest, history: list[dict[str, Any]], retention_s: float, key_name: str | None):
     """What stores a finished response (nothing with ``store: false`` or a zero retention)."""
     async def keep(answer: dict[str, Any]) -> None:
         if body.store is False or retention_s <= 0 or answer["status"] == "failed":
             return
         conversation = [*history, *input_messages(body.input), *views.conversation_tail(answer["output"])]
-        await asyncio.to_thread(store.save, db, answer, conversation, retention_s)
+        await asyncio.to_thread(store.save, db, answer, conversation, retention_s, None, key_name)
     return keep
 
 

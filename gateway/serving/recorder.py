@@ -25,20 +25,29 @@ from adapters.core.errors import BackendError, BackendProtocolError, RouteShed, 
 from adapters.core.settings import DEFAULTS
 from gateway.serving.router import Router
 from ledger.tables import UsageRecord
-from adapters.prompting.token_count import ByteEstimate
-from ledger.keys import ApiKey, settle
+from adapters.prompting.token_count import prompt_bound
 from ledger.writer import LedgerWriter
 from pricing.book import PriceBook
 from pricing.method import Tokens
 
+from gateway.admission import Admission
 from gateway.http.errors import APIError, to_status_message
-from gateway.keys import KeyBook, OverBudget
+from gateway.keys import KeyBook
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import BackendMonitor, backend_label
 from gateway.tracing import Tracer
 
 log = logging.getLogger(__name__)
-_BYTES = ByteEstimate()  # prompt tokens before any tokenizer ran: about 4 bytes a token
+
+
+def key_forbids(caller, model: str) -> APIError:
+    return APIError(403, f"key '{caller.name}' may not use '{model}' (its routes: {', '.join(caller.key.routes)})")
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """A settlement that failed (the database or Redis down: logged once by its Outage) is done with."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("a key's settlement failed: %s", task.exception())
 
 
 @dataclass
@@ -88,7 +97,7 @@ class Recorder:
         span = None if self.tracer is None else self.tracer.start(request, endpoint=route, backend=backend,
                                                                     label=label)
         try:
-            hold = await self._admit_key(backend, request)
+            admission = await self._admission(backend, request)
         except (BackendError, APIError) as exc:
             record = UsageRecord(source=request.source, route=route, model=request.model, backend=label,
                                  stream=stream, client=request.client, status="error", error=exc.message,
@@ -96,63 +105,43 @@ class Recorder:
             self.record(record, backend=label, error_type=type(exc).__name__, span=span)
             raise
         gen = Generation(self, backend, request, route, stream, label, span)
-        if hold is not None:
-            gen.admission = self._admission(*hold)
+        gen.admission = admission
         await gen.prime()
         return gen
 
-    async def _admit_key(self, backend: Backend, request: GenerationRequest) -> tuple[ApiKey, float] | None:
-        """Who asks (an API key), within its per-minute limits: the budget reservation still to make."""
-        credential, request.credential = request.credential, None
-        if self.keys is None:
-            return None
-        key = await self.keys.authenticate(credential, request.model)
-        if key is None:
+    async def _admission(self, backend: Backend, request: GenerationRequest) -> Admission | None:
+        """A request sent with a ledger key: the key must allow its model (403); its requests per
+        minute are counted now; its tokens and budget are admitted before it runs: by the backend,
+        which counts the prompt (``admits``), else here with an upper bound of the prompt."""
+        caller = request.caller
+        if caller is not None and not caller.allows(request.model):
+            raise key_forbids(caller, request.model)
+        key = getattr(caller, "key", None)
+        if key is None or self.keys is None:
             return None
         request.key_name = key.name
-        prompt = _BYTES.prompt_tokens(request)
-        most = int(request.options.get("num_predict") or 0)
-        most = most if most > 0 else int(request.options.get("num_ctx") or DEFAULTS.context_length)  # a context's worth
-        await self.keys.admit(key, prompt + most)
-        if key.budget_usd is None or self.prices is None:
-            return None
-        return key, self.prices.estimate((backend.name, request.model), Tokens(prompt, 0, most))
+        names = (backend_label(backend), backend.name, request.model)  # as ``priced`` finds a row's pricing
+        admission = Admission(self.keys, key, request, self.prices, names)
+        await admission.start()
+        if getattr(backend, "admits", False):
+            request.admit = admission.admit
+            return admission
+        cap = await admission.admit(prompt_bound(request), None)
+        if cap is not None:
+            request.options = {**request.options, "num_predict": cap}
+        return admission
 
-    def _admission(self, key: ApiKey, amount: float) -> asyncio.Future[float]:
-        """The reservation of ``amount``: at once from this replica's lease, else a task whose database
-        round trip overlaps the backend's first byte."""
-        loop = asyncio.get_running_loop()
-        if self.keys.take(key.name, amount):
-            taken = loop.create_future()
-            taken.set_result(amount)
-            return taken
-        return loop.create_task(self._reserve(key, amount))
-
-    async def _reserve(self, key: ApiKey, amount: float) -> float:
-        """Reserve ``amount`` of the key's budget (atomic statements, off the loop), or OverBudget."""
-        if not await self.keys.reserve(key.name, amount):
-            raise OverBudget(f"key '{key.name}' is over budget: spent ${key.spent_usd:.6f} of ${key.budget_usd:.6f} "
-                             f"(${key.reserved_usd:.6f} reserved by requests in flight); this request may cost up "
-                             f"to ${amount:.6f}", retry_after=60.0)
-        return amount
-
-    def settle_key(self, request: GenerationRequest, reserved: float, record: UsageRecord) -> None:
-        """A finished request's key: its tokens per minute, and its reservation turned into its cost."""
-        if self.keys is None or request.key_name is None:
+    def settle_key(self, admission: Admission | None, record: UsageRecord) -> None:
+        """A finished keyed request: its budget hold becomes its cost, its tokens per minute its actual
+        tokens (the hold's settlement rides the ledger writer's next batch, in its thread)."""
+        if admission is None:
             return
-        work = [self.keys.used(request.key_name, record.input_tokens + record.output_tokens)]
-        if reserved or record.total_cost_usd:
-            if self.writer is not None:  # with the ledger's next batch, in its thread
-                self.writer.settle(request.key_name, reserved, record.total_cost_usd or 0.0)
-            else:
-                work.append(asyncio.to_thread(settle, self.keys.db, request.key_name, reserved,
-                                              record.total_cost_usd or 0.0))
+        work = admission.finish(record.input_tokens, record.output_tokens, record.total_cost_usd or 0.0, self.writer)
         for job in work:
-            if job is None:
-                continue
             task = asyncio.get_running_loop().create_task(job)
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
+            task.add_done_callback(_retrieved)
 
     def record(self, record: UsageRecord, *, backend: str | None = None, error_type: str = "",
                span=None) -> None:
@@ -233,7 +222,7 @@ class Generation:
         self.called = False  # a chunk carried tool calls: the row's finish_reason says tool_calls
         self.done: Done | None = None
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
-        self.admission: asyncio.Future[float] | None = None  # its key's budget reservation (the amount), if any
+        self.admission: Admission | None = None  # its key's limits and budget hold, for a keyed request
         self._ended = False
         self._aborted: BackendError | None = None
         self._queue = _Channel()  # the pump's events, in order
@@ -246,13 +235,8 @@ class Generation:
         self._pump = asyncio.get_running_loop().create_task(run)
         try:
             self.first = await self._queue.get()
-            if self.admission is not None:  # nothing reaches the client before its budget is reserved
-                await asyncio.shield(self.admission)
         except asyncio.CancelledError:
             self.request.cancel.cancel()
-            raise
-        except Exception as exc:  # over budget (or the database failed): the backend stops; its row says why
-            self.abort(exc if isinstance(exc, BackendError) else BackendError(f"budget reservation failed: {exc}"))
             raise
         if isinstance(self.first, _Failure):
             raise self.first.exc
@@ -367,25 +351,20 @@ class Generation:
         return record
 
     def _finish(self, record: UsageRecord) -> None:
-        admission = self.admission
-        if admission is not None and not admission.done():  # the row waits for the budget's answer
-            admission.add_done_callback(lambda _: self._finish(record))
-            return
         self._in_flight(-1)
         self.recorder.live.discard(self)
         record.key_name = self.request.key_name
-        refused = admission is not None and (admission.cancelled() or admission.exception() is not None)
         try:
-            if refused:  # the client got the 429; the key pays nothing, the row keeps what the backend did
-                record.status = "error"
-                record.error = _refusal(admission)
-                self.error_type = "OverBudget" if admission.cancelled() else type(admission.exception()).__name__
-            else:
-                self.recorder.settle_key(self.request, admission.result() if admission else 0.0, record)
+            self.recorder.settle_key(self.admission, record)
             self.recorder.record(record, backend=self.served_by(record), error_type=self.error_type, span=self.span)
         finally:
             if not self.finished.done():
                 self.finished.set_result(record)
+
+    @property
+    def note(self) -> str | None:
+        """Why the gateway limited this request's output below what it asked (a key's budget or cap)."""
+        return None if self.admission is None else self.admission.note
 
     def served_by(self, record: UsageRecord) -> str:
         """The backend's name in metrics: a route's member that served, else the resolved backend's."""
@@ -397,13 +376,6 @@ class Generation:
         monitor = self.recorder.monitor
         if monitor is not None:
             (monitor.started if delta > 0 else monitor.finished)(self.label)
-
-
-def _refusal(admission: asyncio.Future) -> str:
-    if admission.cancelled():
-        return "the budget reservation was cancelled"
-    exc = admission.exception()
-    return exc.message if isinstance(exc, BackendError) else f"budget reservation failed: {exc}"
 
 
 def _record(gen: Generation, done: Done, status: str) -> UsageRecord:

@@ -155,3 +155,20 @@ def test_create_push_pull_round_trip_keeps_digests(created, tmp_path, monkeypatc
     assert consumer.read_manifest_bytes(name) == publisher.read_manifest_bytes(parse_name("tiny"))
     for layer in consumer.read_manifest(name).all_layers():
         assert consumer.blob_path(layer.digest).read_bytes() == publisher.blob_path(layer.digest).read_bytes()
+
+
+def test_create_reads_the_gguf_through_and_checks_the_parameters(tmp_path, gguf_path):
+    """A GGUF cut short (its header whole, its weights not) and out-of-range PARAMETERs are refused
+    before anything is written: every request to such a model would fail."""
+    (tmp_path / "cut.gguf").write_bytes(gguf_path.read_bytes()[:300_000])
+    (tmp_path / "Modelfile").write_text("FROM ./cut.gguf\n")
+    result = invoke("create", "cut", "-f", str(tmp_path / "Modelfile"))
+    assert result.exit_code == 1 and "past the end of the file (300000 bytes)" in result.output
+    for line, problem in (("PARAMETER num_ctx 0", "invalid parameter 'num_ctx': Input should be greater than or "
+                                                  "equal to 16"),
+                          ("PARAMETER num_thread 4096", "invalid parameter 'num_thread': Input should be less than "
+                                                        "or equal to 512")):
+        (tmp_path / "Modelfile").write_text(f"FROM {gguf_path}\n{line}\n")
+        result = invoke("create", "bad", "-f", str(tmp_path / "Modelfile"))
+        assert result.exit_code == 1 and problem in result.output and result.output.count("\n") == 1
+    assert not store().manifests_dir.exists()

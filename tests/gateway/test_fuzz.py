@@ -9,6 +9,12 @@ Every operation of ``/openapi.json`` (both APIs, health routes included) is fuzz
   operation runs on the llama.cpp engine; the routes that reach an engine (generation and
   embeddings) run pinned on the native engine too, on a second server.
 
+A third server runs with keys on (``INFER_API_KEYS`` and ``auth: {required: true}``, a priced
+engine): every operation is fuzzed ``pinned`` with a credential drawn per case: a caller's ledger
+key with a budget, per-minute limits and an output cap (so generation goes through admission,
+budget holds and the rate windows), an operator key (sent as ``x-api-key`` every other time), no
+key, or ``sk-infer-`` and garbage; 401, 403 and 429 must then be declared answers too.
+
 Each answer must pass schemathesis' ``not_a_server_error`` (no 5xx at all: the tiny model runs in
 process, so there is no backend to fail), ``status_code_conformance``, ``content_type_conformance``
 and ``response_schema_conformance`` (bodies against ``gateway/*/wire_models.py``, streams per
@@ -34,7 +40,8 @@ Pinned generations are capped at ``MAX_TOKENS`` and every other one is streamed.
 
 The budget: ``MAX_EXAMPLES`` cases per operation and mode (``INFER_FUZZ_EXAMPLES`` raises it for a
 deeper local run), Hypothesis' fixed seed (``derandomize``; schemathesis' own choices still vary
-with ``PYTHONHASHSEED``), no shrinking: 66 tests, ~3,400 requests, 70 s on 2 cores (load average 2.5).
+with ``PYTHONHASHSEED``), no shrinking: 66 tests, ~3,400 requests, 70 s on 2 cores (load average 2.5); the keyed server adds
+``KEYED_EXAMPLES`` cases per operation.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ from tests.gateway.conftest import free_port, private_store, start_server, stop_
 pytestmark = pytest.mark.fuzz
 
 MAX_EXAMPLES = int(os.environ.get("INFER_FUZZ_EXAMPLES", "75"))  # raise it for a deeper local hunt
+KEYED_EXAMPLES = max(1, MAX_EXAMPLES // 5)
+OPERATOR = "fuzz-operator-secret"
 PIN = "tiny"
 VICTIM = "victim"
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
@@ -91,12 +100,24 @@ NATIVE_OPERATIONS = [(m, p) for m, p in OPERATIONS if p in ENGINE_ROUTES]
 
 
 class Fuzz:
-    def __init__(self, engine: str, server, registry: str, blob: str):
+    def __init__(self, engine: str, server, registry: str, blob: str, caller: str | None = None):
         self.engine = engine
         self.server = server
         self.registry = registry  # a host:port nothing listens on
         self.blob = blob  # the digest of a stored blob
-        self.schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+        self.caller = caller  # keys on: a ledger key of a caller (else no keys)
+        headers = {"Authorization": f"Bearer {OPERATOR}"} if caller else {}
+        self.schema = schemathesis.openapi.from_url(server.url + "/openapi.json", headers=headers)
+
+    def credential(self, data) -> dict[str, str]:
+        """Keys on: the headers of a credential drawn for one case."""
+        if self.caller is None:
+            return {}
+        kind = data.draw(st.sampled_from(["caller", "caller", "operator", "x-api-key", "none", "garbage"]),
+                         label="credential")
+        return {"caller": {"Authorization": f"Bearer {self.caller}"}, "operator": {"Authorization": f"Bearer {OPERATOR}"},
+                "x-api-key": {"x-api-key": OPERATOR}, "none": {},
+                "garbage": {"Authorization": "Bearer sk-infer-garbage"}}[kind]
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +130,16 @@ def native(tiny_store, tmp_path_factory) -> Iterator[Fuzz]:
     yield from _serve("native", tiny_store, tmp_path_factory)
 
 
-def _serve(engine: str, tiny_store, tmp_path_factory) -> Iterator[Fuzz]:
-    """A server on ``engine`` over its own copy of the tiny store."""
+@pytest.fixture(scope="module")
+def keyed(tiny_store, tmp_path_factory) -> Iterator[Fuzz]:
+    yield from _serve("llamacpp", tiny_store, tmp_path_factory, keys=True)
+
+
+def _serve(engine: str, tiny_store, tmp_path_factory, keys: bool = False) -> Iterator[Fuzz]:
+    """A server on ``engine`` over its own copy of the tiny store (``keys``: with auth on, a priced
+    engine and a caller's key with a budget, limits and an output cap)."""
+    from ledger.db import open_db
+    from ledger.keys import create_key
     from registry.names import parse_name
 
     store = private_store(tiny_store, tmp_path_factory, "fuzz")
@@ -118,9 +147,21 @@ def _serve(engine: str, tiny_store, tmp_path_factory) -> Iterator[Fuzz]:
     registry = f"127.0.0.1:{free_port()}"
     for copy in (VICTIM, f"{registry}/library/{PIN}:latest"):
         store.copy(tiny, parse_name(copy, insecure=True))
-    server = start_server(tmp_path_factory.mktemp("fuzz-server"), store.root, INFER_ENGINE=engine)
+    tmp = tmp_path_factory.mktemp("fuzz-server")
+    env, caller = {"INFER_ENGINE": engine}, None
+    if keys:
+        config = tmp / "config.yaml"
+        config.write_text(json.dumps({"routes": [{"name": "chat", "backends": [PIN]}], "auth": {"required": True},
+                                      "local": {"pricing": {"input_per_mtok": 1.0, "output_per_mtok": 2.0}}}))
+        db_url = f"sqlite:///{tmp / 'keys.db'}"
+        db = open_db(db_url)
+        caller = create_key(db, "fuzzer", budget_usd=50.0, period_s=86400, rpm=100_000, tpm=10**9,
+                            max_output_tokens=MAX_TOKENS)
+        db.dispose()
+        env.update(INFER_CONFIG=str(config), INFER_DATABASE_URL=db_url, INFER_API_KEYS=OPERATOR)
+    server = start_server(tmp, store.root, **env)
     try:
-        yield Fuzz(engine, server, registry, store.read_manifest(tiny).layers[0].digest)
+        yield Fuzz(engine, server, registry, store.read_manifest(tiny).layers[0].digest, caller)
     finally:
         stop_server(server)
 
@@ -253,7 +294,12 @@ def test_fuzz_native(native: Fuzz, method: str, path: str):
     _fuzz(native, method, path, "pinned")
 
 
-def _fuzz(fuzz: Fuzz, method: str, path: str, mode: str) -> None:
+@pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
+def test_fuzz_keyed(keyed: Fuzz, method: str, path: str):
+    _fuzz(keyed, method, path, "pinned", examples=KEYED_EXAMPLES)
+
+
+def _fuzz(fuzz: Fuzz, method: str, path: str, mode: str, examples: int = MAX_EXAMPLES) -> None:
     operation = fuzz.schema[path][method]
     strategy = st.one_of(operation.as_strategy(generation_mode=GenerationMode.POSITIVE),
                          operation.as_strategy(generation_mode=GenerationMode.NEGATIVE))
@@ -264,7 +310,7 @@ def _fuzz(fuzz: Fuzz, method: str, path: str, mode: str) -> None:
     statuses: list[int] = []
 
     @given(case=strategy, data=st.data())
-    @settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None,
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     def run(case, data) -> None:
         nonlocal count
@@ -272,8 +318,9 @@ def _fuzz(fuzz: Fuzz, method: str, path: str, mode: str) -> None:
         if isinstance(case.body, (dict, list)):
             _spoil(case.body, data)
         _pin(case, path, mode == "pinned", fuzz.registry, count, fuzz.blob)
+        headers = fuzz.credential(data)
         try:
-            response = case.call(base_url=fuzz.server.url, timeout=REQUEST_TIMEOUT)
+            response = case.call(base_url=fuzz.server.url, timeout=REQUEST_TIMEOUT, headers=headers)
         except Exception as exc:  # a reset or timeout: the server may be gone
             failures.setdefault(f"transport {type(exc).__name__}", _failure(case, exc, fuzz.server.url))
             return

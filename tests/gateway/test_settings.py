@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adapters.core.durations import format_duration, parse_duration
+from gateway.http.access import is_operator_key
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
 
@@ -29,7 +30,8 @@ def test_values_from_env(tmp_path):
                                  "INFER_NUM_PARALLEL": "4", "INFER_API_KEYS": "k1, k2", "INFER_ORIGINS": "chrome-extension://*",
                                  "INFER_DATABASE_URL": "sqlite:///x.db"})
     assert (s.port, s.keep_alive, s.num_parallel, s.database_url) == (9999, 3600.0, 4, "sqlite:///x.db")
-    assert s.key_allowed("k2") and not s.key_allowed("k3") and "k1" not in str(s.api_key_hashes)
+    assert is_operator_key("k2", s.api_key_hashes) and not is_operator_key("k3", s.api_key_hashes)
+    assert "k1" not in str(s.api_key_hashes) and "k1" not in s.model_dump_json()  # hashes only, in memory too
     assert s.origin_allowed("chrome-extension://abc") and s.origin_allowed("app://x")
     assert not s.origin_allowed("https://evil.example")
     assert not s.is_loopback

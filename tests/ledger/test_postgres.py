@@ -19,6 +19,7 @@ def pg(postgres):
     db = open_db(postgres.url)
     with db.begin() as conn:
         conn.execute(sa.text("DELETE FROM api_keys"))
+        conn.execute(sa.text("DELETE FROM key_holds"))
         conn.execute(sa.text("DELETE FROM requests"))
     yield db
     db.dispose()
@@ -39,8 +40,9 @@ def test_migrations_and_the_writer_on_postgres(pg):
 
 def test_100_concurrent_reservations_on_postgres(pg):
     create_key(pg, "k", budget_usd=1.0)
-    assert reserve_concurrently(pg, "k", 0.1, 100).count(True) == 10
-    for _ in range(10):
-        settle(pg, "k", 0.1, 0.05)
+    holds = [h for h in reserve_concurrently(pg, "k", 0.1, 100) if h is not None]
+    assert len(holds) == 10
+    for hold in holds:
+        settle(pg, "k", hold.id, 0.1, 0.05, hold.period_start)
     key = list_keys(pg)[0]
     assert key.spent_usd == pytest.approx(0.5) and key.reserved_usd == pytest.approx(0.0, abs=1e-12)

@@ -60,7 +60,9 @@ def test_a_locked_database_delays_rows_and_drops_none(db, tmp_path, caplog):
         locker.close()
         assert writer.flush(timeout=15)
     assert count(db) == 20 and writer.dropped == 0
-    assert "wait for the database" in caplog.text
+    outage = [r.getMessage() for r in caplog.records if r.name == "ledger.writer"]
+    assert len(outage) == 2, outage  # once when it starts, once when it ends: not once per retry
+    assert "unreachable or locked" in outage[0] and "is back after" in outage[1]
     writer.close()
 
 

@@ -30,16 +30,28 @@ def test_gateway_messages_round_trip(message):
     assert p.to_runner.decode(p.encoder.encode(message)) == message
 
 
-def test_a_request_arrives_whole_without_its_cancel_token_and_credential():
+def test_a_request_arrives_whole_without_its_cancel_token_caller_and_admission():
+    async def admit(prompt_tokens, context, served_by=None):
+        return 1
+
     request = GenerationRequest(model="tiny", messages=[{"role": "user", "content": "hi"}], options={"num_ctx": 64},
                                 tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required",
-                                format={"type": "object"}, logprobs=True, top_logprobs=2, credential="sk-secret")
-    wire = p.to_runner.decode(p.encoder.encode(p.Generate(1, p.request_to_wire(request)))).request
-    assert "credential" not in wire and "cancel" not in wire
+                                format={"type": "object"}, logprobs=True, top_logprobs=2, caller=object(),
+                                key_name="team", admit=admit)
+    message = p.to_runner.decode(p.encoder.encode(p.Generate(1, p.request_to_wire(request), admit=True)))
+    wire = message.request
+    assert "caller" not in wire and "admit" not in wire and "cancel" not in wire and message.admit
     back = p.request_from_wire(wire)
     assert (back.messages, back.options, back.tools, back.tool_choice, back.format, back.arrival) == (
         request.messages, request.options, request.tools, request.tool_choice, request.format, request.arrival)
-    assert back.credential is None and not back.cancel.cancelled
+    assert back.caller is None and back.admit is None and back.key_name == "team" and not back.cancel.cancelled
+
+
+def test_the_admission_round_trip_messages():
+    asked = p.from_runner.decode(p.encoder.encode(p.Admit(3, 120, 512, "llamacpp")))
+    assert (asked.id, asked.prompt_tokens, asked.context, asked.served_by) == (3, 120, 512, "llamacpp")
+    assert p.to_runner.decode(p.encoder.encode(p.Admitted(3, 392))).cap == 392
+    assert p.to_runner.decode(p.encoder.encode(p.Refused(3))).id == 3
 
 
 @pytest.mark.parametrize("error", [

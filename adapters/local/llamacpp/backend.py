@@ -23,7 +23,7 @@ from adapters.core.base import (Done, EmbedResult, GenerationRequest, Health, Lo
                                 Timings)
 from adapters.prompting.chat_format import PromptSpec
 from adapters.core.errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
-from .job import GenerationJob
+from .job import GenerationJob, Refused
 from adapters.prompting.reasoning import reasoning
 from adapters.tools.local import tool_calling
 from .pool import ModelPool
@@ -43,6 +43,7 @@ class LlamaCppBackend:
     name: str = "llamacpp"
     can_stream: bool = True
     supports_embeddings: bool = True
+    admits: bool = True  # calls request.admit with the tokenized prompt before generating
 
     def __post_init__(self) -> None:
         workers = max(4, 2 * self.settings.num_parallel + 2)  # one model's slots, its loads and its embeddings
@@ -61,7 +62,8 @@ class LlamaCppBackend:
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                        details.digest, options)
         timings = Timings(queue=time.perf_counter() - t_queue - load_s, load=load_s)
-        job = GenerationJob(request, options, _prompt_spec(details, slot), timings=timings)
+        job = GenerationJob(request, options, _prompt_spec(details, slot), timings=timings,
+                            admit=_admission(request, self.name))
         request.cancel.on_cancel(job.cancel.set)
         events: asyncio.Queue = asyncio.Queue()
         future = self._start(job, slot, events)
@@ -86,6 +88,9 @@ class LlamaCppBackend:
                 done = job.run(slot, lambda chunk: put("chunk", chunk))
             except BackendError as exc:
                 put("error", exc)
+                return None
+            except Refused as exc:  # the request's key refused it before anything was generated
+                put("error", exc.error)
                 return None
             except Exception as exc:  # a llama.cpp failure mid-request: the context may be broken
                 log.exception("generation failed")
@@ -168,6 +173,21 @@ class LlamaCppBackend:
     async def aclose(self) -> None:
         await self._pool.aclose()
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _admission(request: GenerationRequest, served_by: str):
+    """``request.admit`` for the worker thread: it waits there for the answer, computed on the loop."""
+    hook = request.admit
+    if hook is None:
+        return None
+    loop = asyncio.get_running_loop()
+
+    def admit(n_prompt: int, n_ctx: int) -> int | None:
+        try:
+            return asyncio.run_coroutine_threadsafe(hook(n_prompt, n_ctx, served_by), loop).result()
+        except Exception as exc:
+            raise Refused(exc) from None
+    return admit
 
 
 def _broke(future: asyncio.Future) -> bool:

@@ -26,6 +26,14 @@ from adapters.core.options import Options
 from adapters.prompting.textstream import TextStream
 
 
+class Refused(Exception):
+    """``admit`` refused the request (its key's budget or limits): ``error`` is the answer."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
 @dataclass
 class GenerationJob:
     request: GenerationRequest
@@ -33,6 +41,10 @@ class GenerationJob:
     spec: PromptSpec
     cancel: threading.Event = field(default_factory=threading.Event)
     timings: Timings = field(default_factory=Timings)
+    # A keyed request's admission (``GenerationRequest.admit``, from this thread): called with the
+    # prompt's tokens and the context before anything is evaluated; answers the most tokens to generate.
+    admit: Callable[[int, int], int | None] | None = None
+    cap: int | None = None
 
     def run(self, llm: llama_cpp.Llama, emit: Callable[[Chunk], None]) -> Done:
         n_ctx = context_size(llm)
@@ -44,6 +56,8 @@ class GenerationJob:
                 check_prompt_bytes(prompt, n_ctx, max_token_bytes(llm))
             tokens = self._tokenize(llm, prompt)
         check_room(len(tokens), n_ctx, self.options.num_predict, strict=self.request.strict_max_tokens)
+        if self.admit is not None:
+            self.cap = self.admit(len(tokens), n_ctx)
         t0 = time.perf_counter()
         cached = _reuse_prefix(llm, tokens)
         llm.eval(tokens[cached:])
@@ -81,6 +95,8 @@ class GenerationJob:
         llm.last_n_tokens_size = context_size(llm) if opts.repeat_last_n < 0 else opts.repeat_last_n
         text = TextStream(opts.stop)
         limit = _max_new_tokens(opts.num_predict, len(prompt), context_size(llm))
+        if self.cap is not None:
+            limit = min(limit, self.cap)
         output: list[int] = []
         reason = "length"
         vocab = llm._model.vocab

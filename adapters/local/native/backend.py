@@ -53,6 +53,7 @@ class NativeBackend:
     name: str = "native"
     can_stream: bool = True
     supports_embeddings: bool = False
+    admits: bool = True  # calls request.admit with the tokenized prompt before generating
 
     def __post_init__(self) -> None:
         self._loaded: dict[str, _Loaded] = {}
@@ -88,7 +89,10 @@ class NativeBackend:
             check_prompt_bytes(prompt, limit, longest)  # bounded work before tokenizing a huge prompt
             token_ids = encode(prompt)
         check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
-        params = sampling_params(options, request, room=limit - len(token_ids))
+        room = limit - len(token_ids)
+        if request.admit is not None:  # a keyed request: its budget and limits, before anything runs
+            room = min(room, await request.admit(len(token_ids), limit, self.name) or room)
+        params = sampling_params(options, request, room=room)
         output: list[int] = []
         done: Done | None = None
         outputs = _engine_outputs(entry.engine, token_ids, params, request.arrival)
