@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..platform import to_device
 from ..sampling_params import SamplingParams
 from .metadata import SamplingMetadata
 
@@ -48,7 +49,10 @@ class SamplingState:
         self.table[: len(old)] = old
         self.free = list(range(capacity - 1, len(old) - 1, -1)) + getattr(self, "free", [])
         pinned = self.device.type == "cuda"
-        self.staging = torch.zeros(capacity, NUM_COLUMNS, dtype=torch.float32, pin_memory=pinned)
+        # two pinned buffers used in turn: a step scheduled ahead must not overwrite the one whose copy may be
+        # pending (see input_batch.py)
+        self.staging = [torch.zeros(capacity, NUM_COLUMNS, dtype=torch.float32, pin_memory=pinned) for _ in range(2)]
+        self._turn = 0
         if self.seen is not None:
             grow = capacity - self.seen.shape[0]
             self.seen = torch.cat([self.seen, self.seen.new_zeros(grow, self.vocab_size)])
@@ -87,9 +91,9 @@ class SamplingState:
             self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.seen[slot].zero_()
         self.counts[slot].zero_()
-        self.seen[slot, torch.tensor(prompt + output, dtype=torch.long, device=self.device)] = True
+        self.seen[slot, to_device(prompt + output, torch.long, self.device)] = True
         if output:
-            out = torch.tensor(output, dtype=torch.long, device=self.device)
+            out = to_device(output, torch.long, self.device)
             self.counts[slot].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
 
     def release(self, key: tuple[str, int]) -> None:
@@ -131,7 +135,8 @@ class SamplingState:
     def _to_device(self, rows: np.ndarray) -> torch.Tensor:
         if self.device.type == "cpu":
             return torch.from_numpy(rows)
-        host = self.staging[: len(rows)]
+        self._turn ^= 1
+        host = self.staging[self._turn][: len(rows)]
         host.numpy()[:] = rows
         return host.to(self.device, non_blocking=True)
 
