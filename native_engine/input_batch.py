@@ -70,29 +70,45 @@ class InputBuffers:
         rows = len(ordered)
         assert rows <= self.max_rows, f"{rows} rows, buffers sized for {self.max_rows}"
         self._next_set()
-        starts = np.empty(rows, np.int64)
-        counts = np.empty(rows, np.int64)
-        ids: list[int] = []
         width = max(len(s.seq.block_table) for s in ordered)
         assert width <= self.max_blocks, f"a block table of {width} blocks, buffers sized for {self.max_blocks}"
         tables = self.host_tables[: rows * width].numpy().reshape(rows, width)
         tables.fill(-1)
+        if graph_bs is not None:
+            ids, positions, slots = self._decode_rows(ordered, tables)
+            dev_tables = self._send(self.host_tables, self.dev_tables, rows * width).view(rows, width)
+            lens = [p + 1 for p in positions]
+            return self._graph_inputs(ids, positions, slots, lens, dev_tables, graph_bs, graph_inputs)
+        starts = np.empty(rows, np.int64)
+        counts = np.empty(rows, np.int64)
+        ids: list[int] = []
         for r, s in enumerate(ordered):
             seq = s.seq
             start = seq.num_computed_tokens
             starts[r], counts[r] = start, s.num_new_tokens
             ids += seq.token_ids[start : start + s.num_new_tokens]
             tables[r, : len(seq.block_table)] = seq.block_table
-        num_decodes = int(np.count_nonzero(counts == 1)) if graph_bs is None else rows
+        num_decodes = int(np.count_nonzero(counts == 1))
         token_rows = np.repeat(np.arange(rows), counts)
         offsets = np.cumsum(counts) - counts  # first token of each row in the flat batch
         positions = np.repeat(starts - offsets, counts) + np.arange(len(ids))
         slots = tables[token_rows, positions // self.block_size].astype(np.int64) * self.block_size \
             + positions % self.block_size
         dev_tables = self._send(self.host_tables, self.dev_tables, rows * width).view(rows, width)
-        if graph_bs is not None:
-            return self._graph_inputs(ids, positions, slots, starts + 1, dev_tables, graph_bs, graph_inputs)
         return self._eager_inputs(ordered, ids, positions, slots, starts, counts, offsets, dev_tables, num_decodes)
+
+    def _decode_rows(self, ordered: list, tables: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+        """A decode-only step (one token per row): ids, positions and cache slots, and each row's table."""
+        size = self.block_size
+        ids, positions, slots = [], [], []
+        for r, s in enumerate(ordered):
+            seq, pos = s.seq, s.seq.num_computed_tokens
+            table = seq.block_table
+            ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(table[pos // size] * size + pos % size)
+            tables[r, : len(table)] = table
+        return ids, positions, slots
 
     def _eager_inputs(self, ordered, ids, positions, slots, starts, counts, offsets, dev_tables,
                       num_decodes: int) -> StepInputs:

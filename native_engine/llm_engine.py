@@ -195,8 +195,10 @@ class LLMEngine:
                 request.metrics.first_scheduled_time = started
                 request.num_cached_tokens = item.seq.num_cached_tokens
             if item.should_sample:
-                targets = [item.seq] + sorted((c for c in out.forked if c.request_id == item.seq.request_id),
-                                              key=lambda c: c.sample_index)
+                targets = [item.seq]
+                if out.forked:
+                    targets += sorted((c for c in out.forked if c.request_id == item.seq.request_id),
+                                      key=lambda c: c.sample_index)
                 for seq, token in zip(targets, sampled[item.seq.seq_id], strict=False):
                     deltas.setdefault(seq.request_id, []).append(self._delta(request, seq, token, now))
         return [self._request_output(rid, completions) for rid, completions in deltas.items()]

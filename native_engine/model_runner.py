@@ -216,7 +216,9 @@ class ModelRunner:
             step.input_ids[:n].copy_(prev.token_ids.index_select(0, index))
 
     def _sampling_metadata(self, keys: list[tuple[str, int]], rows: list) -> SamplingMetadata:
-        slots = [self.sampling.slot(key, seq.sampling_params, seq.prompt_token_ids, seq.completion_token_ids)
+        known = self.sampling.slots  # a slot is set up once; its prompt and output are needed only then
+        slots = [known[key] if key in known else
+                 self.sampling.slot(key, seq.sampling_params, seq.prompt_token_ids, seq.completion_token_ids)
                  for key, (seq, _) in zip(keys, rows, strict=True)]
         meta = self.sampling.metadata(slots)
         if self.structured is not None and any(seq.sampling_params.structured_outputs for seq, _ in rows):

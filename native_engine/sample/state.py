@@ -9,10 +9,14 @@ from the prompt and then updated in place from the sampled ids on the device (`u
 rebuilds a token set. The penalty tensors are allocated on the first request that needs them.
 
 Each step, `metadata` gathers the rows of the step's slots on the host (numpy), makes one copy to the
-device (pinned staging on CUDA) and derives the flags that let the sampler skip whatever no row uses.
+device (pinned staging on CUDA) and derives the flags that let the sampler skip whatever no row uses. A step
+with the same slots as the one before, none set up or released since (a run of decode steps), reuses that
+metadata, parameters already on the device, and only gathers the penalty rows again.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -37,6 +41,8 @@ class SamplingState:
         self.generator = torch.Generator(device=device).manual_seed(seed)  # every unseeded row's draws
         self.seen: torch.Tensor | None = None  # [capacity, V] bool
         self.counts: torch.Tensor | None = None  # [capacity, V] int32
+        self._version = 0  # bumped whenever a slot's row changes: the key of the cached metadata
+        self._cached: tuple[tuple, SamplingMetadata] | None = None
         self._resize(max(1, max_num_seqs))
 
     @property
@@ -74,6 +80,7 @@ class SamplingState:
             self._resize(2 * self.capacity)
         slot = self.free.pop()
         self.slots[key] = slot
+        self._version += 1
         greedy = params.is_greedy
         top_k = params.top_k if 0 < params.top_k < self.vocab_size else self.vocab_size
         self.table[slot] = (1.0 if greedy else params.temperature, top_k, params.top_p, params.min_p,
@@ -101,10 +108,22 @@ class SamplingState:
         if slot is not None:
             self.generators.pop(slot, None)
             self.free.append(slot)
+            self._version += 1
 
     # -- one step -----------------------------------------------------------------------------
 
     def metadata(self, slots: list[int]) -> SamplingMetadata:
+        key = (tuple(slots), self._version)
+        if self._cached is not None and self._cached[0] == key:
+            meta = replace(self._cached[1])  # a copy: the model runner sets the step's grammar fields on it
+            if meta.seen is not None:
+                self._penalty_fields(meta, self.table[np.asarray(slots, dtype=np.int64)], None)
+            return meta
+        meta = self._metadata(slots)
+        self._cached = (key, meta)
+        return replace(meta)
+
+    def _metadata(self, slots: list[int]) -> SamplingMetadata:
         rows = self.table[np.asarray(slots, dtype=np.int64)]  # [S, NUM_COLUMNS] on the host
         greedy = rows[:, GREEDY] > 0
         penalties = self.seen is not None and bool(
@@ -153,13 +172,15 @@ class SamplingState:
         seeded = np.flatnonzero(random & (rows[:, SEEDED] > 0))
         meta.seeded = [(int(i), self.generators[int(rows[i, SLOT])]) for i in seeded]
 
-    def _penalty_fields(self, meta: SamplingMetadata, rows: np.ndarray, dev: torch.Tensor) -> None:
+    def _penalty_fields(self, meta: SamplingMetadata, rows: np.ndarray, dev: torch.Tensor | None) -> None:
+        """The penalties' parameters (`dev`; None: already set) and this step's rows of the token sets."""
         repetition = (rows[:, REP] != 1.0).any()
         counted = (rows[:, PRES] != 0.0).any() or (rows[:, FREQ] != 0.0).any()
-        if repetition:
+        if repetition and dev is not None:
             meta.repetition_penalty = dev[:, REP]
         if counted:
-            meta.presence_penalty, meta.frequency_penalty = dev[:, PRES], dev[:, FREQ]
+            if dev is not None:
+                meta.presence_penalty, meta.frequency_penalty = dev[:, PRES], dev[:, FREQ]
             meta.output_counts = self.counts.index_select(0, meta.slots)
         if repetition or counted:
             meta.seen = self.seen.index_select(0, meta.slots)
