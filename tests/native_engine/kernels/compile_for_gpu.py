@@ -24,6 +24,10 @@ KERNELS = [
     (module("silu_and_mul")._silu_and_mul_kernel, {"BLOCK": 1024}),
     (module("rotary_embedding")._rotary_embedding_kernel,
      {"IS_NEOX": True, "BLOCK_H": 16, "BLOCK_KV": 2, "BLOCK_HALF": 64}),
+    (module("qkv_rope_cache")._qkv_rope_cache_kernel,
+     {"HAS_BIAS": True, "IS_NEOX": True, "BLOCK_H": 16, "BLOCK_KV": 2, "BLOCK_HALF": 32}),
+    (module("qkv_rope_cache")._qkv_rope_cache_kernel,
+     {"HAS_BIAS": False, "IS_NEOX": False, "BLOCK_H": 32, "BLOCK_KV": 4, "BLOCK_HALF": 64}),
 ]
 
 
