@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels.sampling import MAX_CANDIDATES, fused_sampling, sample_candidates_triton
 from . import ops
 from .metadata import SamplingMetadata
 
@@ -123,10 +124,23 @@ class Sampler:
         greedy = None if meta.all_random else logits.argmax(dim=-1)
         if meta.all_greedy:
             return greedy
-        probs, ids = self._filtered(logits, meta)
-        q = ops.exponential_noise(probs, ids, logits.shape[1], meta.generator, meta.seeded)
-        drawn = ops.exponential_race(probs, ids, q)
+        drawn = self._fused_draw(logits, meta)
+        if drawn is None:
+            probs, ids = self._filtered(logits, meta)
+            q = ops.exponential_noise(probs, ids, logits.shape[1], meta.generator, meta.seeded)
+            drawn = ops.exponential_race(probs, ids, q)
         return drawn if greedy is None else torch.where(meta.greedy, greedy, drawn)
+
+    @staticmethod
+    def _fused_draw(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor | None:
+        """On CUDA, when a top-k bounds every random row (Ollama's default top_k 40): the top-k, the same
+        noise as the unfused path, and one kernel for the rest (kernels/sampling.py). None: the unfused ops."""
+        k = meta.max_top_k
+        if not fused_sampling(logits) or not 0 < k < min(logits.shape[1], MAX_CANDIDATES + 1):
+            return None
+        values, ids = logits.topk(k, dim=-1)
+        q = ops.exponential_noise(values, ids, logits.shape[1], meta.generator, meta.seeded, clamp=False)
+        return sample_candidates_triton(values, ids, q, meta.temperature, meta.top_k, meta.top_p, meta.min_p)
 
     @staticmethod
     def _filtered(logits: torch.Tensor, meta: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -186,9 +186,12 @@ class SamplingState:
             meta.seen = self.seen.index_select(0, meta.slots)
 
     def update(self, meta: SamplingMetadata, token_ids: torch.Tensor) -> None:
-        """Count the sampled tokens (on the device, in place) for the rows that use penalties."""
+        """Count the sampled tokens (on the device, in place) for the rows that use penalties. The counts only
+        when a row of the step uses them (presence, frequency): a slot's parameters never change, so the counts
+        of slots that never read them may go stale (an accumulating index_put is a sort on CUDA)."""
         if meta.seen is None and meta.output_counts is None:
             return
         self.seen.index_put_((meta.slots, token_ids), torch.ones_like(token_ids, dtype=torch.bool))
-        self.counts.index_put_((meta.slots, token_ids), torch.ones_like(token_ids, dtype=torch.int32),
-                               accumulate=True)
+        if meta.output_counts is not None:
+            self.counts.index_put_((meta.slots, token_ids), torch.ones_like(token_ids, dtype=torch.int32),
+                                   accumulate=True)
