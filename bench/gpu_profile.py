@@ -6,8 +6,9 @@ same code profiles CPU ops, so the quick run of the default suite keeps it worki
   (the union of its kernels' and copies' intervals), the idle gap (wall - busy), kernels per step and the top
   kernels by time.
 - `gemv_table`: each distinct linear shape of the model at one row, the matmul the decode step runs
-  (`torch.nn.functional.linear`, cuBLAS), in microseconds and as a share of the measured copy bandwidth; the
-  weights rotate through copies larger than the L2 cache so each call reads from memory.
+  (`torch.nn.functional.linear`, cuBLAS), in microseconds and as a share of the measured copy bandwidth, beside
+  the best of a few configurations of a Triton split-K GEMV (`native_engine/kernels/gemv.py`, not on the
+  engine's path); the weights rotate through copies larger than the L2 cache so each call reads from memory.
 """
 
 from __future__ import annotations
@@ -124,31 +125,59 @@ def linear_shapes(model) -> list[tuple[str, int, int]]:
     return [(n, o, i) for (o, i), n in seen.items()]
 
 
+def _time_s(fn, weights: list, reps: int, device: torch.device) -> float:
+    for w in weights:
+        fn(w)
+    _sync(device)
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for r in range(reps):
+            fn(weights[r % len(weights)])
+        return (time.perf_counter() - t0) / reps
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for r in range(reps):
+        fn(weights[r % len(weights)])
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps
+
+
+def gemv_configs(out_f: int, sms: int) -> list[tuple[int, int, int]]:
+    """(block_n, block_k, split_k): whole rows when there are enough of them to fill the device, else K split
+    so that about two programs per SM run."""
+    configs = [(32, 256, 1), (16, 512, 1)]
+    split = max(1, min(8, -(-2 * sms // -(-out_f // 32))))
+    if split > 1:
+        configs += [(32, 256, split), (16, 256, min(8, 2 * split))]
+    return configs
+
+
 def gemv_table(model, bandwidth: float, device: torch.device, dtype: torch.dtype, reps: int = 30) -> list[dict]:
-    """One-row matmuls at the model's shapes: microseconds and bytes per second over the copy bandwidth."""
-    rows = []
+    """One-row matmuls at the model's shapes: cuBLAS (F.linear) and the Triton GEMV, microseconds and bytes per
+    second over the copy bandwidth."""
+    from native_engine.kernels.gemv import gemv_triton
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    rows, triton_ok = [], device.type == "cuda"
     for name, out_f, in_f in linear_shapes(model):
         nbytes = out_f * in_f * torch.empty((), dtype=dtype).element_size()
         copies = max(2, min(16, -(-(256 << 20) // nbytes)))  # > L2: each call reads its weight from memory
         weights = [torch.randn(out_f, in_f, device=device, dtype=dtype) for _ in range(copies)]
         x = torch.randn(1, in_f, device=device, dtype=dtype)
-        for w in weights:
-            torch.nn.functional.linear(x, w)
-        _sync(device)
-        t0 = time.perf_counter()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        for r in range(reps):
-            torch.nn.functional.linear(x, weights[r % copies])
-        if device.type == "cuda":
-            end.record()
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3 / reps
-        else:
-            seconds = (time.perf_counter() - t0) / reps
-        rows.append({"name": name, "shape": [out_f, in_f], "us": seconds * 1e6,
-                     "of_bandwidth": nbytes / seconds / bandwidth})
+        seconds = _time_s(lambda w: torch.nn.functional.linear(x, w), weights, reps, device)
+        row = {"name": name, "shape": [out_f, in_f], "us": seconds * 1e6, "of_bandwidth": nbytes / seconds / bandwidth}
+        if triton_ok:
+            try:
+                best = min((_time_s(lambda w, c=c: gemv_triton(x, w, *c), weights, reps, device), c)
+                           for c in gemv_configs(out_f, sms))
+                row["triton_us"], row["triton_config"] = best[0] * 1e6, list(best[1])
+                row["triton_of_bandwidth"] = nbytes / best[0] / bandwidth
+                err = (gemv_triton(x, weights[0], *best[1]).float() - torch.nn.functional.linear(x, weights[0]).float())
+                row["triton_max_err"] = float(err.abs().max())
+            except Exception as exc:  # reported, and the table goes on without it
+                row["triton_error"], triton_ok = f"{type(exc).__name__}: {exc}"[:300], False
+        rows.append(row)
         del weights
     return rows
 
@@ -165,5 +194,7 @@ def report_profile(shape: str, prof: dict) -> None:
         for t in p["top"]:
             print(f"{'':8s}{t['us_per_step']:8.1f} us {t['calls_per_step']:6.1f}x  {t['name']}")
     for row in prof.get("gemv", []):
-        print(f"{shape:6s} gemv {row['name']:12s} {row['shape'][0]:>6d}x{row['shape'][1]:<6d} {row['us']:8.1f} us "
-              f"{row['of_bandwidth']:6.1%} of copy bandwidth")
+        triton = f"; triton {row['triton_us']:7.1f} us {row['triton_of_bandwidth']:6.1%} {row['triton_config']}" \
+            if "triton_us" in row else (f"; triton failed: {row['triton_error']}" if "triton_error" in row else "")
+        print(f"{shape:6s} gemv {row['name']:12s} {row['shape'][0]:>6d}x{row['shape'][1]:<6d} cuBLAS {row['us']:7.1f} us "
+              f"{row['of_bandwidth']:6.1%} of copy bandwidth{triton}")

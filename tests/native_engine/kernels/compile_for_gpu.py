@@ -31,6 +31,8 @@ KERNELS = [
      {"HAS_BIAS": True, "IS_NEOX": True, "BLOCK_H": 16, "BLOCK_KV": 2, "BLOCK_HALF": 32}),
     (module("qkv_rope_cache")._qkv_rope_cache_kernel,
      {"HAS_BIAS": False, "IS_NEOX": False, "BLOCK_H": 32, "BLOCK_KV": 4, "BLOCK_HALF": 64}),
+    (module("gemv")._gemv_kernel, {"ATOMIC": False, "BLOCK_N": 32, "BLOCK_K": 256}),
+    (module("gemv")._gemv_kernel, {"ATOMIC": True, "BLOCK_N": 16, "BLOCK_K": 512}),
     (module("sampling")._penalties_kernel, {"HAS_REP": True, "HAS_COUNTS": True, "BLOCK": 2048}),
     (module("sampling")._penalties_kernel, {"HAS_REP": True, "HAS_COUNTS": False, "BLOCK": 2048}),
     (module("sampling")._candidates_kernel, {"HAS_TOP_K": True, "HAS_TOP_P": True, "HAS_MIN_P": True, "BLOCK_K": 64}),
