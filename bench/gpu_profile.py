@@ -98,9 +98,9 @@ def decode_profile(engine, batch: int, params, steps: int = 20) -> dict:
         engine.async_scheduling = flag
         engine.step()
         res["wall_us"] = _wall_us(engine, steps, windows=1)
-        activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         _sync(device)
-        with profile(activities=[activity]) as prof:
+        with profile(activities=activities) as prof:
             for _ in range(steps):
                 engine.step()
             _sync(device)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from native_engine.kernels.qkv_rope_cache import qkv_rope_cache, qkv_rope_cache_ref, qkv_rope_cache_triton
-from tests.native_engine.kernels.helpers import DTYPES, randn, tolerances
+from tests.native_engine.kernels.helpers import DTYPES, on_gpu_only_if, randn, tolerances
 from tests.native_engine.kernels.test_rotary_embedding import MAX_POS, cos_sin_cache
 
 BLOCK_SIZE, NUM_BLOCKS = 4, 6
@@ -22,6 +22,8 @@ def _inputs(num_tokens, nh, nkv, hd, dtype, device, bias: bool):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_triton_matches_the_unfused_ops(device, dtype, nh, nkv, hd, bias, is_neox):
+    on_gpu_only_if(device, (dtype == torch.bfloat16 and bias and is_neox and nh != 4)
+                   or (dtype == torch.float32 and not bias and not is_neox and nh == 4))
     qkv, b, positions, slots, k_cache, v_cache = _inputs(6, nh, nkv, hd, dtype, device, bias)
     cache = cos_sin_cache(hd, device=device)
     ref_kv = (k_cache.clone(), v_cache.clone())

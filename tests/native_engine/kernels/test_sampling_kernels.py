@@ -8,6 +8,7 @@ from native_engine.kernels import sampling
 from native_engine.sample import Sampler, SamplingState, ops
 from native_engine.sample import sampler as sampler_module
 from native_engine.sampling_params import SamplingParams as Params
+from tests.native_engine.kernels.helpers import on_gpu_only_if
 
 
 def _columns(rows: int, device: str, *values) -> list[torch.Tensor]:
@@ -19,6 +20,7 @@ def _columns(rows: int, device: str, *values) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize(("rep", "counted"), [(True, False), (False, True), (True, True)])
 def test_penalties_kernel_equals_the_dense_ops(device, rep, counted):
+    on_gpu_only_if(device, rep)
     gen = torch.Generator().manual_seed(4)
     logits = (torch.randn(3, 700, generator=gen) * 3).to(device)
     seen = (torch.rand(3, 700, generator=gen) < 0.3).to(device)
@@ -43,6 +45,7 @@ def _candidates(rows: int, k: int, device: str, seed: int):
 @pytest.mark.parametrize(("top_k", "top_p", "min_p"), [(False, False, False), (True, True, False), (False, True, True),
                                                       (True, False, True)])
 def test_candidates_kernel_draws_what_the_torch_ops_draw(device, k, top_k, top_p, min_p):
+    on_gpu_only_if(device, k == 40 and top_k and top_p or k == 1 and not (top_k or top_p or min_p))
     rows = 6
     values, ids, q = _candidates(rows, k, device, seed=k)
     temp, p, m = _columns(rows, device, 0.8, 0.9, 0.05)
