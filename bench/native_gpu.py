@@ -19,11 +19,12 @@ written or copied from the host. Measured, in one process, one side at a time:
 
 Fair to both sides: each side first runs every workload once with 8 output tokens (compiles, cuBLAS and
 attention kernels for every prefill shape, CUDA-graph buckets, the allocator), then the widest workload
-(mixed, greedy) at full length once, untimed; then each workload is measured `--repeats` times, greedy and
-sampled alternating which goes first, and the median is reported (each run's figure is in the JSON). Every
-measured prompt starts with its own token, so our prefix cache never serves one; transformers gets the same
-prompts. The repeats are cut to one, then transformers on 7B skipped, when the run would not end inside
---budget-s.
+(mixed, greedy) at full length once, untimed; then each workload is measured up to `--repeats` times, greedy
+and sampled alternating which goes first, and the median is reported (each run's figure is in the JSON, the
+table's `runs` column says how many each side got). Every measured prompt starts with its own tokens, so our
+prefix cache never serves one; transformers gets the same prompts. Inside --budget-s: the 0.5B shape may use
+45 % of it, a repeat starts only if it should end in time, and transformers on 7B is skipped when its
+warm-up and one repeat (1.6x the 0.5B's) would not fit.
 
 Also on the 0.5B shape (`profile` in the JSON, printed last): the wall time of a steady decode step at batch
 1 and 64 with scheduling ahead off and on, the device's busy time per step under torch.profiler, the idle gap,
@@ -153,18 +154,22 @@ def median_runs(runs: list[dict]) -> dict:
 
 
 def measure(run: Callable[[list, list, str, str], dict], prompts: Prompts, loads: tuple[str, ...], repeats: int,
-            out: dict) -> None:
-    """Warm every workload (8 tokens), then the widest at full length, then `repeats` timed runs of each
-    workload, greedy and sampled alternating which goes first; medians into `out`."""
+            out: dict, deadline: float = float("inf")) -> None:
+    """Warm every workload (8 tokens), then the widest at full length, then up to `repeats` timed runs of each
+    workload, greedy and sampled alternating which goes first; medians into `out`. A repeat after the first
+    runs only if one more, as long as the last, ends before `deadline` (perf_counter seconds)."""
     for load in loads:
         for name in ("greedy", "sampled"):
             run(*prompts.fresh(load, 8), name, f"warm-{load}")
     run(*prompts.fresh(loads[-1]), "greedy", "warm-full")
     runs: dict[str, list[dict]] = {}
     for r in range(repeats):
+        t0 = time.perf_counter()
         for load in loads:
             for name in ("greedy", "sampled") if r % 2 == 0 else ("sampled", "greedy"):
                 runs.setdefault(f"{load}_{name}", []).append(run(*prompts.fresh(load), name, f"{load}-{name}-{r}"))
+        if time.perf_counter() + (time.perf_counter() - t0) > deadline:
+            break
     out.update({key: median_runs(v) for key, v in runs.items()})
 
 
@@ -243,12 +248,12 @@ def read_bytes(engine: LLMEngine) -> int:
 
 
 def run_ours(path: Path, prompts: Prompts, device: torch.device, bandwidth: float, repeats: int,
-             profile_too: bool) -> dict:
+             profile_too: bool, deadline: float = float("inf")) -> dict:
     t0 = time.perf_counter()
     engine = engine_for(path, device)
     res: dict = {"load_s": time.perf_counter() - t0, "weight_bytes": engine.model_runner.weight_bytes(),
                  "read_bytes": read_bytes(engine), "async_scheduling": engine.async_scheduling}
-    measure(guarded(engine, res), prompts, ("single", "uniform", "mixed"), repeats, res)
+    measure(guarded(engine, res), prompts, ("single", "uniform", "mixed"), repeats, res, deadline)
     n = prompts.w["single"][1]
     kv = engine.stats()["kv_bytes_per_token"] * (len(prompts.w["single"][0]) + n / 2)  # KV read per token, on average
     for name in ("greedy", "sampled"):
@@ -312,10 +317,11 @@ def hf_batch(model, prompts: list[list[int]], outputs: list[int], name: str, tag
     return {"tok_s": sum(outputs) / wall, "wall_s": wall}
 
 
-def run_hf(path: Path, prompts: Prompts, device: torch.device, repeats: int) -> dict:
+def run_hf(path: Path, prompts: Prompts, device: torch.device, repeats: int, deadline: float = float("inf")) -> dict:
     model = hf_model(path, device)
     res: dict = {}
-    measure(lambda p, o, name, tag: hf_batch(model, p, o, name, tag), prompts, ("uniform", "mixed"), repeats, res)
+    measure(lambda p, o, name, tag: hf_batch(model, p, o, name, tag), prompts, ("uniform", "mixed"), repeats, res,
+            deadline)
     del model
     free(device)
     return res
@@ -330,17 +336,12 @@ def free(device: torch.device) -> None:
 # -- the plan -------------------------------------------------------------------------------------
 
 
-def plan_repeats(shape: str, elapsed: float, budget: float, repeats: int, spent: dict) -> tuple[int, int]:
-    """(our repeats, transformers' repeats; 0 = skip) for `shape`, so that the run ends inside the budget.
-    Costs come from the 0.5B shape's measured times (7B: ours ~2.5x, transformers ~1.6x per repeat)."""
+def hf_fits(shape: str, left: float, spent: dict) -> bool:
+    """Whether transformers on `shape` (warm-up and one repeat) should end inside the `left` seconds: for 7B,
+    about 1.6x what it took on 0.5B."""
     if shape != "7b" or "0.5b" not in spent:
-        return repeats, repeats
-    ours, hf = 2.5 * spent["0.5b"]["ours"], 1.6 * spent["0.5b"]["hf"]  # seconds of one repeat plus its warm-up
-    left = budget - elapsed
-    for r_ours, r_hf in ((repeats, repeats), (repeats, 1), (1, 1), (1, 0)):
-        if ours * (1 + r_ours) / 2 + hf * (1 + r_hf) / 2 * (r_hf > 0) < left:
-            return r_ours, r_hf
-    return 1, 0
+        return True
+    return 1.6 * spent["0.5b"]["hf_first"] < left
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -382,6 +383,8 @@ def report(res: dict) -> None:
         for side in ("ours", "hf"):
             if f"{side}_error" in r:
                 print(f"{shape:6s} {side} FAILED: {r[side + '_error'].splitlines()[-1]}")
+        if "hf_skipped" in r:
+            print(f"{shape:6s} transformers skipped: {r['hf_skipped']}")
 
 
 def main() -> None:
@@ -402,21 +405,27 @@ def main() -> None:
     res: dict = {"device": name, "torch": torch.__version__, "copy_bandwidth": copy_bandwidth(device, args.quick),
                  "models": {}}
     spent: dict = {}
+    end = started + args.budget_s
     with tempfile.TemporaryDirectory(prefix="native-gpu-") as tmp:
-        for shape in shapes:
+        for i, shape in enumerate(shapes):
             path = model_dir(shape, Path(tmp))
-            r_ours, r_hf = plan_repeats(shape, time.perf_counter() - started, args.budget_s, args.repeats, spent)
-            entry = res["models"][shape] = {"repeats": [r_ours, r_hf]}
+            # the first of two shapes may take up to 45 % of the budget; the last, what is left
+            deadline = end if i == len(shapes) - 1 else started + 0.45 * args.budget_s
+            hf_need = 1.6 * spent["0.5b"]["hf_first"] if shape == "7b" and "0.5b" in spent else 0.0
+            entry = res["models"][shape] = {}
             t0 = time.perf_counter()
-            side(entry, "ours", lambda: run_ours(path, Prompts(w), device, res["copy_bandwidth"], r_ours,
-                                                 not args.no_profile and shape in ("0.5b", "tiny")))
+            side(entry, "ours", lambda: run_ours(path, Prompts(w), device, res["copy_bandwidth"], args.repeats,
+                                                 not args.no_profile and shape in ("0.5b", "tiny"), deadline - hf_need))
             t1 = time.perf_counter()
-            if r_hf:
-                side(entry, "hf", lambda: run_hf(path, Prompts(w), device, r_hf))
-            spent[shape] = {"ours": (t1 - t0) / (1 + r_ours) * 2, "hf": (time.perf_counter() - t1) / (1 + r_hf) * 2}
+            if hf_fits(shape, end - t1, spent):
+                side(entry, "hf", lambda: run_hf(path, Prompts(w), device, args.repeats, deadline))
+            else:
+                entry["hf_skipped"] = f"not enough time left ({end - t1:.0f} s)"
+            hf = entry.get("hf", {})
+            runs = len(hf.get("uniform_greedy", {}).get("runs_tok_s", [0])) or 1
+            spent[shape] = {"ours": t1 - t0, "hf_first": (time.perf_counter() - t1) * 2 / (1 + runs)}
             res["elapsed_s"] = time.perf_counter() - started
-            print(f"  {shape}: done at {res['elapsed_s']:.0f} s (repeats: ours {r_ours}, transformers {r_hf})",
-                  flush=True)
+            print(f"  {shape}: done at {res['elapsed_s']:.0f} s", flush=True)
             dump(res, args.json)  # after each model: a run cut short still leaves what it measured
     report(res)
 
