@@ -8,7 +8,8 @@ written or copied from the host. Measured, in one process, one side at a time:
    CUDA events, median of 10 after warm-up): the ceiling for MBU;
 2. batch 1: a 16-token prompt, 256 tokens; decode tok/s = (n - 1) / (last - first token time), greedy and
    with Ollama's default sampling (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1);
-   MBU = (weights + KV read per token) x tok/s / copy bandwidth;
+   MBU = (bytes a decode step reads: the weights, less an untied input embedding of which it reads one row,
+   plus the KV cache) x tok/s / copy bandwidth;
 3. 64 uniform requests (256 in, 256 out) and 64 mixed ones (32..512 in, 32..256 out, seeded), all added at
    once, ignore_eos: output tok/s = requested tokens / wall time; median TTFT and TPOT; how many steps ran
    as CUDA graphs. The same prompts through transformers `generate` (one left-padded batch, the model built
@@ -16,11 +17,26 @@ written or copied from the host. Measured, in one process, one side at a time:
    counted), greedy and sampled with the same settings;
 4. ratios: ours / transformers, sampled / greedy; then a JSON file (--json).
 
-transformers for the 7B shape runs only while the run is inside --budget-s (default 240 s), so the
-command stays under five minutes on an H100 or H200. `--quick`: a tiny model on the CPU (float32),
-a few requests, seconds: the default test suite runs it so this script never rots.
+Fair to both sides: each side first runs every workload once with 8 output tokens (compiles, cuBLAS and
+attention kernels for every prefill shape, CUDA-graph buckets, the allocator), then the widest workload
+(mixed, greedy) at full length once, untimed; then each workload is measured up to `--repeats` times, greedy
+and sampled alternating which goes first, and the median is reported (each run's figure is in the JSON, the
+table's `runs` column says how many each side got). Every measured prompt starts with its own tokens, so our
+prefix cache never serves one; transformers gets the same prompts. Inside --budget-s: the 0.5B shape may use
+45 % of it, a repeat starts only if it should end in time, and transformers on 7B is skipped when its
+warm-up and one repeat (1.6x the 0.5B's) would not fit.
 
-    python bench/native_gpu.py [--quick] [--models 0.5b,7b] [--budget-s 240] [--json PATH]
+Also on the 0.5B shape (`profile` in the JSON, printed last): the wall time of a steady decode step at batch
+1 and 64 with scheduling ahead off and on, the device's busy time per step under torch.profiler, the idle gap,
+the top kernels; and each linear shape's one-row matmul against the copy bandwidth (`bench/gpu_profile.py`).
+A section that raises is reported and the rest goes on; if our engine raises with scheduling ahead, the
+workload is run again without it (`ahead_failed` in the JSON).
+
+transformers for the 7B shape runs only while the run is inside --budget-s, so the command stays under
+five minutes on an H100 or H200. `--quick`: a tiny model on the CPU (float32), a few requests, seconds: the
+default test suite runs it so this script never rots.
+
+    python bench/native_gpu.py [--quick] [--models 0.5b,7b] [--budget-s 170] [--repeats 2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -28,11 +44,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import random
 import statistics
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +63,10 @@ from native_engine import LLMEngine, SamplingParams  # noqa: E402
 from registry.modelbuilder.hf_out import generation_config, hf_config, tokenizer_config  # noqa: E402
 from registry.modelbuilder.spec import PRESETS  # noqa: E402
 from registry.modelbuilder.tokenizer import padded_tokenizer, special_ids  # noqa: E402
+
+from gpu_profile import decode_profile, gemv_table, report_profile  # noqa: E402  (bench/ is the script's directory)
+
+log = logging.getLogger("native_gpu")
 
 SHAPES = {"0.5b": "qwen2-0.5b", "7b": "qwen2-7b", "tiny": "tiny-qwen2"}
 OLLAMA = dict(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
@@ -102,6 +125,54 @@ def copy_bandwidth(device: torch.device, quick: bool) -> float:
     return 2 * n * 4 / statistics.median(times)
 
 
+# -- the measured prompts ---------------------------------------------------------------------------
+
+
+class Prompts:
+    """The workloads' prompts, each time with its own first two tokens, so no prompt repeats another's first
+    block (our prefix cache never serves one); both sides get the same prompts for the same run."""
+
+    def __init__(self, w: dict) -> None:
+        self.w = w
+        self._heads = ((a, b) for a in range(100, 1000) for b in range(100, 1000))
+
+    def fresh(self, load: str, tokens: int | None = None) -> tuple[list[list[int]], list[int]]:
+        """(prompts, output lengths) of a workload; `tokens` caps the outputs (warm-up runs)."""
+        prompts, outputs = self.w[load]
+        if load == "single":
+            prompts, outputs = [prompts], [outputs]
+        fresh = [list(next(self._heads)) + p[2:] for p in prompts]
+        return fresh, [min(n, tokens or n) for n in outputs]
+
+
+def median_runs(runs: list[dict]) -> dict:
+    """Each numeric field's median over the repeats; `runs` keeps every repeat's tok/s."""
+    out = {k: statistics.median(r[k] for r in runs) for k, v in runs[0].items() if isinstance(v, (int, float))}
+    out["runs_tok_s"] = [r["tok_s"] for r in runs]
+    out.update({k: v for k, v in runs[0].items() if not isinstance(v, (int, float))})
+    return out
+
+
+def measure(run: Callable[[list, list, str, str], dict], prompts: Prompts, loads: tuple[str, ...], repeats: int,
+            out: dict, deadline: float = float("inf")) -> None:
+    """Warm every workload (8 tokens), then the widest at full length, then up to `repeats` timed runs of each
+    workload, greedy and sampled alternating which goes first; medians into `out`. A repeat after the first
+    runs only if one more, as long as the last, ends before `deadline` (perf_counter seconds)."""
+    for load in loads:
+        for name in ("greedy", "sampled"):
+            run(*prompts.fresh(load, 8), name, f"warm-{load}")
+    run(*prompts.fresh(loads[-1]), "greedy", "warm-full")
+    runs: dict[str, list[dict]] = {}
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        for load in loads:
+            for name in ("greedy", "sampled") if r % 2 == 0 else ("sampled", "greedy"):
+                runs.setdefault(f"{load}_{name}", []).append(run(*prompts.fresh(load), name, f"{load}-{name}-{r}"))
+        if time.perf_counter() + (time.perf_counter() - t0) > deadline:
+            break
+    out.update({key: median_runs(v) for key, v in runs.items()})
+
+
 # -- ours -----------------------------------------------------------------------------------------
 
 
@@ -119,13 +190,16 @@ def sampled(n: int) -> SamplingParams:
     return SamplingParams(**OLLAMA, max_tokens=n, ignore_eos=True)
 
 
-def ours_batch(engine: LLMEngine, prompts: list[list[int]], outputs: list[int], params, tag: str) -> dict:
+PARAMS = {"greedy": greedy, "sampled": sampled}
+
+
+def ours_batch(engine: LLMEngine, prompts: list[list[int]], outputs: list[int], name: str, tag: str) -> dict:
     graphs = engine.model_runner.graphs
     replays = graphs.num_replays if graphs is not None else 0
     sync(engine.device)
     t0 = time.perf_counter()
     for i, (p, n) in enumerate(zip(prompts, outputs, strict=True)):
-        engine.add_request(f"{tag}-{i}", p, params(n))
+        engine.add_request(f"{tag}-{i}", p, PARAMS[name](n))
     generated, steps, ttft, tpot, token_times = 0, 0, [], [], []
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -145,26 +219,72 @@ def ours_batch(engine: LLMEngine, prompts: list[list[int]], outputs: list[int], 
             "decode_tok_s": (len(token_times) - 1) / (token_times[-1] - token_times[0]) if len(token_times) > 1 else 0}
 
 
-def run_ours(path: Path, w: dict, device: torch.device, bandwidth: float) -> dict:
+def guarded(engine: LLMEngine, res: dict) -> Callable:
+    """ours_batch, run again without scheduling ahead if it raises with it (recorded in `res`)."""
+
+    def run(prompts, outputs, name, tag):
+        try:
+            return ours_batch(engine, prompts, outputs, name, tag)
+        except Exception:
+            if not engine.async_scheduling:
+                raise
+            res.setdefault("ahead_failed", traceback.format_exc(limit=8))
+            log.error("scheduling ahead failed, measuring without it:\n%s", res["ahead_failed"])
+            for request_id in list(engine.requests):
+                engine.abort(request_id)
+            engine._inflight = None
+            engine.async_scheduling = False
+            return ours_batch(engine, prompts, outputs, name, tag + "-sync")
+
+    return run
+
+
+def read_bytes(engine: LLMEngine) -> int:
+    """Weight bytes a decode step reads: all of them, less an untied input embedding (of which it reads one row)."""
+    model = engine.model_runner.model
+    embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+    untied = embed.data_ptr() != head.data_ptr()
+    return engine.model_runner.weight_bytes() - (embed.numel() * embed.element_size() if untied else 0)
+
+
+def run_ours(path: Path, prompts: Prompts, device: torch.device, bandwidth: float, repeats: int,
+             profile_too: bool, deadline: float = float("inf")) -> dict:
     t0 = time.perf_counter()
     engine = engine_for(path, device)
-    res: dict = {"load_s": time.perf_counter() - t0, "weight_bytes": engine.model_runner.weight_bytes()}
-    prompt, n = w["single"]
-    ours_batch(engine, [prompt[:8]], [4], greedy, "warm")
-    ours_batch(engine, [prompt[:8]], [4], sampled, "warm-s")
-    kv = engine.stats()["kv_bytes_per_token"] * (len(prompt) + n / 2)  # KV read per token, on average
-    firsts = iter(range(100, 1000))  # each measured prompt starts with its own token: no prefix-cache hits
-    for name, params in (("greedy", greedy), ("sampled", sampled)):
-        single = ours_batch(engine, [[next(firsts)] + prompt[1:]], [n], params, f"single-{name}")
-        single["mbu"] = (res["weight_bytes"] + kv) * single["decode_tok_s"] / bandwidth
-        res[f"single_{name}"] = single
-        for load in ("uniform", "mixed"):
-            prompts, outputs = w[load]
-            fresh = [[next(firsts)] + p[1:] for p in prompts]
-            res[f"{load}_{name}"] = ours_batch(engine, fresh, outputs, params, f"{load}-{name}")
+    res: dict = {"load_s": time.perf_counter() - t0, "weight_bytes": engine.model_runner.weight_bytes(),
+                 "read_bytes": read_bytes(engine), "async_scheduling": engine.async_scheduling}
+    measure(guarded(engine, res), prompts, ("single", "uniform", "mixed"), repeats, res, deadline)
+    n = prompts.w["single"][1]
+    kv = engine.stats()["kv_bytes_per_token"] * (len(prompts.w["single"][0]) + n / 2)  # KV read per token, on average
+    for name in ("greedy", "sampled"):
+        single = res[f"single_{name}"]
+        single["mbu"] = (res["read_bytes"] + kv) * single["decode_tok_s"] / bandwidth
+    res["profile"] = profile_section(engine, bandwidth, PROFILES if profile_too else PROFILES[:1])
     del engine
     free(device)
     return res
+
+
+PROFILES = (("decode_b1_greedy", 1, "greedy"), ("decode_b1_sampled", 1, "sampled"), ("decode_b64_greedy", 64, "greedy"),
+            ("decode_b64_sampled", 64, "sampled"))
+
+
+def profile_section(engine: LLMEngine, bandwidth: float, profiles: tuple = PROFILES) -> dict:
+    """bench/gpu_profile.py's decode profiles and the GEMV table at the model's shapes."""
+    out: dict = {}
+    steps = 20 if engine.device.type == "cuda" else 4
+    for key, batch, name in profiles:
+        try:
+            out[key] = decode_profile(engine, min(batch, engine.config.max_num_seqs), PARAMS[name](400), steps)
+        except Exception as exc:
+            out[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            log.error("profile %s failed:\n%s", key, traceback.format_exc(limit=8))
+    try:
+        out["gemv"] = gemv_table(engine.model_runner.model, bandwidth, engine.device, engine.dtype,
+                                 reps=30 if engine.device.type == "cuda" else 2)
+    except Exception as exc:
+        out["gemv_error"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 # -- transformers -------------------------------------------------------------------------------
@@ -182,11 +302,12 @@ def hf_model(path: Path, device: torch.device):
 
 
 @torch.inference_mode()
-def hf_batch(model, prompts: list[list[int]], outputs: list[int], device: torch.device, sample: bool) -> dict:
+def hf_batch(model, prompts: list[list[int]], outputs: list[int], name: str, tag: str = "") -> dict:
+    device = model.device
     width, pad = max(len(p) for p in prompts), 0
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    kwargs = HF_OLLAMA if sample else {"do_sample": False}
+    kwargs = HF_OLLAMA if name == "sampled" else {"do_sample": False}
     sync(device)
     t0 = time.perf_counter()
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(outputs), pad_token_id=pad, **kwargs)
@@ -196,11 +317,11 @@ def hf_batch(model, prompts: list[list[int]], outputs: list[int], device: torch.
     return {"tok_s": sum(outputs) / wall, "wall_s": wall}
 
 
-def run_hf(path: Path, w: dict, device: torch.device) -> dict:
+def run_hf(path: Path, prompts: Prompts, device: torch.device, repeats: int, deadline: float = float("inf")) -> dict:
     model = hf_model(path, device)
-    hf_batch(model, [p[:8] for p in w["uniform"][0][:2]], [4, 4], device, True)  # warm up
-    res = {f"{load}_{name}": hf_batch(model, *w[load], device, name == "sampled")
-           for name in ("greedy", "sampled") for load in ("uniform", "mixed")}
+    res: dict = {}
+    measure(lambda p, o, name, tag: hf_batch(model, p, o, name, tag), prompts, ("uniform", "mixed"), repeats, res,
+            deadline)
     del model
     free(device)
     return res
@@ -212,39 +333,70 @@ def free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+# -- the plan -------------------------------------------------------------------------------------
+
+
+def hf_fits(shape: str, left: float, spent: dict) -> bool:
+    """Whether transformers on `shape` (warm-up and one repeat) should end inside the `left` seconds: for 7B,
+    about 1.6x what it took on 0.5B."""
+    if shape != "7b" or "0.5b" not in spent:
+        return True
+    return 1.6 * spent["0.5b"]["hf_first"] < left
+
+
 # -- report ---------------------------------------------------------------------------------------
 
 
 def report(res: dict) -> None:
     print(f"\n{res['device']}; copy bandwidth {res['copy_bandwidth'] / 1e12:.2f} TB/s (measured)")
     head = f"{'model':6s} {'workload':16s} {'ours tok/s':>11s} {'hf tok/s':>10s} {'ours/hf':>8s} " \
-           f"{'TTFT ms':>8s} {'TPOT ms':>8s} {'graph steps':>12s}"
+           f"{'TTFT ms':>8s} {'TPOT ms':>8s} {'graph steps':>12s} {'runs':>5s}"
     print(head)
     for shape, r in res["models"].items():
-        ours, hf = r["ours"], r.get("hf", {})
+        ours, hf = r.get("ours", {}), r.get("hf", {})
         for key in ("single_greedy", "single_sampled", "uniform_greedy", "uniform_sampled", "mixed_greedy",
                     "mixed_sampled"):
+            if key not in ours:
+                continue
             o = ours[key]
             rate = o["decode_tok_s"] if key.startswith("single") else o["tok_s"]
             h = hf.get(key, {}).get("tok_s")
             ratio = f"{rate / h:7.2f}x" if h else f"{'-':>8s}"
+            runs = f"{len(o['runs_tok_s'])}/{len(hf[key]['runs_tok_s']) if key in hf else 0}"
             print(f"{shape:6s} {key:16s} {rate:11.1f} {h or float('nan'):10.1f} {ratio} {o['ttft_ms_p50']:8.1f} "
-                  f"{o['tpot_ms_p50']:8.2f} {o['graph_steps']:5d}/{o['steps']:<6d}")
+                  f"{o['tpot_ms_p50']:8.2f} {o['graph_steps']:5.0f}/{o['steps']:<6.0f} {runs:>5s}")
+        if "single_greedy" not in ours:
+            continue
         for name in ("greedy", "sampled"):
-            print(f"{shape:6s} batch 1 {name}: MBU {ours[f'single_{name}']['mbu']:.1%} of the measured copy bandwidth")
+            print(f"{shape:6s} batch 1 {name}: MBU {ours[f'single_{name}']['mbu']:.1%} of the measured copy bandwidth "
+                  f"({ours['read_bytes'] / 1e9:.2f} GB of weights read per token)")
         for load in ("single", "uniform", "mixed"):
             g, s = ours[f"{load}_greedy"], ours[f"{load}_sampled"]
             key = "decode_tok_s" if load == "single" else "tok_s"
             print(f"{shape:6s} {load}: sampled / greedy {s[key] / g[key]:.2f}x (goal >= 0.90)")
+        if "ahead_failed" in ours:
+            print(f"{shape:6s} scheduling ahead FAILED, measured without it: {ours['ahead_failed'].splitlines()[-1]}")
+    for shape, r in res["models"].items():
+        if "profile" in r.get("ours", {}):
+            report_profile(shape, r["ours"]["profile"])
+    for shape, r in res["models"].items():
+        for side in ("ours", "hf"):
+            if f"{side}_error" in r:
+                print(f"{shape:6s} {side} FAILED: {r[side + '_error'].splitlines()[-1]}")
+        if "hf_skipped" in r:
+            print(f"{shape:6s} transformers skipped: {r['hf_skipped']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU, seconds (the test suite's run)")
     parser.add_argument("--models", default="0.5b,7b", help="comma-separated: 0.5b, 7b")
-    parser.add_argument("--budget-s", type=float, default=240.0, help="skip transformers on 7B past this")
+    parser.add_argument("--budget-s", type=float, default=170.0, help="cut repeats, then transformers on 7B, past this")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs of each workload per side (median)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the decode profiles and the GEMV table")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
     device = torch.device("cpu" if args.quick or not torch.cuda.is_available() else "cuda")
     shapes = ["tiny"] if args.quick or device.type == "cpu" else args.models.split(",")
@@ -252,16 +404,40 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     res: dict = {"device": name, "torch": torch.__version__, "copy_bandwidth": copy_bandwidth(device, args.quick),
                  "models": {}}
+    spent: dict = {}
+    end = started + args.budget_s
     with tempfile.TemporaryDirectory(prefix="native-gpu-") as tmp:
-        for shape in shapes:
+        for i, shape in enumerate(shapes):
             path = model_dir(shape, Path(tmp))
-            entry = res["models"][shape] = {"ours": run_ours(path, w, device, res["copy_bandwidth"])}
-            if shape != "7b" or time.perf_counter() - started < args.budget_s:
-                entry["hf"] = run_hf(path, w, device)
+            # the first of two shapes may take up to 45 % of the budget; the last, what is left
+            deadline = end if i == len(shapes) - 1 else started + 0.45 * args.budget_s
+            hf_need = 1.6 * spent["0.5b"]["hf_first"] if shape == "7b" and "0.5b" in spent else 0.0
+            entry = res["models"][shape] = {}
+            t0 = time.perf_counter()
+            side(entry, "ours", lambda: run_ours(path, Prompts(w), device, res["copy_bandwidth"], args.repeats,
+                                                 not args.no_profile and shape in ("0.5b", "tiny"), deadline - hf_need))
+            t1 = time.perf_counter()
+            if hf_fits(shape, end - t1, spent):
+                side(entry, "hf", lambda: run_hf(path, Prompts(w), device, args.repeats, deadline))
+            else:
+                entry["hf_skipped"] = f"not enough time left ({end - t1:.0f} s)"
+            hf = entry.get("hf", {})
+            runs = len(hf.get("uniform_greedy", {}).get("runs_tok_s", [0])) or 1
+            spent[shape] = {"ours": t1 - t0, "hf_first": (time.perf_counter() - t1) * 2 / (1 + runs)}
             res["elapsed_s"] = time.perf_counter() - started
             print(f"  {shape}: done at {res['elapsed_s']:.0f} s", flush=True)
             dump(res, args.json)  # after each model: a run cut short still leaves what it measured
     report(res)
+
+
+def side(entry: dict, key: str, fn: Callable[[], dict]) -> None:
+    """One side of one model; a failure is recorded and the run goes on."""
+    try:
+        entry[key] = fn()
+    except Exception:
+        entry[f"{key}_error"] = traceback.format_exc(limit=10)
+        log.error("%s failed:\n%s", key, entry[f"{key}_error"])
+        free(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def dump(res: dict, path: Path | None) -> None:

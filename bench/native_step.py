@@ -13,6 +13,11 @@ steps are left out), at batch 1 and 64, greedy and with Ollama's default samplin
 
 One intra-op thread, so a busy machine moves the numbers less.
 
+Then the same with the decode steps on the CUDA-graph path and the replay replaced by nothing ("graph path",
+`NullGraphs`): the model's forward drops out and what is left is the host work a GPU decode step does around
+its replay (the inputs in the graph's layout, the LM head and sampler launches, the bookkeeping), CPU op
+dispatch standing in for CUDA launches. The LM head and the sampler still compute on the CPU there.
+
     .venv/bin/python bench/native_step.py [--steps 128] [--json PATH]
 """
 
@@ -33,10 +38,24 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from native_engine import LLMEngine, SamplingParams  # noqa: E402
+from native_engine.cuda_graph import DecodeGraphs  # noqa: E402
 from noise import cpu_ticks, others_cores  # noqa: E402  (bench/ is the script's directory)
 from registry.modelbuilder import PRESETS, build_gguf  # noqa: E402
 
 OLLAMA = dict(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
+
+
+class NullGraphs(DecodeGraphs):
+    """The graph path's host side: inputs go to the static buffers, the replay does nothing (no model)."""
+
+    def _capture_all(self) -> None:
+        self.graphs = dict.fromkeys(self.buckets)
+
+    def run(self, bs: int, ctx) -> torch.Tensor:
+        n, width = ctx.block_tables.shape
+        self.block_tables[:n, :width].copy_(ctx.block_tables)
+        self.num_replays += 1
+        return self.outputs[:n]
 
 
 def timed(owner, name: str, spent: dict):
@@ -93,22 +112,29 @@ def main() -> None:
         path = build_gguf(Path(tmp) / "one-layer.gguf", PRESETS["tiny-qwen2"].with_(num_layers=1, name="one-layer"))
         engine = LLMEngine.from_model(path, max_num_seqs=64, max_model_len=512, kv_cache_memory_bytes=64 << 20)
     res, before, t0 = {}, cpu_ticks(), time.perf_counter()
-    for batch in (1, 64):
-        for name, extra in (("greedy", {"temperature": 0.0}), ("sampled", OLLAMA)):
-            params = SamplingParams(**extra, max_tokens=args.steps + 8, ignore_eos=True)
-            res[f"batch{batch}_{name}"] = measure(engine, batch, args.steps, params)
+    for path_name in ("module", "graph"):
+        if path_name == "graph":
+            runner = engine.model_runner
+            runner.graphs = NullGraphs(runner.model, 64, runner.inputs.max_blocks, engine.model_config.hidden_size,
+                                       engine.device, engine.dtype)
+        for batch in (1, 64):
+            for name, extra in (("greedy", {"temperature": 0.0}), ("sampled", OLLAMA)):
+                params = SamplingParams(**extra, max_tokens=args.steps + 8, ignore_eos=True)
+                key = f"batch{batch}_{name}" + ("_graph" if path_name == "graph" else "")
+                res[key] = measure(engine, batch, args.steps, params)
     res["others_cores"] = others_cores(before, cpu_ticks(), time.perf_counter() - t0)
     print("\nnative engine, host time per decode step (1-layer tiny model, CPU, 1 thread), median microseconds; "
           f"other processes used {res['others_cores']:.2f} cores meanwhile")
-    print(f"  {'':16s} {'total':>8s} {'schedule':>9s} {'forward':>8s} {'sample':>8s} {'rest':>8s}")
+    print(f"  {'':22s} {'total':>8s} {'schedule':>9s} {'forward':>8s} {'sample':>8s} {'rest':>8s} {'host':>8s}")
     for key, r in res.items():
         if key == "others_cores":
             continue
-        print(f"  {key:16s} {r['total']:8.0f} {r['schedule']:9.0f} {r['forward']:8.0f} {r['sample']:8.0f} "
-              f"{r['rest']:8.0f}")
+        print(f"  {key:22s} {r['total']:8.0f} {r['schedule']:9.0f} {r['forward']:8.0f} {r['sample']:8.0f} "
+              f"{r['rest']:8.0f} {r['total'] - r['forward']:8.0f}")
     for batch in (1, 64):
         g, s = res[f"batch{batch}_greedy"]["total"], res[f"batch{batch}_sampled"]["total"]
         print(f"  batch {batch}: sampled / greedy step time {s / g:.2f}x")
+    print("  host = total - forward; the _graph rows: decode steps on the CUDA-graph path with the replay a no-op")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=1))

@@ -120,6 +120,13 @@ class BlockManager:
         A seq without blocks first takes its prefix-cache hits (computed_blocks, looked up when None), which set
         num_computed_tokens; num_new_tokens then counts the tokens after the hits.
         """
+        table = seq.block_table
+        if table and not self._needs_copy(seq, num_new_tokens):  # a running sequence grows (the usual case)
+            needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(table)
+            assert needed <= self.num_free_blocks, f"need {needed} blocks, {self.num_free_blocks} free"
+            for _ in range(needed):
+                table.append(self._pop_free_block())
+            return []
         if not seq.block_table and computed_blocks is None:
             computed_blocks = self.get_computed_blocks(seq)
         required = self._num_required_blocks(seq, num_new_tokens, computed_blocks)

@@ -46,6 +46,7 @@ class EngineConfig:
     cpu_fp16_small_batch: bool = True  # bf16 on CPU: fp16 weight copies for 1-2 row batches (faster GEMV)
     cpu_int4_matmul: bool = True  # f32 on CPU: weights that are exactly 4/8-bit GGUF blocks run as int4 matmuls
     load_format: str = "auto"  # "dummy": config and tokenizer from `model`, weights drawn on the device (vLLM's)
+    async_scheduling: bool | None = None  # schedule a decode step while the one before runs; None = on CUDA only
 
     def __post_init__(self) -> None:
         model = self.model
@@ -62,6 +63,8 @@ class EngineConfig:
         _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         _check_fraction("kv_cache_fraction_cpu", self.kv_cache_fraction_cpu)
         _check(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        _check(self.async_scheduling is None or isinstance(self.async_scheduling, bool),
+               f"async_scheduling must be None, true or false; got {self.async_scheduling!r}")
         _check(self.load_format in LOAD_FORMATS,
                f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}")
         device = self.device

@@ -21,6 +21,8 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Feed one token; returns the text that is now safe to show."""
+        if not self.stop:  # nothing to hold back: the decoder alone keeps partial characters
+            return self._decoder.decode(self.token_bytes(token_id))
         if self.stop_string is not None:
             return ""
         self._held += self._decoder.decode(self.token_bytes(token_id))

@@ -8,8 +8,9 @@ Two layouts:
   static buffer, padded to the graph's bucket (slot -1, context length 0: padded rows write and read
   nothing), copied straight into it; the tables go through the eager buffer and one device copy.
 The host work is numpy over the whole batch; the Python loop over rows only collects each row's numbers.
-Buffers are reused by the next step; that is safe because every step ends with a host sync (the
-sampled ids), after which the previous step's copies have completed.
+On CUDA the host buffers come in two sets used in turn: a step scheduled ahead fills its set while the step
+before it may still be waiting for its copies, and the set it reuses belongs to the step before that, which
+has been collected (its copies are done). The device buffers are single: one stream orders their uses.
 """
 
 from __future__ import annotations
@@ -41,12 +42,20 @@ class InputBuffers:
         self.device, self.block_size = device, block_size
         self.max_rows, self.max_blocks = max_num_seqs, max_blocks
         size = 3 * max_num_tokens + 2 * max_num_seqs
-        self.host = _pinned(size, torch.int64, device)
-        self.host_tables = _pinned(max_num_seqs * max_blocks, torch.int32, device)
-        self.graph_host = _pinned(4 * max_num_seqs, torch.int64, device)
         on_device = device.type != "cpu"
+        self._sets = [(_pinned(size, torch.int64, device), _pinned(max_num_seqs * max_blocks, torch.int32, device),
+                       _pinned(4 * max_num_seqs, torch.int64, device)) for _ in range(2 if on_device else 1)]
+        self._turn = 0
+        self.host, self.host_tables, self.graph_host = self._sets[0]
         self.dev = torch.zeros_like(self.host, device=device) if on_device else self.host
         self.dev_tables = torch.zeros_like(self.host_tables, device=device) if on_device else self.host_tables
+
+    def _next_set(self) -> None:
+        """The host buffers of this step (see the module docstring); on CPU always the same ones."""
+        self._turn = (self._turn + 1) % len(self._sets)
+        self.host, self.host_tables, self.graph_host = self._sets[self._turn]
+        if self.device.type == "cpu":
+            self.dev, self.dev_tables = self.host, self.host_tables
 
     def _send(self, host: torch.Tensor, dev: torch.Tensor, n: int) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -60,29 +69,46 @@ class InputBuffers:
         step whose int64 inputs go into `graph_inputs` ([4, max_bs] on the device)."""
         rows = len(ordered)
         assert rows <= self.max_rows, f"{rows} rows, buffers sized for {self.max_rows}"
-        starts = np.empty(rows, np.int64)
-        counts = np.empty(rows, np.int64)
-        ids: list[int] = []
+        self._next_set()
         width = max(len(s.seq.block_table) for s in ordered)
         assert width <= self.max_blocks, f"a block table of {width} blocks, buffers sized for {self.max_blocks}"
         tables = self.host_tables[: rows * width].numpy().reshape(rows, width)
         tables.fill(-1)
+        if graph_bs is not None:
+            ids, positions, slots = self._decode_rows(ordered, tables)
+            dev_tables = self._send(self.host_tables, self.dev_tables, rows * width).view(rows, width)
+            lens = [p + 1 for p in positions]
+            return self._graph_inputs(ids, positions, slots, lens, dev_tables, graph_bs, graph_inputs)
+        starts = np.empty(rows, np.int64)
+        counts = np.empty(rows, np.int64)
+        ids: list[int] = []
         for r, s in enumerate(ordered):
             seq = s.seq
             start = seq.num_computed_tokens
             starts[r], counts[r] = start, s.num_new_tokens
             ids += seq.token_ids[start : start + s.num_new_tokens]
             tables[r, : len(seq.block_table)] = seq.block_table
-        num_decodes = int(np.count_nonzero(counts == 1)) if graph_bs is None else rows
+        num_decodes = int(np.count_nonzero(counts == 1))
         token_rows = np.repeat(np.arange(rows), counts)
         offsets = np.cumsum(counts) - counts  # first token of each row in the flat batch
         positions = np.repeat(starts - offsets, counts) + np.arange(len(ids))
         slots = tables[token_rows, positions // self.block_size].astype(np.int64) * self.block_size \
             + positions % self.block_size
         dev_tables = self._send(self.host_tables, self.dev_tables, rows * width).view(rows, width)
-        if graph_bs is not None:
-            return self._graph_inputs(ids, positions, slots, starts + 1, dev_tables, graph_bs, graph_inputs)
         return self._eager_inputs(ordered, ids, positions, slots, starts, counts, offsets, dev_tables, num_decodes)
+
+    def _decode_rows(self, ordered: list, tables: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+        """A decode-only step (one token per row): ids, positions and cache slots, and each row's table."""
+        size = self.block_size
+        ids, positions, slots = [], [], []
+        for r, s in enumerate(ordered):
+            seq, pos = s.seq, s.seq.num_computed_tokens
+            table = seq.block_table
+            ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(table[pos // size] * size + pos % size)
+            tables[r, : len(table)] = table
+        return ids, positions, slots
 
     def _eager_inputs(self, ordered, ids, positions, slots, starts, counts, offsets, dev_tables,
                       num_decodes: int) -> StepInputs:

@@ -1,4 +1,10 @@
-"""The engine: requests in, one continuous-batching step at a time, outputs streamed out."""
+"""The engine: requests in, one continuous-batching step at a time, outputs streamed out.
+
+With `async_scheduling` (the default on CUDA), a decode-only step's successor is scheduled and launched before
+the step's sampled ids reach the host (`Scheduler.schedule_ahead`), so the host's work for step N+1 (schedule,
+inputs, sampler metadata, launches) and for step N's outputs (detokenizing, stop checks) overlaps step N+1 on
+the device instead of leaving it idle. `step()` still returns one step's outputs per call: those of the step it
+collects, while the next one may already run."""
 
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ from .loader import load_checkpoint
 from .model_runner import ModelRunner, bytes_per_token
 from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
-from .sequence import Sequence
+from .scheduler import Scheduler, SchedulerOutput
+from .model_runner import LaunchedStep
+from .sequence import Sequence, SequenceStatus
 from .structured_output import StructuredOutputManager
 
 log = logging.getLogger(__name__)
@@ -33,6 +40,15 @@ class _Request:
     detokenizers: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
     num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A launched step the engine has not collected yet."""
+
+    out: SchedulerOutput
+    launched: LaunchedStep
+    started: float
 
 
 class LLMEngine:
@@ -55,6 +71,8 @@ class LLMEngine:
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
         self.requests: dict[str, _Request] = {}
+        self.async_scheduling = self.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
+        self._inflight: _InFlight | None = None
         stats = self.stats()
         log.info("native engine: %s on %s, KV cache %d blocks x %d tokens = %d tokens at %d bytes/token",
                  self.dtype, self.device, stats["num_kvcache_blocks"], config.block_size,
@@ -129,16 +147,43 @@ class LLMEngine:
         self.requests.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     # -- the loop -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        out = self.scheduler.schedule()
+        """Collect one step and return its outputs; launch the next one first when it can be scheduled ahead."""
+        if self._inflight is None:
+            out = self.scheduler.schedule()
+            if not out.scheduled:
+                return []
+            self._inflight = self._launch(out)
+        inflight, self._inflight = self._inflight, None
+        self._inflight = self._launch_ahead(inflight)
+        return self._finish(inflight)
+
+    def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None = None) -> _InFlight:
         started = time.perf_counter()
-        sampled = self.model_runner.run(out.scheduled, out.blocks_to_copy) if out.scheduled else {}
+        return _InFlight(out, self.model_runner.launch(out.scheduled, out.blocks_to_copy, prev), started)
+
+    def _launch_ahead(self, inflight: _InFlight) -> _InFlight | None:
+        """The next step, launched while `inflight` runs, when it is a decode step of the same sequences.
+        Not with a grammar in the batch: the next mask needs this step's token accepted first."""
+        if not self.async_scheduling or any(item.seq.sampling_params.structured_outputs is not None
+                                            for item in inflight.out.scheduled):
+            return None
+        ahead = self.scheduler.schedule_ahead(inflight.out)
+        return None if ahead is None else self._launch(ahead, inflight.launched)
+
+    def _finish(self, inflight: _InFlight) -> list[RequestOutput]:
+        """Wait for a launched step's tokens, then the scheduler's bookkeeping and the outputs. Rows of sequences
+        that finished after the step was launched (ghosts, see scheduler.py) are dropped."""
+        out = inflight.out
+        sampled = self.model_runner.collect(inflight.launched)
+        if any(item.seq.status is not SequenceStatus.RUNNING for item in out.scheduled):
+            out.scheduled = [item for item in out.scheduled if item.seq.status is SequenceStatus.RUNNING]
         self.scheduler.postprocess(out, {k: [t.token_id for t in v] for k, v in sampled.items()})
-        return self._outputs(out, sampled, started, time.perf_counter())
+        return self._outputs(out, sampled, inflight.started, time.perf_counter())
 
     def _outputs(self, out, sampled: dict, started: float, now: float) -> list[RequestOutput]:
         deltas: dict[str, list[CompletionOutput]] = {}
@@ -150,8 +195,10 @@ class LLMEngine:
                 request.metrics.first_scheduled_time = started
                 request.num_cached_tokens = item.seq.num_cached_tokens
             if item.should_sample:
-                targets = [item.seq] + sorted((c for c in out.forked if c.request_id == item.seq.request_id),
-                                              key=lambda c: c.sample_index)
+                targets = [item.seq]
+                if out.forked:
+                    targets += sorted((c for c in out.forked if c.request_id == item.seq.request_id),
+                                      key=lambda c: c.sample_index)
                 for seq, token in zip(targets, sampled[item.seq.seq_id], strict=False):
                     deltas.setdefault(seq.request_id, []).append(self._delta(request, seq, token, now))
         return [self._request_output(rid, completions) for rid, completions in deltas.items()]

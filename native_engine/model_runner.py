@@ -1,21 +1,28 @@
 """Builds the model, owns the paged KV cache, turns scheduled sequences into tensors, runs
-the forward pass and samples."""
+the forward pass and samples.
+
+A step is `launch` (inputs, forward, sampler, the sampled ids' copy to the host started) then `collect`
+(wait for that copy); `run` does both. Between them the engine may launch the next step (scheduled ahead):
+its placeholder input ids are then taken on the device from this step's sampled ids (`_feed_placeholders`)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from . import platform
 from .config import EngineConfig
 from .cuda_graph import DecodeGraphs
 from .layers.attention import Attention
 from .layers.embed_head import LMHead, VocabEmbedding
 from .layers.linear import finish_loading, use_small_batch_weights
 from .input_batch import InputBuffers, StepInputs
-from .sample import SampledToken, Sampler, SamplingMetadata, SamplingState
+from .sample import HostTokens, SampledToken, Sampler, SamplingMetadata, SamplingState
+from .sequence import PLACEHOLDER
 from .structured_output import StructuredOutputManager
 from .models import model_class
 from .forward_context import Context, PrefillChunk
@@ -49,6 +56,17 @@ def bytes_per_token(model_config, dtype: torch.dtype) -> int:
 def decode_first(scheduled: list) -> list:
     """The batch layout `Attention` expects: one-token rows, then prefill chunks."""
     return sorted(scheduled, key=lambda s: s.num_new_tokens > 1)
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step on the device: its sampled rows (sequence, sample offset) and their ids, on the device and on
+    their way to the host."""
+
+    rows: list = field(default_factory=list)
+    keys: list[tuple[str, int]] = field(default_factory=list)
+    token_ids: torch.Tensor | None = None  # [S] int64 on the device
+    host: HostTokens | None = None
 
 
 class ModelRunner:
@@ -144,12 +162,20 @@ class ModelRunner:
         bs = self._graph_bucket(ordered)
         return self.inputs.prepare(ordered, bs, None if bs is None else self.graphs.inputs)
 
-    @torch.inference_mode()
     def run(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = ()) -> dict[int, list[SampledToken]]:
         """Forward the scheduled chunks; returns `num_samples` tokens for each sequence that samples."""
+        return self.collect(self.launch(scheduled, blocks_to_copy))
+
+    @torch.inference_mode()
+    def launch(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = (),
+               prev: LaunchedStep | None = None) -> LaunchedStep:
+        """Everything of a step up to the sampled ids' copy to the host, without waiting for the device.
+        `prev`: the step still running whose sampled ids this one's placeholder tokens are."""
         self.copy_blocks(list(blocks_to_copy))
         ordered = decode_first(scheduled)
         step = self.prepare_inputs(ordered)
+        if prev is not None:
+            self._feed_placeholders(step, ordered, prev)
         if step.graph_bs is not None:
             hidden = self.graphs.run(step.graph_bs, step.ctx)
         else:
@@ -157,22 +183,42 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden, step.ctx)  # launched; the host work below overlaps it on GPU
         rows = [(s.seq, i) for s in ordered if s.should_sample for i in range(s.num_samples)]
         if not rows:
-            return {}
+            return LaunchedStep()
         keys = [(seq.request_id, seq.sample_index + i) for seq, i in rows]
         meta = self._sampling_metadata(keys, rows)
         if len(rows) > len(logits):  # n > 1: a prompt's first token, n rows from one row of logits
             logits = logits.repeat_interleave(self._counts(ordered), dim=0, output_size=len(rows))  # no sync
         out = self.sampler(logits, meta)
         self.sampling.update(meta, out.token_ids)
-        sampled = out.to_host()  # the step's one device-to-host copy
-        self._accept_grammar(keys, rows, sampled)
+        return LaunchedStep(rows, keys, out.token_ids, out.start_copy())  # the step's one device-to-host copy
+
+    def collect(self, launched: LaunchedStep) -> dict[int, list[SampledToken]]:
+        """Wait for a launched step's sampled ids; seq_id -> its tokens."""
+        if launched.host is None:
+            return {}
+        sampled = launched.host.wait()
+        self._accept_grammar(launched.keys, launched.rows, sampled)
         tokens: dict[int, list[SampledToken]] = {}
-        for (seq, _), token in zip(rows, sampled, strict=True):
+        for (seq, _), token in zip(launched.rows, sampled, strict=True):
             tokens.setdefault(seq.seq_id, []).append(token)
         return tokens
 
+    def _feed_placeholders(self, step: StepInputs, ordered: list, prev: LaunchedStep) -> None:
+        """A step scheduled ahead: each row decodes the token `prev` samples for it, still on the device."""
+        where = {seq.seq_id: i for i, (seq, _) in enumerate(prev.rows)}
+        assert all(s.num_new_tokens == 1 and s.seq.token_ids[-1] == PLACEHOLDER for s in ordered), "not a step ahead"
+        src = [where[s.seq.seq_id] for s in ordered]
+        n = len(src)
+        if src == list(range(n)):
+            step.input_ids[:n].copy_(prev.token_ids[:n])
+        else:
+            index = platform.to_device(src, torch.long, self.device)
+            step.input_ids[:n].copy_(prev.token_ids.index_select(0, index))
+
     def _sampling_metadata(self, keys: list[tuple[str, int]], rows: list) -> SamplingMetadata:
-        slots = [self.sampling.slot(key, seq.sampling_params, seq.prompt_token_ids, seq.completion_token_ids)
+        known = self.sampling.slots  # a slot is set up once; its prompt and output are needed only then
+        slots = [known[key] if key in known else
+                 self.sampling.slot(key, seq.sampling_params, seq.prompt_token_ids, seq.completion_token_ids)
                  for key, (seq, _) in zip(keys, rows, strict=True)]
         meta = self.sampling.metadata(slots)
         if self.structured is not None and any(seq.sampling_params.structured_outputs for seq, _ in rows):
@@ -195,7 +241,7 @@ class ModelRunner:
         return self.model.compute_logits(self.model(ids, torch.arange(n, device=self.device), ctx), ctx)
 
     def _counts(self, ordered: list) -> torch.Tensor:
-        return torch.tensor([s.num_samples for s in ordered if s.should_sample], device=self.device)
+        return platform.to_device([s.num_samples for s in ordered if s.should_sample], torch.long, self.device)
 
     def release(self, seq) -> None:
         key = (seq.request_id, seq.sample_index)

@@ -47,6 +47,14 @@ def resolve_dtype(name: str, device: torch.device, source_dtype: str | None) -> 
     return torch.float32 if source_dtype in ("float32", "quantized") else torch.bfloat16
 
 
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on the device without a host sync: through pinned memory and a non-blocking copy on
+    CUDA (`torch.tensor(values, device="cuda")` copies from pageable memory and waits for the stream)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 def available_cpu_memory() -> int:
     with open("/proc/meminfo") as f:
         for line in f:

@@ -2,6 +2,14 @@
 
 Each step: running sequences first (decodes, then prefill chunks), then waiting ones by (priority, arrival)
 until the token budget, max_num_seqs or free blocks run out. Out of blocks -> preempt by recompute.
+
+Scheduling ahead (vLLM's async scheduling, SGLang's overlap scheduler): while a decode-only step N runs on the
+device, `schedule_ahead` schedules step N+1 before N's tokens are known. Each sequence that goes on gets a
+`PLACEHOLDER` token where N's token will be, so its counters and blocks are what they will be; the model runner
+feeds the placeholder from N's sampled ids on the device, and `postprocess` of N writes the real token in its
+place. A sequence that N finishes (EOS, a stop token or string, an abort) rides along in N+1 as a ghost: its
+row is computed and dropped (`postprocess` skips it). Its ghost row writes one KV slot past its computed tokens,
+in a block that is never in the prefix cache (only full computed blocks are hashed), so nothing can read it.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from native_engine.block_manager import BlockManager
-from native_engine.sequence import Sequence, SequenceStatus
+from native_engine.sequence import PLACEHOLDER, Sequence, SequenceStatus
 
 
 class SchedulerConfig(Protocol):  # EngineConfig satisfies it
@@ -41,6 +49,7 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): copy before the forward
     preempted: list[Sequence] = field(default_factory=list)
     forked: list[Sequence] = field(default_factory=list)  # n > 1 children, filled in by Scheduler.postprocess
+    advanced: bool = False  # KV progress already counted (by `schedule_ahead` of the next step)
 
     @property
     def is_empty(self) -> bool:
@@ -180,16 +189,43 @@ class Scheduler:
             self.running.append(seq)
             output.add(ScheduledSequence(seq, num_new_tokens))
 
+    # ---- schedule ahead (see the module docstring)
+    def schedule_ahead(self, prev: SchedulerOutput) -> SchedulerOutput | None:
+        """Step N+1 while `prev` (step N, decode-only) runs: every running sequence that N does not finish by
+        length decodes once more, on a placeholder for N's token. None (nothing changed) when N+1 would not be
+        exactly that: something waits, a row is not a plain one-sample decode, blocks could run short."""
+        live = [item.seq for item in prev.scheduled if item.seq.status is SequenceStatus.RUNNING]
+        if self.waiting or prev.preempted or prev.forked or not live or len(live) != len(self.running):
+            return None
+        if any(item.num_new_tokens != 1 or item.num_samples != 1 for item in prev.scheduled):
+            return None
+        go = [seq for seq in live if not self._finishes_by_length(seq)]
+        if not go or len(go) > self.max_num_batched_tokens or any(seq.sampling_params.n != 1 for seq in go):
+            return None
+        if sum(seq.num_tokens % self.block_manager.block_size == 0 for seq in go) > self.block_manager.num_free_blocks:
+            return None
+        self.advance(prev)
+        output = SchedulerOutput()
+        for seq in go:
+            seq.append_token(PLACEHOLDER)
+            output.blocks_to_copy += self.block_manager.allocate(seq, 1)
+            output.add(ScheduledSequence(seq, 1))
+        return output
+
+    def _finishes_by_length(self, seq: Sequence) -> bool:
+        """Whether the next sampled token ends seq by max_tokens or max_model_len (known before it is drawn)."""
+        return seq.num_completion_tokens + 1 >= seq.sampling_params.max_tokens or seq.num_tokens + 1 >= self.max_model_len
+
     # ---- postprocess
     def postprocess(self, output: SchedulerOutput, sampled: dict[int, list[int]]) -> list[Sequence]:
-        """Advance KV progress, append sampled tokens (seq_id -> num_samples tokens), fork n > 1; return finished."""
+        """Advance KV progress, append sampled tokens (seq_id -> num_samples tokens), fork n > 1; return finished.
+        A placeholder left by `schedule_ahead` takes the sampled token instead of a new one."""
+        self.advance(output)
         finished: list[Sequence] = []
         for item in output.scheduled:
             seq = item.seq
-            if seq.status is not SequenceStatus.RUNNING:  # aborted or finished since schedule()
+            if seq.status is not SequenceStatus.RUNNING:  # aborted or finished since schedule(), or a ghost
                 continue
-            seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.hash_blocks(seq)
             if item.should_sample:
                 token_ids = sampled[seq.seq_id]
                 assert len(token_ids) == item.num_samples, f"seq {seq.seq_id} needs {item.num_samples} tokens"
@@ -198,12 +234,26 @@ class Scheduler:
             self.running = [s for s in self.running if not s.is_finished]
         return finished
 
+    def advance(self, output: SchedulerOutput) -> None:
+        """The scheduled tokens' KV is computed: count it and hash the blocks it filled (once per step)."""
+        if output.advanced:
+            return
+        output.advanced = True
+        for item in output.scheduled:
+            seq = item.seq
+            if seq.status is SequenceStatus.RUNNING:
+                seq.num_computed_tokens += item.num_new_tokens
+                self.block_manager.hash_blocks(seq)
+
     def _append_samples(self, seq: Sequence, token_ids: list[int], output: SchedulerOutput) -> list[Sequence]:
         children = [self._fork(seq, i) for i in range(1, len(token_ids))]
         output.forked += children
         finished = []
         for s, token_id in zip([seq, *children], token_ids):
-            s.append_token(token_id)
+            if s.token_ids[-1] == PLACEHOLDER:
+                s.token_ids[-1] = token_id
+            else:
+                s.append_token(token_id)
             if self._check_stop(s):
                 finished.append(s)
         return finished

@@ -12,6 +12,9 @@ from typing import ClassVar
 from native_engine.sampling_params import SamplingParams
 
 
+PLACEHOLDER = -1  # a token id not yet known: the scheduler's stand-in while the step that samples it runs
+
+
 class SequenceStatus(Enum):
     WAITING = auto()
     RUNNING = auto()

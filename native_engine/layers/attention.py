@@ -78,15 +78,19 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context) -> torch.Tensor:
-        # q: [T, nh * D]; k, v: [T, nkv * D] -> [T, nh * D]
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context, cached: bool = False
+                ) -> torch.Tensor:
+        # q: [T, nh * D]; k, v: [T, nkv * D] -> [T, nh * D]; cached: k and v are in the KV cache already
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.k_cache.numel() and ctx.slot_mapping is not None:
+        if self.k_cache.numel() and ctx.slot_mapping is not None and not cached:
             reshape_and_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
-        out = torch.empty_like(q)
         num_decodes = ctx.num_decode_tokens
+        if num_decodes and not ctx.prefills and num_decodes == q.shape[0]:  # decode-only: the kernel's own output
+            out = paged_attention_decode(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale)
+            return out.flatten(1)
+        out = torch.empty_like(q)
         if num_decodes:
             out[:num_decodes] = paged_attention_decode(
                 q[:num_decodes], self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale

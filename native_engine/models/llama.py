@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..forward_context import Context
+from ..kernels import qkv_rope_cache
+from ..kernels._triton import use_triton
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embed_head import LMHead, VocabEmbedding
@@ -26,6 +29,12 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(nh, hd, hd**-0.5, nkv)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:  # [T, H]
+        if use_triton(hidden):  # one kernel for the bias, the rotary embedding and the KV-cache write
+            attn = self.attn
+            qkv = F.linear(hidden, self.qkv_proj.weight)
+            q, k, v = qkv_rope_cache(qkv, self.qkv_proj.bias, positions, self.rotary_emb.cos_sin_cache, attn.k_cache,
+                                     attn.v_cache, ctx.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim)
+            return self.o_proj(attn(q, k, v, ctx, cached=True))
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, ctx))

@@ -9,7 +9,7 @@
 """
 
 from .metadata import SamplingMetadata
-from .sampler import SampledToken, Sampler, SamplerOutput
+from .sampler import HostTokens, SampledToken, Sampler, SamplerOutput
 from .state import SamplingState
 
-__all__ = ["SampledToken", "Sampler", "SamplerOutput", "SamplingMetadata", "SamplingState"]
+__all__ = ["HostTokens", "SampledToken", "Sampler", "SamplerOutput", "SamplingMetadata", "SamplingState"]

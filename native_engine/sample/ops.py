@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..kernels.sampling import fused_sampling, penalties_triton
+
 _TINY = 1e-10  # exponential noise floor: a zero would make p / q infinite (nano-vllm's clamp)
 
 
@@ -24,7 +26,10 @@ def apply_penalties(logits: torch.Tensor, seen: torch.Tensor | None, counts: tor
     (a few hundred per row), in place: the dense form costs milliseconds a step there."""
     if seen is None:
         return logits
-    fn = penalties_at_seen if logits.device.type == "cpu" else penalties_dense
+    if logits.device.type == "cpu":
+        fn = penalties_at_seen
+    else:  # one Triton kernel for the dense ops (kernels/sampling.py) where it runs
+        fn = penalties_triton if fused_sampling(logits) else penalties_dense
     return fn(logits, seen, counts, repetition, presence, frequency)
 
 
@@ -136,15 +141,15 @@ def _sorted_candidates(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
 
 
 def exponential_noise(probs: torch.Tensor, ids: torch.Tensor | None, vocab: int, generator: torch.Generator | None,
-                      seeded: list[tuple[int, torch.Generator]]) -> torch.Tensor:
+                      seeded: list[tuple[int, torch.Generator]], clamp: bool = True) -> torch.Tensor:
     """Exp(1) noise [S, K]: one batched draw, then each seeded row redrawn from its own generator over the
     whole vocabulary in token order and gathered at its candidates, so its tokens depend on nothing else in
-    the batch (not even on how many candidates the batch keeps)."""
+    the batch (not even on how many candidates the batch keeps). `clamp=False`: the caller clamps."""
     q = torch.empty_like(probs).exponential_(generator=generator)
     for row, gen in seeded:
         full = torch.empty(vocab, device=probs.device, dtype=probs.dtype).exponential_(generator=gen)
         q[row] = full if ids is None else full.index_select(0, ids[row])
-    return q.clamp_min_(_TINY)
+    return q.clamp_min_(_TINY) if clamp else q
 
 
 def exponential_race(probs: torch.Tensor, ids: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:

@@ -9,14 +9,19 @@ from the prompt and then updated in place from the sampled ids on the device (`u
 rebuilds a token set. The penalty tensors are allocated on the first request that needs them.
 
 Each step, `metadata` gathers the rows of the step's slots on the host (numpy), makes one copy to the
-device (pinned staging on CUDA) and derives the flags that let the sampler skip whatever no row uses.
+device (pinned staging on CUDA) and derives the flags that let the sampler skip whatever no row uses. A step
+with the same slots as the one before, none set up or released since (a run of decode steps), reuses that
+metadata, parameters already on the device, and only gathers the penalty rows again.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
+from ..platform import to_device
 from ..sampling_params import SamplingParams
 from .metadata import SamplingMetadata
 
@@ -36,6 +41,8 @@ class SamplingState:
         self.generator = torch.Generator(device=device).manual_seed(seed)  # every unseeded row's draws
         self.seen: torch.Tensor | None = None  # [capacity, V] bool
         self.counts: torch.Tensor | None = None  # [capacity, V] int32
+        self._version = 0  # bumped whenever a slot's row changes: the key of the cached metadata
+        self._cached: tuple[tuple, SamplingMetadata] | None = None
         self._resize(max(1, max_num_seqs))
 
     @property
@@ -48,7 +55,10 @@ class SamplingState:
         self.table[: len(old)] = old
         self.free = list(range(capacity - 1, len(old) - 1, -1)) + getattr(self, "free", [])
         pinned = self.device.type == "cuda"
-        self.staging = torch.zeros(capacity, NUM_COLUMNS, dtype=torch.float32, pin_memory=pinned)
+        # two pinned buffers used in turn: a step scheduled ahead must not overwrite the one whose copy may be
+        # pending (see input_batch.py)
+        self.staging = [torch.zeros(capacity, NUM_COLUMNS, dtype=torch.float32, pin_memory=pinned) for _ in range(2)]
+        self._turn = 0
         if self.seen is not None:
             grow = capacity - self.seen.shape[0]
             self.seen = torch.cat([self.seen, self.seen.new_zeros(grow, self.vocab_size)])
@@ -70,6 +80,7 @@ class SamplingState:
             self._resize(2 * self.capacity)
         slot = self.free.pop()
         self.slots[key] = slot
+        self._version += 1
         greedy = params.is_greedy
         top_k = params.top_k if 0 < params.top_k < self.vocab_size else self.vocab_size
         self.table[slot] = (1.0 if greedy else params.temperature, top_k, params.top_p, params.min_p,
@@ -87,9 +98,9 @@ class SamplingState:
             self.counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.seen[slot].zero_()
         self.counts[slot].zero_()
-        self.seen[slot, torch.tensor(prompt + output, dtype=torch.long, device=self.device)] = True
+        self.seen[slot, to_device(prompt + output, torch.long, self.device)] = True
         if output:
-            out = torch.tensor(output, dtype=torch.long, device=self.device)
+            out = to_device(output, torch.long, self.device)
             self.counts[slot].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
 
     def release(self, key: tuple[str, int]) -> None:
@@ -97,10 +108,22 @@ class SamplingState:
         if slot is not None:
             self.generators.pop(slot, None)
             self.free.append(slot)
+            self._version += 1
 
     # -- one step -----------------------------------------------------------------------------
 
     def metadata(self, slots: list[int]) -> SamplingMetadata:
+        key = (tuple(slots), self._version)
+        if self._cached is not None and self._cached[0] == key:
+            meta = replace(self._cached[1])  # a copy: the model runner sets the step's grammar fields on it
+            if meta.seen is not None:
+                self._penalty_fields(meta, self.table[np.asarray(slots, dtype=np.int64)], None)
+            return meta
+        meta = self._metadata(slots)
+        self._cached = (key, meta)
+        return replace(meta)
+
+    def _metadata(self, slots: list[int]) -> SamplingMetadata:
         rows = self.table[np.asarray(slots, dtype=np.int64)]  # [S, NUM_COLUMNS] on the host
         greedy = rows[:, GREEDY] > 0
         penalties = self.seen is not None and bool(
@@ -131,7 +154,8 @@ class SamplingState:
     def _to_device(self, rows: np.ndarray) -> torch.Tensor:
         if self.device.type == "cpu":
             return torch.from_numpy(rows)
-        host = self.staging[: len(rows)]
+        self._turn ^= 1
+        host = self.staging[self._turn][: len(rows)]
         host.numpy()[:] = rows
         return host.to(self.device, non_blocking=True)
 
@@ -148,21 +172,26 @@ class SamplingState:
         seeded = np.flatnonzero(random & (rows[:, SEEDED] > 0))
         meta.seeded = [(int(i), self.generators[int(rows[i, SLOT])]) for i in seeded]
 
-    def _penalty_fields(self, meta: SamplingMetadata, rows: np.ndarray, dev: torch.Tensor) -> None:
+    def _penalty_fields(self, meta: SamplingMetadata, rows: np.ndarray, dev: torch.Tensor | None) -> None:
+        """The penalties' parameters (`dev`; None: already set) and this step's rows of the token sets."""
         repetition = (rows[:, REP] != 1.0).any()
         counted = (rows[:, PRES] != 0.0).any() or (rows[:, FREQ] != 0.0).any()
-        if repetition:
+        if repetition and dev is not None:
             meta.repetition_penalty = dev[:, REP]
         if counted:
-            meta.presence_penalty, meta.frequency_penalty = dev[:, PRES], dev[:, FREQ]
+            if dev is not None:
+                meta.presence_penalty, meta.frequency_penalty = dev[:, PRES], dev[:, FREQ]
             meta.output_counts = self.counts.index_select(0, meta.slots)
         if repetition or counted:
             meta.seen = self.seen.index_select(0, meta.slots)
 
     def update(self, meta: SamplingMetadata, token_ids: torch.Tensor) -> None:
-        """Count the sampled tokens (on the device, in place) for the rows that use penalties."""
+        """Count the sampled tokens (on the device, in place) for the rows that use penalties. The counts only
+        when a row of the step uses them (presence, frequency): a slot's parameters never change, so the counts
+        of slots that never read them may go stale (an accumulating index_put is a sort on CUDA)."""
         if meta.seen is None and meta.output_counts is None:
             return
         self.seen.index_put_((meta.slots, token_ids), torch.ones_like(token_ids, dtype=torch.bool))
-        self.counts.index_put_((meta.slots, token_ids), torch.ones_like(token_ids, dtype=torch.int32),
-                               accumulate=True)
+        if meta.output_counts is not None:
+            self.counts.index_put_((meta.slots, token_ids), torch.ones_like(token_ids, dtype=torch.int32),
+                                   accumulate=True)

@@ -101,3 +101,28 @@ def test_structured_output_and_sampling_on_the_gpu(tiny_gguf):
     assert len(tokens) == 16 and len(set(tokens)) > 1  # it samples
     again = engine.generate(["x y", "a b c d"], [so, seeded])  # the same batch: the same draws
     assert again[1].outputs[0].token_ids == tokens and again[0].outputs[0].text == out[0].outputs[0].text
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_scheduling_ahead_on_the_gpu_gives_the_step_by_step_tokens(tiny_gguf):
+    from native_engine import SamplingParams
+
+    prompts = ["a b c", "the quick brown fox jumps", "x", "one two"]
+    same = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+            SamplingParams(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1, seed=4, max_tokens=20,
+                           ignore_eos=True)] * 2
+    outs, counts = {}, {}
+    for ahead in (False, True):
+        engine = _engine(tiny_gguf, dtype="float32", async_scheduling=ahead)
+        inner, counts[ahead] = engine.scheduler.schedule_ahead, []
+        engine.scheduler.schedule_ahead = lambda prev, inner=inner, c=counts[ahead]: c.append(inner(prev)) or c[-1]
+        outs[ahead] = [o.outputs[0].token_ids for o in engine.generate(prompts, same)]  # same rows every step
+        stop = outs[ahead][0][5]
+        early = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop_token_ids=[stop])] + same[1:]
+        got = engine.generate(prompts, early)  # row 0 stops at its 6th token: a ghost row in the next step
+        assert got[0].outputs[0].finish_reason == "stop" and len(got[0].outputs[0].token_ids) <= 6
+        assert [len(o.outputs[0].token_ids) for o in got[1:]] == [20, 20, 20]
+        assert engine.stats()["num_free_blocks"] == engine.stats()["num_kvcache_blocks"]
+    assert outs[True] == outs[False]
+    assert sum(x is not None for x in counts[True]) >= 15 and not any(counts[False])

@@ -24,4 +24,11 @@ def test_gpu_bench_quick_runs_on_cpu(tmp_path):
     for key in ("uniform_greedy", "uniform_sampled", "mixed_greedy", "mixed_sampled"):
         assert ours[key]["tok_s"] > 0 and hf[key]["tok_s"] > 0 and ours[key]["steps"] > 1
     assert 0 < ours["single_greedy"]["mbu"] < 1 and ours["single_sampled"]["decode_tok_s"] > 0
-    assert "sampled / greedy" in proc.stdout and "ours/hf" in proc.stdout
+    assert len(ours["uniform_greedy"]["runs_tok_s"]) == len(hf["uniform_greedy"]["runs_tok_s"]) == 2  # repeats
+    assert "ahead_failed" not in ours and "ours_error" not in res["models"]["tiny"]
+    profile = ours["profile"]
+    for key in ("decode_b1_greedy", "decode_b1_sampled", "decode_b64_greedy", "decode_b64_sampled"):
+        p = profile[key]
+        assert p["wall_us"] > 0 and p["busy_us"] > 0 and p["kernels_per_step"] > 0 and len(p["top"]) == 8, p
+    assert {row["name"] for row in profile["gemv"]} >= {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+    assert "sampled / greedy" in proc.stdout and "ours/hf" in proc.stdout and "kernels/step" in proc.stdout

@@ -12,8 +12,11 @@ def module(name: str):  # the package re-exports functions under the same names 
     return importlib.import_module(f"native_engine.kernels.{name}")
 
 
-INT_PTRS = {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "slot_mapping_ptr": "*i64", "positions_ptr": "*i64"}
-FP32_ARGS = {"part_out_ptr": "*fp32", "part_ml_ptr": "*fp32", "cos_sin_ptr": "*fp32", "scale": "fp32", "eps": "fp32"}
+INT_PTRS = {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "slot_mapping_ptr": "*i64", "positions_ptr": "*i64",
+            "seen_ptr": "*i1", "counts_ptr": "*i32", "ids_ptr": "*i64", "top_k_ptr": "*i64", "out_ptr": "*i64"}
+FP32_ARGS = {"part_out_ptr": "*fp32", "part_ml_ptr": "*fp32", "cos_sin_ptr": "*fp32", "scale": "fp32", "eps": "fp32",
+             "logits_ptr": "*fp32", "rep_ptr": "*fp32", "pres_ptr": "*fp32", "freq_ptr": "*fp32", "values_ptr": "*fp32",
+             "q_ptr": "*fp32", "temp_ptr": "*fp32", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32", "tiny": "fp32"}
 PAGED = {"BLOCK_G": 16, "BLOCK_N": 64, "BLOCK_D": 128, "DOT_PRECISION": "tf32", "DOT_FP32": False}
 KERNELS = [
     (module("paged_attention")._paged_attention_kernel, {**PAGED, "IS_SPLIT": False}),
@@ -24,14 +27,26 @@ KERNELS = [
     (module("silu_and_mul")._silu_and_mul_kernel, {"BLOCK": 1024}),
     (module("rotary_embedding")._rotary_embedding_kernel,
      {"IS_NEOX": True, "BLOCK_H": 16, "BLOCK_KV": 2, "BLOCK_HALF": 64}),
+    (module("qkv_rope_cache")._qkv_rope_cache_kernel,
+     {"HAS_BIAS": True, "IS_NEOX": True, "BLOCK_H": 16, "BLOCK_KV": 2, "BLOCK_HALF": 32}),
+    (module("qkv_rope_cache")._qkv_rope_cache_kernel,
+     {"HAS_BIAS": False, "IS_NEOX": False, "BLOCK_H": 32, "BLOCK_KV": 4, "BLOCK_HALF": 64}),
+    (module("gemv")._gemv_kernel, {"ATOMIC": False, "BLOCK_N": 32, "BLOCK_K": 256}),
+    (module("gemv")._gemv_kernel, {"ATOMIC": True, "BLOCK_N": 16, "BLOCK_K": 512}),
+    (module("sampling")._penalties_kernel, {"HAS_REP": True, "HAS_COUNTS": True, "BLOCK": 2048}),
+    (module("sampling")._penalties_kernel, {"HAS_REP": True, "HAS_COUNTS": False, "BLOCK": 2048}),
+    (module("sampling")._candidates_kernel, {"HAS_TOP_K": True, "HAS_TOP_P": True, "HAS_MIN_P": True, "BLOCK_K": 64}),
+    (module("sampling")._candidates_kernel, {"HAS_TOP_K": False, "HAS_TOP_P": True, "HAS_MIN_P": False, "BLOCK_K": 16}),
 ]
 
 
 def signature(kernel, constexprs: dict) -> dict:
+    sampling = kernel.fn.__module__.endswith(".sampling") if hasattr(kernel, "fn") else False
     sig = {}
     for name in kernel.arg_names:
         default = "*bf16" if name.endswith("_ptr") else "i32"
-        sig[name] = "constexpr" if name in constexprs else INT_PTRS.get(name, FP32_ARGS.get(name, default))
+        ints = INT_PTRS if sampling or name != "out_ptr" else {}
+        sig[name] = "constexpr" if name in constexprs else ints.get(name, FP32_ARGS.get(name, default))
     return sig
 
 

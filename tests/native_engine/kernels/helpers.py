@@ -15,3 +15,10 @@ def tolerances(dtype: torch.dtype) -> dict:
 def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def on_gpu_only_if(device: str, keep: bool) -> None:
+    """Every case runs in the interpreter; on a GPU only the kept ones, so the GPU run compiles a few kernels
+    (each compile costs the device time of a short check) instead of every combination."""
+    if device == "cuda" and not keep:
+        pytest.skip("interpreter only: a representative subset runs on the GPU")
