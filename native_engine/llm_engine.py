@@ -19,6 +19,7 @@ from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .spec_decode import build as spec_build
 from .structured_output import StructuredOutputManager
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,15 @@ class LLMEngine:
             self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                      model_config.max_position_embeddings)
             self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
+        spec = config.speculative_config
+        self.model_runner.max_spec_tokens = spec.num_speculative_tokens if spec else spec_build.DEFAULT_K
         self.model_runner.allocate_kv_cache(self._kv_budget())
         self.model_runner.capture_cudagraphs(self.max_model_len)
         self.model_runner.structured = StructuredOutputManager(self.tokenizer, model_config.vocab_size, self.device)
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
         self.requests: dict[str, _Request] = {}
+        self.speculator = spec_build.speculator(spec, self) if spec else None
         stats = self.stats()
         log.info("native engine: %s on %s, KV cache %d blocks x %d tokens = %d tokens at %d bytes/token",
                  self.dtype, self.device, stats["num_kvcache_blocks"], config.block_size,
@@ -89,6 +93,8 @@ class LLMEngine:
         token_ids = self._encode(prompt)
         self._check_prompt(token_ids, params)
         self.model_runner.structured.validate(params)
+        if params.speculative:
+            self.enable_speculation()
         arrival = time.perf_counter() if arrival_time is None else arrival_time
         seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority,
                        block_size=self.config.block_size)
@@ -126,6 +132,8 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         for seq in self.scheduler.abort(request_id):
             self.model_runner.release(seq)
+            if self.speculator is not None:
+                self.speculator.release(seq)
         self.requests.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
@@ -134,11 +142,31 @@ class LLMEngine:
     # -- the loop -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        out = self.scheduler.schedule()
         started = time.perf_counter()
-        sampled = self.model_runner.run(out.scheduled, out.blocks_to_copy) if out.scheduled else {}
-        self.scheduler.postprocess(out, {k: [t.token_id for t in v] for k, v in sampled.items()})
-        return self._outputs(out, sampled, started, time.perf_counter())
+        if self.speculator is not None:
+            self.speculator.plan(self.scheduler.running)
+        out = self.scheduler.schedule()
+        drafts = self.speculator.propose(out) if self.speculator is not None else None
+        sampled = self.model_runner.run(out.scheduled, out.blocks_to_copy, drafts) if out.scheduled else {}
+        ids = {k: [t.token_id for t in v] for k, v in sampled.items()}
+        self.scheduler.postprocess(out, ids)
+        now = time.perf_counter()
+        if self.speculator is not None:
+            self._count_drafts(self.speculator.observe(out, ids, now - started))
+        return self._outputs(out, sampled, started, now)
+
+    def _count_drafts(self, per_request: dict[str, tuple[int, int]]) -> None:
+        for request_id, (drafts, accepted) in per_request.items():
+            request = self.requests.get(request_id)
+            if request is not None:
+                request.metrics.num_draft_tokens += drafts
+                request.metrics.num_accepted_tokens += accepted
+
+    def enable_speculation(self) -> bool:
+        """A request asked for speculative decoding on an engine without a method: the n-gram default."""
+        if self.speculator is None:
+            self.speculator = spec_build.speculator(spec_build.default_config(), self)
+        return True
 
     def _outputs(self, out, sampled: dict, started: float, now: float) -> list[RequestOutput]:
         deltas: dict[str, list[CompletionOutput]] = {}
@@ -149,32 +177,57 @@ class LLMEngine:
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = started
                 request.num_cached_tokens = item.seq.num_cached_tokens
-            if item.should_sample:
+            if item.num_spec_tokens:
+                tokens = sampled.get(item.seq.seq_id, [])[: item.num_verified_tokens]
+                deltas.setdefault(item.seq.request_id, []).extend(self._verified_deltas(request, item.seq, tokens, now))
+            elif item.should_sample:
                 targets = [item.seq] + sorted((c for c in out.forked if c.request_id == item.seq.request_id),
                                               key=lambda c: c.sample_index)
                 for seq, token in zip(targets, sampled[item.seq.seq_id], strict=False):
-                    deltas.setdefault(seq.request_id, []).append(self._delta(request, seq, token, now))
+                    deltas.setdefault(seq.request_id, []).append(self._delta(request, seq, token, now)[0])
         return [self._request_output(rid, completions) for rid, completions in deltas.items()]
 
-    def _delta(self, request: _Request, seq: Sequence, token, now: float) -> CompletionOutput:
+    def _verified_deltas(self, request: _Request, seq: Sequence, tokens: list, now: float) -> list[CompletionOutput]:
+        """A verify row's tokens, one delta each, up to the first that ends the sequence."""
+        deltas = []
+        for i, token in enumerate(tokens):
+            delta, ended = self._delta(request, seq, token, now, last=i == len(tokens) - 1)
+            deltas.append(delta)
+            if ended:
+                break
+        return deltas
+
+    def _delta(self, request: _Request, seq: Sequence, token, now: float, last: bool = True
+               ) -> tuple[CompletionOutput, bool]:
+        """One token's output; `last`: the last token the sequence took this step. -> (delta, ended)."""
         detok = self._detokenizer(request, seq)
-        stop_token = seq.is_finished and seq.finish_reason == "stop"
+        stop_token = last and seq.is_finished and seq.finish_reason == "stop"
         delta = CompletionOutput(seq.sample_index)
+        ended = last and seq.is_finished
         if not stop_token:
             delta.text = detok.add(token.token_id)
             delta.token_ids = [token.token_id]
             if token.logprob is not None:
                 delta.logprobs = [Logprob(token.token_id, token.logprob, token.top_logprobs)]
             if detok.stop_string is not None:
-                self.scheduler.finish(seq, "stop", detok.stop_string)
+                self._stop_at_string(seq, detok.stop_string)
+                ended = True
         if seq.sample_index == 0 and not stop_token:
             self._record_time(request.metrics, now)
-        if seq.is_finished:
+        if ended:
             delta.text += detok.flush()
             delta.finish_reason, delta.stop_reason = seq.finish_reason, seq.stop_reason
             request.finished.add(seq.sample_index)
             self.model_runner.release(seq)
-        return delta
+            if self.speculator is not None:
+                self.speculator.release(seq)
+        return delta, ended
+
+    def _stop_at_string(self, seq: Sequence, stop_string: str) -> None:
+        if seq.is_finished:  # a later token of the same verify row had ended it: the string comes first
+            seq.finish_reason, seq.stop_reason = "stop", stop_string
+        else:
+            self.scheduler.finish(seq, "stop", stop_string)
 
     @staticmethod
     def _record_time(metrics: RequestMetrics, now: float) -> None:
@@ -227,6 +280,10 @@ class LLMEngine:
             "kv_bytes_per_token": bytes_per_token(self.model_config, self.dtype),
             "kv_usage": blocks.usage,
         }
+
+    def spec_decode_stats(self) -> dict | None:
+        """Speculative decoding counters since start (spec_decode/metrics.py), None when it never ran."""
+        return None if self.speculator is None else self.speculator.stats.as_dict()
 
 
 def merge_outputs(previous: RequestOutput | None, new: RequestOutput) -> RequestOutput:

@@ -90,8 +90,10 @@ class CPUDecodeStack:
         if self.head is not None:
             logits = torch.empty(hidden.shape[0], self.head.qs.shape[0])
             head = (self.head.qs.data_ptr(), self.head_d16.data_ptr(), self.head.qs.shape[0])
+        verify = ctx.verify_offsets  # verify rows: queries that read this step's keys from their qkv rows
         lib.llama_decode_rows(*args, self.rows[0].data_ptr(), self.model.norm.weight.data_ptr(), attn.scale, *head,
-                              None if logits is None else logits.data_ptr(), torch.get_num_threads())
+                              None if logits is None else logits.data_ptr(),
+                              None if verify is None else verify.data_ptr(), torch.get_num_threads())
         ctx.logits = logits
         return hidden
 

@@ -1,0 +1,143 @@
+"""How many draft tokens each sequence verifies next step, from what has paid so far (torch-free).
+
+Two measurements drive it:
+- acceptance: per sequence, an exponential average of the share of its drafts the target accepted (a new
+  sequence starts from the model's average);
+- cost: the wall time of decode-only steps by their number of query tokens T (rows plus drafts), averaged.
+  A verify step on a GPU at small batch costs about what a decode step costs; on a CPU, or at a large
+  batch, the extra query rows cost nearly their share, and speculation loses.
+
+Per step, for a uniform cap c = 0..k on every sequence's drafts, the expected tokens per second are
+(B + sum E_i) / t(B + sum k_i), where E_i = a + a^2 + .. + a^k_i is sequence i's expected accepted
+drafts at acceptance a; the best c wins (c = 0: nobody speculates). A sequence whose own expected gain is
+below its own cost (at batch 1) sits out, and tries again after a back-off that doubles each time
+(4, 8, .. 64 steps), so an open-ended text stops paying for misses. Unmeasured step sizes are assumed
+as cheap as the nearest measured one below, so each size is tried a few times and then known."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
+
+_EMA = 0.3  # weight of the newest acceptance
+_WINDOW, _MIN_SAMPLES = 9, 3  # step times kept per size; needed before a size counts as measured
+_PRIOR = 0.6  # acceptance assumed before a model has any
+_BACKOFF_MIN, _BACKOFF_MAX = 4, 64
+
+
+def expected_accepted(alpha: float, k: int) -> float:
+    """Expected accepted drafts of k when each is accepted with probability alpha (until the first miss)."""
+    return sum(alpha**j for j in range(1, k + 1))
+
+
+@dataclass(slots=True)
+class _SeqState:
+    alpha: float
+    skip: int = 0  # steps left sitting out
+    backoff: int = _BACKOFF_MIN
+
+
+class StepCosts:
+    """Wall time of decode-only steps by query tokens: the median of the last few (a shared machine's
+    stalls and a kernel's first call are outliers); a size counts as measured after `_MIN_SAMPLES`."""
+
+    def __init__(self) -> None:
+        self.samples: dict[int, deque[float]] = {}
+        self.sizes: list[int] = []  # measured sizes, sorted
+
+    def record(self, num_tokens: int, seconds: float) -> None:
+        window = self.samples.setdefault(num_tokens, deque(maxlen=_WINDOW))
+        window.append(seconds)
+        if len(window) == _MIN_SAMPLES:
+            self.sizes.insert(bisect_left(self.sizes, num_tokens), num_tokens)
+
+    def measured(self, num_tokens: int) -> float | None:
+        window = self.samples.get(num_tokens)
+        return median(window) if window is not None and len(window) >= _MIN_SAMPLES else None
+
+    def estimate(self, num_tokens: int) -> float | None:
+        """Measured, else interpolated between measured sizes; above them, the largest one below
+        (optimistic: a size is tried until measured)."""
+        exact = self.measured(num_tokens)
+        if exact is not None:
+            return exact
+        i = bisect_left(self.sizes, num_tokens)
+        if i == 0:
+            return None
+        lo = self.sizes[i - 1]
+        if i == len(self.sizes):
+            return self.measured(lo)
+        hi = self.sizes[i]
+        w = (num_tokens - lo) / (hi - lo)
+        return self.measured(lo) * (1 - w) + self.measured(hi) * w
+
+
+class AdaptiveK:
+    def __init__(self, k: int, adaptive: bool = True) -> None:
+        self.k, self.adaptive = k, adaptive
+        self.costs = StepCosts()
+        self.model_alpha = _PRIOR
+        self.seqs: dict[int, _SeqState] = {}
+
+    def plan(self, wants: dict[int, int]) -> dict[int, int]:
+        """wants: seq_id -> drafts available (the proposer's count, or k for a draft model) for the decode
+        rows of the coming step; -> seq_id -> drafts to verify (0 = plain decode)."""
+        if not self.adaptive:
+            return {s: min(n, self.k) for s, n in wants.items()}
+        prefs = {s: self._preferred(s, n) for s, n in wants.items()}
+        cap = self._best_cap(prefs, len(wants))
+        return {s: min(k, cap) for s, k in prefs.items()}
+
+    def _preferred(self, seq_id: int, available: int) -> int:
+        state = self._state(seq_id)
+        if state.skip > 0:
+            state.skip -= 1
+            return 0
+        return min(available, self.k)
+
+    def _best_cap(self, prefs: dict[int, int], batch: int) -> int:
+        base = self.costs.measured(batch)
+        if base is None or not any(prefs.values()):
+            return 0  # a plain step first: its time is what speculation has to beat
+        best, best_rate = 0, batch / base
+        for cap in range(1, max(prefs.values()) + 1):
+            ks = [min(k, cap) for k in prefs.values()]
+            cost = self.costs.estimate(batch + sum(ks))
+            gain = sum(expected_accepted(self.seqs[s].alpha, k) for s, k in zip(prefs, ks, strict=True))
+            if cost is not None and (batch + gain) / cost > best_rate:
+                best, best_rate = cap, (batch + gain) / cost
+        return best
+
+    def _state(self, seq_id: int) -> _SeqState:
+        state = self.seqs.get(seq_id)
+        if state is None:
+            state = self.seqs[seq_id] = _SeqState(self.model_alpha)
+        return state
+
+    def observe(self, seq_id: int, num_drafts: int, num_accepted: int) -> None:
+        """A verify row's outcome: num_accepted of its num_drafts drafts."""
+        if num_drafts <= 0:
+            return
+        rate = num_accepted / num_drafts
+        state = self._state(seq_id)
+        state.alpha += _EMA * (rate - state.alpha)
+        self.model_alpha += 0.05 * (rate - self.model_alpha)
+        if self.adaptive and not self._pays_alone(state.alpha):
+            state.skip, state.backoff = state.backoff, min(2 * state.backoff, _BACKOFF_MAX)
+        elif rate > 0:
+            state.backoff = _BACKOFF_MIN
+
+    def _pays_alone(self, alpha: float) -> bool:
+        """Whether one draft at this acceptance beats a plain step at batch 1 (unknown cost: assume it does)."""
+        one, two = self.costs.estimate(1), self.costs.estimate(2)
+        if one is None or two is None:
+            return alpha > 0.1
+        return (1 + alpha) / two > 1 / one
+
+    def record_step(self, num_tokens: int, seconds: float) -> None:
+        self.costs.record(num_tokens, seconds)
+
+    def forget(self, seq_id: int) -> None:
+        self.seqs.pop(seq_id, None)
