@@ -179,7 +179,7 @@ class LLMEngine:
                 request.num_cached_tokens = item.seq.num_cached_tokens
             if item.num_spec_tokens:
                 tokens = sampled.get(item.seq.seq_id, [])[: item.num_verified_tokens]
-                deltas.setdefault(item.seq.request_id, []).extend(self._verified_deltas(request, item.seq, tokens, now))
+                deltas.setdefault(item.seq.request_id, []).append(self._verified_delta(request, item.seq, tokens, now))
             elif item.should_sample:
                 targets = [item.seq] + sorted((c for c in out.forked if c.request_id == item.seq.request_id),
                                               key=lambda c: c.sample_index)
@@ -187,15 +187,18 @@ class LLMEngine:
                     deltas.setdefault(seq.request_id, []).append(self._delta(request, seq, token, now)[0])
         return [self._request_output(rid, completions) for rid, completions in deltas.items()]
 
-    def _verified_deltas(self, request: _Request, seq: Sequence, tokens: list, now: float) -> list[CompletionOutput]:
-        """A verify row's tokens, one delta each, up to the first that ends the sequence."""
-        deltas = []
+    def _verified_delta(self, request: _Request, seq: Sequence, tokens: list, now: float) -> CompletionOutput:
+        """A verify row's tokens (up to the first that ends the sequence) as one delta."""
+        merged = CompletionOutput(seq.sample_index)
         for i, token in enumerate(tokens):
             delta, ended = self._delta(request, seq, token, now, last=i == len(tokens) - 1)
-            deltas.append(delta)
+            merged.text += delta.text
+            merged.token_ids += delta.token_ids
+            merged.logprobs += delta.logprobs
+            merged.finish_reason, merged.stop_reason = delta.finish_reason, delta.stop_reason
             if ended:
                 break
-        return deltas
+        return merged
 
     def _delta(self, request: _Request, seq: Sequence, token, now: float, last: bool = True
                ) -> tuple[CompletionOutput, bool]:

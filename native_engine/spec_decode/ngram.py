@@ -4,7 +4,8 @@ For the longest n in max..min, find the most recent earlier occurrence of the se
 its prompt and output, and propose the k tokens that followed it. Input-grounded tasks (summarise, edit,
 extract, code changes) copy spans of their input, so the continuation is often right; on open-ended text
 a match is rare and usually wrong, which the adaptive controller notices. Torch-free, numpy on the host:
-the search is a vectorised compare over the last `max_window` tokens."""
+the search is a vectorised compare over the last `max_window` tokens. A match near the end copies on over
+its own proposals (a repeating span proposes its next period)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,17 @@ class NgramProposer:
         for n in range(min(self.max_n, len(window) - 1), self.min_n - 1, -1):
             start = _latest_match(window, n)
             if start is not None:
-                return window[start + n : start + n + k].tolist()
+                return _copy_on(window.tolist(), start + n, k)
         return []
+
+
+def _copy_on(tokens: list[int], source: int, k: int) -> list[int]:
+    """k tokens copied from `source` on, as if the copy went on over what it proposes: a match near the end
+    (a repeating span) continues its period instead of stopping short."""
+    extended = list(tokens)
+    for i in range(k):
+        extended.append(extended[source + i])
+    return extended[len(tokens) :]
 
 
 def _latest_match(tokens: np.ndarray, n: int) -> int | None:
