@@ -50,15 +50,16 @@ class LLMEngine:
             self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                      model_config.max_position_embeddings)
             self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
-        spec = config.speculative_config
+            spec = config.speculative_config
+            draft = spec_build.load_draft(spec, config, self.device, self.dtype, model_config.vocab_size)
         self.model_runner.max_spec_tokens = spec.num_speculative_tokens if spec else spec_build.DEFAULT_K
-        self.model_runner.allocate_kv_cache(self._kv_budget())
+        self.model_runner.allocate_kv_cache(self._kv_budget(draft))
         self.model_runner.capture_cudagraphs(self.max_model_len)
         self.model_runner.structured = StructuredOutputManager(self.tokenizer, model_config.vocab_size, self.device)
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
         self.requests: dict[str, _Request] = {}
-        self.speculator = spec_build.speculator(spec, self) if spec else None
+        self.speculator = spec_build.speculator(spec, self, draft) if spec else None
         stats = self.stats()
         log.info("native engine: %s on %s, KV cache %d blocks x %d tokens = %d tokens at %d bytes/token",
                  self.dtype, self.device, stats["num_kvcache_blocks"], config.block_size,
@@ -72,7 +73,15 @@ class LLMEngine:
     def _compute_dtype(self, model_config) -> torch.dtype:
         return platform.resolve_dtype(self.config.dtype, self.device, model_config.torch_dtype)
 
-    def _kv_budget(self) -> int:
+    def _kv_budget(self, draft=None) -> int:
+        """The target's share of `_kv_bytes` (with a draft model, its cache takes as many blocks)."""
+        total = self._kv_bytes()
+        if draft is None:
+            return total
+        target = self.model_runner.block_bytes
+        return total * target // (target + draft.block_bytes)
+
+    def _kv_bytes(self) -> int:
         """Explicit bytes, else a share of free memory, never more than every sequence at full length needs."""
         if self.config.kv_cache_memory_bytes is not None:
             return self.config.kv_cache_memory_bytes

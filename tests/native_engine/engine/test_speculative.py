@@ -132,3 +132,33 @@ def test_verify_rows_through_the_c_batch_kernel_match_the_module_path(tmp_path):
     engine.generate([prompt, prompt[::-1] * 2], greedy(30))
     assert engine.spec_decode_stats()["num_drafts"] > 0 and checked.rows
     assert max(checked.diff) < 1e-3, max(checked.diff)
+
+
+def test_a_model_as_its_own_draft_accepts_everything(make_engine, prompts, model):
+    """The draft-model mechanism: the target as its own draft proposes exactly the target's greedy tokens."""
+    batch = repetitive(prompts, [5, 30, 70], seed=10) + prompts([12], seed=11)
+    plain = token_ids(make_engine().generate(batch, greedy(24)))
+    engine = make_engine(speculative=f"draft:{model.gguf}:k=3,adaptive=off", max_num_batched_tokens=64)
+    assert token_ids(engine.generate(batch, greedy(24))) == plain
+    stats = engine.spec_decode_stats()
+    assert stats["num_draft_tokens"] > 0 and stats["acceptance_rate"] == 1.0, stats
+    assert_all_blocks_free(engine)
+
+
+def test_draft_model_sampled_rows(make_engine, prompts, model):
+    batch = repetitive(prompts, [10, 40], seed=12)
+    engine = make_engine(speculative=f"draft:{model.gguf}:k=3,adaptive=off")
+    outs = engine.generate(batch, SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, ignore_eos=True))
+    assert [len(t) for t in token_ids(outs)] == [20, 20]
+    stats = engine.spec_decode_stats()
+    # the same model drafting at the same temperature: q = p, every draft is accepted
+    assert stats["num_draft_tokens"] > 0 and stats["acceptance_rate"] == 1.0, stats
+    assert_all_blocks_free(engine)
+
+
+def test_draft_model_with_another_vocabulary_is_refused(make_engine, models_root):
+    from registry.modelbuilder import build_gguf
+
+    other = build_gguf(models_root / "tiny-other-vocab.gguf", PRESETS["tiny-llama"].with_(vocab_size=300), dtype="f32")
+    with pytest.raises(ValueError, match="vocabulary"):
+        make_engine(speculative=f"draft:{other}:k=2")
