@@ -145,6 +145,9 @@ def stats_lines(done: Done) -> list[str]:
         rows.append(("time to first token", format_duration(t.ttft), t.ttft))
     if t.tpot is not None:
         rows.append(("time per output token", format_duration(t.tpot), t.tpot))
+    if t.draft_tokens:
+        rows += [("draft tokens", f"{t.draft_tokens} token(s)", t.draft_tokens),
+                 ("draft acceptance", f"{t.accepted_tokens / t.draft_tokens:.1%} ({t.accepted_tokens} accepted)", 1)]
     return [f"{label + ':':<21} {text}" for label, text, value in rows if value > 0]
 
 

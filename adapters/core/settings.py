@@ -14,6 +14,7 @@ means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=
 | ``INFER_MAX_QUEUE`` (``OLLAMA_MAX_QUEUE``) | ``max_queue`` | ``512`` |
 | ``INFER_MAX_LOADED_MODELS`` (``OLLAMA_MAX_LOADED_MODELS``) | ``max_loaded_models`` | ``3`` |
 | ``INFER_CONTEXT_LENGTH`` (``OLLAMA_CONTEXT_LENGTH``) | ``context_length`` | ``2048`` |
+| ``INFER_SPECULATIVE`` | ``speculative`` | off (``ngram:k=4``, ``draft:MODEL:k=4``; native engine) |
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ class LocalSettings(BaseSettings):
     context_length: int = Field(default=2048, ge=16, le=1 << 20,
                                 description="num_ctx when neither the model nor the request sets one.")
     native: NativeSettings = Field(default_factory=NativeSettings)
+    speculative: str | None = Field(
+        default=None, description="Speculative decoding in the native engine: ngram[:k=4], draft:MODEL[:k=4] or "
+        "off; a model's Modelfile 'PARAMETER speculative' overrides it, a request's 'speculative' turns it off/on.")
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative(cls, value: Any) -> Any:
+        return check_speculative(value)
 
     @field_validator("keep_alive", mode="before")
     @classmethod
@@ -73,8 +82,9 @@ class LocalSettings(BaseSettings):
         """From ``INFER_*`` in ``env`` (not ``os.environ``), then ``overrides``; ValueError names the variable."""
         values: dict[str, Any] = {}
         variables: dict[str, str] = {}
-        for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length"):
-            found = env_setting(env, name.upper(), ollama=name != "engine")
+        for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length",
+                     "speculative"):
+            found = env_setting(env, name.upper(), ollama=name not in ("engine", "speculative"))
             if found and found != ("OLLAMA_MAX_LOADED_MODELS", "0"):  # Ollama's 0 = auto: our default
                 variables[name], values[name] = found
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -85,6 +95,33 @@ class LocalSettings(BaseSettings):
             name = str(err["loc"][0]) if err["loc"] else "settings"
             var = variables[name] if name in variables and name not in overrides else name
             raise ValueError(f"invalid {var}: {err['msg']}") from None
+
+
+SPECULATIVE_METHODS = ("ngram", "draft")
+SPECULATIVE_SWITCHES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False, "none": False}
+
+
+def check_speculative(value: Any) -> Any:
+    """A ``speculative`` setting: a method (``ngram``, ``ngram:k=4``, ``draft:MODEL:k=4``), on/off, or None.
+    The engine parses the options (``native_engine.spec_decode.config``); this checks the shape at start."""
+    if value is None or isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"speculative must be a string such as 'ngram:k=4', got {value!r}")
+    text = value.strip()
+    if text.lower() in SPECULATIVE_SWITCHES:
+        return text.lower()
+    method = text.partition(":")[0].lower()
+    if method not in SPECULATIVE_METHODS or (method == "draft" and not text.partition(":")[2]):
+        raise ValueError(f"speculative must be ngram[:k=N], draft:MODEL[:k=N], on or off; got {value!r}")
+    return text
+
+
+def speculative_switch(value: Any) -> bool | None:
+    """A request's ``speculative``: True (a method, or on), False (off), None (unset: the model's setting)."""
+    if value is None or isinstance(value, bool):
+        return value
+    return SPECULATIVE_SWITCHES.get(str(value).strip().lower(), True)
 
 
 DEFAULTS = LocalSettings.model_construct()  # the defaults, for code that has no settings at hand
