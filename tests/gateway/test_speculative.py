@@ -79,3 +79,17 @@ def test_infer_speculative_is_checked_at_start():
     assert LocalSettings.from_env({"INFER_SPECULATIVE": "OFF"}).speculative == "off"
     with pytest.raises(ValueError, match="INFER_SPECULATIVE"):
         LocalSettings.from_env({"INFER_SPECULATIVE": "medusa"})
+
+
+def test_infer_bench_reports_the_server_acceptance(server, tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["bench", "--url", server.url, "--model", "tiny-spec", "--num-requests", "4",
+                                      "--warmup", "0", "--input-tokens", "24", "--output-tokens", "24",
+                                      "--profile", "concurrent:2", "--out", str(tmp_path / "bench")])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("Draft acceptance rate (%):"))
+    assert 0.0 <= float(line.split()[-1]) <= 100.0
+    assert "Mean acceptance length:" in result.output
