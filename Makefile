@@ -40,7 +40,8 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference
 	$(BIN)/python bench/native.py --json .bench/native/results.json
 	$(BIN)/python bench/native_load.py --json .bench/native/load.json
 	$(BIN)/python bench/native_step.py --json .bench/native/step.json
-	$(BIN)/python bench/native_gpu.py --json .bench/native/gpu.json
+	$(BIN)/python bench/native_gpu.py --speculative --json .bench/native/gpu.json
+	$(BIN)/python bench/speculative.py --json .bench/speculative/results.json
 	$(BIN)/python bench/remote.py --json .bench/remote/results.json
 	$(BIN)/python bench/estimate_check.py --json .bench/estimate/results.json
 	$(BIN)/python bench/gateway_overhead.py --json .bench/gateway_overhead/results.json

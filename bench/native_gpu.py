@@ -16,11 +16,17 @@ written or copied from the host. Measured, in one process, one side at a time:
    counted), greedy and sampled with the same settings;
 4. ratios: ours / transformers, sampled / greedy; then a JSON file (--json).
 
+`--speculative`: after the models, one more pass (<= 40 s, guarded: its failure is reported and the rest
+stands): the 0.5B shape with n-gram speculation (k = 4), batch 1, greedy, 256 tokens from a prompt that
+repeats one 32-token span 8 times; the same engine with the request's `speculative=False` alternates with
+it (3 runs each, medians), and the tokens are checked equal. Random weights make acceptance a property of
+the random model (does its greedy continuation repeat the span?): the pass reports it as measured.
+
 transformers for the 7B shape runs only while the run is inside --budget-s (default 240 s), so the
 command stays under five minutes on an H100 or H200. `--quick`: a tiny model on the CPU (float32),
 a few requests, seconds: the default test suite runs it so this script never rots.
 
-    python bench/native_gpu.py [--quick] [--models 0.5b,7b] [--budget-s 240] [--json PATH]
+    python bench/native_gpu.py [--quick] [--models 0.5b,7b] [--budget-s 240] [--speculative] [--json PATH]
 """
 
 from __future__ import annotations
@@ -105,10 +111,10 @@ def copy_bandwidth(device: torch.device, quick: bool) -> float:
 # -- ours -----------------------------------------------------------------------------------------
 
 
-def engine_for(path: Path, device: torch.device) -> LLMEngine:
+def engine_for(path: Path, device: torch.device, **kwargs) -> LLMEngine:
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     return LLMEngine.from_model(path, load_format="dummy", device=str(device), dtype=dtype, max_num_seqs=64,
-                                max_model_len=1024, max_num_batched_tokens=4096)
+                                max_model_len=1024, max_num_batched_tokens=4096, **kwargs)
 
 
 def greedy(n: int) -> SamplingParams:
@@ -164,6 +170,56 @@ def run_ours(path: Path, w: dict, device: torch.device, bandwidth: float) -> dic
             res[f"{load}_{name}"] = ours_batch(engine, fresh, outputs, params, f"{load}-{name}")
     del engine
     free(device)
+    return res
+
+
+# -- speculative decoding ------------------------------------------------------------------------
+
+
+def run_speculative(path: Path, device: torch.device, quick: bool) -> dict:
+    """n-gram (k = 4) vs the same engine with speculation off per request; batch 1, greedy."""
+    engine = engine_for(path, device, speculative="ngram:k=4")
+    rng = random.Random(7)
+    span = [rng.randrange(300, 1000) for _ in range(32)]
+    n, runs = (16, 1) if quick else (256, 3)
+
+    def once(tag: str, on: bool) -> tuple[float, list[int]]:
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, speculative=on)
+        out = engine.generate([[100 + len(tag)] + span * 8], params)[0]  # a fresh first token: no prefix hits
+        m = out.metrics
+        return (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0]), out.outputs[0].token_ids
+
+    once("w", True), once("ww", False)  # warm-up: graphs, kernels
+    before = engine.spec_decode_stats()
+    plain, spec, equal = [], [], True
+    for i in range(runs):
+        p_rate, p_tokens = once("p" * (i + 3), False)
+        s_rate, s_tokens = once("s" * (i + 3), True)
+        plain.append(p_rate)
+        spec.append(s_rate)
+        equal &= p_tokens == s_tokens
+    after = engine.spec_decode_stats()
+    drafts = after["num_draft_tokens"] - before["num_draft_tokens"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    verifies = after["num_drafts"] - before["num_drafts"]
+    res = {"plain_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec), "greedy_equal": equal,
+           "draft_tokens": drafts, "accepted_tokens": accepted, "verify_steps": verifies,
+           "acceptance_rate": accepted / drafts if drafts else None,
+           "mean_accepted_length": 1 + accepted / verifies if verifies else None}
+    res["ratio"] = res["spec_tok_s"] / res["plain_tok_s"]
+    del engine
+    free(device)
+    return res
+
+
+def speculative_pass(path: Path, device: torch.device, quick: bool) -> dict:
+    """`run_speculative`, its failure caught and reported (the rest of the bench stands)."""
+    t0 = time.perf_counter()
+    try:
+        res = run_speculative(path, device, quick)
+    except Exception as exc:  # noqa: BLE001 -- a guarded extra pass
+        res = {"error": f"{type(exc).__name__}: {exc}"}
+    res["elapsed_s"] = time.perf_counter() - t0
     return res
 
 
@@ -236,6 +292,16 @@ def report(res: dict) -> None:
             g, s = ours[f"{load}_greedy"], ours[f"{load}_sampled"]
             key = "decode_tok_s" if load == "single" else "tok_s"
             print(f"{shape:6s} {load}: sampled / greedy {s[key] / g[key]:.2f}x (goal >= 0.90)")
+    if "speculative" in res:
+        spec = res["speculative"]
+        if "error" in spec:
+            print(f"speculative pass failed after {spec['elapsed_s']:.0f} s: {spec['error']}")
+            return
+        acc = spec["acceptance_rate"]
+        print(f"{res['speculative_shape']:6s} speculative ngram:k=4, batch 1 greedy: {spec['spec_tok_s']:.1f} vs "
+              f"{spec['plain_tok_s']:.1f} tok/s off = {spec['ratio']:.2f}x; acceptance "
+              f"{'-' if acc is None else f'{acc:.0%}'}, mean accepted length {spec['mean_accepted_length'] or 0:.2f}, "
+              f"tokens equal {spec['greedy_equal']} ({spec['elapsed_s']:.0f} s)")
 
 
 def main() -> None:
@@ -243,6 +309,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny model on the CPU, seconds (the test suite's run)")
     parser.add_argument("--models", default="0.5b,7b", help="comma-separated: 0.5b, 7b")
     parser.add_argument("--budget-s", type=float, default=240.0, help="skip transformers on 7B past this")
+    parser.add_argument("--speculative", action="store_true", help="add the n-gram speculative decoding pass")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -261,6 +328,10 @@ def main() -> None:
             res["elapsed_s"] = time.perf_counter() - started
             print(f"  {shape}: done at {res['elapsed_s']:.0f} s", flush=True)
             dump(res, args.json)  # after each model: a run cut short still leaves what it measured
+        if args.speculative:
+            res["speculative_shape"] = shapes[0]
+            res["speculative"] = speculative_pass(model_dir(shapes[0], Path(tmp)), device, args.quick)
+            dump(res, args.json)
     report(res)
 
 
