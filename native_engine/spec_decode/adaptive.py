@@ -130,11 +130,15 @@ class AdaptiveK:
             state.backoff = _BACKOFF_MIN
 
     def _pays_alone(self, alpha: float) -> bool:
-        """Whether one draft at this acceptance beats a plain step at batch 1 (unknown cost: assume it does)."""
-        one, two = self.costs.estimate(1), self.costs.estimate(2)
-        if one is None or two is None:
+        """Whether drafts at this acceptance beat a plain step at batch 1 for some k (unmeasured: assume so)."""
+        one = self.costs.measured(1)
+        if one is None:
             return alpha > 0.1
-        return (1 + alpha) / two > 1 / one
+        for k in range(1, self.k + 1):
+            cost = self.costs.estimate(1 + k)
+            if cost is None or (1 + expected_accepted(alpha, k)) / cost > 1 / one:
+                return True
+        return False
 
     def record_step(self, num_tokens: int, seconds: float) -> None:
         self.costs.record(num_tokens, seconds)
