@@ -69,8 +69,9 @@ STORIES = [chat(f"Write a short story about {topic}.") for topic in (
     "a dragon who is afraid of the dark", "a robot that learns to bake bread", "two friends lost in a forest",
     "a cat who becomes the mayor of a small town", "a girl who finds a map in her attic",
     "an astronaut who misses her dog", "a wizard who forgot his spells", "a lighthouse keeper and a storm")]
-EDITS = [chat(f"Correct the spelling mistakes in the following text. Reply with the corrected text only.\n\n"
-              f"{'\n\n'.join(EDIT_TEXT.split('\n\n')[i:] + EDIT_TEXT.split('\n\n')[:i])}") for i in range(4)] * 2
+PARAGRAPHS = EDIT_TEXT.split("\n\n")
+EDITS = [chat("Correct the spelling mistakes in the following text. Reply with the corrected text only.\n\n"
+              + "\n\n".join(PARAGRAPHS[i:] + PARAGRAPHS[:i])) for i in range(4)] * 2  # 4 texts, the paragraphs rotated
 ENGINE = dict(max_num_seqs=64, max_model_len=2048, max_num_batched_tokens=512)  # infer serve's defaults
 
 
@@ -132,8 +133,10 @@ def main() -> None:
     model = str(fetch_smollm2())
     plain = LLMEngine.from_model(model, **ENGINE)
     spec = LLMEngine.from_model(model, speculative=args.spec, **ENGINE)
-    for engine in (plain, spec):  # warm-up: kernels built, first-call costs paid
+    mixed = [p for pair in zip(EDITS, STORIES, strict=True) for p in pair]
+    for engine in (plain, spec):  # warm-up: kernels built, first-call costs paid, at batch 1 and 16
         engine.generate([EDIT], SamplingParams(temperature=0, max_tokens=8))
+        engine.generate(mixed, SamplingParams(temperature=0, max_tokens=8))
     results = {"model": model, "spec": args.spec, "max_tokens": n}
     print(f"SmolLM2-135M Q4_1 on CPU ({plain.model_runner.dtype}), {args.spec} vs plain, medians of {args.runs} runs")
     results["edit"] = alternate(plain, spec, args.runs, lambda e: decode_rate(e, EDIT, n))
@@ -142,7 +145,6 @@ def main() -> None:
     report("summary (batch 1)", results["summary"], None)
     results["story"] = alternate(plain, spec, args.runs, lambda e: decode_rate(e, STORIES[0], n))
     report("story (batch 1)", results["story"], 0.95)
-    mixed = [p for pair in zip(EDITS, STORIES, strict=True) for p in pair]
     results["concurrent16"] = alternate(plain, spec, args.runs, lambda e: batch_rate(e, mixed, n))
     report("16 concurrent (8 edit, 8 story)", results["concurrent16"], 0.95)
     if not args.no_draft:

@@ -7,12 +7,15 @@ Two measurements drive it:
   A verify step on a GPU at small batch costs about what a decode step costs; on a CPU, or at a large
   batch, the extra query rows cost nearly their share, and speculation loses.
 
-Per step, for a uniform cap c = 0..k on every sequence's drafts, the expected tokens per second are
-(B + sum E_i) / t(B + sum k_i), where E_i = a + a^2 + .. + a^k_i is sequence i's expected accepted
-drafts at acceptance a; the best c wins (c = 0: nobody speculates). A sequence whose own expected gain is
+Per step at batch B: a plain step takes t(B), t(B) / B per token; the drafts on offer would make it
+t(B + K), so each query row costs s = (t(B + K) - t(B)) / K. Sequence i verifies its drafts j = 1, 2, ..
+while a_i^j (the chance draft j is accepted: every one before it must be) is worth more than s, in
+tokens of t(B) / B each; then the whole step must beat a plain one in expected tokens per second,
+(B + sum E_i) / t(B + sum k_i) > B / t(B), E_i = a_i + a_i^2 + .. + a_i^k_i, or nobody speculates. A sequence whose own expected gain is
 below its own cost (at batch 1) sits out, and tries again after a back-off that doubles each time
-(4, 8, .. 64 steps), so an open-ended text stops paying for misses. Unmeasured step sizes are assumed
-as cheap as the nearest measured one below, so each size is tried a few times and then known."""
+(4, 8, .. 64 steps), so an open-ended text stops paying for misses. Unmeasured step sizes are
+extrapolated from the two largest measured (flat from a single one, so a larger size is tried a few times
+and then known)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,14 @@ _EMA = 0.3  # weight of the newest acceptance
 _WINDOW, _MIN_SAMPLES = 9, 3  # step times kept per size; needed before a size counts as measured
 _PRIOR = 0.6  # acceptance assumed before a model has any
 _BACKOFF_MIN, _BACKOFF_MAX = 4, 64
+
+
+def _drafts_worth(alpha: float, k: int, threshold: float) -> int:
+    """The most drafts j <= k with alpha^j > threshold (each draft is accepted only after the ones before)."""
+    j = 0
+    while j < k and alpha ** (j + 1) > threshold:
+        j += 1
+    return j
 
 
 def expected_accepted(alpha: float, k: int) -> float:
@@ -58,8 +69,9 @@ class StepCosts:
         return median(window) if window is not None and len(window) >= _MIN_SAMPLES else None
 
     def estimate(self, num_tokens: int) -> float | None:
-        """Measured, else interpolated between measured sizes; above them, the largest one below
-        (optimistic: a size is tried until measured)."""
+        """Measured, else interpolated between measured sizes; above them, extrapolated with the slope of the
+        two largest (never below the largest: a single measured size extrapolates flat, so a larger size
+        is tried until measured)."""
         exact = self.measured(num_tokens)
         if exact is not None:
             return exact
@@ -68,7 +80,11 @@ class StepCosts:
             return None
         lo = self.sizes[i - 1]
         if i == len(self.sizes):
-            return self.measured(lo)
+            if i == 1:
+                return self.measured(lo)
+            below = self.sizes[i - 2]
+            slope = max(0.0, (self.measured(lo) - self.measured(below)) / (lo - below))
+            return self.measured(lo) + slope * (num_tokens - lo)
         hi = self.sizes[i]
         w = (num_tokens - lo) / (hi - lo)
         return self.measured(lo) * (1 - w) + self.measured(hi) * w
@@ -87,8 +103,26 @@ class AdaptiveK:
         if not self.adaptive:
             return {s: min(n, self.k) for s, n in wants.items()}
         prefs = {s: self._preferred(s, n) for s, n in wants.items()}
-        cap = self._best_cap(prefs, len(wants))
-        return {s: min(k, cap) for s, k in prefs.items()}
+        batch = len(wants)
+        base = self.costs.measured(batch)
+        if base is None or not any(prefs.values()):
+            return dict.fromkeys(prefs, 0)  # a plain step first: its time is what speculation has to beat
+        return self._worth_it(prefs, batch, base)
+
+    def _worth_it(self, prefs: dict[int, int], batch: int, base: float) -> dict[int, int]:
+        """Each sequence's drafts while a draft's expected tokens (alpha^j) are worth more than the query
+        row costs (the step's marginal cost per token against a plain step's time per token); then the
+        whole step must beat a plain one in expected tokens per second."""
+        full = self.costs.estimate(batch + sum(prefs.values()))
+        slope = max(0.0, (full - base) / sum(prefs.values()))
+        per_token = base / batch
+        ks = {s: _drafts_worth(self.seqs[s].alpha, k, slope / per_token) for s, k in prefs.items()}
+        drafts = sum(ks.values())
+        if not drafts:
+            return ks
+        gain = sum(expected_accepted(self.seqs[s].alpha, k) for s, k in ks.items())
+        cost = self.costs.estimate(batch + drafts)
+        return ks if (batch + gain) / cost > batch / base else dict.fromkeys(ks, 0)
 
     def _preferred(self, seq_id: int, available: int) -> int:
         state = self._state(seq_id)
@@ -96,19 +130,6 @@ class AdaptiveK:
             state.skip -= 1
             return 0
         return min(available, self.k)
-
-    def _best_cap(self, prefs: dict[int, int], batch: int) -> int:
-        base = self.costs.measured(batch)
-        if base is None or not any(prefs.values()):
-            return 0  # a plain step first: its time is what speculation has to beat
-        best, best_rate = 0, batch / base
-        for cap in range(1, max(prefs.values()) + 1):
-            ks = [min(k, cap) for k in prefs.values()]
-            cost = self.costs.estimate(batch + sum(ks))
-            gain = sum(expected_accepted(self.seqs[s].alpha, k) for s, k in zip(prefs, ks, strict=True))
-            if cost is not None and (batch + gain) / cost > best_rate:
-                best, best_rate = cap, (batch + gain) / cost
-        return best
 
     def _state(self, seq_id: int) -> _SeqState:
         state = self.seqs.get(seq_id)

@@ -162,3 +162,16 @@ def test_draft_model_with_another_vocabulary_is_refused(make_engine, models_root
     other = build_gguf(models_root / "tiny-other-vocab.gguf", PRESETS["tiny-llama"].with_(vocab_size=300), dtype="f32")
     with pytest.raises(ValueError, match="vocabulary"):
         make_engine(speculative=f"draft:{other}:k=2")
+
+
+def test_stop_strings_inside_a_verify_row(make_engine, prompts):
+    batch = repetitive(prompts, [12, 30], seed=13)
+    texts = [o.outputs[0].text for o in make_engine().generate(batch, greedy(40))]
+    stops = [t[len(t) // 2 : len(t) // 2 + 3] for t in texts]
+    params = [SamplingParams(temperature=0, max_tokens=40, stop=[s]) for s in stops]
+    plain = make_engine().generate(batch, params)
+    spec = make_engine(speculative=FORCED).generate(batch, params)
+    for p, s in zip(plain, spec, strict=True):
+        assert (s.outputs[0].text, s.outputs[0].finish_reason, s.outputs[0].stop_reason) == \
+            (p.outputs[0].text, p.outputs[0].finish_reason, p.outputs[0].stop_reason)
+        assert s.outputs[0].token_ids == p.outputs[0].token_ids

@@ -65,9 +65,11 @@ def test_step_costs_need_samples_and_interpolate():
     for t in (10.0, 11.0, 100.0):  # a stall does not move the median much
         costs.record(1, t)
     assert costs.estimate(1) == pytest.approx(10.5)
+    assert costs.estimate(5) == pytest.approx(10.5)  # one size measured: flat above it (try the size)
     for _ in range(3):
         costs.record(5, 14.5)
-    assert costs.estimate(3) == pytest.approx(12.5) and costs.estimate(9) == pytest.approx(14.5)
+    assert costs.estimate(3) == pytest.approx(12.5)  # between two sizes: interpolated
+    assert costs.estimate(9) == pytest.approx(18.5)  # above: the slope of the two largest
 
 
 def _measure(adaptive, sizes):
