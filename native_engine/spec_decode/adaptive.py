@@ -14,8 +14,8 @@ tokens of t(B) / B each; then the whole step must beat a plain one in expected t
 (B + sum E_i) / t(B + sum k_i) > B / t(B), E_i = a_i + a_i^2 + .. + a_i^k_i, or nobody speculates. A sequence whose own expected gain is
 below its own cost (at batch 1) sits out, and tries again after a back-off that doubles each time
 (4, 8, .. 64 steps), so an open-ended text stops paying for misses. Unmeasured step sizes are
-extrapolated from the two largest measured (flat from a single one, so a larger size is tried a few times
-and then known)."""
+extrapolated from the two largest measured (flat from a single one, so a larger size is tried once and
+then known)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from statistics import median
 
 _EMA = 0.3  # weight of the newest acceptance
-_WINDOW, _MIN_SAMPLES = 9, 3  # step times kept per size; needed before a size counts as measured
+_WINDOW, _MIN_SAMPLES = 9, 3  # step times kept per size; needed before a plain step's time counts
+_TTL = 256  # decode steps after which a size's samples are forgotten unless refreshed
 _PRIOR = 0.6  # acceptance assumed before a model has any
 _BACKOFF_MIN, _BACKOFF_MAX = 4, 64
 
@@ -52,42 +53,59 @@ class _SeqState:
 
 class StepCosts:
     """Wall time of decode-only steps by query tokens: the median of the last few (a shared machine's
-    stalls and a kernel's first call are outliers); a size counts as measured after `_MIN_SAMPLES`."""
+    stalls and a kernel's first call are outliers). A plain step's time, what speculation must beat,
+    counts after `_MIN_SAMPLES`; a larger size's cost after its first sample (one probe of a size that
+    does not pay is enough, and it sets the slope that sizes above it are extrapolated with)."""
 
     def __init__(self) -> None:
         self.samples: dict[int, deque[float]] = {}
-        self.sizes: list[int] = []  # measured sizes, sorted
+        self.sizes: list[int] = []  # sizes with a sample, sorted
+        self.updated: dict[int, int] = {}  # size -> the step count at its last sample
+        self.steps = 0
 
     def record(self, num_tokens: int, seconds: float) -> None:
-        window = self.samples.setdefault(num_tokens, deque(maxlen=_WINDOW))
-        window.append(seconds)
-        if len(window) == _MIN_SAMPLES:
+        window = self.samples.get(num_tokens)
+        if window is None:
+            window = self.samples[num_tokens] = deque(maxlen=_WINDOW)
             self.sizes.insert(bisect_left(self.sizes, num_tokens), num_tokens)
+        window.append(seconds)
+        self.steps += 1
+        self.updated[num_tokens] = self.steps
+        if self.steps % _TTL == 0:
+            self._expire()
+
+    def _expire(self) -> None:
+        """Forget sizes not sampled for `_TTL` steps: a probe taken during a stall, or a machine whose load
+        changed, is measured again."""
+        for size in [s for s, at in self.updated.items() if self.steps - at > _TTL]:
+            del self.samples[size], self.updated[size]
+            self.sizes.remove(size)
 
     def measured(self, num_tokens: int) -> float | None:
         window = self.samples.get(num_tokens)
         return median(window) if window is not None and len(window) >= _MIN_SAMPLES else None
 
+    def _cost(self, num_tokens: int) -> float:
+        return median(self.samples[num_tokens])
+
     def estimate(self, num_tokens: int) -> float | None:
-        """Measured, else interpolated between measured sizes; above them, extrapolated with the slope of the
-        two largest (never below the largest: a single measured size extrapolates flat, so a larger size
-        is tried until measured)."""
-        exact = self.measured(num_tokens)
-        if exact is not None:
-            return exact
+        """Sampled, else interpolated between sampled sizes; above them, extrapolated with the slope of the
+        two largest (never below the largest: a single size extrapolates flat, so a larger size is tried)."""
+        if num_tokens in self.samples:
+            return self._cost(num_tokens)
         i = bisect_left(self.sizes, num_tokens)
         if i == 0:
             return None
         lo = self.sizes[i - 1]
         if i == len(self.sizes):
             if i == 1:
-                return self.measured(lo)
+                return self._cost(lo)
             below = self.sizes[i - 2]
-            slope = max(0.0, (self.measured(lo) - self.measured(below)) / (lo - below))
-            return self.measured(lo) + slope * (num_tokens - lo)
+            slope = max(0.0, (self._cost(lo) - self._cost(below)) / (lo - below))
+            return self._cost(lo) + slope * (num_tokens - lo)
         hi = self.sizes[i]
         w = (num_tokens - lo) / (hi - lo)
-        return self.measured(lo) * (1 - w) + self.measured(hi) * w
+        return self._cost(lo) * (1 - w) + self._cost(hi) * w
 
 
 class AdaptiveK:

@@ -61,15 +61,23 @@ def test_expected_accepted():
 def test_step_costs_need_samples_and_interpolate():
     costs = StepCosts()
     costs.record(1, 10.0)
-    assert costs.estimate(1) is None  # one sample is no measurement
+    assert costs.measured(1) is None and costs.estimate(1) == 10.0  # a plain step's time needs 3 samples
     for t in (10.0, 11.0, 100.0):  # a stall does not move the median much
         costs.record(1, t)
-    assert costs.estimate(1) == pytest.approx(10.5)
-    assert costs.estimate(5) == pytest.approx(10.5)  # one size measured: flat above it (try the size)
-    for _ in range(3):
-        costs.record(5, 14.5)
+    assert costs.measured(1) == pytest.approx(10.5)
+    assert costs.estimate(5) == pytest.approx(10.5)  # one size sampled: flat above it (try the size)
+    costs.record(5, 14.5)  # one probe is enough to know a larger size
     assert costs.estimate(3) == pytest.approx(12.5)  # between two sizes: interpolated
     assert costs.estimate(9) == pytest.approx(18.5)  # above: the slope of the two largest
+
+
+def test_step_costs_forget_stale_sizes():
+    costs = StepCosts()
+    costs.record(5, 0.5)  # a probe during a stall
+    for _ in range(300):
+        costs.record(1, 0.01)
+    assert costs.estimate(5) == pytest.approx(0.01)  # forgotten: flat from the plain size again, probed anew
+    assert costs.measured(1) == pytest.approx(0.01)
 
 
 def _measure(adaptive, sizes):
