@@ -74,7 +74,7 @@ def test_step_costs_need_samples_and_interpolate():
 def test_step_costs_forget_stale_sizes():
     costs = StepCosts()
     costs.record(5, 0.5)  # a probe during a stall
-    for _ in range(300):
+    for _ in range(600):
         costs.record(1, 0.01)
     assert costs.estimate(5) == pytest.approx(0.01)  # forgotten: flat from the plain size again, probed anew
     assert costs.measured(1) == pytest.approx(0.01)
