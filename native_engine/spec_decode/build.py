@@ -20,7 +20,7 @@ def load_draft(config: SpeculativeConfig | None, engine_config, device, dtype, v
         return None
     from .draft import DraftModelProposer  # torch: only for a draft model
 
-    return DraftModelProposer.load(config.draft_model, engine_config, device, dtype, vocab_size)
+    return DraftModelProposer.load(config.draft_model, engine_config, device, dtype, vocab_size, config.draft_layers)
 
 
 def speculator(config: SpeculativeConfig, engine, draft=None) -> Speculator:

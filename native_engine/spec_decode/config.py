@@ -4,6 +4,9 @@
     "ngram:k=6,min=2,max=4"      k draft tokens at most, n-grams of min..max tokens
     "draft:MODEL:k=4"            a smaller model of the same vocabulary (a .gguf path, an HF directory or a
                                  store name resolved by the caller) proposes k tokens
+    "draft:MODEL:k=4,layers=8"   only MODEL's first 8 layers (with its final norm and LM head): with the
+                                 target itself as MODEL, self-speculation (LayerSkip's draft, without its
+                                 training)
     "...,adaptive=off"           always propose k (benchmarks of the mechanism; the default adapts k)
     "off" / ""                   no speculation
 
@@ -25,6 +28,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
     draft_model: str | None = None
+    draft_layers: int | None = None  # the draft model's first N layers only
     adaptive: bool = True
 
     def __post_init__(self) -> None:
@@ -37,6 +41,8 @@ class SpeculativeConfig:
                              f" and {self.prompt_lookup_max}")
         if (self.method == "draft") != bool(self.draft_model):
             raise ValueError("speculative 'draft' needs a model (draft:MODEL:k=4); 'ngram' takes none")
+        if self.draft_layers is not None and (self.method != "draft" or self.draft_layers < 1):
+            raise ValueError(f"speculative layers= needs a draft model and a count >= 1, got {self.draft_layers}")
 
     @classmethod
     def parse(cls, text: str | None) -> SpeculativeConfig | None:
@@ -55,6 +61,8 @@ class SpeculativeConfig:
         """The config back as a `speculative=` string."""
         head = f"draft:{self.draft_model}" if self.method == "draft" else "ngram"
         opts = f"k={self.num_speculative_tokens}"
+        if self.draft_layers is not None:
+            opts += f",layers={self.draft_layers}"
         if self.method == "ngram":
             opts += f",min={self.prompt_lookup_min},max={self.prompt_lookup_max}"
         return f"{head}:{opts}" + ("" if self.adaptive else ",adaptive=off")
@@ -71,7 +79,8 @@ def _split_model(rest: str) -> tuple[str, str, str]:
 
 _KEYS = {"k": "num_speculative_tokens", "num_speculative_tokens": "num_speculative_tokens",
          "min": "prompt_lookup_min", "prompt_lookup_min": "prompt_lookup_min",
-         "max": "prompt_lookup_max", "prompt_lookup_max": "prompt_lookup_max", "adaptive": "adaptive"}
+         "max": "prompt_lookup_max", "prompt_lookup_max": "prompt_lookup_max", "adaptive": "adaptive",
+         "layers": "draft_layers"}
 
 
 def _options(rest: str, text: str) -> dict:
@@ -80,7 +89,7 @@ def _options(rest: str, text: str) -> dict:
         key, sep, value = part.partition("=")
         field = _KEYS.get(key.strip().lower())
         if not sep or field is None:
-            raise ValueError(f"speculative {text!r}: unknown option {part!r} (k=, min=, max=, adaptive=)")
+            raise ValueError(f"speculative {text!r}: unknown option {part!r} (k=, min=, max=, layers=, adaptive=)")
         out[field] = _value(field, value.strip(), text)
     return out
 

@@ -16,7 +16,8 @@ One host sync per round (the drafts' ids)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -24,6 +25,12 @@ from ..loader import load_checkpoint
 from ..model_runner import ModelRunner
 from ..sample import ops
 from ..sequence import Sequence
+
+
+def _layer_of(name: str) -> int:
+    """The decoder layer a checkpoint tensor belongs to (Hugging Face names), -1 for the others."""
+    found = re.search(r"\.layers\.(\d+)\.", name)
+    return int(found.group(1)) if found else -1
 
 
 @dataclass(slots=True)
@@ -61,10 +68,14 @@ class DraftModelProposer:
 
     @classmethod
     def load(cls, model: str, engine_config, device: torch.device, dtype: torch.dtype,
-             target_vocab_size: int) -> DraftModelProposer:
-        """The draft's weights on the target's device and dtype (no KV cache yet: see `attach`)."""
+             target_vocab_size: int, layers: int | None = None) -> DraftModelProposer:
+        """The draft's weights on the target's device and dtype (no KV cache yet: see `attach`); `layers`:
+        only the first N decoder layers (then the model's final norm and LM head)."""
         keep_q4_1 = device.type == "cpu" and engine_config.cpu_int4_matmul and dtype == torch.float32
         model_config, weights, _ = load_checkpoint(model, dtype, keep_q4_1, engine_config.load_format)
+        if layers is not None and layers < model_config.num_layers:
+            model_config = replace(model_config, num_layers=layers)
+            weights = (w for w in weights if _layer_of(w[0]) < layers) if weights is not None else None
         if model_config.vocab_size != target_vocab_size:
             raise ValueError(f"the draft model {model} has a vocabulary of {model_config.vocab_size} tokens, the "
                              f"target {target_vocab_size}: a draft must share the target's tokenizer")

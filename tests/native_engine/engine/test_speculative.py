@@ -175,3 +175,14 @@ def test_stop_strings_inside_a_verify_row(make_engine, prompts):
         assert (s.outputs[0].text, s.outputs[0].finish_reason, s.outputs[0].stop_reason) == \
             (p.outputs[0].text, p.outputs[0].finish_reason, p.outputs[0].stop_reason)
         assert s.outputs[0].token_ids == p.outputs[0].token_ids
+
+
+def test_a_truncated_self_draft_is_lossless(make_engine, prompts, model):
+    """layers=1: the model's first layer, its final norm and head as the draft; whatever it proposes, the
+    greedy tokens are the target's."""
+    batch = repetitive(prompts, [8, 20], seed=14)
+    plain = token_ids(make_engine().generate(batch, greedy(20)))
+    engine = make_engine(speculative=f"draft:{model.gguf}:k=2,layers=1,adaptive=off")
+    assert len(engine.speculator.proposer.runner.model.model.layers) == 1
+    assert token_ids(engine.generate(batch, greedy(20))) == plain
+    assert engine.spec_decode_stats()["num_draft_tokens"] > 0

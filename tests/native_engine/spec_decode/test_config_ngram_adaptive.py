@@ -15,6 +15,7 @@ from native_engine.spec_decode.ngram import NgramProposer
     ("ngram:k=4,adaptive=off", SpeculativeConfig("ngram", 4, adaptive=False)),
     ("draft:smollm2:135m:k=3", SpeculativeConfig("draft", 3, draft_model="smollm2:135m")),
     ("draft:/models/small.gguf", SpeculativeConfig("draft", draft_model="/models/small.gguf")),
+    ("draft:m.gguf:k=2,layers=8", SpeculativeConfig("draft", 2, draft_model="m.gguf", draft_layers=8)),
     ("off", None), ("", None), (None, None),
 ])
 def test_parse(text, expected):
@@ -26,7 +27,7 @@ def test_parse(text, expected):
 @pytest.mark.parametrize("text, message", [
     ("eagle:k=3", "method must be one of"), ("ngram:k=0", "k must be in"), ("ngram:k=x", "must be an integer"),
     ("ngram:q=1", "unknown option"), ("ngram:min=3,max=2", "min <= max"), ("draft", "needs a model"),
-    ("ngram:adaptive=maybe", "adaptive must be on or off"),
+    ("ngram:adaptive=maybe", "adaptive must be on or off"), ("ngram:layers=3", "needs a draft model"),
 ])
 def test_parse_errors(text, message):
     with pytest.raises(ValueError, match=message):
