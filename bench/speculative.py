@@ -11,7 +11,9 @@ a busy neighbour slows both; figures are medians over ``--runs``; the machine's 
    batch. Goal: n-gram / plain >= 0.95.
 4. draft model: SmolLM2 as its own draft (acceptance must be 100 % and the tokens equal: the mechanism),
    k = 4, adaptive off, on the edit task; its speed is the overhead bound (the draft costs what the target
-   costs). No smaller model of SmolLM2's vocabulary is available offline, so no faster draft is measured.
+   costs). No smaller model of SmolLM2's vocabulary is available offline; the cheapest draft there is,
+   SmolLM2's own first 20 of 30 layers (`layers=20`, self-speculation without LayerSkip's training), is
+   measured too (adaptive off, so its acceptance shows).
 Every speculative run's greedy tokens are checked equal to the plain run's.
 
     python bench/speculative.py [--runs 3] [--json .bench/speculative/results.json] [--quick]
@@ -152,6 +154,10 @@ def main() -> None:
         draft = LLMEngine.from_model(model, speculative=f"draft:{model}:k=4,adaptive=off", **ENGINE)
         results["draft_self"] = alternate(plain, draft, max(1, args.runs - 1), lambda e: decode_rate(e, EDIT, n))
         report("draft = itself, k=4 (edit)", results["draft_self"], None)
+        del draft
+        layers = LLMEngine.from_model(model, speculative=f"draft:{model}:k=3,layers=20,adaptive=off", **ENGINE)
+        results["draft_layers20"] = alternate(plain, layers, 1, lambda e: decode_rate(e, EDIT, n // 2))
+        report("draft = its first 20 layers, k=3", results["draft_layers20"], None)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
