@@ -3,7 +3,7 @@
 Two measurements drive it:
 - acceptance: per sequence, an exponential average of the share of its drafts the target accepted (a new
   sequence starts from the model's average);
-- cost: the wall time of decode-only steps by their number of query tokens T (rows plus drafts), averaged.
+- cost: the wall time of decode-only steps by their number of query tokens T (rows plus drafts).
   A verify step on a GPU at small batch costs about what a decode step costs; on a CPU, or at a large
   batch, the extra query rows cost nearly their share, and speculation loses.
 
@@ -11,9 +11,10 @@ Per step at batch B: a plain step takes t(B), t(B) / B per token; the drafts on 
 t(B + K), so each query row costs s = (t(B + K) - t(B)) / K. Sequence i verifies its drafts j = 1, 2, ..
 while a_i^j (the chance draft j is accepted: every one before it must be) is worth more than s, in
 tokens of t(B) / B each; then the whole step must beat a plain one in expected tokens per second,
-(B + sum E_i) / t(B + sum k_i) > B / t(B), E_i = a_i + a_i^2 + .. + a_i^k_i, or nobody speculates. A sequence whose own expected gain is
-below its own cost (at batch 1) sits out, and tries again after a back-off that doubles each time
-(4, 8, .. 64 steps), so an open-ended text stops paying for misses. Unmeasured step sizes are
+(B + sum E_i) / t(B + sum k_i) > B / t(B), E_i = a_i + a_i^2 + .. + a_i^k_i, or nobody speculates.
+A sequence whose expected gain is below its cost even alone (at batch 1, for any k) sits out, and
+tries again after a back-off that doubles each time (4, 8, .. 64 steps), so an open-ended text stops
+paying for misses. Unmeasured step sizes are
 extrapolated from the two largest measured (flat from a single one, so a larger size is tried once and
 then known)."""
 
