@@ -74,18 +74,16 @@ class LLMEngine:
         return platform.resolve_dtype(self.config.dtype, self.device, model_config.torch_dtype)
 
     def _kv_budget(self, draft=None) -> int:
-        """The target's share of `_kv_bytes` (with a draft model, its cache takes as many blocks)."""
-        total = self._kv_bytes()
-        if draft is None:
-            return total
+        """The target's share of `_kv_bytes`; with a draft model, whose cache takes as many blocks, both
+        caches count per token."""
         target = self.model_runner.block_bytes
-        return total * target // (target + draft.block_bytes)
+        both = target + (draft.block_bytes if draft is not None else 0)
+        return self._kv_bytes(both // self.config.block_size) * target // both
 
-    def _kv_bytes(self) -> int:
+    def _kv_bytes(self, per_token: int) -> int:
         """Explicit bytes, else a share of free memory, never more than every sequence at full length needs."""
         if self.config.kv_cache_memory_bytes is not None:
             return self.config.kv_cache_memory_bytes
-        per_token = bytes_per_token(self.model_config, self.dtype)
         needed = per_token * (self.max_model_len + self.config.block_size) * self.config.max_num_seqs
         if self.device.type == "cuda":
             return min(needed, platform.gpu_kv_budget(self.device, self.config.gpu_memory_utilization,
@@ -171,11 +169,10 @@ class LLMEngine:
                 request.metrics.num_draft_tokens += drafts
                 request.metrics.num_accepted_tokens += accepted
 
-    def enable_speculation(self) -> bool:
+    def enable_speculation(self) -> None:
         """A request asked for speculative decoding on an engine without a method: the n-gram default."""
         if self.speculator is None:
             self.speculator = spec_build.speculator(spec_build.default_config(), self)
-        return True
 
     def _outputs(self, out, sampled: dict, started: float, now: float) -> list[RequestOutput]:
         deltas: dict[str, list[CompletionOutput]] = {}
