@@ -28,6 +28,7 @@ from statistics import median
 _EMA = 0.3  # weight of the newest acceptance
 _WINDOW, _MIN_SAMPLES = 9, 3  # step times kept per size; needed before a plain step's time counts
 _TTL = 256  # decode steps after which a size's samples are forgotten unless refreshed
+_REST = 16  # steps a batch size goes without proposals after they did not pay in it
 _PRIOR = 0.6  # acceptance assumed before a model has any
 _BACKOFF_MIN, _BACKOFF_MAX = 4, 64
 
@@ -115,6 +116,16 @@ class AdaptiveK:
         self.costs = StepCosts()
         self.model_alpha = _PRIOR
         self.seqs: dict[int, _SeqState] = {}
+        self.resting: dict[int, int] = {}  # batch size -> steps left without proposals (they did not pay)
+
+    def worth_trying(self, batch: int) -> bool:
+        """False while a batch of this size rests after speculation did not pay in it: the proposer is not
+        even asked (at 16 rows its n-gram lookups cost a few percent of a CPU step)."""
+        left = self.resting.get(batch, 0)
+        if left > 0:
+            self.resting[batch] = left - 1
+            return False
+        return True
 
     def plan(self, wants: dict[int, int]) -> dict[int, int]:
         """wants: seq_id -> drafts available (the proposer's count, or k for a draft model) for the decode
@@ -138,10 +149,14 @@ class AdaptiveK:
         ks = {s: _drafts_worth(self.seqs[s].alpha, k, slope / per_token) for s, k in prefs.items()}
         drafts = sum(ks.values())
         if not drafts:
+            self.resting[batch] = _REST
             return ks
         gain = sum(expected_accepted(self.seqs[s].alpha, k) for s, k in ks.items())
         cost = self.costs.estimate(batch + drafts)
-        return ks if (batch + gain) / cost > batch / base else dict.fromkeys(ks, 0)
+        if (batch + gain) / cost > batch / base:
+            return ks
+        self.resting[batch] = _REST
+        return dict.fromkeys(ks, 0)
 
     def _preferred(self, seq_id: int, available: int) -> int:
         state = self._state(seq_id)

@@ -43,6 +43,9 @@ class Speculator:
         decodes = [s for s in running if s.num_uncomputed_tokens == 1]
         for seq in decodes:
             seq.num_spec_tokens = 0
+        if not decodes or not self.adaptive.worth_trying(len(decodes)):
+            return
+        for seq in decodes:
             if can_speculate(seq):
                 wants[seq.seq_id] = self.proposer.available(seq, self.k)
         plan = self.adaptive.plan(wants)

@@ -103,6 +103,8 @@ def test_adaptive_stays_off_when_verify_steps_cost_their_rows():
     for seq in range(16):
         adaptive.seqs[seq] = type(adaptive._state(seq))(alpha=0.5)
     assert set(adaptive.plan({s: 4 for s in range(16)}).values()) == {0}
+    rests = [adaptive.worth_trying(16) for _ in range(17)]  # the proposer is not asked for a while
+    assert rests == [False] * 16 + [True] and adaptive.worth_trying(1)
 
 
 def test_a_sequence_that_keeps_missing_backs_off():
