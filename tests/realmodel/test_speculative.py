@@ -52,3 +52,24 @@ def test_sampled_rows(smollm2_gguf):
     outs = engine.generate(PROMPTS, SamplingParams(temperature=0.7, top_p=0.9, max_tokens=48, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in outs] == [48, 48]
     assert engine.spec_decode_stats()["num_drafts"] > 0
+
+
+@pytest.mark.slow
+def test_the_bench_runs(smollm2_gguf, tmp_path):
+    """bench/speculative.py --quick: every pass, the JSON it writes (a smoke run; the figures are the bench's)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "spec.json"
+    proc = subprocess.run([sys.executable, str(root / "bench" / "speculative.py"), "--quick", "--runs", "1",
+                           "--no-draft", "--json", str(out)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for key in ("edit", "summary", "story", "concurrent16"):
+        assert res[key]["greedy_equal"] and res[key]["plain_tok_s"] > 0 and res[key]["spec_tok_s"] > 0
+    assert "goal >= 1.60" in proc.stdout
