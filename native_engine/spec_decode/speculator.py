@@ -37,6 +37,7 @@ class Speculator:
         self.k = config.num_speculative_tokens
         self.adaptive = AdaptiveK(self.k, config.adaptive)
         self.stats = SpecDecodingStats()
+        self.shrunk = False  # this step's proposer gave fewer drafts than planned (a draft model catching up)
 
     def plan(self, running: list[Sequence]) -> None:
         wants = {}
@@ -55,11 +56,14 @@ class Speculator:
     def propose(self, out) -> dict[int, Any] | None:
         """Drafts into the verify rows of `out` (a SchedulerOutput); -> draft distributions or None."""
         items = [item for item in out.scheduled if item.num_spec_tokens]
+        self.shrunk = False
         if not items:
             return None
         drafts, probs = self.proposer.propose(items)
         for item in items:
+            planned = item.num_spec_tokens
             out.set_spec_tokens(item, drafts.get(item.seq.seq_id, []))
+            self.shrunk |= item.num_spec_tokens < planned
         return probs
 
     def observe(self, out, sampled: dict[int, list[int]], seconds: float) -> dict[str, tuple[int, int]]:
@@ -75,8 +79,9 @@ class Speculator:
             self.adaptive.observe(item.seq.seq_id, item.num_spec_tokens, accepted)
             drafts, hits = per_request.get(item.seq.request_id, (0, 0))
             per_request[item.seq.request_id] = (drafts + item.num_spec_tokens, hits + accepted)
-        if out.scheduled and all(item.num_new_tokens - item.num_spec_tokens == 1 for item in out.scheduled):
-            self.adaptive.record_step(queries, seconds)  # decode-only steps measure the verify cost
+        decode_only = all(item.num_new_tokens - item.num_spec_tokens == 1 for item in out.scheduled)
+        if out.scheduled and decode_only and not self.shrunk:  # such steps measure what a verify costs
+            self.adaptive.record_step(queries, seconds)
         return per_request
 
     def release(self, seq: Sequence) -> None:
