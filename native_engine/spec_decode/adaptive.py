@@ -14,7 +14,9 @@ tokens of t(B) / B each; then the whole step must beat a plain one in expected t
 (B + sum E_i) / t(B + sum k_i) > B / t(B), E_i = a_i + a_i^2 + .. + a_i^k_i, or nobody speculates.
 A sequence whose expected gain is below its cost even alone (at batch 1, for any k) sits out, and
 tries again after a back-off that doubles each time (4, 8, .. 64 steps), so an open-ended text stops
-paying for misses. Unmeasured step sizes are
+paying for misses. Proposals that are not verified are still checked, for free, against the token the
+target chose (their first draft): a sequence's acceptance keeps being tracked, and one sitting out comes
+back as soon as its text turns copyable (an answer that starts with its own words, then quotes). Unmeasured step sizes are
 extrapolated from the two largest measured (flat from a single one, so a larger size is tried once and
 then known)."""
 
@@ -28,7 +30,8 @@ from statistics import median
 _EMA = 0.3  # weight of the newest acceptance
 _WINDOW, _MIN_SAMPLES = 9, 3  # step times kept per size; needed before a plain step's time counts
 _TTL = 256  # decode steps after which a size's samples are forgotten unless refreshed
-_REST = 16  # steps a batch size goes without proposals after they did not pay in it
+_REST, _REST_FROM = 16, 8  # steps a batch of 8+ rows goes without proposals after they did not pay in it
+_SHADOW_EMA = 0.15  # weight of a proposal checked without verifying it (its first draft against the token)
 _PRIOR = 0.6  # acceptance assumed before a model has any
 _BACKOFF_MIN, _BACKOFF_MAX = 4, 64
 
@@ -55,23 +58,28 @@ class _SeqState:
 
 class StepCosts:
     """Wall time of decode-only steps by query tokens: the median of the last few (a shared machine's
-    stalls and a kernel's first call are outliers). A plain step's time, what speculation must beat,
-    counts after `_MIN_SAMPLES`; a larger size's cost after its first sample (one probe of a size that
-    does not pay is enough, and it sets the slope that sizes above it are extrapolated with)."""
+    stalls are outliers; a shape's first step is left out: it pays one-off costs). A plain step's time,
+    what speculation must beat, counts after `_MIN_SAMPLES`; a larger size's cost after one sample (a probe
+    of a size that does not pay, one step after its first, is enough, and it sets the slope that sizes
+    above it are extrapolated with)."""
 
     def __init__(self) -> None:
         self.samples: dict[int, deque[float]] = {}
         self.sizes: list[int] = []  # sizes with a sample, sorted
         self.updated: dict[int, int] = {}  # size -> the step count at its last sample
+        self.first: set[int] = set()  # sizes whose first step was seen (and left out)
         self.steps = 0
 
     def record(self, num_tokens: int, seconds: float) -> None:
+        self.steps += 1
+        if num_tokens not in self.first:  # a shape's first step pays one-off costs (oneDNN primitives, buffers)
+            self.first.add(num_tokens)
+            return
         window = self.samples.get(num_tokens)
         if window is None:
             window = self.samples[num_tokens] = deque(maxlen=_WINDOW)
             self.sizes.insert(bisect_left(self.sizes, num_tokens), num_tokens)
         window.append(seconds)
-        self.steps += 1
         self.updated[num_tokens] = self.steps
         if self.steps % _TTL == 0:
             self._expire()
@@ -148,14 +156,11 @@ class AdaptiveK:
         per_token = base / batch
         ks = {s: _drafts_worth(self.seqs[s].alpha, k, slope / per_token) for s, k in prefs.items()}
         drafts = sum(ks.values())
-        if not drafts:
-            self.resting[batch] = _REST
-            return ks
         gain = sum(expected_accepted(self.seqs[s].alpha, k) for s, k in ks.items())
-        cost = self.costs.estimate(batch + drafts)
-        if (batch + gain) / cost > batch / base:
+        if drafts and (batch + gain) / self.costs.estimate(batch + drafts) > batch / base:
             return ks
-        self.resting[batch] = _REST
+        if batch >= _REST_FROM:
+            self.resting[batch] = _REST
         return dict.fromkeys(ks, 0)
 
     def _preferred(self, seq_id: int, available: int) -> int:
@@ -183,6 +188,15 @@ class AdaptiveK:
             state.skip, state.backoff = state.backoff, min(2 * state.backoff, _BACKOFF_MAX)
         elif rate > 0:
             state.backoff = _BACKOFF_MIN
+
+    def observe_shadow(self, seq_id: int, hit: bool) -> None:
+        """A proposal that was not verified (the sequence sat out, or the step did not pay), its first draft
+        checked against the token the target chose: acceptance keeps being tracked for free, and a sequence
+        sitting out comes back as soon as its text turns copyable."""
+        state = self._state(seq_id)
+        state.alpha += _SHADOW_EMA * (float(hit) - state.alpha)
+        if state.skip and self._pays_alone(state.alpha):
+            state.skip, state.backoff = 0, _BACKOFF_MIN
 
     def _pays_alone(self, alpha: float) -> bool:
         """Whether drafts at this acceptance beat a plain step at batch 1 for some k (unmeasured: assume so)."""

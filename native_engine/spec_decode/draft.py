@@ -95,6 +95,9 @@ class DraftModelProposer:
     def available(self, seq: Sequence, k: int) -> int:
         return k
 
+    def peek(self, seq: Sequence) -> None:
+        return None  # a draft costs a forward: nothing to check for free
+
     def release(self, seq: Sequence) -> None:
         self.runner.release(seq)
 

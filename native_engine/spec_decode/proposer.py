@@ -22,6 +22,8 @@ from ..sequence import Sequence
 class Proposer(Protocol):
     def available(self, seq: Sequence, k: int) -> int: ...
 
+    def peek(self, seq: Sequence) -> int | None: ...  # the first draft `available` found, if it is free to know
+
     def propose(self, items: list) -> tuple[dict[int, list[int]], dict[int, Any] | None]: ...
 
     def release(self, seq: Sequence) -> None: ...
@@ -38,6 +40,10 @@ class NgramSource:
         drafts = self.proposer.propose(seq.token_ids, k)
         self.pending[seq.seq_id] = drafts
         return len(drafts)
+
+    def peek(self, seq: Sequence) -> int | None:
+        drafts = self.pending.get(seq.seq_id)
+        return drafts[0] if drafts else None
 
     def propose(self, items: list) -> tuple[dict[int, list[int]], None]:
         out = {}

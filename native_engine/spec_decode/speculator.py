@@ -38,6 +38,7 @@ class Speculator:
         self.adaptive = AdaptiveK(self.k, config.adaptive)
         self.stats = SpecDecodingStats()
         self.shrunk = False  # this step's proposer gave fewer drafts than planned (a draft model catching up)
+        self.shadow: dict[int, tuple[int, int]] = {}  # seq_id -> (its length, the first draft not verified)
 
     def plan(self, running: list[Sequence]) -> None:
         wants = {}
@@ -50,8 +51,12 @@ class Speculator:
             if can_speculate(seq):
                 wants[seq.seq_id] = self.proposer.available(seq, self.k)
         plan = self.adaptive.plan(wants)
+        self.shadow = {}
         for seq in decodes:
             seq.num_spec_tokens = plan.get(seq.seq_id, 0)
+            first = self.proposer.peek(seq) if wants.get(seq.seq_id) and not seq.num_spec_tokens else None
+            if first is not None:
+                self.shadow[seq.seq_id] = (len(seq.token_ids), first)
 
     def propose(self, out) -> dict[int, Any] | None:
         """Drafts into the verify rows of `out` (a SchedulerOutput); -> draft distributions or None."""
@@ -79,10 +84,18 @@ class Speculator:
             self.adaptive.observe(item.seq.seq_id, item.num_spec_tokens, accepted)
             drafts, hits = per_request.get(item.seq.request_id, (0, 0))
             per_request[item.seq.request_id] = (drafts + item.num_spec_tokens, hits + accepted)
+        self._check_shadows(out)
         decode_only = all(item.num_new_tokens - item.num_spec_tokens == 1 for item in out.scheduled)
         if out.scheduled and decode_only and not self.shrunk:  # such steps measure what a verify costs
             self.adaptive.record_step(queries, seconds)
         return per_request
+
+    def _check_shadows(self, out) -> None:
+        for item in out.scheduled:
+            shadow = self.shadow.get(item.seq.seq_id)
+            seq = item.seq
+            if shadow is not None and not item.num_spec_tokens and seq.num_tokens == shadow[0] + 1:
+                self.adaptive.observe_shadow(seq.seq_id, seq.token_ids[shadow[0]] == shadow[1])
 
     def release(self, seq: Sequence) -> None:
         self.adaptive.forget(seq.seq_id)

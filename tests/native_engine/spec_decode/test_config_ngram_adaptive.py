@@ -61,19 +61,23 @@ def test_expected_accepted():
 
 def test_step_costs_need_samples_and_interpolate():
     costs = StepCosts()
+    costs.record(1, 1.0)  # a shape's first step: one-off costs, left out
+    assert costs.estimate(1) is None
     costs.record(1, 10.0)
     assert costs.measured(1) is None and costs.estimate(1) == 10.0  # a plain step's time needs 3 samples
     for t in (10.0, 11.0, 100.0):  # a stall does not move the median much
         costs.record(1, t)
     assert costs.measured(1) == pytest.approx(10.5)
     assert costs.estimate(5) == pytest.approx(10.5)  # one size sampled: flat above it (try the size)
-    costs.record(5, 14.5)  # one probe is enough to know a larger size
+    costs.record(5, 99.0)
+    costs.record(5, 14.5)  # one probe after the first is enough to know a larger size
     assert costs.estimate(3) == pytest.approx(12.5)  # between two sizes: interpolated
     assert costs.estimate(9) == pytest.approx(18.5)  # above: the slope of the two largest
 
 
 def test_step_costs_forget_stale_sizes():
     costs = StepCosts()
+    costs.record(5, 0.5)
     costs.record(5, 0.5)  # a probe during a stall
     for _ in range(600):
         costs.record(1, 0.01)
@@ -83,7 +87,7 @@ def test_step_costs_forget_stale_sizes():
 
 def _measure(adaptive, sizes):
     for size, seconds in sizes.items():
-        for _ in range(3):
+        for _ in range(4):
             adaptive.record_step(size, seconds)
 
 
@@ -114,6 +118,18 @@ def test_a_sequence_that_keeps_missing_backs_off():
     adaptive.observe(3, 4, 0)
     plans = [adaptive.plan({3: 4})[3] for _ in range(8)]
     assert plans[:4] == [0, 0, 0, 0]  # sits out its back-off
+
+
+def test_shadow_hits_bring_a_sequence_back():
+    """Proposals checked for free while the sequence sits out: once its text turns copyable it is back."""
+    adaptive = AdaptiveK(4)
+    _measure(adaptive, {1: 0.010, 2: 0.011, 5: 0.013})
+    for _ in range(4):
+        adaptive.observe(3, 4, 0)
+    assert adaptive.plan({3: 4})[3] == 0 and adaptive.seqs[3].skip > 0
+    for _ in range(12):
+        adaptive.observe_shadow(3, True)
+    assert adaptive.seqs[3].skip == 0 and adaptive.plan({3: 4})[3] > 0
 
 
 def test_fixed_k_without_adaptation():
