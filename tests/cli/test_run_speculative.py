@@ -30,3 +30,15 @@ def test_verbose_shows_the_drafts(tmp_path, tiny_store, infer_home, monkeypatch)
     assert abs(float(rate) - 100 * int(accepted) / drafted) < 0.06
     labels = [line.split(":")[0] for line in result.stderr.splitlines() if ":" in line]
     assert labels[-2:] == ["draft tokens", "draft acceptance"]
+
+
+def test_time_per_output_token_counts_tokens_not_chunks():
+    """Through a server a chunk may carry a verify step's several tokens: TPOT is per token."""
+    from adapters.core.base import Done, Timings, Usage
+    from cli.chat_session import stats_lines
+
+    timings = Timings(eval=1.0, total=1.2, ttft=0.1, token_times=[0.1, 0.4, 0.7, 1.1], draft_tokens=8,
+                      accepted_tokens=6)
+    lines = stats_lines(Done(finish_reason="stop", usage=Usage(input_tokens=5, output_tokens=11), timings=timings))
+    assert "time per output token: 100ms" in lines
+    assert "draft acceptance:     75.0% (6 accepted)" in lines
