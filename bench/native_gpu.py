@@ -32,11 +32,18 @@ the top kernels; and each linear shape's one-row matmul against the copy bandwid
 A section that raises is reported and the rest goes on; if our engine raises with scheduling ahead, the
 workload is run again without it (`ahead_failed` in the JSON).
 
+`--speculative`: after the models, one more pass (<= 40 s, guarded: its failure is reported and the rest
+stands): the 0.5B shape with n-gram speculation (k = 4), batch 1, greedy, 256 tokens from a prompt that
+repeats one 32-token span 8 times; the same engine with the request's `speculative=False` alternates with
+it (3 runs each, medians), and the tokens are checked equal. Random weights make acceptance a property of
+the random model (does its greedy continuation repeat the span?): the pass reports it as measured.
+
 transformers for the 7B shape runs only while the run is inside --budget-s, so the command stays under
 five minutes on an H100 or H200. `--quick`: a tiny model on the CPU (float32), a few requests, seconds: the
 default test suite runs it so this script never rots.
 
-    python bench/native_gpu.py [--quick] [--models 0.5b,7b] [--budget-s 170] [--repeats 2] [--json PATH]
+    python bench/native_gpu.py [--quick] [--models 0.5b,7b] [--budget-s 170] [--repeats 2] [--speculative]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -176,10 +183,10 @@ def measure(run: Callable[[list, list, str, str], dict], prompts: Prompts, loads
 # -- ours -----------------------------------------------------------------------------------------
 
 
-def engine_for(path: Path, device: torch.device) -> LLMEngine:
+def engine_for(path: Path, device: torch.device, **kwargs) -> LLMEngine:
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     return LLMEngine.from_model(path, load_format="dummy", device=str(device), dtype=dtype, max_num_seqs=64,
-                                max_model_len=1024, max_num_batched_tokens=4096)
+                                max_model_len=1024, max_num_batched_tokens=4096, **kwargs)
 
 
 def greedy(n: int) -> SamplingParams:
@@ -287,6 +294,56 @@ def profile_section(engine: LLMEngine, bandwidth: float, profiles: tuple = PROFI
     return out
 
 
+# -- speculative decoding ------------------------------------------------------------------------
+
+
+def run_speculative(path: Path, device: torch.device, quick: bool) -> dict:
+    """n-gram (k = 4) vs the same engine with speculation off per request; batch 1, greedy."""
+    engine = engine_for(path, device, speculative="ngram:k=4")
+    rng = random.Random(7)
+    span = [rng.randrange(300, 1000) for _ in range(32)]
+    n, runs = (16, 1) if quick else (256, 3)
+
+    def once(tag: str, on: bool) -> tuple[float, list[int]]:
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, speculative=on)
+        out = engine.generate([[100 + len(tag)] + span * 8], params)[0]  # a fresh first token: no prefix hits
+        m = out.metrics
+        return (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0]), out.outputs[0].token_ids
+
+    once("w", True), once("ww", False)  # warm-up: graphs, kernels
+    before = engine.spec_decode_stats()
+    plain, spec, equal = [], [], True
+    for i in range(runs):
+        p_rate, p_tokens = once("p" * (i + 3), False)
+        s_rate, s_tokens = once("s" * (i + 3), True)
+        plain.append(p_rate)
+        spec.append(s_rate)
+        equal &= p_tokens == s_tokens
+    after = engine.spec_decode_stats()
+    drafts = after["num_draft_tokens"] - before["num_draft_tokens"]
+    accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    verifies = after["num_drafts"] - before["num_drafts"]
+    res = {"plain_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec), "greedy_equal": equal,
+           "draft_tokens": drafts, "accepted_tokens": accepted, "verify_steps": verifies,
+           "acceptance_rate": accepted / drafts if drafts else None,
+           "mean_accepted_length": 1 + accepted / verifies if verifies else None}
+    res["ratio"] = res["spec_tok_s"] / res["plain_tok_s"]
+    del engine
+    free(device)
+    return res
+
+
+def speculative_pass(path: Path, device: torch.device, quick: bool) -> dict:
+    """`run_speculative`, its failure caught and reported (the rest of the bench stands)."""
+    t0 = time.perf_counter()
+    try:
+        res = run_speculative(path, device, quick)
+    except Exception as exc:  # noqa: BLE001 -- a guarded extra pass
+        res = {"error": f"{type(exc).__name__}: {exc}"}
+    res["elapsed_s"] = time.perf_counter() - t0
+    return res
+
+
 # -- transformers -------------------------------------------------------------------------------
 
 
@@ -385,6 +442,16 @@ def report(res: dict) -> None:
                 print(f"{shape:6s} {side} FAILED: {r[side + '_error'].splitlines()[-1]}")
         if "hf_skipped" in r:
             print(f"{shape:6s} transformers skipped: {r['hf_skipped']}")
+    if "speculative" in res:
+        spec = res["speculative"]
+        if "error" in spec:
+            print(f"speculative pass failed after {spec['elapsed_s']:.0f} s: {spec['error']}")
+            return
+        acc = spec["acceptance_rate"]
+        print(f"{res['speculative_shape']:6s} speculative ngram:k=4, batch 1 greedy: {spec['spec_tok_s']:.1f} vs "
+              f"{spec['plain_tok_s']:.1f} tok/s off = {spec['ratio']:.2f}x; acceptance "
+              f"{'-' if acc is None else f'{acc:.0%}'}, mean accepted length {spec['mean_accepted_length'] or 0:.2f}, "
+              f"tokens equal {spec['greedy_equal']} ({spec['elapsed_s']:.0f} s)")
 
 
 def main() -> None:
@@ -394,6 +461,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=170.0, help="cut repeats, then transformers on 7B, past this")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each workload per side (median)")
     parser.add_argument("--no-profile", action="store_true", help="skip the decode profiles and the GEMV table")
+    parser.add_argument("--speculative", action="store_true", help="add the n-gram speculative decoding pass")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -427,6 +495,10 @@ def main() -> None:
             res["elapsed_s"] = time.perf_counter() - started
             print(f"  {shape}: done at {res['elapsed_s']:.0f} s", flush=True)
             dump(res, args.json)  # after each model: a run cut short still leaves what it measured
+        if args.speculative:
+            res["speculative_shape"] = shapes[0]
+            res["speculative"] = speculative_pass(model_dir(shapes[0], Path(tmp)), device, args.quick)
+            dump(res, args.json)
     report(res)
 
 

@@ -2,8 +2,10 @@
 
 Known counters: vLLM ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``, TGI
 ``tgi_request_input_length_sum`` / ``tgi_request_generated_tokens_sum``, ``infer serve``
-``infer_input_tokens_total`` / ``infer_output_tokens_total`` (summed over labels). A target without
-``/metrics`` gives ``None``.
+``infer_input_tokens_total`` / ``infer_output_tokens_total`` (summed over labels); and speculative
+decoding's, when the server speculates: vLLM ``vllm:spec_decode_num_drafts_total`` /
+``…_num_draft_tokens_total`` / ``…_num_accepted_tokens_total``, ``infer serve`` the same under
+``infer_spec_decode_``. A target without ``/metrics`` gives ``None``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 _COUNTERS = {
     "input_tokens": ("vllm:prompt_tokens_total", "tgi_request_input_length_sum", "infer_input_tokens_total"),
     "output_tokens": ("vllm:generation_tokens_total", "tgi_request_generated_tokens_sum", "infer_output_tokens_total"),
+    "spec_drafts": ("vllm:spec_decode_num_drafts_total", "infer_spec_decode_num_drafts_total"),
+    "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total", "infer_spec_decode_num_draft_tokens_total"),
+    "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total", "infer_spec_decode_num_accepted_tokens_total"),
 }
 
 
@@ -46,4 +51,14 @@ def server_token_deltas(before: dict[str, float] | None, after: dict[str, float]
                 out[key] = int(round(after[name] - before.get(name, 0.0)))
                 out[f"{key}_metric"] = name
                 break
-    return out or None
+    return _with_acceptance(out) or None
+
+
+def _with_acceptance(out: dict) -> dict:
+    """Acceptance rate and mean acceptance length when the run verified drafts."""
+    drafts, tokens, accepted = (out.get(k, 0) for k in ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens"))
+    if tokens > 0:
+        out["spec_acceptance_rate"] = accepted / tokens
+    if drafts > 0:
+        out["spec_mean_acceptance_length"] = 1 + accepted / drafts
+    return out

@@ -92,6 +92,9 @@ def format_point(point: dict, percentiles: tuple[float, ...] = (99.0,)) -> str:
     if server := point.get("server_tokens"):
         lines += [_line("Server input tokens (/metrics):", server.get("input_tokens", "-")),
                   _line("Server output tokens (/metrics):", server.get("output_tokens", "-"))]
+        if "spec_acceptance_rate" in server:
+            lines += [_line("Draft acceptance rate (%):", 100.0 * server["spec_acceptance_rate"]),
+                      _line("Mean acceptance length:", server.get("spec_mean_acceptance_length", "-"))]
     for name in PERCENTILE_METRICS:
         title, short = _TITLES[name]
         lines.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))

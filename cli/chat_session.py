@@ -148,8 +148,14 @@ def stats_lines(done: Done) -> list[str]:
         rows += [("eval duration", format_duration(t.eval), t.eval), ("eval rate", f"{rate:.2f} tokens/s", rate)]
     if t.ttft is not None:
         rows.append(("time to first token", format_duration(t.ttft), t.ttft))
-    if t.tpot is not None:
-        rows.append(("time per output token", format_duration(t.tpot), t.tpot))
+    tpot = t.tpot
+    if tpot is not None and u.output_tokens > len(t.token_times) and t.eval > 0:  # chunks of several tokens
+        tpot = t.eval / max(1, u.output_tokens - 1)  # (speculative decoding): per token, not per chunk
+    if tpot is not None:
+        rows.append(("time per output token", format_duration(tpot), tpot))
+    if t.draft_tokens:
+        rows += [("draft tokens", f"{t.draft_tokens} token(s)", t.draft_tokens),
+                 ("draft acceptance", f"{t.accepted_tokens / t.draft_tokens:.1%} ({t.accepted_tokens} accepted)", 1)]
     return [f"{label + ':':<21} {text}" for label, text, value in rows if value > 0]
 
 

@@ -113,7 +113,8 @@ def done_from_final(final: dict[str, Any], token_times: list[float]) -> Done:
     s = lambda key: (final.get(key) or 0) / 1e9  # noqa: E731 - absent keys are zero (Go's omitempty)
     timings = Timings(load=s("load_duration"), prompt_eval=s("prompt_eval_duration"), eval=s("eval_duration"),
                       total=s("total_duration"), ttft=token_times[0] if token_times else None,
-                      token_times=list(token_times))
+                      token_times=list(token_times), draft_tokens=final.get("draft_count") or 0,
+                      accepted_tokens=final.get("draft_accepted_count") or 0)
     usage = Usage(input_tokens=final.get("prompt_eval_count") or 0, output_tokens=final.get("eval_count") or 0,
                   source="backend")
     return Done(finish_reason=final.get("done_reason") or "stop", usage=usage, timings=timings)

@@ -27,6 +27,9 @@ def serve(
     context_length: int = typer.Option(None, "--context-length", help="Default num_ctx (INFER_CONTEXT_LENGTH)."),
     engine: str = typer.Option(None, "--engine", help="In-process engine for store models: llamacpp or native "
                                "(INFER_ENGINE); a request's \"engine\" option overrides it."),
+    speculative: str = typer.Option(None, "--speculative", help="Speculative decoding in the native engine: "
+                                    "ngram[:k=4], draft:MODEL[:k=4] or off (INFER_SPECULATIVE); a Modelfile's "
+                                    "PARAMETER speculative overrides it, a request's \"speculative\" turns it off/on."),
     config: Path = typer.Option(None, "--config", help="YAML file listing remote backends (vLLM, TGI, "
                                 "TensorRT-LLM, Triton, Ollama, llama.cpp, OpenAI) served next to the store's models "
                                 "(INFER_CONFIG)."),
@@ -43,7 +46,7 @@ def serve(
     from gateway.server import GatewayServer
 
     overrides = {"database_url": db, "num_parallel": num_parallel, "context_length": context_length,
-                 "engine": engine, "config": config, "redis_url": redis_url}
+                 "engine": engine, "config": config, "redis_url": redis_url, "speculative": speculative}
     try:
         if host:
             overrides["host"], overrides["port"] = parse_host(host)

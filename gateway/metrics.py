@@ -17,7 +17,8 @@ Per backend, read at scrape time from :class:`gateway.monitor.BackendMonitor` (`
 ``infer_backend_up``, ``infer_backend_requests_in_flight`` (the gateway's own count),
 ``infer_num_requests_running``, ``infer_num_requests_waiting`` (queue depth) and
 ``infer_kv_cache_usage_perc`` (0-1; the native engine's block manager, llama.cpp's slots, or the
-figure a remote backend reports on its ``/metrics``), named as vLLM names its own gauges.
+figure a remote backend reports on its ``/metrics``), named as vLLM names its own gauges; and the
+native engine's speculative decoding counters, ``infer_spec_decode_*`` (``gateway.spec_decode_metrics``).
 
 Label children are cached per label tuple, so a request costs dictionary lookups, not
 ``labels()`` calls. The ``*_created`` series are off (``disable_created_metrics``, once, when the

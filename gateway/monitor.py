@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from adapters.core.base import Backend, Health
 from gateway.serving.router import Router
+from gateway.spec_decode_metrics import SpecDecodeCollector
 from routing.route import HEALTH_POLL_S
 
 HEALTH_TIMEOUT_S = 3.0  # one slow backend must not hold the others' figures
@@ -69,6 +70,7 @@ class BackendMonitor:
                              "queue, or in the gateway for a max_inflight slot.", labels, registry=registry)
         self.kv_usage = Gauge("infer_kv_cache_usage_perc", "KV-cache usage, 0-1, where the backend has one and "
                               "reports it.", labels, registry=registry)
+        registry.register(SpecDecodeCollector(self.targets))
 
     # -- per request ------------------------------------------------------------------------------
 

@@ -1,6 +1,9 @@
 """Paged KV-cache blocks: ref counts, copy-on-write and a hash-chained prefix cache with LRU eviction (torch-free).
 
 A sequence's block_table always covers exactly its computed tokens plus the tokens scheduled this step.
+A verify step of speculative decoding schedules draft tokens that may be rejected: `truncate` then frees
+the blocks past the computed tokens (their KV belongs to rejected tokens; they were never hashed, since
+only full blocks of computed tokens are).
 Free blocks sit in one LRU-ordered dict: cached (hashed) blocks stay findable until they are popped for reuse.
 """
 
@@ -150,11 +153,19 @@ class BlockManager:
             self.blocks[block_id].ref_count += 1
         child.block_table = list(parent.block_table)
 
+    def truncate(self, seq: Sequence) -> None:
+        """Roll the table back to the computed tokens: free the blocks that hold only rejected draft tokens.
+        The slots of rejected tokens inside a kept block are simply overwritten by the next step."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+        seq.num_draft_computed_tokens = min(seq.num_draft_computed_tokens, seq.num_computed_tokens)
+
     def free(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
             self._release(block_id)
         seq.block_table = []
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_draft_computed_tokens = 0
 
     # ---- private helpers
     def _block_tokens(self, seq: Sequence, i: int) -> list[int]:

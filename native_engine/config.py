@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .spec_decode.config import SpeculativeConfig
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -47,6 +49,11 @@ class EngineConfig:
     cpu_int4_matmul: bool = True  # f32 on CPU: weights that are exactly 4/8-bit GGUF blocks run as int4 matmuls
     load_format: str = "auto"  # "dummy": config and tokenizer from `model`, weights drawn on the device (vLLM's)
     async_scheduling: bool | None = None  # schedule a decode step while the one before runs; None = on CUDA only
+    speculative: str | None = None  # "ngram:k=4", "draft:MODEL:k=4" (spec_decode/config.py); None = off
+
+    @property
+    def speculative_config(self) -> SpeculativeConfig | None:
+        return SpeculativeConfig.parse(self.speculative)
 
     def __post_init__(self) -> None:
         model = self.model
@@ -67,6 +74,9 @@ class EngineConfig:
                f"async_scheduling must be None, true or false; got {self.async_scheduling!r}")
         _check(self.load_format in LOAD_FORMATS,
                f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}")
+        _check(self.speculative is None or isinstance(self.speculative, str),
+               f"speculative must be a string such as 'ngram:k=4', got {self.speculative!r}")
+        self.speculative_config  # noqa: B018 -- raises ValueError with what is wrong
         device = self.device
         _check(
             isinstance(device, str) and device.split(":")[0] in ("auto", "cpu", "cuda"),

@@ -30,3 +30,5 @@ class Context:
     prefills: list[PrefillChunk] = field(default_factory=list)
     sample_indices: torch.Tensor | None = None  # rows whose logits are needed
     logits: torch.Tensor | None = None  # [num_tokens, V], set by a forward that computed the LM head itself
+    verify_offsets: torch.Tensor | None = None  # [num_decode_tokens] int32: each query's index in its verify
+    # row (speculative decoding: a query reads keys written in this step); None when there is none

@@ -26,6 +26,7 @@ from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .model_runner import LaunchedStep
 from .sequence import Sequence, SequenceStatus
+from .spec_decode import build as spec_build
 from .structured_output import StructuredOutputManager
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class _InFlight:
     out: SchedulerOutput
     launched: LaunchedStep
     started: float
+    speculated: bool = False  # launched after the speculator planned and proposed
 
 
 class LLMEngine:
@@ -65,7 +67,10 @@ class LLMEngine:
             self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                      model_config.max_position_embeddings)
             self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
-        self.model_runner.allocate_kv_cache(self._kv_budget())
+            spec = config.speculative_config
+            draft = spec_build.load_draft(spec, config, self.device, self.dtype, model_config.vocab_size)
+        self.model_runner.max_spec_tokens = spec.num_speculative_tokens if spec else spec_build.DEFAULT_K
+        self.model_runner.allocate_kv_cache(self._kv_budget(draft))
         self.model_runner.capture_cudagraphs(self.max_model_len)
         self.model_runner.structured = StructuredOutputManager(self.tokenizer, model_config.vocab_size, self.device)
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
@@ -73,6 +78,7 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self.async_scheduling = self.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
         self._inflight: _InFlight | None = None
+        self.speculator = spec_build.speculator(spec, self, draft) if spec else None
         stats = self.stats()
         log.info("native engine: %s on %s, KV cache %d blocks x %d tokens = %d tokens at %d bytes/token",
                  self.dtype, self.device, stats["num_kvcache_blocks"], config.block_size,
@@ -86,11 +92,17 @@ class LLMEngine:
     def _compute_dtype(self, model_config) -> torch.dtype:
         return platform.resolve_dtype(self.config.dtype, self.device, model_config.torch_dtype)
 
-    def _kv_budget(self) -> int:
+    def _kv_budget(self, draft=None) -> int:
+        """The target's share of `_kv_bytes`; with a draft model, whose cache takes as many blocks, both
+        caches count per token."""
+        target = self.model_runner.block_bytes
+        both = target + (draft.block_bytes if draft is not None else 0)
+        return self._kv_bytes(both // self.config.block_size) * target // both
+
+    def _kv_bytes(self, per_token: int) -> int:
         """Explicit bytes, else a share of free memory, never more than every sequence at full length needs."""
         if self.config.kv_cache_memory_bytes is not None:
             return self.config.kv_cache_memory_bytes
-        per_token = bytes_per_token(self.model_config, self.dtype)
         needed = per_token * (self.max_model_len + self.config.block_size) * self.config.max_num_seqs
         if self.device.type == "cuda":
             return min(needed, platform.gpu_kv_budget(self.device, self.config.gpu_memory_utilization,
@@ -107,6 +119,8 @@ class LLMEngine:
         token_ids = self._encode(prompt)
         self._check_prompt(token_ids, params)
         self.model_runner.structured.validate(params)
+        if params.speculative:
+            self.enable_speculation()
         arrival = time.perf_counter() if arrival_time is None else arrival_time
         seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority,
                        block_size=self.config.block_size)
@@ -144,6 +158,8 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         for seq in self.scheduler.abort(request_id):
             self.model_runner.release(seq)
+            if self.speculator is not None:
+                self.speculator.release(seq)
         self.requests.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
@@ -154,23 +170,30 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Collect one step and return its outputs; launch the next one first when it can be scheduled ahead."""
         if self._inflight is None:
+            started = time.perf_counter()
+            if self.speculator is not None:
+                self.speculator.plan(self.scheduler.running)
             out = self.scheduler.schedule()
             if not out.scheduled:
                 return []
-            self._inflight = self._launch(out)
+            drafts = self.speculator.propose(out) if self.speculator is not None else None
+            self._inflight = self._launch(out, drafts=drafts, started=started)
         inflight, self._inflight = self._inflight, None
         self._inflight = self._launch_ahead(inflight)
         return self._finish(inflight)
 
-    def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None = None) -> _InFlight:
-        started = time.perf_counter()
-        return _InFlight(out, self.model_runner.launch(out.scheduled, out.blocks_to_copy, prev), started)
+    def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None = None, drafts=None,
+                started: float | None = None) -> _InFlight:
+        started = time.perf_counter() if started is None else started
+        launched = self.model_runner.launch(out.scheduled, out.blocks_to_copy, prev, draft_probs=drafts)
+        return _InFlight(out, launched, started, speculated=prev is None and self.speculator is not None)
 
     def _launch_ahead(self, inflight: _InFlight) -> _InFlight | None:
         """The next step, launched while `inflight` runs, when it is a decode step of the same sequences.
-        Not with a grammar in the batch: the next mask needs this step's token accepted first."""
-        if not self.async_scheduling or any(item.seq.sampling_params.structured_outputs is not None
-                                            for item in inflight.out.scheduled):
+        Not with a grammar in the batch (the next mask needs this step's token accepted first), nor while
+        speculating (the next step's drafts need this step's tokens)."""
+        if not self.async_scheduling or self.speculator is not None or any(
+                item.seq.sampling_params.structured_outputs is not None for item in inflight.out.scheduled):
             return None
         ahead = self.scheduler.schedule_ahead(inflight.out)
         return None if ahead is None else self._launch(ahead, inflight.launched)
@@ -182,8 +205,24 @@ class LLMEngine:
         sampled = self.model_runner.collect(inflight.launched)
         if any(item.seq.status is not SequenceStatus.RUNNING for item in out.scheduled):
             out.scheduled = [item for item in out.scheduled if item.seq.status is SequenceStatus.RUNNING]
-        self.scheduler.postprocess(out, {k: [t.token_id for t in v] for k, v in sampled.items()})
-        return self._outputs(out, sampled, inflight.started, time.perf_counter())
+        ids = {k: [t.token_id for t in v] for k, v in sampled.items()}
+        self.scheduler.postprocess(out, ids)
+        now = time.perf_counter()
+        if inflight.speculated:
+            self._count_drafts(self.speculator.observe(out, ids, now - inflight.started))
+        return self._outputs(out, sampled, inflight.started, now)
+
+    def _count_drafts(self, per_request: dict[str, tuple[int, int]]) -> None:
+        for request_id, (drafts, accepted) in per_request.items():
+            request = self.requests.get(request_id)
+            if request is not None:
+                request.metrics.num_draft_tokens += drafts
+                request.metrics.num_accepted_tokens += accepted
+
+    def enable_speculation(self) -> None:
+        """A request asked for speculative decoding on an engine without a method: the n-gram default."""
+        if self.speculator is None:
+            self.speculator = spec_build.speculator(spec_build.default_config(), self)
 
     def _outputs(self, out, sampled: dict, started: float, now: float) -> list[RequestOutput]:
         deltas: dict[str, list[CompletionOutput]] = {}
@@ -194,34 +233,60 @@ class LLMEngine:
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = started
                 request.num_cached_tokens = item.seq.num_cached_tokens
-            if item.should_sample:
-                targets = [item.seq]
-                if out.forked:
-                    targets += sorted((c for c in out.forked if c.request_id == item.seq.request_id),
-                                      key=lambda c: c.sample_index)
+            if item.num_spec_tokens:
+                tokens = sampled.get(item.seq.seq_id, [])[: item.num_verified_tokens]
+                deltas.setdefault(item.seq.request_id, []).append(self._verified_delta(request, item.seq, tokens, now))
+            elif item.should_sample:
+                targets = [item.seq] + sorted((c for c in out.forked if c.request_id == item.seq.request_id),
+                                              key=lambda c: c.sample_index)
                 for seq, token in zip(targets, sampled[item.seq.seq_id], strict=False):
-                    deltas.setdefault(seq.request_id, []).append(self._delta(request, seq, token, now))
+                    deltas.setdefault(seq.request_id, []).append(self._delta(request, seq, token, now)[0])
         return [self._request_output(rid, completions) for rid, completions in deltas.items()]
 
-    def _delta(self, request: _Request, seq: Sequence, token, now: float) -> CompletionOutput:
+    def _verified_delta(self, request: _Request, seq: Sequence, tokens: list, now: float) -> CompletionOutput:
+        """A verify row's tokens (up to the first that ends the sequence) as one delta."""
+        merged = CompletionOutput(seq.sample_index)
+        for i, token in enumerate(tokens):
+            delta, ended = self._delta(request, seq, token, now, last=i == len(tokens) - 1)
+            merged.text += delta.text
+            merged.token_ids += delta.token_ids
+            merged.logprobs += delta.logprobs
+            merged.finish_reason, merged.stop_reason = delta.finish_reason, delta.stop_reason
+            if ended:
+                break
+        return merged
+
+    def _delta(self, request: _Request, seq: Sequence, token, now: float, last: bool = True
+               ) -> tuple[CompletionOutput, bool]:
+        """One token's output; `last`: the last token the sequence took this step. -> (delta, ended)."""
         detok = self._detokenizer(request, seq)
-        stop_token = seq.is_finished and seq.finish_reason == "stop"
+        stop_token = last and seq.is_finished and seq.finish_reason == "stop"
         delta = CompletionOutput(seq.sample_index)
+        ended = last and seq.is_finished
         if not stop_token:
             delta.text = detok.add(token.token_id)
             delta.token_ids = [token.token_id]
             if token.logprob is not None:
                 delta.logprobs = [Logprob(token.token_id, token.logprob, token.top_logprobs)]
             if detok.stop_string is not None:
-                self.scheduler.finish(seq, "stop", detok.stop_string)
+                self._stop_at_string(seq, detok.stop_string)
+                ended = True
         if seq.sample_index == 0 and not stop_token:
             self._record_time(request.metrics, now)
-        if seq.is_finished:
+        if ended:
             delta.text += detok.flush()
             delta.finish_reason, delta.stop_reason = seq.finish_reason, seq.stop_reason
             request.finished.add(seq.sample_index)
             self.model_runner.release(seq)
-        return delta
+            if self.speculator is not None:
+                self.speculator.release(seq)
+        return delta, ended
+
+    def _stop_at_string(self, seq: Sequence, stop_string: str) -> None:
+        if seq.is_finished:  # a later token of the same verify row had ended it: the string comes first
+            seq.finish_reason, seq.stop_reason = "stop", stop_string
+        else:
+            self.scheduler.finish(seq, "stop", stop_string)
 
     @staticmethod
     def _record_time(metrics: RequestMetrics, now: float) -> None:
@@ -274,6 +339,10 @@ class LLMEngine:
             "kv_bytes_per_token": bytes_per_token(self.model_config, self.dtype),
             "kv_usage": blocks.usage,
         }
+
+    def spec_decode_stats(self) -> dict | None:
+        """Speculative decoding counters since start (spec_decode/metrics.py), None when it never ran."""
+        return None if self.speculator is None else self.speculator.stats.as_dict()
 
 
 def merge_outputs(previous: RequestOutput | None, new: RequestOutput) -> RequestOutput:

@@ -25,6 +25,7 @@ from .sample import HostTokens, SampledToken, Sampler, SamplingMetadata, Samplin
 from .sequence import PLACEHOLDER
 from .structured_output import StructuredOutputManager
 from .models import model_class
+from .spec_decode.rejection_sampler import RejectionSampler, VerifyRows
 from .forward_context import Context, PrefillChunk
 from .utils.loader import dummy_weights, load_weights
 
@@ -54,8 +55,9 @@ def bytes_per_token(model_config, dtype: torch.dtype) -> int:
 
 
 def decode_first(scheduled: list) -> list:
-    """The batch layout `Attention` expects: one-token rows, then prefill chunks."""
-    return sorted(scheduled, key=lambda s: s.num_new_tokens > 1)
+    """The batch layout `Attention` expects: decode rows (one token, or a verify row's 1 + k), then prefill
+    chunks."""
+    return sorted(scheduled, key=lambda s: s.num_new_tokens - s.num_spec_tokens > 1)
 
 
 @dataclass(slots=True)
@@ -67,6 +69,7 @@ class LaunchedStep:
     keys: list[tuple[str, int]] = field(default_factory=list)
     token_ids: torch.Tensor | None = None  # [S] int64 on the device
     host: HostTokens | None = None
+    tokens: dict[int, list[SampledToken]] | None = None  # a verify step's tokens, already on the host
 
 
 class ModelRunner:
@@ -89,6 +92,8 @@ class ModelRunner:
         self.num_kvcache_blocks = 0
         self.kv_cache = torch.empty(0)
         self.sampler = Sampler()
+        self.rejection_sampler = RejectionSampler(self.sampler)
+        self.max_spec_tokens = 0  # set by the engine when it speculates (sizes the input buffers)
         self.sampling = SamplingState(model_config.vocab_size, config.max_num_seqs, device, config.seed)
         self.structured: StructuredOutputManager | None = None  # set by the engine, which has the tokenizer
         self.graphs: DecodeGraphs | None = None
@@ -126,7 +131,8 @@ class ModelRunner:
         """The step's input buffers, sized for the longest sequence (allocated once)."""
         max_blocks = -(-max_model_len // self.config.block_size)
         self.inputs = InputBuffers(max(self.config.max_num_batched_tokens, self.config.max_num_seqs),
-                                   self.config.max_num_seqs, max_blocks, self.config.block_size, self.device)
+                                   self.config.max_num_seqs, max_blocks, self.config.block_size, self.device,
+                                   self.max_spec_tokens)
 
     def capture_cudagraphs(self, max_model_len: int) -> None:
         """CUDA graphs for decode batches up to `max_num_seqs` (GPU only; `enforce_eager` turns them off)."""
@@ -153,24 +159,41 @@ class ModelRunner:
             self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
 
     def _graph_bucket(self, ordered: list) -> int | None:
-        if self.graphs is None or any(s.num_new_tokens != 1 or not s.should_sample for s in ordered):
+        if self.graphs is None or any(s.num_new_tokens - s.num_spec_tokens != 1 or not s.should_sample
+                                      for s in ordered):
             return None
-        return self.graphs.bucket(len(ordered), max(len(s.seq.block_table) for s in ordered))
+        num_queries = sum(s.num_new_tokens for s in ordered)  # a verify row's tokens are decode queries
+        return self.graphs.bucket(num_queries, max(len(s.seq.block_table) for s in ordered))
 
     def prepare_inputs(self, ordered: list) -> StepInputs:
         """`ordered`: one-token (decode) rows first, then prefill chunks (see `decode_first`)."""
         bs = self._graph_bucket(ordered)
         return self.inputs.prepare(ordered, bs, None if bs is None else self.graphs.inputs)
 
-    def run(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = ()) -> dict[int, list[SampledToken]]:
-        """Forward the scheduled chunks; returns `num_samples` tokens for each sequence that samples."""
-        return self.collect(self.launch(scheduled, blocks_to_copy))
+    def run(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = (),
+            draft_probs: dict[int, torch.Tensor] | None = None) -> dict[int, list[SampledToken]]:
+        """Forward the scheduled chunks; returns `num_samples` tokens for each sequence that samples, and
+        1..k + 1 for each verify row (its accepted drafts and one token of the target's).
+        draft_probs: seq_id -> [k, V], a draft model's distributions of its drafts (None: point masses)."""
+        return self.collect(self.launch(scheduled, blocks_to_copy, draft_probs=draft_probs))
 
     @torch.inference_mode()
     def launch(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = (),
-               prev: LaunchedStep | None = None) -> LaunchedStep:
+               prev: LaunchedStep | None = None, draft_probs: dict[int, torch.Tensor] | None = None
+               ) -> LaunchedStep:
         """Everything of a step up to the sampled ids' copy to the host, without waiting for the device.
-        `prev`: the step still running whose sampled ids this one's placeholder tokens are."""
+        `prev`: the step still running whose sampled ids this one's placeholder tokens are. A step with
+        verify rows is verified at once (the rejection sampler's tokens are on the host when it returns)."""
+        ordered, logits = self.execute_model(scheduled, blocks_to_copy, prev)
+        if logits is None:
+            return LaunchedStep()
+        if not any(s.num_spec_tokens for s in ordered):
+            return self.sample_tokens(ordered, logits)
+        return LaunchedStep(tokens=self._sample_and_verify(ordered, logits, draft_probs or {}))
+
+    def execute_model(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = (),
+                      prev: LaunchedStep | None = None) -> tuple[list, torch.Tensor | None]:
+        """The forward: (the rows in batch order, the logits of their sampled positions, or None)."""
         self.copy_blocks(list(blocks_to_copy))
         ordered = decode_first(scheduled)
         step = self.prepare_inputs(ordered)
@@ -180,7 +203,11 @@ class ModelRunner:
             hidden = self.graphs.run(step.graph_bs, step.ctx)
         else:
             hidden = self.model(step.input_ids, step.positions, step.ctx)
-        logits = self.model.compute_logits(hidden, step.ctx)  # launched; the host work below overlaps it on GPU
+        if not any(s.should_sample for s in ordered):
+            return ordered, None
+        return ordered, self.model.compute_logits(hidden, step.ctx)  # launched; host work overlaps it on GPU
+
+    def sample_tokens(self, ordered: list, logits: torch.Tensor) -> LaunchedStep:
         rows = [(s.seq, i) for s in ordered if s.should_sample for i in range(s.num_samples)]
         if not rows:
             return LaunchedStep()
@@ -194,6 +221,8 @@ class ModelRunner:
 
     def collect(self, launched: LaunchedStep) -> dict[int, list[SampledToken]]:
         """Wait for a launched step's sampled ids; seq_id -> its tokens."""
+        if launched.tokens is not None:
+            return launched.tokens
         if launched.host is None:
             return {}
         sampled = launched.host.wait()
@@ -214,6 +243,28 @@ class ModelRunner:
         else:
             index = platform.to_device(src, torch.long, self.device)
             step.input_ids[:n].copy_(prev.token_ids.index_select(0, index))
+
+    def _sample_and_verify(self, ordered: list, logits: torch.Tensor, draft_probs: dict[int, torch.Tensor]
+                           ) -> dict[int, list[SampledToken]]:
+        """Plain rows through the sampler, verify rows (their k + 1 positions each) through the rejection
+        sampler; each gets its own slice of the logits."""
+        plain, verify, plain_at, verify_at, at = [], [], [], [], 0
+        for s in (s for s in ordered if s.should_sample):
+            width = s.num_spec_tokens + 1
+            (verify if s.num_spec_tokens else plain).append(s)
+            (verify_at if s.num_spec_tokens else plain_at).extend(range(at, at + width))
+            at += width
+        tokens = self.collect(self.sample_tokens(plain, logits[plain_at])) if plain else {}
+        rows = VerifyRows.build([s.spec_token_ids for s in verify])
+        slots = [self.sampling.slot((s.seq.request_id, s.seq.sample_index), s.seq.sampling_params,
+                                    s.seq.prompt_token_ids, s.seq.completion_token_ids)
+                 for s in verify for _ in range(s.num_spec_tokens + 1)]
+        probs = [draft_probs[s.seq.seq_id] for s in verify] if draft_probs else None
+        out = self.rejection_sampler(logits[verify_at], self.sampling.metadata(slots), rows,
+                                     None if probs is None else torch.cat(probs), self.sampling.generator)
+        for s, ids in zip(verify, out, strict=True):
+            tokens[s.seq.seq_id] = [SampledToken(t) for t in ids]
+        return tokens
 
     def _sampling_metadata(self, keys: list[tuple[str, int]], rows: list) -> SamplingMetadata:
         known = self.sampling.slots  # a slot is set up once; its prompt and output are needed only then

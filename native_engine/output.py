@@ -31,6 +31,8 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for this request
+    num_accepted_tokens: int = 0  # of which the target accepted
 
 
 @dataclass(slots=True)

@@ -57,6 +57,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-k count; 0 = only the sampled token's logprob
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    speculative: bool | None = None  # speculative decoding for this request: None = the engine's setting
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,6 +68,8 @@ class SamplingParams:
         self._check_probabilities()
         self._check_penalties()
         self._check_stops()
+        _check(self.speculative is None or isinstance(self.speculative, bool),
+               f"speculative must be true, false or None, got {self.speculative!r}")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}")
 

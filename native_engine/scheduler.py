@@ -10,6 +10,12 @@ feeds the placeholder from N's sampled ids on the device, and `postprocess` of N
 place. A sequence that N finishes (EOS, a stop token or string, an abort) rides along in N+1 as a ghost: its
 row is computed and dropped (`postprocess` skips it). Its ghost row writes one KV slot past its computed tokens,
 in a block that is never in the prefix cache (only full computed blocks are hashed), so nothing can read it.
+
+Speculative decoding: a decode row whose sequence plans `num_spec_tokens` draft tokens is scheduled as a
+verify row of 1 + k tokens (its last token and the k drafts, filled in by the proposer after `schedule`),
+when the budget, the blocks (never by preempting), max_model_len and max_tokens leave room. `postprocess`
+takes the 1..k + 1 tokens the verification kept: the accepted drafts' KV counts as computed, the blocks
+past it are freed (`BlockManager.truncate`) and only then are full blocks hashed.
 """
 
 from __future__ import annotations
@@ -31,15 +37,23 @@ class SchedulerConfig(Protocol):  # EngineConfig satisfies it
 @dataclass(slots=True)
 class ScheduledSequence:
     seq: Sequence
-    num_new_tokens: int  # tokens seq.token_ids[num_computed_tokens : num_computed_tokens + num_new_tokens]
+    num_new_tokens: int  # tokens seq.token_ids[num_computed_tokens:] (+ spec_token_ids on a verify row)
+    num_spec_tokens: int = 0  # draft tokens to verify: the last num_spec_tokens of the num_new_tokens
     should_sample: bool = field(init=False)  # this chunk reaches the last token -> sample from its logits
     num_samples: int = field(init=False)  # tokens to sample: 0, 1, or n for an n > 1 prompt's first sample
+    spec_token_ids: list[int] = field(init=False, default_factory=list)  # set by the proposer
+    num_verified_tokens: int = field(init=False, default=0)  # tokens a verify row appended (postprocess)
 
     def __post_init__(self) -> None:
         seq = self.seq
-        self.should_sample = seq.num_computed_tokens + self.num_new_tokens == seq.num_tokens
+        self.should_sample = seq.num_computed_tokens + self.num_new_tokens - self.num_spec_tokens == seq.num_tokens
         first = seq.num_completion_tokens == 0
         self.num_samples = (seq.sampling_params.n if first else 1) if self.should_sample else 0
+
+    def token_ids(self) -> list[int]:
+        """The tokens this row computes: the uncomputed ones, then the drafts."""
+        start = self.seq.num_computed_tokens
+        return self.seq.token_ids[start : start + self.num_new_tokens - self.num_spec_tokens] + self.spec_token_ids
 
 
 @dataclass(slots=True)
@@ -58,6 +72,14 @@ class SchedulerOutput:
     def add(self, item: ScheduledSequence) -> None:
         self.scheduled.append(item)
         self.num_batched_tokens += item.num_new_tokens
+
+    def set_spec_tokens(self, item: ScheduledSequence, token_ids: list[int]) -> None:
+        """The proposer's drafts for a verify row: at most the reserved count (fewer shrink the row)."""
+        assert len(token_ids) <= item.num_spec_tokens, (len(token_ids), item.num_spec_tokens)
+        unused = item.num_spec_tokens - len(token_ids)
+        item.num_new_tokens -= unused
+        self.num_batched_tokens -= unused
+        item.num_spec_tokens, item.spec_token_ids = len(token_ids), list(token_ids)
 
     def remove(self, seq: Sequence) -> None:
         """Unschedule a preempted seq: give back its tokens and drop copies into its blocks."""
@@ -161,8 +183,21 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
             num_new_tokens = min(seq.num_uncomputed_tokens, budget)
-            if self._reserve(seq, num_new_tokens, output):
-                output.add(ScheduledSequence(seq, num_new_tokens))
+            num_spec = self._num_spec_tokens(seq, budget) if num_new_tokens == 1 else 0
+            if self._reserve(seq, num_new_tokens + num_spec, output):
+                output.add(ScheduledSequence(seq, num_new_tokens + num_spec, num_spec))
+
+    def _num_spec_tokens(self, seq: Sequence, budget: int) -> int:
+        """Draft tokens a decode row can verify: what the proposer planned, cut to the token budget, the
+        context window, max_tokens, and the free blocks (speculation never preempts anybody)."""
+        k = seq.num_spec_tokens
+        if k <= 0:
+            return 0
+        left = seq.sampling_params.max_tokens - seq.num_completion_tokens
+        k = min(k, budget - 1, self.max_model_len - seq.num_tokens - 1, left - 1)
+        if k > 0 and not self.block_manager.can_allocate(seq, 1 + k):
+            return 0
+        return max(k, 0)
 
     def _reserve(self, seq: Sequence, num_new_tokens: int, output: SchedulerOutput) -> bool:
         """Allocate blocks for seq, preempting the lowest-priority newest running seqs; False if seq itself went."""
@@ -226,6 +261,9 @@ class Scheduler:
             seq = item.seq
             if seq.status is not SequenceStatus.RUNNING:  # aborted or finished since schedule(), or a ghost
                 continue
+            if item.num_spec_tokens:
+                finished += self._append_verified(item, sampled[seq.seq_id])
+                continue
             if item.should_sample:
                 token_ids = sampled[seq.seq_id]
                 assert len(token_ids) == item.num_samples, f"seq {seq.seq_id} needs {item.num_samples} tokens"
@@ -242,8 +280,27 @@ class Scheduler:
         for item in output.scheduled:
             seq = item.seq
             if seq.status is SequenceStatus.RUNNING:
-                seq.num_computed_tokens += item.num_new_tokens
-                self.block_manager.hash_blocks(seq)
+                seq.num_computed_tokens += item.num_new_tokens - item.num_spec_tokens
+                if not item.num_spec_tokens:  # a verify row's blocks are hashed once its rejected drafts are gone
+                    self.block_manager.hash_blocks(seq)
+
+    def _append_verified(self, item: ScheduledSequence, token_ids: list[int]) -> list[Sequence]:
+        """A verify row's 1..k + 1 tokens: the accepted drafts (their KV is computed), then the target's own
+        token; the blocks of rejected drafts are freed before any block is hashed."""
+        seq = item.seq
+        assert 1 <= len(token_ids) <= item.num_spec_tokens + 1, (len(token_ids), item.num_spec_tokens)
+        assert token_ids[:-1] == item.spec_token_ids[: len(token_ids) - 1], "accepted tokens must be the drafts"
+        for token_id in token_ids[:-1]:
+            seq.append_token(token_id)
+            seq.num_computed_tokens += 1
+            item.num_verified_tokens += 1
+            if self._check_stop(seq):
+                return [seq]
+        self.block_manager.truncate(seq)
+        self.block_manager.hash_blocks(seq)
+        seq.append_token(token_ids[-1])
+        item.num_verified_tokens += 1
+        return [seq] if self._check_stop(seq) else []
 
     def _append_samples(self, seq: Sequence, token_ids: list[int], output: SchedulerOutput) -> list[Sequence]:
         children = [self._fork(seq, i) for i in range(1, len(token_ids))]

@@ -1,4 +1,9 @@
-"""One generated sequence: token ids, KV progress counters and its block table (torch-free)."""
+"""One generated sequence: token ids, KV progress counters and its block table (torch-free).
+
+Speculative decoding adds two counters: `num_spec_tokens`, how many draft tokens the proposer plans to
+have verified in the sequence's next decode step (0 = none; the scheduler reserves KV for them), and
+`num_draft_computed_tokens`, the tokens whose KV is in a draft model's own cache (same block table);
+both are rolled back with the blocks (`BlockManager.truncate`, `free`)."""
 
 from __future__ import annotations
 
@@ -38,6 +43,8 @@ class Sequence:
     num_computed_tokens: int = field(init=False, default=0)  # tokens whose KV is in the cache
     num_cached_tokens: int = field(init=False, default=0)  # prompt tokens served by the prefix cache
     block_table: list[int] = field(init=False, default_factory=list)
+    num_spec_tokens: int = field(init=False, default=0)  # draft tokens planned for the next decode step
+    num_draft_computed_tokens: int = field(init=False, default=0)  # tokens in the draft model's KV cache
     finish_reason: str | None = field(init=False, default=None)  # "stop" | "length" | "abort"
     stop_reason: int | str | None = field(init=False, default=None)
 

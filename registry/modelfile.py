@@ -20,7 +20,7 @@ PARAMETER_TYPES: dict[str, type] = {
     "min_p": float, "typical_p": float, "repeat_last_n": int, "temperature": float,
     "repeat_penalty": float, "presence_penalty": float, "frequency_penalty": float,
     "num_ctx": int, "num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
-    "use_mmap": bool, "stop": list,
+    "use_mmap": bool, "stop": list, "speculative": str,
 }
 
 

@@ -222,6 +222,8 @@ class Timings:
     ttft: float | None = None
     total: float = 0.0
     token_times: list[float] = field(default_factory=list)
+    draft_tokens: int = 0  # speculative decoding: draft tokens the target verified (llama-server's draft_n)
+    accepted_tokens: int = 0  # of which it accepted (draft_n_accepted)
 
     @property
     def tpot(self) -> float | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .settings import DEFAULTS
+from .settings import DEFAULTS, check_speculative
 from .errors import ContextLengthExceeded, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,14 @@ class Options(BaseModel):
     num_thread: int = Field(default=0, ge=0, le=512, description="0 = llama.cpp's choice (512: ggml's most).")
     num_gpu: int = Field(default=-1, ge=-1, le=1 << 16)
     use_mmap: bool = True
+    speculative: bool | str | None = Field(
+        default=None, description="Speculative decoding (native engine): a method for the model (ngram:k=4, "
+        "draft:MODEL:k=4, as a Modelfile PARAMETER), or true/false to turn it on/off for one request.")
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative(cls, value: Any) -> Any:
+        return check_speculative(value)
 
     @field_validator("stop", mode="before")
     @classmethod

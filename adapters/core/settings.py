@@ -17,6 +17,7 @@ means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=
 | ``INFER_LOAD_TIMEOUT`` (``OLLAMA_LOAD_TIMEOUT``) | ``load_timeout`` | ``5m``: a runner not loaded by then is killed |
 | ``INFER_HANG_TIMEOUT`` | ``hang_timeout`` | ``5m``: a runner with work that sends no event for this long is killed |
 | ``INFER_TEST_ENGINE`` | ``test_engine`` | off: ``1`` offers the ``scripted`` engine (tests, benches) |
+| ``INFER_SPECULATIVE`` | ``speculative`` | off (``ngram:k=4``, ``draft:MODEL:k=4``; native engine) |
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ class LocalSettings(BaseSettings):
                                 description="Seconds a runner with requests in flight may go without an event.")
     test_engine: bool = Field(default=False, description="Offer the model-less 'scripted' engine (tests, benches).")
     native: NativeSettings = Field(default_factory=NativeSettings)
+    speculative: str | None = Field(
+        default=None, description="Speculative decoding in the native engine: ngram[:k=4], draft:MODEL[:k=4] or "
+        "off; a model's Modelfile 'PARAMETER speculative' overrides it, a request's 'speculative' turns it off/on.")
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative(cls, value: Any) -> Any:
+        return check_speculative(value)
 
     @field_validator("keep_alive", "load_timeout", "hang_timeout", mode="before")
     @classmethod
@@ -87,8 +96,9 @@ class LocalSettings(BaseSettings):
         values: dict[str, Any] = {}
         variables: dict[str, str] = {}
         for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length",
-                     "load_timeout", "hang_timeout", "test_engine"):
-            found = env_setting(env, name.upper(), ollama=name not in ("engine", "hang_timeout", "test_engine"))
+                     "load_timeout", "hang_timeout", "test_engine", "speculative"):
+            found = env_setting(env, name.upper(),
+                                ollama=name not in ("engine", "hang_timeout", "test_engine", "speculative"))
             if found and found != ("OLLAMA_MAX_LOADED_MODELS", "0"):  # Ollama's 0 = auto: our default
                 variables[name], values[name] = found
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -99,6 +109,33 @@ class LocalSettings(BaseSettings):
             name = str(err["loc"][0]) if err["loc"] else "settings"
             var = variables[name] if name in variables and name not in overrides else name
             raise ValueError(f"invalid {var}: {err['msg']}") from None
+
+
+SPECULATIVE_METHODS = ("ngram", "draft")
+SPECULATIVE_SWITCHES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False, "none": False}
+
+
+def check_speculative(value: Any) -> Any:
+    """A ``speculative`` setting: a method (``ngram``, ``ngram:k=4``, ``draft:MODEL:k=4``), on/off, or None.
+    The engine parses the options (``native_engine.spec_decode.config``); this checks the shape at start."""
+    if value is None or isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"speculative must be a string such as 'ngram:k=4', got {value!r}")
+    text = value.strip()
+    if text.lower() in SPECULATIVE_SWITCHES:
+        return text.lower()
+    method = text.partition(":")[0].lower()
+    if method not in SPECULATIVE_METHODS or (method == "draft" and not text.partition(":")[2]):
+        raise ValueError(f"speculative must be ngram[:k=N], draft:MODEL[:k=N], on or off; got {value!r}")
+    return text
+
+
+def speculative_switch(value: Any) -> bool | None:
+    """A request's ``speculative``: True (a method, or on), False (off), None (unset: the model's setting)."""
+    if value is None or isinstance(value, bool):
+        return value
+    return SPECULATIVE_SWITCHES.get(str(value).strip().lower(), True)
 
 
 DEFAULTS = LocalSettings.model_construct()  # the defaults, for code that has no settings at hand

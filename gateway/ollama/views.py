@@ -56,6 +56,8 @@ def final_metrics(done: Done) -> dict[str, Any]:
            "eval_count": usage.output_tokens, "eval_duration": ns(t.eval)}
     if done.truncated_messages:  # never silent: say how many old messages were dropped
         out["truncated_messages"] = done.truncated_messages
+    if t.draft_tokens:  # speculative decoding ran (llama-server's timings.draft_n / draft_n_accepted)
+        out["draft_count"], out["draft_accepted_count"] = t.draft_tokens, t.accepted_tokens
     return out
 
 

@@ -43,6 +43,8 @@ class _Metrics(BaseModel):
     eval_count: int = Field(ge=0)
     eval_duration: int = Nanoseconds
     truncated_messages: int | None = Field(default=None, description="old messages dropped to fit (\"truncate\": true)")
+    draft_count: int | None = Field(default=None, ge=0, description="speculative decoding: draft tokens verified")
+    draft_accepted_count: int | None = Field(default=None, ge=0, description="speculative decoding: drafts accepted")
     logprobs: list[TokenLogprob] | None = None
 
 

@@ -106,6 +106,7 @@ class _Sampling(_Request):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     ignore_eos: bool | None = None  # vLLM's extension, accepted as an extra body field
+    speculative: bool | str | None = None  # speculative decoding on/off for this request (native engine)
     engine: str | None = None  # which in-process engine serves the request (llamacpp, native)
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     stream: bool | None = False
@@ -133,7 +134,8 @@ class _Sampling(_Request):
         seed = None if self.seed is None else (self.seed + index) & SEED_MASK
         values = {"num_predict": num_predict, "temperature": self.temperature, "top_p": self.top_p,
                   "seed": seed, "stop": stops, "frequency_penalty": self.frequency_penalty,
-                  "presence_penalty": self.presence_penalty, "ignore_eos": self.ignore_eos}
+                  "presence_penalty": self.presence_penalty, "ignore_eos": self.ignore_eos,
+                  "speculative": self.speculative}
         return {k: v for k, v in values.items() if v is not None}
 
 

@@ -16,7 +16,9 @@
  * thread for itself on its own copy, and every op writes a buffer of its own layer, so a late thread holds
  * nobody up and catches up when it runs again. The attention reads the current
  * token's key and value from the step's qkv rows, not from the cache, so the cache write (one chunk) needs no
- * ordering either. The maths is that of LlamaModel.forward (the f32 kernels of cpu_kernels.c), up to the int16
+ * ordering either. A verify row of speculative decoding is 1 + k consecutive rows of one sequence (`verify`:
+ * each row's index in it): row j reads the keys and values of rows j - 1 .. 0 of its group from their qkv
+ * rows as well, never from the cache being written. The maths is that of LlamaModel.forward (the f32 kernels of cpu_kernels.c), up to the int16
  * rounding of matmul inputs and summation order. */
 #include <math.h>
 #include <stdint.h>
@@ -294,7 +296,7 @@ typedef struct { /* what every thread reads */
     int64_t L, T, H, nh, nkv, D, I, W, block_size, V;
     float eps, scale;
     const int64_t *positions, *slots, *w;
-    const int32_t *block_tables, *context_lens;
+    const int32_t *block_tables, *context_lens, *verify; /* verify: NULL, or each row's index in its verify row */
     const float *cos_sin, *final_norm;
     const int8_t *head_qs;
     const uint16_t *head_d16;
@@ -366,17 +368,19 @@ static void head_chunk(const void *arg, int64_t i) {
         q8_0_rows(op->x[t], op->K / 32, op->s->head_qs, op->s->head_d16, n0, n1, op->out + t * op->N + n0);
 }
 
-/* One (row, head) of the attention: the head's query (rotated) over cached positions 0 .. len - 2 and the step's
- * own key and value at len - 1, online softmax a cache block at a time. */
+/* One (row, head) of the attention: the head's query (rotated) over cached positions 0 .. len - 2 - j and the
+ * step's own keys and values at len - 1 - j .. len - 1 (j: the row's index in its verify row, else 0), read
+ * from the qkv rows t - j .. t; online softmax a cache block at a time. */
 static void attend(const step_t *s, const float *k_cache, const float *v_cache, const float *qkv_row, int64_t t,
                    int64_t h, float *out) {
-    const int64_t D = s->D, Q = s->nh * D, KV = s->nkv * D, kvh = h / (s->nh / s->nkv);
+    const int64_t D = s->D, Q = s->nh * D, KV = s->nkv * D, QKV = Q + 2 * KV, kvh = h / (s->nh / s->nkv);
     const int64_t token_stride = KV, block_stride = s->block_size * KV, len = s->context_lens[t];
+    const int64_t j_own = s->verify ? s->verify[t] : 0, first_own = len - 1 - j_own;
     const float *cs = s->cos_sin + s->positions[t] * D;
-    float q[256], k_last[256], acc[256], scores[256], m = -INFINITY, l = 0.0f;
+    float q[256], k_own[4][256], acc[256], scores[256], m = -INFINITY, l = 0.0f;
     rotate(qkv_row + h * D, cs, D, q);
-    rotate(qkv_row + Q + kvh * D, cs, D, k_last);
-    const float *v_last = qkv_row + Q + KV + kvh * D;
+    for (int64_t d = 0; d <= j_own; d++) /* k_own[d]: the key at position first_own + d, row t - j_own + d */
+        rotate(qkv_row - (j_own - d) * QKV + Q + kvh * D, s->cos_sin + s->positions[t - j_own + d] * D, D, k_own[d]);
     for (int64_t i = 0; i < D; i++) acc[i] = 0.0f;
     for (int64_t start = 0; start < len; start += s->block_size) {
         const int64_t block = s->block_tables[t * s->W + start / s->block_size];
@@ -384,7 +388,7 @@ static void attend(const step_t *s, const float *k_cache, const float *v_cache, 
         const float *kb = k_cache + block * block_stride + kvh * D, *vb = v_cache + block * block_stride + kvh * D;
         float chunk_max = -INFINITY;
         for (int64_t j = 0; j < n; j++) {
-            const float *k = start + j == len - 1 ? k_last : kb + j * token_stride;
+            const float *k = start + j >= first_own ? k_own[start + j - first_own] : kb + j * token_stride;
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
             for (int64_t i = 0; i < D; i++) dot += q[i] * k[i];
@@ -395,7 +399,9 @@ static void attend(const step_t *s, const float *k_cache, const float *v_cache, 
         l *= alpha;
         for (int64_t i = 0; i < D; i++) acc[i] *= alpha;
         for (int64_t j = 0; j < n; j++) {
-            const float p = expf(scores[j] - m_new), *v = start + j == len - 1 ? v_last : vb + j * token_stride;
+            const int64_t own = start + j - first_own;
+            const float p = expf(scores[j] - m_new);
+            const float *v = own >= 0 ? qkv_row - (j_own - own) * QKV + Q + KV + kvh * D : vb + j * token_stride;
             l += p;
 #pragma omp simd
             for (int64_t i = 0; i < D; i++) acc[i] += p * v[i];
@@ -462,7 +468,7 @@ static void run_step(const step_t *s, own_t *own) {
 }
 
 /* 1 <= T <= 4 one-token rows (decode only). hidden [T, H]: the token embeddings in, the final-norm output out;
- * logits [T, V] (or NULL: no head). Per layer, `w` holds 17 pointers: qkv (qs, d16, m16, bias or 0), o (qs, d16,
+ * logits [T, V] (or NULL: no head); verify: NULL, or each row's index in its verify row (at most 3). Per layer, `w` holds 17 pointers: qkv (qs, d16, m16, bias or 0), o (qs, d16,
  * m16), gate_up (qs, d16, m16), down (qs, d16, m16), input norm, post-attention norm, k cache, v cache (the
  * caches [num_blocks, block_size, nkv, D] float32). Needs N even for every matrix, H, nh * D, I <= 16384 and
  * N <= 32 * MAX_CHUNKS for the linears (cpu_decode.py checks). */
@@ -470,7 +476,7 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
                        const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
                        int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
                        const int64_t *w, const float *final_norm, float scale, const int8_t *head_qs,
-                       const uint16_t *head_d16, int64_t V, float *logits, int num_threads) {
+                       const uint16_t *head_d16, int64_t V, float *logits, const int32_t *verify, int num_threads) {
     static __thread void *shared_buf;
     static __thread size_t shared_cap;
     const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L + 1;
@@ -480,7 +486,7 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
     int64_t *progress;
     const int32_t gen = step_begin(ops * MAX_CHUNKS, num_threads, &flags, &progress);
     step_t s = {L, T, H, nh, nkv, D, I, W, block_size, V, eps, scale, positions, slots, w, block_tables,
-                context_lens, cos_sin, final_norm, head_qs, head_d16, hidden, head_qs ? logits : NULL,
+                context_lens, verify, cos_sin, final_norm, head_qs, head_d16, hidden, head_qs ? logits : NULL,
                 buf, buf + L * T * QKV, buf + L * T * (QKV + Q), buf + L * T * (QKV + Q + H),
                 buf + L * T * (QKV + Q + H + I), flags, gen, num_threads, progress};
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);

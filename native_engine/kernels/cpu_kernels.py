@@ -76,7 +76,7 @@ def library() -> ctypes.CDLL | None:
     lib.llama_decode.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P, _P,
                                  ctypes.c_float, _INT)
     lib.llama_decode_rows.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P, _P,
-                                      ctypes.c_float, _P, _P, _I64, _P, _INT)
+                                      ctypes.c_float, _P, _P, _I64, _P, _P, _INT)
     lib.dequantize_blocks.argtypes = (_P, _P, _P, _I64, _I64, _P, _INT)
     for fn in (lib.dequantize_blocks, lib.llama_decode, lib.llama_decode_rows, lib.q4_1_matmul, lib.q8_0_matmul, lib.add_rms_norm, lib.paged_attention_decode, lib.rotary_neox,
                lib.cache_write, lib.silu_and_mul):

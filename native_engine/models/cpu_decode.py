@@ -13,6 +13,11 @@ same maths as `LlamaModel.forward` in C for batches of one-token rows:
   at a time, one OpenMP region per step as above) when every linear has tiled blocks and the shape is served
   (`cpu_batch.serves_decode_batch`), else `llama_decode` (cpu_kernels.c); the LM head stays in Python.
 
+Verify steps of speculative decoding (a row's last token and its drafts, `ctx.verify_offsets`) take
+`llama_decode_batch` from two query rows on: its cost hardly grows with the rows (1-thread SmolLM2, 5
+rows: ~1.3x one row's step) where `llama_decode_rows` grows ~linearly; `llama_decode_rows` serves them too
+(each query reads its verify row's earlier keys from their qkv rows) where the tiled kernel is missing.
+
 Prefill chunks, other dtypes and weights that are not Q4_1 blocks keep the module path.
 """
 
@@ -76,7 +81,8 @@ class CPUDecodeStack:
                 tables.data_ptr(), lens.data_ptr(), tables.shape[1], h, nh, nkv, d, inter, self.model.norm.eps,
                 rotary.data_ptr(), attn.k_cache.shape[1])
         lib = cpu_kernels.library()
-        if (self.batch_pointers is not None and hidden.shape[0] >= max(ROWS_MAX + 1, cpu_batch.MIN_ROWS)
+        rows_for_batch = max(ROWS_MAX + 1, cpu_batch.MIN_ROWS) if ctx.verify_offsets is None else 2
+        if (self.batch_pointers is not None and hidden.shape[0] >= rows_for_batch
                 and cpu_batch.serves_decode_batch(hidden.shape[0], h, nh, nkv, d, inter)):
             cpu_batch.library().llama_decode_batch(*args, self.batch_pointers.data_ptr(),
                                                    self.model.norm.weight.data_ptr(), attn.scale,
@@ -90,8 +96,10 @@ class CPUDecodeStack:
         if self.head is not None:
             logits = torch.empty(hidden.shape[0], self.head.qs.shape[0])
             head = (self.head.qs.data_ptr(), self.head_d16.data_ptr(), self.head.qs.shape[0])
+        verify = ctx.verify_offsets  # verify rows: queries that read this step's keys from their qkv rows
         lib.llama_decode_rows(*args, self.rows[0].data_ptr(), self.model.norm.weight.data_ptr(), attn.scale, *head,
-                              None if logits is None else logits.data_ptr(), torch.get_num_threads())
+                              None if logits is None else logits.data_ptr(),
+                              None if verify is None else verify.data_ptr(), torch.get_num_threads())
         ctx.logits = logits
         return hidden
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_bench_quick_runs_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "native_gpu.py"), "--quick", "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "native_gpu.py"), "--quick", "--speculative", "--json", str(out)],
                           capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -32,3 +32,7 @@ def test_gpu_bench_quick_runs_on_cpu(tmp_path):
         assert p["wall_us"] > 0 and p["busy_us"] > 0 and p["kernels_per_step"] > 0 and len(p["top"]) == 8, p
     assert {row["name"] for row in profile["gemv"]} >= {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
     assert "sampled / greedy" in proc.stdout and "ours/hf" in proc.stdout and "kernels/step" in proc.stdout
+    spec = res["speculative"]
+    assert "error" not in spec, spec
+    assert spec["greedy_equal"] and spec["plain_tok_s"] > 0 and spec["spec_tok_s"] > 0
+    assert "speculative ngram:k=4, batch 1 greedy" in proc.stdout

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from registry.details import ModelDetails
@@ -26,7 +27,8 @@ from adapters.core.errors import BackendUnavailable, InvalidRequest, ModelNotFou
 from adapters.prompting.reasoning import reasoning
 from adapters.tools.local import tool_calling
 from adapters.core.options import Options, check_prompt_bytes, check_room, check_token_ids, resolve_options
-from adapters.core.settings import DEFAULTS, LocalSettings, NativeSettings
+from adapters.core.settings import (DEFAULTS, SPECULATIVE_SWITCHES, LocalSettings, NativeSettings,
+                                    speculative_switch)
 from adapters.local.store_models import gguf_path, model_details, store_models
 
 _ids = itertools.count()
@@ -127,7 +129,8 @@ class NativeBackend:
 
         context = min(options.num_ctx, details.gguf.context_length or options.num_ctx)
         try:
-            llm = LLMEngine(engine_config(self.settings.native, str(model_path), context))
+            config = engine_config(self.settings.native, str(model_path), context, self._speculative(details))
+            llm = LLMEngine(config)
         except (ValueError, NotImplementedError) as exc:
             raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
         tok = llm.tokenizer
@@ -136,6 +139,22 @@ class NativeBackend:
         spec = PromptSpec.from_details(details, bos_token=bos, eos_token=eos)
         return _Loaded(details.name.display, details.digest, model_path.stat().st_size,
                        AsyncLLMEngine(llm), spec)
+
+    def _speculative(self, details: ModelDetails) -> str | None:
+        """The model's method: its Modelfile's PARAMETER speculative, else the server's setting ("on": n-gram);
+        a draft named by its store name is resolved to its GGUF file."""
+        value = details.parameters.get("speculative") or self.settings.speculative
+        if not speculative_switch(value):
+            return None
+        if value in SPECULATIVE_SWITCHES:
+            return "ngram"
+        if not value.startswith("draft:"):
+            return value
+        model, sep, opts = value.removeprefix("draft:").rpartition(":")
+        if "=" not in opts:
+            model, sep, opts = value.removeprefix("draft:"), "", ""
+        path = model if Path(model).exists() else str(gguf_path(self.details(model), "a draft model"))
+        return f"draft:{path}{sep}{opts}"
 
     def _release(self, entry: _Loaded, keep_alive: float | None) -> None:
         entry.active -= 1
@@ -197,6 +216,11 @@ class NativeBackend:
                 self._drop(entry)
             return True
 
+    def spec_decode_stats(self) -> dict[str, dict]:
+        """Each loaded model's speculative decoding counters (models that never speculated are left out)."""
+        stats = {e.name: e.engine.engine.spec_decode_stats() for e in list(self._loaded.values())}
+        return {name: s for name, s in stats.items() if s}
+
     async def health(self) -> Health:
         return Health(ok=True, detail=f"{len(self._loaded)} model(s) loaded")
 
@@ -256,11 +280,12 @@ def _encode(tokenizer, spec: PromptSpec, text: str) -> list[int]:
     return tokenizer.encode(text, add_bos=add_bos)
 
 
-def engine_config(native: NativeSettings, model_path: str, max_model_len: int):
-    """One model's ``EngineConfig``: the settings tree's native knobs, the model's path and its context."""
+def engine_config(native: NativeSettings, model_path: str, max_model_len: int, speculative: str | None = None):
+    """One model's ``EngineConfig``: the settings tree's native knobs, the model's path, its context and its
+    speculative decoding method."""
     from native_engine import EngineConfig
 
-    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.given())
+    return EngineConfig(model=model_path, max_model_len=max_model_len, speculative=speculative, **native.given())
 
 
 def sampling_params(options: Options, request: GenerationRequest, room: int):
@@ -273,7 +298,7 @@ def sampling_params(options: Options, request: GenerationRequest, room: int):
         frequency_penalty=options.frequency_penalty, seed=options.seed if options.seed >= 0 else None,
         max_tokens=max(1, min(wanted, room)), stop=list(options.stop), ignore_eos=options.ignore_eos,
         logprobs=request.top_logprobs if request.logprobs else None,
-        structured_outputs=structured_outputs(request.format),
+        structured_outputs=structured_outputs(request.format), speculative=speculative_switch(options.speculative),
     )
 
 
@@ -312,6 +337,7 @@ def _done(out, prompt: list[int], output: list[int], timings: Timings, request: 
         timings.prompt_eval = (m.first_token_time or arrival) - (m.first_scheduled_time or arrival)
         timings.eval = (m.last_token_time or arrival) - (m.first_token_time or arrival)
         timings.token_times = [t - arrival for t in m.token_times]
+        timings.draft_tokens, timings.accepted_tokens = m.num_draft_tokens, m.num_accepted_tokens
         timings.ttft = timings.token_times[0] if timings.token_times else None
         reason = out.outputs[0].finish_reason
     timings.total = time.perf_counter() - request.arrival

@@ -56,3 +56,22 @@ def test_padded_rows_write_nothing(make_engine, prompts):
     unused = [b for b in range(kv.shape[2]) if b not in used]
     assert kv[:, :, used].abs().sum() > 0 and kv[:, :, unused].abs().sum() == 0  # a slot of -1 wrote nowhere
     assert_all_blocks_free(engine)
+
+
+def test_verify_steps_run_as_graph_steps(make_engine, prompts):
+    """A decode-only step with verify rows (1 + k query tokens each) takes the bucket of its query tokens;
+    the expanded tables and context lengths give the eager tokens."""
+    base = prompts([6, 11], seed=92)
+    batch = [p + p + p for p in base]  # repeats: n-gram lookup proposes from the first decode step on
+    eager = token_ids(make_engine().generate(batch, greedy(24)))
+    engine = make_engine(speculative="ngram:k=3,adaptive=off")
+    runner = engine.model_runner
+    runner.graphs = EagerGraphs(runner.model, 8, runner.inputs.max_blocks, engine.model_config.hidden_size,
+                                engine.device, engine.dtype)
+    seen, prepare = [], runner.prepare_inputs
+    runner.prepare_inputs = lambda ordered: (step := prepare(ordered), seen.append(
+        (step.graph_bs, sum(s.num_spec_tokens for s in ordered))))[0]
+    assert token_ids(engine.generate(batch, greedy(24))) == eager
+    assert engine.spec_decode_stats()["num_drafts"] > 0
+    assert any(bs is not None and drafts > 0 for bs, drafts in seen)  # verify steps replayed a graph
+    assert_all_blocks_free(engine)

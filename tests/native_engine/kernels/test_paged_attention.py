@@ -103,3 +103,19 @@ def test_dispatcher_matches_reference_on_cpu():  # the C kernel (f32) or the ref
     inputs = make_inputs([5, 20], 4, 2, 32, torch.float32, "cpu")
     torch.testing.assert_close(paged_attention_decode(*inputs, 0.2), paged_attention_decode_ref(*inputs, 0.2),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_verify_rows(device, dtype):
+    """Speculative decoding's verify rows: 1 + k queries of one sequence, its block table repeated, context
+    lengths c + 1 .. c + 1 + k (query j sees the drafts before it), beside an ordinary decode row."""
+    c, k = 29, 4
+    query, k_cache, v_cache, tables, _ = make_inputs([c + 1 + k, 9], 4, 2, 64, dtype, device)
+    rows = torch.tensor([0] * (k + 1) + [1], device=tables.device)
+    lens = torch.tensor([c + 1 + j for j in range(k + 1)] + [9], dtype=torch.int32, device=tables.device)
+    q = randn(k + 2, 4, 64, dtype=dtype, device=device, seed=5)
+    inputs = (q, k_cache, v_cache, tables.index_select(0, rows).contiguous(), lens)
+    check_triton(inputs, dtype)
+    scale = 64**-0.5
+    torch.testing.assert_close(paged_attention_decode_triton(*inputs, scale),
+                               paged_attention_sdpa_naive(*inputs, scale), **tolerances(dtype))
