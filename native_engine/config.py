@@ -46,6 +46,9 @@ class EngineConfig:
     cpu_fp16_small_batch: bool = True  # bf16 on CPU: fp16 weight copies for 1-2 row batches (faster GEMV)
     cpu_int4_matmul: bool = True  # f32 on CPU: weights that are exactly 4/8-bit GGUF blocks run as int4 matmuls
     load_format: str = "auto"  # "dummy": config and tokenizer from `model`, weights drawn on the device (vLLM's)
+    tensor_parallel_size: int = 1  # ranks the model is split over (Megatron-LM): gloo on CPU, NCCL on CUDA
+    distributed_init_method: str | None = None  # file://PATH or tcp://HOST:PORT where ranks started by
+    # someone else (the gateway) meet; None: the engine starts ranks 1..N-1 itself
 
     def __post_init__(self) -> None:
         model = self.model
@@ -59,6 +62,9 @@ class EngineConfig:
         _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1, optional=True)
         _check_int("num_threads", self.num_threads, 1, optional=True)
         _check_int("seed", self.seed, 0)
+        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        _check(self.distributed_init_method is None or str(self.distributed_init_method).startswith(("file://", "tcp://")),
+               f"distributed_init_method must be file://PATH or tcp://HOST:PORT, got {self.distributed_init_method!r}")
         _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         _check_fraction("kv_cache_fraction_cpu", self.kv_cache_fraction_cpu)
         _check(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")

@@ -1,6 +1,9 @@
 """A step's model inputs, written in place into buffers allocated once (pinned on CUDA) and sent to the
 device with non-blocking copies; on CPU the model reads the host buffers themselves.
 
+A step is first a `StepPlan` (numpy: token ids, row starts and lengths, block tables), then tensors
+(`build`); a tensor-parallel group broadcasts the plan, so every rank builds the same tensors from it.
+
 Two layouts:
 - eager steps: int64 [input_ids n | positions n | slot_mapping n | context_lens d | sample_indices s],
   then the block tables int32 [rows, width] (decodes first, then the prefill chunks): two copies a step.
@@ -20,6 +23,36 @@ import numpy as np
 import torch
 
 from .forward_context import Context, PrefillChunk
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One step's numbers before they become tensors: what rank 0 of a tensor-parallel group broadcasts
+    (`to_array` / `from_array`), so that every rank builds the same inputs from it."""
+
+    ids: np.ndarray  # [n] int64: the tokens computed this step, row after row
+    starts: np.ndarray  # [rows] int64: each row's first position
+    counts: np.ndarray  # [rows] int64: tokens each row computes (one-token rows first)
+    sampled: np.ndarray  # [rows] bool: the row samples (its last token's logits are needed)
+    table_lens: np.ndarray  # [rows] int64: blocks in each row's table
+    tables: np.ndarray  # [rows, width] int32, -1 padded
+    graph_bs: int | None = None  # the CUDA graph bucket that runs this step, if any
+
+    _HEADER = 4  # rows, width, n, graph_bs (-1: eager)
+
+    def to_array(self) -> np.ndarray:
+        rows, width = self.tables.shape
+        header = [rows, width, len(self.ids), -1 if self.graph_bs is None else self.graph_bs]
+        return np.concatenate([np.array(header, np.int64), self.ids, self.starts, self.counts,
+                               self.sampled.astype(np.int64), self.table_lens, self.tables.reshape(-1)])
+
+    @classmethod
+    def from_array(cls, flat: np.ndarray) -> StepPlan:
+        rows, width, n, graph_bs = (int(v) for v in flat[: cls._HEADER])
+        parts = np.split(flat[cls._HEADER :], np.cumsum([n, rows, rows, rows, rows]))
+        ids, starts, counts, sampled, table_lens, tables = parts
+        return cls(ids, starts, counts, sampled.astype(bool), table_lens,
+                   tables.astype(np.int32).reshape(rows, width), None if graph_bs < 0 else graph_bs)
 
 
 @dataclass(slots=True)
@@ -58,37 +91,54 @@ class InputBuffers:
                 ) -> StepInputs:
         """`ordered`: one-token (decode) rows first, then prefill chunks. With `graph_bs`, a decode-only
         step whose int64 inputs go into `graph_inputs` ([4, max_bs] on the device)."""
+        return self.build(self.plan(ordered, graph_bs), graph_inputs)
+
+    def plan(self, ordered: list, graph_bs: int | None = None) -> StepPlan:
+        """The step's numbers from the scheduled rows (the block tables straight into the host buffer)."""
         rows = len(ordered)
         assert rows <= self.max_rows, f"{rows} rows, buffers sized for {self.max_rows}"
         starts = np.empty(rows, np.int64)
         counts = np.empty(rows, np.int64)
+        table_lens = np.empty(rows, np.int64)
         ids: list[int] = []
-        width = max(len(s.seq.block_table) for s in ordered)
-        assert width <= self.max_blocks, f"a block table of {width} blocks, buffers sized for {self.max_blocks}"
-        tables = self.host_tables[: rows * width].numpy().reshape(rows, width)
-        tables.fill(-1)
+        tables = self._tables(rows, max(len(s.seq.block_table) for s in ordered))
         for r, s in enumerate(ordered):
             seq = s.seq
             start = seq.num_computed_tokens
-            starts[r], counts[r] = start, s.num_new_tokens
+            starts[r], counts[r], table_lens[r] = start, s.num_new_tokens, len(seq.block_table)
             ids += seq.token_ids[start : start + s.num_new_tokens]
             tables[r, : len(seq.block_table)] = seq.block_table
-        num_decodes = int(np.count_nonzero(counts == 1)) if graph_bs is None else rows
+        sampled = np.array([s.should_sample for s in ordered], dtype=bool)
+        return StepPlan(np.array(ids, np.int64), starts, counts, sampled, table_lens, tables, graph_bs)
+
+    def _tables(self, rows: int, width: int) -> np.ndarray:
+        assert width <= self.max_blocks, f"a block table of {width} blocks, buffers sized for {self.max_blocks}"
+        tables = self.host_tables[: rows * width].numpy().reshape(rows, width)
+        tables.fill(-1)
+        return tables
+
+    def build(self, plan: StepPlan, graph_inputs: torch.Tensor | None = None) -> StepInputs:
+        """The step's tensors from its plan (made here by `plan`, or received by a tensor-parallel rank)."""
+        rows, width = plan.tables.shape
+        host_tables = self.host_tables[: rows * width].numpy().reshape(rows, width)
+        if not np.shares_memory(host_tables, plan.tables):
+            host_tables[:] = plan.tables
+        starts, counts = plan.starts, plan.counts
+        num_decodes = int(np.count_nonzero(counts == 1)) if plan.graph_bs is None else rows
         token_rows = np.repeat(np.arange(rows), counts)
         offsets = np.cumsum(counts) - counts  # first token of each row in the flat batch
-        positions = np.repeat(starts - offsets, counts) + np.arange(len(ids))
-        slots = tables[token_rows, positions // self.block_size].astype(np.int64) * self.block_size \
+        positions = np.repeat(starts - offsets, counts) + np.arange(len(plan.ids))
+        slots = host_tables[token_rows, positions // self.block_size].astype(np.int64) * self.block_size \
             + positions % self.block_size
         dev_tables = self._send(self.host_tables, self.dev_tables, rows * width).view(rows, width)
-        if graph_bs is not None:
-            return self._graph_inputs(ids, positions, slots, starts + 1, dev_tables, graph_bs, graph_inputs)
-        return self._eager_inputs(ordered, ids, positions, slots, starts, counts, offsets, dev_tables, num_decodes)
+        if plan.graph_bs is not None:
+            return self._graph_inputs(plan.ids, positions, slots, starts + 1, dev_tables, plan.graph_bs, graph_inputs)
+        return self._eager_inputs(plan, positions, slots, offsets, dev_tables, num_decodes)
 
-    def _eager_inputs(self, ordered, ids, positions, slots, starts, counts, offsets, dev_tables,
-                      num_decodes: int) -> StepInputs:
+    def _eager_inputs(self, plan: StepPlan, positions, slots, offsets, dev_tables, num_decodes: int) -> StepInputs:
+        ids, starts, counts = plan.ids, plan.starts, plan.counts
         n, host = len(ids), self.host.numpy()
-        sampled = np.array([s.should_sample for s in ordered], dtype=bool)
-        sample_rows = (offsets + counts - 1)[sampled]
+        sample_rows = (offsets + counts - 1)[plan.sampled]
         s = len(sample_rows)
         host[:n], host[n : 2 * n], host[2 * n : 3 * n] = ids, positions, slots
         host[3 * n : 3 * n + num_decodes] = starts[:num_decodes] + 1
@@ -98,12 +148,12 @@ class InputBuffers:
         if num_decodes:
             ctx.block_tables, ctx.context_lens = dev_tables[:num_decodes], dev[3 * n : 3 * n + num_decodes]
         ends = starts + counts
-        for r in range(num_decodes, len(ordered)):
-            chunk_table = dev_tables[r, : len(ordered[r].seq.block_table)]
+        for r in range(num_decodes, len(counts)):
+            chunk_table = dev_tables[r, : int(plan.table_lens[r])]
             ctx.prefills.append(PrefillChunk(int(offsets[r]), int(counts[r]), int(ends[r]), chunk_table))
         if s < n:  # else every token is sampled: the LM head takes all rows
             ctx.sample_indices = dev[3 * n + num_decodes : 3 * n + num_decodes + s]
-        return StepInputs(dev[:n], dev[n : 2 * n], ctx, len(ordered))
+        return StepInputs(dev[:n], dev[n : 2 * n], ctx, len(counts))
 
     def _graph_inputs(self, ids, positions, slots, lens, dev_tables, bs: int, graph_inputs: torch.Tensor
                       ) -> StepInputs:

@@ -13,8 +13,9 @@ from . import platform
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
-from .loader import load_checkpoint
-from .model_runner import ModelRunner, bytes_per_token
+from .distributed.parallel_state import start_engine_group, stop_engine_group
+from .model_loading import build_runner, read_checkpoint
+from .model_runner import bytes_per_token
 from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -36,48 +37,43 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, group=None) -> None:
+        """`group`: a `TensorParallelGroup` of `config.tensor_parallel_size` ranks to run on (tests share one
+        across engines); without it an engine with more than one rank starts its own (see `config.py`)."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = platform.resolve_device(config.device)
-        keep_q4_1 = self.device.type == "cpu" and config.cpu_int4_matmul  # for the int4 matmuls (f32 only)
-        with platform.loading_threads(self.device):
-            model_config, weights, self.tokenizer = load_checkpoint(config.model, self._compute_dtype, keep_q4_1,
-                                                                    config.load_format)
-            self.model_config, self.dtype = model_config, self._compute_dtype(model_config)
-            self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
-                                     model_config.max_position_embeddings)
-            self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
-        self.model_runner.allocate_kv_cache(self._kv_budget())
-        self.model_runner.capture_cudagraphs(self.max_model_len)
-        self.model_runner.structured = StructuredOutputManager(self.tokenizer, model_config.vocab_size, self.device)
+        checkpoint = read_checkpoint(config, self.device)
+        self.model_config, self.dtype, self.tokenizer = checkpoint.model_config, checkpoint.dtype, checkpoint.tokenizer
+        self.max_model_len = checkpoint.max_model_len
+        self.tp, self._owns_group = start_engine_group(config, self.device, group)
+        try:
+            self.model_runner = build_runner(config, checkpoint, self.device, self.tp)
+        except BaseException:
+            self.close()
+            raise
+        self.model_runner.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
+                                                               self.device)
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
+        self.scheduler = Scheduler(config, blocks, self.model_config.eos_token_ids, max_model_len=self.max_model_len)
         self.requests: dict[str, _Request] = {}
         stats = self.stats()
-        log.info("native engine: %s on %s, KV cache %d blocks x %d tokens = %d tokens at %d bytes/token",
-                 self.dtype, self.device, stats["num_kvcache_blocks"], config.block_size,
-                 stats["kv_capacity_tokens"], stats["kv_bytes_per_token"])
+        log.info("native engine: %s on %s%s, KV cache %d blocks x %d tokens = %d tokens at %d bytes/token",
+                 self.dtype, self.device, f" x {config.tensor_parallel_size} ranks" if self.tp else "",
+                 stats["num_kvcache_blocks"], config.block_size, stats["kv_capacity_tokens"],
+                 stats["kv_bytes_per_token"])
 
     @classmethod
     def from_model(cls, model: str, **kwargs) -> LLMEngine:
         """`LLMEngine.from_model(path, max_num_seqs=16, ...)`: keyword arguments are `EngineConfig` fields."""
         return cls(EngineConfig(model=str(model), **kwargs))
 
-    def _compute_dtype(self, model_config) -> torch.dtype:
-        return platform.resolve_dtype(self.config.dtype, self.device, model_config.torch_dtype)
-
-    def _kv_budget(self) -> int:
-        """Explicit bytes, else a share of free memory, never more than every sequence at full length needs."""
-        if self.config.kv_cache_memory_bytes is not None:
-            return self.config.kv_cache_memory_bytes
-        per_token = bytes_per_token(self.model_config, self.dtype)
-        needed = per_token * (self.max_model_len + self.config.block_size) * self.config.max_num_seqs
-        if self.device.type == "cuda":
-            return min(needed, platform.gpu_kv_budget(self.device, self.config.gpu_memory_utilization,
-                                                      self.model_runner.profile_run))
-        return min(needed, platform.cpu_kv_budget(self.config.kv_cache_fraction_cpu))
+    def close(self) -> None:
+        """Ends the ranks of a tensor-parallel group (a shared group only unloads the model); idempotent."""
+        tp, self.tp = getattr(self, "tp", None), None
+        if tp is not None:
+            stop_engine_group(tp, self._owns_group)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -224,7 +220,7 @@ class LLMEngine:
             "num_kvcache_blocks": blocks.num_total_blocks,
             "num_free_blocks": blocks.num_free_blocks,
             "kv_capacity_tokens": blocks.num_total_blocks * self.config.block_size,
-            "kv_bytes_per_token": bytes_per_token(self.model_config, self.dtype),
+            "kv_bytes_per_token": bytes_per_token(self.model_config, self.dtype),  # the whole model's, all ranks
             "kv_usage": blocks.usage,
         }
 

@@ -1,5 +1,9 @@
 """Builds the model, owns the paged KV cache, turns scheduled sequences into tensors, runs
-the forward pass and samples."""
+the forward pass and samples.
+
+In a tensor-parallel group (`tp`) every rank has a runner with its shard of the model and its own KV
+cache (its KV heads, the same blocks); rank 0's `run` broadcasts the step's plan (`send_step`) and samples,
+the other ranks `execute` the plans they receive (`distributed/worker.py`)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from .cuda_graph import DecodeGraphs
 from .layers.attention import Attention
 from .layers.embed_head import LMHead, VocabEmbedding
 from .layers.linear import finish_loading, use_small_batch_weights
-from .input_batch import InputBuffers, StepInputs
+from .distributed.parallel_state import Kind
+from .input_batch import InputBuffers, StepInputs, StepPlan
 from .sample import SampledToken, Sampler, SamplingMetadata, SamplingState
 from .structured_output import StructuredOutputManager
 from .models import model_class
@@ -40,10 +45,11 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.from_numpy(np.zeros(shape, dtype=torch.empty((), dtype=dtype).numpy().dtype))
 
 
-def bytes_per_token(model_config, dtype: torch.dtype) -> int:
-    """KV bytes per token: 2 (K and V) x layers x kv heads x head dim x dtype bytes."""
+def bytes_per_token(model_config, dtype: torch.dtype, num_kv_heads: int | None = None) -> int:
+    """KV bytes per token: 2 (K and V) x layers x kv heads (a rank's, when given) x head dim x dtype bytes."""
     element = torch.empty((), dtype=dtype).element_size()
-    return 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim * element
+    heads = model_config.num_kv_heads if num_kv_heads is None else num_kv_heads
+    return 2 * model_config.num_layers * heads * model_config.head_dim * element
 
 
 def decode_first(scheduled: list) -> list:
@@ -53,10 +59,11 @@ def decode_first(scheduled: list) -> list:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config, weights: Iterable, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, tp=None) -> None:
         self.config, self.model_config, self.device, self.dtype = config, model_config, device, dtype
+        self.tp = tp  # TensorParallelGroup, None alone
         with torch.device(device), _default_dtype(dtype):
-            self.model = model_class(model_config.architecture)(model_config)
+            self.model = model_class(model_config.architecture)(model_config, tp)
         if weights is None:
             dummy_weights(self.model, config.seed)
         else:
@@ -67,7 +74,8 @@ class ModelRunner:
             self.extra_weight_bytes = use_small_batch_weights(self.model)
         self.int4_weight_bytes = self._finish_loading(device.type == "cpu" and dtype == torch.float32
                                                       and config.cpu_int4_matmul)
-        self.block_bytes = config.block_size * bytes_per_token(model_config, dtype)
+        self.num_kv_heads = self.model.shard.kv_heads.size  # this rank's
+        self.block_bytes = config.block_size * bytes_per_token(model_config, dtype, self.num_kv_heads)
         self.num_kvcache_blocks = 0
         self.kv_cache = torch.empty(0)
         self.sampler = Sampler()
@@ -92,15 +100,19 @@ class ModelRunner:
         return packed + (head.use_packed_weights(source) if int4 else 0)
 
     def allocate_kv_cache(self, num_bytes: int) -> int:
-        """One tensor [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets its K and V views."""
+        """One tensor [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets its K and V views.
+        In a group every rank gets the blocks the tightest rank can hold (one block table for all)."""
         mc = self.model_config
         self.num_kvcache_blocks = max(num_bytes // self.block_bytes, 0)
-        shape = (2, mc.num_layers, self.num_kvcache_blocks, self.config.block_size, mc.num_kv_heads, mc.head_dim)
+        if self.tp is not None:
+            self.num_kvcache_blocks = self.tp.min_int(self.num_kvcache_blocks)
+        shape = (2, mc.num_layers, self.num_kvcache_blocks, self.config.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_cache = _zeros(shape, self.dtype, self.device)
         layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
-        if self.device.type == "cpu" and hasattr(self.model, "model") and hasattr(self.model.model, "use_cpu_decode"):
+        if (self.device.type == "cpu" and self.tp is None and hasattr(self.model, "model")
+                and hasattr(self.model.model, "use_cpu_decode")):
             self.model.model.use_cpu_decode(getattr(self.model, "lm_head", None))  # decode steps in one C call
         return self.num_kvcache_blocks
 
@@ -122,7 +134,7 @@ class ModelRunner:
     def profile_run(self) -> None:
         """A forward over the step token budget without the cache: the activation peak for KV sizing."""
         n = min(self.config.max_num_batched_tokens, self.model_config.max_position_embeddings)
-        self.score([0] * n)
+        self._score([0] * n)  # every rank of a group runs it at the same point of its start
 
     def weight_bytes(self) -> int:
         """Bytes of the weights as computed with: dense parameters plus int4 packed ones."""
@@ -147,14 +159,11 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = ()) -> dict[int, list[SampledToken]]:
         """Forward the scheduled chunks; returns `num_samples` tokens for each sequence that samples."""
-        self.copy_blocks(list(blocks_to_copy))
         ordered = decode_first(scheduled)
-        step = self.prepare_inputs(ordered)
-        if step.graph_bs is not None:
-            hidden = self.graphs.run(step.graph_bs, step.ctx)
-        else:
-            hidden = self.model(step.input_ids, step.positions, step.ctx)
-        logits = self.model.compute_logits(hidden, step.ctx)  # launched; the host work below overlaps it on GPU
+        plan = self.inputs.plan(ordered, self._graph_bucket(ordered))
+        if self.tp is not None:
+            self.send_step(plan, blocks_to_copy)
+        logits = self.execute(plan, blocks_to_copy)  # launched; the host work below overlaps it on GPU
         rows = [(s.seq, i) for s in ordered if s.should_sample for i in range(s.num_samples)]
         if not rows:
             return {}
@@ -171,6 +180,29 @@ class ModelRunner:
             tokens.setdefault(seq.seq_id, []).append(token)
         return tokens
 
+    def send_step(self, plan: StepPlan, blocks_to_copy) -> None:
+        """Rank 0 of a group: the step's plan to the other ranks, in one message."""
+        copies = np.asarray(list(blocks_to_copy), np.int64).reshape(-1)
+        self.tp.send_plan(Kind.RUN, np.concatenate([[len(copies) // 2], copies, plan.to_array()]))
+
+    @staticmethod
+    def step_from(payload: np.ndarray) -> tuple[StepPlan, list[tuple[int, int]]]:
+        num_copies = int(payload[0])
+        pairs = payload[1 : 1 + 2 * num_copies].reshape(-1, 2).tolist()
+        return StepPlan.from_array(payload[1 + 2 * num_copies :]), [tuple(p) for p in pairs]
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan, blocks_to_copy=()) -> torch.Tensor | None:
+        """Every rank's share of a step: block copies, inputs, forward, logits of the sampled rows (rank 0:
+        the whole vocabulary's; the other ranks: None)."""
+        self.copy_blocks(list(blocks_to_copy))
+        step = self.inputs.build(plan, None if plan.graph_bs is None else self.graphs.inputs)
+        if step.graph_bs is not None:
+            hidden = self.graphs.run(step.graph_bs, step.ctx)
+        else:
+            hidden = self.model(step.input_ids, step.positions, step.ctx)
+        return self.model.compute_logits(hidden, step.ctx)
+
     def _sampling_metadata(self, keys: list[tuple[str, int]], rows: list) -> SamplingMetadata:
         slots = [self.sampling.slot(key, seq.sampling_params, seq.prompt_token_ids, seq.completion_token_ids)
                  for key, (seq, _) in zip(keys, rows, strict=True)]
@@ -186,9 +218,14 @@ class ModelRunner:
             pairs = [(key, seq.sampling_params) for key, (seq, _) in zip(keys, rows, strict=True)]
             self.structured.accept(pairs, [t.token_id for t in sampled])
 
-    @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:
         """Logits at every position of one prompt ([n, V] float32), computed without the KV cache."""
+        if self.tp is not None:
+            self.tp.send_plan(Kind.SCORE, np.asarray(token_ids, np.int64))
+        return self._score(token_ids)
+
+    @torch.inference_mode()
+    def _score(self, token_ids: list[int]) -> torch.Tensor | None:
         n = len(token_ids)
         ctx = Context(prefills=[PrefillChunk(0, n, n, torch.empty(0, dtype=torch.int32))])
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
