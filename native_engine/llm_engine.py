@@ -81,6 +81,8 @@ class LLMEngine:
                     priority: int = 0, arrival_time: float | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
+        if self.tp is not None:
+            self.tp.check()
         params = params or SamplingParams()
         token_ids = self._encode(prompt)
         self._check_prompt(token_ids, params)

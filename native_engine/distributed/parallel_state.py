@@ -96,6 +96,7 @@ class TensorParallelGroup:
     init_method: str = ""
     workers: list[subprocess.Popen] = field(default_factory=list)  # the ranks this process started
     stats: CollectiveStats = field(default_factory=CollectiveStats)
+    failure: str | None = None  # why a collective failed: the group is broken for good
     closed: bool = False
 
     @property
@@ -141,7 +142,21 @@ class TensorParallelGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place."""
-        return self._timed(x, lambda: self.device_group.allreduce([x]).wait())
+        return self._timed(x, lambda: self._wait(lambda: self.device_group.allreduce([x])))
+
+    def _wait(self, collective) -> None:
+        """Start a collective and wait for its end; a rank that died or hung breaks the group for good."""
+        self.check()
+        try:
+            collective().wait()
+        except RuntimeError as exc:
+            self.failure = self.failure or str(exc).splitlines()[0]
+            raise RuntimeError(f"a tensor-parallel rank failed ({self.failure}); the group must be restarted") \
+                from exc
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise RuntimeError(f"a tensor-parallel rank failed ({self.failure}); the group must be restarted")
 
     def gather_rows(self, local: torch.Tensor, widths: list[int]) -> torch.Tensor | None:
         """[S, widths[rank]] from every rank -> [S, sum(widths)] on rank 0 (None elsewhere). Each rank sends
@@ -153,7 +168,7 @@ class TensorParallelGroup:
         options = dist.GatherOptions()
         options.rootRank = 0
         parts = [torch.empty_like(local) for _ in range(self.world_size)] if self.rank == 0 else []
-        self._timed(local, lambda: self.device_group.gather([parts] if parts else [], [local], options).wait())
+        self._timed(local, lambda: self._wait(lambda: self.device_group.gather([parts] if parts else [], [local], options)))
         if self.rank != 0:
             return None
         return torch.cat([p[:, :w] for p, w in zip(parts, widths, strict=True)], dim=1)
@@ -179,13 +194,13 @@ class TensorParallelGroup:
         t = torch.tensor([value], dtype=torch.int64)
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.MIN
-        self.cpu_group.allreduce([t], options).wait()
+        self._wait(lambda: self.cpu_group.allreduce([t], options))
         return int(t.item())
 
     def _broadcast(self, t: torch.Tensor) -> torch.Tensor:
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        self.cpu_group.broadcast([t], options).wait()
+        self._wait(lambda: self.cpu_group.broadcast([t], options))
         return t
 
     def send_plan(self, kind: int, payload: np.ndarray | None = None) -> None:
