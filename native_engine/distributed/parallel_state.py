@@ -219,10 +219,7 @@ class TensorParallelGroup:
         return kind, self._broadcast(torch.empty(n, dtype=torch.int64)).numpy()
 
     def send_object(self, kind: int, obj: object) -> None:
-        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        padded = np.zeros(-(-len(data) // 8) * 8, np.uint8)
-        padded[: len(data)] = data
-        self.send_plan(kind, np.concatenate([[len(data)], padded.view(np.int64)]))
+        self.send_plan(kind, object_payload(obj))
 
     @staticmethod
     def object_from(payload: np.ndarray) -> object:
@@ -248,6 +245,14 @@ class TensorParallelGroup:
     def dead_workers(self) -> list[tuple[int, int]]:
         """(pid, exit status) of the started workers that have exited."""
         return [(p.pid, p.returncode) for p in self.workers if p.poll() is not None]
+
+
+def object_payload(obj: object) -> np.ndarray:
+    """``obj`` pickled into an int64 payload: its byte length, then the bytes zero-padded to 8."""
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    padded = np.zeros(-(-len(data) // 8) * 8, np.uint8)
+    padded[: len(data)] = data
+    return np.concatenate([np.array([len(data)], np.int64), padded.view(np.int64)])
 
 
 def worker_command(rank: int, world_size: int, init_method: str, device: torch.device,
