@@ -302,17 +302,31 @@ def start_engine_group(config, device: torch.device, group: TensorParallelGroup 
                          f"with tensor_parallel_size {world_size}")
     if world_size == 1:
         return None, False
-    owned = group is None
+    owned = False
     if group is None and config.distributed_init_method:
-        group = TensorParallelGroup.join(0, world_size, config.distributed_init_method, device)
+        group = _started_elsewhere(config.distributed_init_method, world_size, device)
     elif group is None:
         group = TensorParallelGroup.spawn(world_size, device, log_level=logging.getLevelName(log.getEffectiveLevel()))
+        owned = True
     group.send_object(Kind.LOAD, config)
     return group, owned
 
 
+# The groups this process joined as rank 0 whose other ranks someone else started (a runner's, by the
+# gateway): their lifetime is the process's, so a later engine in the same runner meets the same ranks.
+_JOINED: dict[str, TensorParallelGroup] = {}
+
+
+def _started_elsewhere(init_method: str, world_size: int, device: torch.device) -> TensorParallelGroup:
+    group = _JOINED.get(init_method)
+    if group is None or group.failure is not None:
+        group = _JOINED[init_method] = TensorParallelGroup.join(0, world_size, init_method, device)
+    return group
+
+
 def stop_engine_group(group: TensorParallelGroup, owned: bool) -> None:
-    """The engine closed: its ranks unload the model (and exit, when the engine owned the group)."""
+    """The engine closed: its ranks unload the model, and exit when the engine started them (ranks started
+    elsewhere stay for the next engine, and end with their starter or when rank 0's process does)."""
     try:
         group.send_plan(Kind.EXIT if owned else Kind.UNLOAD)
     except RuntimeError as exc:  # a rank already gone: nothing left to tell

@@ -88,7 +88,13 @@ def main(argv: list[str] | None = None) -> None:
                         "%(levelname)s %(name)s: %(message)s")
     group = TensorParallelGroup.join(args.rank, args.world_size, args.init_method,
                                      platform.resolve_device(args.device))
-    serve(group)
+    try:
+        serve(group)
+    except RuntimeError as exc:
+        if group.failure is None:
+            raise
+        log.info("rank %d: the group ended (%s); exiting", args.rank, group.failure)
+        raise SystemExit(0) from None
 
 
 if __name__ == "__main__":

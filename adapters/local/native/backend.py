@@ -123,7 +123,7 @@ class NativeBackend:
 
         context = min(options.num_ctx, details.gguf.context_length or options.num_ctx)
         try:
-            llm = LLMEngine(engine_config(self.settings.native, str(model_path), context))
+            llm = LLMEngine(engine_config(self.settings.native, str(model_path), context, options.tensor_parallel))
         except (ValueError, NotImplementedError) as exc:
             raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
         tok = llm.tokenizer
@@ -252,11 +252,13 @@ def _encode(tokenizer, spec: PromptSpec, text: str) -> list[int]:
     return tokenizer.encode(text, add_bos=add_bos)
 
 
-def engine_config(native: NativeSettings, model_path: str, max_model_len: int):
-    """One model's ``EngineConfig``: the settings tree's native knobs, the model's path and its context."""
+def engine_config(native: NativeSettings, model_path: str, max_model_len: int, tensor_parallel: int = 1):
+    """One model's ``EngineConfig``: the settings tree's native knobs, the model's path, its context and the
+    ranks it is split over (the group's meeting place, when the gateway started them, is in ``native``)."""
     from native_engine import EngineConfig
 
-    return EngineConfig(model=model_path, max_model_len=max_model_len, **native.given())
+    return EngineConfig(model=model_path, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel,
+                        **native.given())
 
 
 def sampling_params(options: Options, request: GenerationRequest, room: int):
