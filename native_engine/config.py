@@ -41,7 +41,7 @@ class EngineConfig:
     device: str = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
-    num_threads: int | None = None
+    num_threads: int | None = None  # None: torch's default; with tensor parallelism on CPU, the cores / ranks
     seed: int = 0
     cpu_fp16_small_batch: bool = True  # bf16 on CPU: fp16 weight copies for 1-2 row batches (faster GEMV)
     cpu_int4_matmul: bool = True  # f32 on CPU: weights that are exactly 4/8-bit GGUF blocks run as int4 matmuls
@@ -63,7 +63,8 @@ class EngineConfig:
         _check_int("num_threads", self.num_threads, 1, optional=True)
         _check_int("seed", self.seed, 0)
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
-        _check(self.distributed_init_method is None or str(self.distributed_init_method).startswith(("file://", "tcp://")),
+        init = self.distributed_init_method
+        _check(init is None or str(init).startswith(("file://", "tcp://")),
                f"distributed_init_method must be file://PATH or tcp://HOST:PORT, got {self.distributed_init_method!r}")
         _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         _check_fraction("kv_cache_fraction_cpu", self.kv_cache_fraction_cpu)

@@ -13,7 +13,7 @@ from . import platform
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
-from .distributed.parallel_state import start_engine_group, stop_engine_group
+from .distributed.parallel_state import default_threads, start_engine_group, stop_engine_group
 from .model_loading import build_runner, read_checkpoint
 from .model_runner import bytes_per_token
 from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
@@ -41,9 +41,9 @@ class LLMEngine:
         """`group`: a `TensorParallelGroup` of `config.tensor_parallel_size` ranks to run on (tests share one
         across engines); without it an engine with more than one rank starts its own (see `config.py`)."""
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.device = platform.resolve_device(config.device)
+        if config.num_threads or (config.tensor_parallel_size > 1 and self.device.type == "cpu"):
+            torch.set_num_threads(config.num_threads or default_threads(config.tensor_parallel_size))
         checkpoint = read_checkpoint(config, self.device)
         self.model_config, self.dtype, self.tokenizer = checkpoint.model_config, checkpoint.dtype, checkpoint.tokenizer
         self.max_model_len = checkpoint.max_model_len

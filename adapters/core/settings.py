@@ -17,7 +17,7 @@ means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=
 | ``INFER_LOAD_TIMEOUT`` (``OLLAMA_LOAD_TIMEOUT``) | ``load_timeout`` | ``5m``: a runner not loaded by then is killed |
 | ``INFER_HANG_TIMEOUT`` | ``hang_timeout`` | ``5m``: a runner with work that sends no event for this long is killed |
 | ``INFER_TEST_ENGINE`` | ``test_engine`` | off: ``1`` offers the ``scripted`` engine (tests, benches) |
-| ``INFER_TENSOR_PARALLEL`` | ``tensor_parallel`` | ``1``: ranks each native model is split over (``--tensor-parallel``) |
+| ``INFER_TENSOR_PARALLEL`` | ``tensor_parallel`` | ``1``: ranks a native model is split over |
 """
 
 from __future__ import annotations

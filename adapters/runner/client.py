@@ -284,14 +284,14 @@ class RunnerClient:
 
     def _exited(self, proc: subprocess.Popen) -> None:
         code = proc.poll()
-        why = self.failure or _exit_reason(code)
+        why = self.failure or self._member(proc) + _exit_reason(code)
         self.failure = why
         for other in self.processes:  # one rank gone fails the group
             if other.poll() is None:
                 other.send_signal(signal.SIGKILL)
         if not self._stopping:
             log.error("runner %d (%s) stopped: %s; %d request(s) in flight end with an error",
-                      proc.pid, self.engine, why, len([k for k in self._pending if k != -1]))
+                      self.pid, self.engine, why, len([k for k in self._pending if k != -1]))
         for target in list(self._pending.values()):
             if isinstance(target, asyncio.Queue):
                 target.put_nowait(_Gone(why))
@@ -300,6 +300,12 @@ class RunnerClient:
         self._close()
         if self.on_exit is not None and not self._stopping:
             self.on_exit(self, why)
+
+    def _member(self, proc: subprocess.Popen) -> str:
+        """Which process of a group, for the reason it stopped ("" for a runner of one)."""
+        if len(self.processes) == 1:
+            return ""
+        return f"tensor-parallel rank {self.processes.index(proc)} of {len(self.processes)}, pid {proc.pid}, "
 
     def _close(self) -> None:
         loop = asyncio.get_running_loop()

@@ -58,6 +58,11 @@ class Kind(enum.IntEnum):
     EXIT = 5
 
 
+def default_threads(world_size: int) -> int:
+    """Each rank's torch threads when the config sets none: the CPU's cores shared by the ranks."""
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
 def backend_for(device: torch.device) -> str:
     if device.type not in BACKENDS:
         raise ValueError(f"tensor parallelism runs on cpu or cuda, not {device}")
@@ -114,7 +119,7 @@ class TensorParallelGroup:
         cpu = _gloo(dist.PrefixStore("cpu", store), rank, world_size, timeout)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-            device_group = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, world_size)
+            device_group = _nccl(dist.PrefixStore("nccl", store), rank, world_size)
         else:
             device_group = cpu
         group = cls(rank, world_size, device, device_group, cpu, init_method)
@@ -168,7 +173,8 @@ class TensorParallelGroup:
         options = dist.GatherOptions()
         options.rootRank = 0
         parts = [torch.empty_like(local) for _ in range(self.world_size)] if self.rank == 0 else []
-        self._timed(local, lambda: self._wait(lambda: self.device_group.gather([parts] if parts else [], [local], options)))
+        gather = lambda: self.device_group.gather([parts] if parts else [], [local], options)  # noqa: E731
+        self._timed(local, lambda: self._wait(gather))
         if self.rank != 0:
             return None
         return torch.cat([p[:, :w] for p, w in zip(parts, widths, strict=True)], dim=1)
@@ -278,6 +284,12 @@ def _gloo(store: dist.Store, rank: int, world_size: int, timeout: datetime.timed
     options._timeout = timeout
     options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     return dist.ProcessGroupGloo(store, rank, world_size, options)
+
+
+def _nccl(store: dist.Store, rank: int, world_size: int) -> dist.ProcessGroup:
+    """NCCL for the activations; its default timeout (a hung collective aborts the process, which the
+    gateway sees as a dead rank). The plan waits on gloo, so an idle engine never times it out."""
+    return dist.ProcessGroupNCCL(store, rank, world_size, dist.ProcessGroupNCCL.Options())
 
 
 def _remove_rendezvous(init_method: str) -> None:

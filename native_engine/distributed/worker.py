@@ -23,7 +23,7 @@ import torch
 from .. import platform
 from ..model_loading import build_runner, read_checkpoint
 from ..model_runner import ModelRunner
-from .parallel_state import Kind, TensorParallelGroup
+from .parallel_state import Kind, TensorParallelGroup, default_threads
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,6 @@ def execute(runner: ModelRunner, group: TensorParallelGroup) -> bool:
             return kind == Kind.EXIT
         else:
             raise RuntimeError(f"rank {group.rank}: unexpected {Kind(kind).name} while a model is loaded")
-
-
-def default_threads(world_size: int) -> int:
-    """The CPU's cores shared by the ranks (on a GPU the thread count hardly matters)."""
-    return max(1, (os.cpu_count() or 1) // world_size)
 
 
 def die_with_parent() -> None:

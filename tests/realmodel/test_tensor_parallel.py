@@ -18,7 +18,7 @@ from native_engine import EngineConfig, LLMEngine, SamplingParams
 from .test_logits import PROMPT, TEXT, kl_per_position
 
 pytestmark = pytest.mark.realmodel
-KW = dict(max_num_seqs=4, max_model_len=1024, kv_cache_memory_bytes=32 << 20)
+KW = dict(max_num_seqs=4, max_model_len=1024, kv_cache_memory_bytes=32 << 20, num_threads=1)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
 
 

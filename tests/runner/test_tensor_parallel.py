@@ -90,7 +90,8 @@ def test_a_dead_rank_fails_every_request_in_flight_and_the_next_starts_a_new_gro
         t.join(timeout=60)
     for agent, got in lines.items():
         assert got[0]["response"] and set(got[-1]) == {"error"}, got[-1]
-        assert got[-1]["error"].startswith(STOPPED) and "killed by SIGKILL" in got[-1]["error"]
+        assert got[-1]["error"].startswith(STOPPED)
+        assert f"(tensor-parallel rank 1 of 2, pid {before[1]}, killed by SIGKILL" in got[-1]["error"]
         [row] = wait_rows(server, agent, 1)
         assert row.status == "error" and 0 < row.output_tokens < 400
     assert generate(http, "tiny-tp").status_code == 200  # a fresh group

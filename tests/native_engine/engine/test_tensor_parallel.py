@@ -46,7 +46,7 @@ def tp_engine(model: BuiltModel, tp_group):
             str(model.gguf if source == "gguf" else model.hf), tensor_parallel_size=world_size,
             kv_cache_memory_bytes=tp_kv_bytes(model, num_blocks, block_size, world_size), block_size=block_size,
             max_num_batched_tokens=512, max_num_seqs=16, enable_prefix_caching=enable_prefix_caching,
-            dtype="float32")
+            dtype="float32", num_threads=1)
         made.append(LLMEngine(config, group=tp_group(world_size)))
         return made[-1]
 
@@ -102,7 +102,7 @@ def test_preemption_is_the_same(model, tp_engine, prompts):
 def test_a_rank_that_dies_fails_the_next_step(model, mixed_prompts):
     """An engine with its own group (ranks started by it): a dead rank makes the step raise (gloo sees the
     closed connection at once), and every later request is refused with the same cause."""
-    engine = LLMEngine.from_model(model.gguf, tensor_parallel_size=2, dtype="float32",
+    engine = LLMEngine.from_model(model.gguf, tensor_parallel_size=2, dtype="float32", num_threads=1,
                                   kv_cache_memory_bytes=tp_kv_bytes(model, 64, 16, 2))
     try:
         assert len(engine.generate(mixed_prompts[:2], greedy(4))) == 2

@@ -62,7 +62,8 @@ def test_row_slices_equal_the_whole_tensors_rows(quantized, ftype, keep):
 
 
 @pytest.mark.parametrize("ftype", ["Q4_1", "Q8_0", "Q4_K_M"])
-@pytest.mark.parametrize("start, size", [(128, 128), (64, 128), (0, 96)], ids=["half", "cuts-a-256-block", "first-3-blocks"])
+@pytest.mark.parametrize("start, size", [(128, 128), (64, 128), (0, 96)],
+                         ids=["half", "cuts-a-256-block", "first-3-blocks"])
 def test_column_slices_keep_whole_blocks_or_dequantize(quantized, ftype, start, size):
     _, whole = load_gguf(quantized[ftype], torch.float32, keep_q4_1=True)
     _, lazy = lazy_gguf(quantized[ftype], torch.float32, keep_q4_1=True)
