@@ -10,6 +10,10 @@ each alike), medians over ``--runs``:
   no whole-stack C call): the like-for-like reference for what splitting costs and saves;
 - ``tp2``: two ranks: 6 + 3 query heads (2 + 1 KV heads), MLP and vocabulary in halves.
 
+Accuracy first: per-position KL between one and two ranks on a 90-token chat text, on the float32 path
+(weights dequantized, `cpu_int4_matmul=False`; goal < 1e-9) and on the default path (int16 activations in
+the kernels, whose rounding a reordered sum can flip), and whether 64 greedy tokens are the same.
+
 Workloads: decode tok/s at batch 1 and 16 (``--tokens`` greedy tokens after a 16-token prompt; the step
 time of the decode steps), and the time of one 256-token prefill. For ``tp2``, rank 0 times every
 collective it takes part in (gloo all-reduce after each row-parallel linear and the embedding, the logits
@@ -121,6 +125,34 @@ def median_of(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
+CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+TEXT = CHAT + ("The capital of France is Paris. It is known for the Eiffel Tower, the Louvre and its cafés; "
+               "about two million people live in the city itself, and more than twelve million in the region.")
+
+
+def kl(reference: torch.Tensor, ours: torch.Tensor) -> torch.Tensor:
+    ref, mine = reference.double().log_softmax(-1), ours.double().log_softmax(-1)
+    return (ref.exp() * (ref - mine)).sum(-1)
+
+
+def accuracy(path: Path, engines: dict) -> dict:
+    """KL between one and two ranks (float32 path and default path) and the 64 greedy tokens of each."""
+    tokenizer = engines["tp1"].tokenizer
+    text, chat = tokenizer.encode(TEXT, add_bos=False), tokenizer.encode(CHAT, add_bos=False)
+    greedy = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    f32 = [LLMEngine.from_model(path, cpu_int4_matmul=False, tensor_parallel_size=n, num_threads=threads(name), **KW)
+           for n, name in ((1, "tp1"), (2, "tp2"))]
+    out = {}
+    for label, (one, two) in (("f32", f32), ("default", (engines["tp1"], engines["tp2"]))):
+        k = kl(one.score(text), two.score(text))
+        same = [e.generate([chat], greedy)[0].outputs[0].token_ids for e in (one, two)]
+        out[label] = {"kl_mean": float(k.mean()), "kl_max": float(k.max()), "same_64_greedy": same[0] == same[1]}
+    for engine in f32:
+        engine.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -134,6 +166,7 @@ def main() -> None:
     ids = tokenizer.encode(text, add_bos=False)
     short, long = ids[:16], ids[100 : 100 + PREFILL]
     pids = [p.pid for p in engines["tp2"].tp.workers]
+    exact = accuracy(path, engines)
     results: dict = {name: {f"batch{b}": [] for b in BATCHES} | {"prefill": []} for name in engines}
     before, ticks0, t0 = cpu_ticks(), rank_ticks(pids), time.perf_counter()
     for _ in range(args.runs):
@@ -145,6 +178,7 @@ def main() -> None:
     load = machine_load(before, pids, rank_ticks(pids) - ticks0, time.perf_counter() - t0)
     summary = {name: {k: median_of(v) for k, v in r.items()} for name, r in results.items()}
     summary["others_cores"] = load
+    summary["accuracy"] = exact
     report(summary, args)
     for engine in engines.values():
         engine.close()
@@ -157,6 +191,9 @@ def report(s: dict, args) -> None:
     cores = os.cpu_count()
     print(f"\nSmolLM2-135M Q4_1 on the CPU ({cores} cores), tensor parallel 2 ranks (gloo) vs 1; medians of "
           f"{args.runs} runs, {args.tokens} greedy tokens; other processes used {s['others_cores']:.2f} cores")
+    for label, a in s["accuracy"].items():
+        print(f"  {label} path, 1 vs 2 ranks: KL mean {a['kl_mean']:.2g}, max {a['kl_max']:.2g}; "
+              f"64 greedy tokens {'identical' if a['same_64_greedy'] else 'DIFFERENT'}")
     print(f"  {'':12s} {'b1 tok/s':>9s} {'b16 tok/s':>10s} {'prefill ms':>11s}")
     for name in ("tp1", "tp1-layers", "tp2"):
         r = s[name]

@@ -100,7 +100,7 @@ def _tp_text(t: dict) -> list[str]:
         f"  decode all-reduce   {d['bytes_per_all_reduce'] / 1024:.1f} KiB, {d['all_reduce_us']:.1f} us; "
         f"{d['per_layer_us']:.1f} us/layer, {d['total_ms']:.3f} ms/step ({100 * t['comm_share_of_tpot']:.0f}% of TPOT)",
         f"  prefill all-reduce  {p['bytes_per_all_reduce'] / 1024:.1f} KiB, {p['all_reduce_us']:.1f} us; "
-        f"{p['total_ms']:.3f} ms per prompt (TTFT {t['ttft_speedup']:.2f}x one device's)",
+        f"{p['total_ms']:.3f} ms per prompt (TTFT speedup {t['ttft_speedup']:.2f}x)",
     ]
     for b, s in t["decode_scaling"].items():
         lines.append(f"  batch {b:>4}: {s['tok_s']:.1f} tok/s vs {s['tok_s_one_device']:.1f} on one device "
