@@ -19,7 +19,7 @@ from .layers.attention import Attention
 from .layers.embed_head import LMHead, VocabEmbedding
 from .layers.linear import finish_loading, use_small_batch_weights
 from .distributed.parallel_state import Kind
-from .input_batch import InputBuffers, StepInputs, StepPlan
+from .input_batch import InputBuffers, StepPlan
 from .sample import SampledToken, Sampler, SamplingMetadata, SamplingState
 from .structured_output import StructuredOutputManager
 from .models import model_class
@@ -150,11 +150,6 @@ class ModelRunner:
         if self.graphs is None or any(s.num_new_tokens != 1 or not s.should_sample for s in ordered):
             return None
         return self.graphs.bucket(len(ordered), max(len(s.seq.block_table) for s in ordered))
-
-    def prepare_inputs(self, ordered: list) -> StepInputs:
-        """`ordered`: one-token (decode) rows first, then prefill chunks (see `decode_first`)."""
-        bs = self._graph_bucket(ordered)
-        return self.inputs.prepare(ordered, bs, None if bs is None else self.graphs.inputs)
 
     @torch.inference_mode()
     def run(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = ()) -> dict[int, list[SampledToken]]:

@@ -47,7 +47,11 @@ def serve(group: TensorParallelGroup) -> None:
 
 
 def execute(runner: ModelRunner, group: TensorParallelGroup) -> bool:
-    """Run the plans rank 0 sends until the model is unloaded (False) or the group ends (True)."""
+    """Run the plans rank 0 sends until the model is unloaded (False) or the group ends (True).
+
+    A worker never waits for its GPU: it reuses its input buffers when the next plan comes, which rank 0
+    sends only after its own host sync on the sampled ids, and those needed this rank's logits gather, the
+    last of its collectives, so its previous step's copies are done by then."""
     while True:
         kind, payload = group.recv_plan()
         if kind == Kind.RUN:
