@@ -43,6 +43,7 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference (BASELI
 	$(BIN)/python bench/native_step.py --json .bench/native/step.json
 	$(BIN)/python bench/native_gpu.py --speculative --json .bench/native/gpu.json
 	$(BIN)/python bench/speculative.py --json .bench/speculative/results.json
+	$(BIN)/python bench/tp.py --json .bench/tp/results.json
 	$(BIN)/python bench/runner_overhead.py $(if $(BASELINE),--baseline $(BASELINE)) --json .bench/runner/results.json
 	$(BIN)/python bench/remote.py --json .bench/remote/results.json
 	$(BIN)/python bench/estimate_check.py --json .bench/estimate/results.json

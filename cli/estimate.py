@@ -21,7 +21,12 @@ def _store_gguf(name: str) -> Path | None:
 def estimate_cmd(
     model: str = typer.Argument(..., help="Store model, .gguf file, or Hugging Face config.json (or its directory)."),
     device: str = typer.Option("h100", "--device", help="h100|h200|a100-80g|a100-40g|l40s|l4|rtx4090|mi300x|cpu."),
-    gpus: int = typer.Option(1, "--gpus", min=1, help="Devices per deployment (tensor parallel)."),
+    gpus: int = typer.Option(1, "--tp", "--gpus", min=1, help="Devices per deployment, the model split over them "
+                             "(tensor parallelism: the all-reduces per layer are priced, and one device compared)."),
+    link_gbs: float = typer.Option(None, "--link-gbs", help="Override the device-to-device link, GB/s per direction "
+                                   "(NVLink, PCIe; the device's own by default)."),
+    link_latency_us: float = typer.Option(None, "--link-latency-us", help="Override the link's latency per ring hop "
+                                          "(µs; bench/tp.py measures this machine's gloo all-reduce)."),
     dtype: str = typer.Option(None, "--dtype", help="bf16|fp8|int8|int4 weights (default: the GGUF's own, else bf16)."),
     kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16|fp8|int8|int4|f32."),
     input_tokens: int = typer.Option(1024, "--input-tokens", min=1, help="Prompt tokens."),
@@ -51,7 +56,8 @@ def estimate_cmd(
             from estimator.devices import cpu_device
 
             cpu_device(refresh=True)
-        dev = get_device(device, peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs, memory_gb=memory_gb)
+        dev = get_device(device, peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs, memory_gb=memory_gb,
+                         link_gbs=link_gbs, link_latency_us=link_latency_us)
         slos = _parse_slo(slo)
         work = Workload(input_tokens, output_tokens, batch, slos.get("ttft"), slos.get("tpot"), rate, price_per_hour)
         target = Deployment(load_shape(model, _store_gguf), dev, gpus, dtype, kv_dtype)
@@ -86,6 +92,24 @@ def _summary_model(path: Path) -> str:
     return summary.get("label", {}).get("model_path") or summary["model_id"]
 
 
+def _tp_text(t: dict) -> list[str]:
+    d, p = t["decode"], t["prefill"]
+    lines = [
+        f"tensor parallel       {t['ranks']} ranks, link {t['link_gbs']:g} GB/s, {t['link_latency_us']:g} us/hop; "
+        f"{t['all_reduces_per_layer']} all-reduces per layer",
+        f"  decode all-reduce   {d['bytes_per_all_reduce'] / 1024:.1f} KiB, {d['all_reduce_us']:.1f} us; "
+        f"{d['per_layer_us']:.1f} us/layer, {d['total_ms']:.3f} ms/step ({100 * t['comm_share_of_tpot']:.0f}% of TPOT)",
+        f"  prefill all-reduce  {p['bytes_per_all_reduce'] / 1024:.1f} KiB, {p['all_reduce_us']:.1f} us; "
+        f"{p['total_ms']:.3f} ms per prompt (TTFT speedup {t['ttft_speedup']:.2f}x)",
+    ]
+    for b, s in t["decode_scaling"].items():
+        lines.append(f"  batch {b:>4}: {s['tok_s']:.1f} tok/s vs {s['tok_s_one_device']:.1f} on one device "
+                     f"({s['speedup']:.2f}x, comm {100 * s['comm_share']:.0f}% of the step)")
+    verdict = "pays" if t["pays"] else "does not pay"
+    fits = "" if t["fits_one_device"] else " (the model does not fit one device: TP is needed anyway)"
+    return lines + [f"  TP {verdict} at this batch{fits}"]
+
+
 def _text(r: dict) -> str:
     g = 1e9
     eff = r["efficiency"]
@@ -110,6 +134,8 @@ def _text(r: dict) -> str:
         if r.get(key) is not None:
             value = r[key]
             lines.append(f"{title}: {value:.4f}" if isinstance(value, float) else f"{title}: {value}")
+    if r.get("tensor_parallel"):
+        lines += _tp_text(r["tensor_parallel"])
     if r.get("calibration"):
         c = r["calibration"]
         lines.append(f"calibrated on {c['model']} at {c['load_point']} (TTFT {c['median_ttft_ms']:.1f} ms, "

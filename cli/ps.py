@@ -28,14 +28,16 @@ def _client() -> ServerClient:
 
 
 def ps_cmd() -> None:
-    """List the models the running server has loaded, with the runner process serving each."""
+    """List the models the running server has loaded, with the runner process(es) serving each: a
+    tensor-parallel model's group has one process per rank (TP), their PIDs rank 0 first."""
     answer = _client().call("GET", "/api/ps")
-    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "ENGINE", "PID", "MEMORY"]]
+    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "ENGINE", "TP", "PID", "MEMORY"]]
     for m in answer.get("models") or []:
         runner = m.get("runner") or {}
         rows.append([m.get("name", ""), (m.get("digest") or "")[:12], human_bytes(m.get("size") or 0),
                      processor(m.get("size") or 0, m.get("size_vram") or 0), str(m.get("context_length") or ""),
-                     _until(m, runner), runner.get("engine", ""), str(runner.get("pid", "")),
+                     _until(m, runner), runner.get("engine", ""), str(runner.get("tensor_parallel", "")),
+                     ",".join(str(p) for p in runner.get("pids") or [runner.get("pid", "")]),
                      human_bytes(runner["memory"]) if runner.get("memory") else ""])
     typer.echo(table(rows))
     for f in answer.get("failures") or []:

@@ -35,6 +35,9 @@ def serve(
                                 "(INFER_CONFIG)."),
     redis_url: str = typer.Option(None, "--redis-url", help="Redis URL for per-key rate limits shared by "
                                   "replicas (INFER_REDIS_URL); in process memory without it."),
+    tensor_parallel: int = typer.Option(None, "--tensor-parallel", min=1, help="Processes each native-engine model "
+                                        "is split over (tensor parallelism; INFER_TENSOR_PARALLEL); a Modelfile's "
+                                        "PARAMETER tensor_parallel overrides it."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Start the API server (Ollama /api/* and OpenAI /v1/*).
@@ -46,7 +49,8 @@ def serve(
     from gateway.server import GatewayServer
 
     overrides = {"database_url": db, "num_parallel": num_parallel, "context_length": context_length,
-                 "engine": engine, "config": config, "redis_url": redis_url, "speculative": speculative}
+                 "engine": engine, "config": config, "redis_url": redis_url, "speculative": speculative,
+                 "tensor_parallel": tensor_parallel}
     try:
         if host:
             overrides["host"], overrides["port"] = parse_host(host)

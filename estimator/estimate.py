@@ -3,7 +3,9 @@
 Memory (parameters, weight bytes, KV bytes per token, KV capacity, max sequences), prefill FLOPs and
 TTFT, decode FLOPs per token and TPOT with the binding limit, tok/s against batch, the largest batch
 meeting a TPOT SLO, devices for a request rate (Little's law: in flight = rate × E2E), and $/Mtok split
-the bill-conserving way (output weight k = prefill tok/s ÷ decode tok/s at that batch).
+the bill-conserving way (output weight k = prefill tok/s ÷ decode tok/s at that batch). With tensor
+parallelism (``gpus`` > 1) the ``tensor_parallel`` section prices the all-reduces per layer and step and
+compares the same workload on one device: whether TP pays.
 """
 
 from __future__ import annotations
@@ -52,7 +54,31 @@ def estimate(dep: Deployment, work: Workload, eff: Efficiency) -> dict:
         "throughput_vs_batch": _batch_curve(dep, eff, p, o),
     }
     report.update(_slo_section(dep, eff, work, report["ttft_ms"]))
+    if dep.gpus > 1:
+        report["tensor_parallel"] = tensor_parallel_section(dep, eff, work)
     return report
+
+
+def tensor_parallel_section(dep: Deployment, eff: Efficiency, work: Workload) -> dict:
+    """The collectives' cost per layer and step, and the same workload on one device, at the workload's batch
+    and at batch 1 and 64 (decode scaling)."""
+    p, o = work.input_tokens, work.output_tokens
+    one = dep.with_gpus(1)
+    decode = dep.comm(work.batch, work.batch)
+    step = decode_step(dep, eff, p, o, work.batch)
+    scaling = {}
+    for b in sorted({1, 64, work.batch}):
+        mine, single = decode_step(dep, eff, p, o, b), decode_step(one, eff, p, o, b)
+        scaling[str(b)] = {"tok_s": mine.tokens_per_s, "tok_s_one_device": single.tokens_per_s,
+                           "speedup": mine.tokens_per_s / single.tokens_per_s, "comm_share": mine.comm_s / mine.tpot_s}
+    ttft, ttft_one = ttft_s(dep, eff, p), ttft_s(one, eff, p)
+    return {"ranks": dep.gpus, "link_gbs": dep.link.gbs, "link_latency_us": dep.link.latency_us,
+            "all_reduces_per_layer": 2, "decode": decode.as_dict(), "prefill": dep.comm(p, 1).as_dict(),
+            "comm_share_of_tpot": step.comm_s / step.tpot_s,
+            "tpot_ms_one_device": 1000 * decode_step(one, eff, p, o, work.batch).tpot_s,
+            "ttft_ms_one_device": 1000 * ttft_one, "ttft_speedup": ttft_one / ttft,
+            "fits_one_device": one.kv_capacity_tokens() >= p + o, "decode_scaling": scaling,
+            "pays": scaling[str(work.batch)]["speedup"] > 1}
 
 
 def _batch_curve(dep: Deployment, eff: Efficiency, p: int, o: int) -> list[dict]:

@@ -6,12 +6,15 @@
 - ``TTFT = prefill FLOPs / (F · MFU)`` for one prompt (no queueing).
 - KV capacity = ``(memory · utilisation − weights − workspace) / KV bytes per token``; max concurrent
   sequences = capacity ÷ (p + o).
+- ``gpus`` > 1 is tensor parallelism: peaks, bandwidth and memory add up, and each forward pass pays its
+  all-reduces on top (``comm.py``): ``TPOT = max(memory, compute) + comm``, ``TTFT = prefill + comm``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .comm import Link, PassComm, pass_comm
 from .devices import Device
 from .flops import decode_flops_per_token, prefill_flops
 from .shape import ModelShape
@@ -69,19 +72,38 @@ class Deployment:
     def max_sequences(self, prompt: int, output: int) -> int:
         return self.kv_capacity_tokens() // (prompt + output)
 
+    @property
+    def link(self) -> Link:
+        return Link(self.device.link_gbs, self.device.link_latency_us)
+
+    @property
+    def activation_bytes(self) -> float:
+        return 4.0 if self.device.name == "cpu" else 2.0  # the CPU engines compute in float32, GPUs in bf16
+
+    def comm(self, tokens: int, rows: int) -> PassComm:
+        """The tensor-parallel collectives of one forward pass (zero on one device)."""
+        return pass_comm(self.model, tokens, rows, self.gpus, self.link, self.activation_bytes)
+
+    def with_gpus(self, gpus: int) -> Deployment:
+        return Deployment(self.model, self.device, gpus, self.dtype, self.kv_dtype, self.memory_utilisation,
+                          self.workspace_gb)
+
 
 @dataclass(frozen=True)
 class DecodeStep:
     batch: int
     memory_s: float
     compute_s: float
+    comm_s: float = 0.0  # tensor parallelism's all-reduces, on the critical path
 
     @property
     def tpot_s(self) -> float:
-        return max(self.memory_s, self.compute_s)
+        return max(self.memory_s, self.compute_s) + self.comm_s
 
     @property
     def binds(self) -> str:
+        if self.comm_s >= max(self.memory_s, self.compute_s):
+            return "communication"
         return "bandwidth" if self.memory_s >= self.compute_s else "compute"
 
     @property
@@ -97,11 +119,11 @@ def step_bytes(dep: Deployment, prompt: int, output: int, batch: int) -> float:
 def decode_step(dep: Deployment, eff: Efficiency, prompt: int, output: int, batch: int) -> DecodeStep:
     memory = step_bytes(dep, prompt, output, batch) / (dep.bandwidth * eff.mbu)
     compute = decode_flops_per_token(dep.model, prompt, output, batch) / (dep.peak_flops * eff.decode_compute)
-    return DecodeStep(batch, memory, compute)
+    return DecodeStep(batch, memory, compute, dep.comm(batch, batch).total_s)
 
 
 def ttft_s(dep: Deployment, eff: Efficiency, prompt: int) -> float:
-    return prefill_flops(dep.model, prompt) / (dep.peak_flops * eff.mfu)
+    return prefill_flops(dep.model, prompt) / (dep.peak_flops * eff.mfu) + dep.comm(prompt, 1).total_s
 
 
 def largest_batch_meeting(dep: Deployment, eff: Efficiency, prompt: int, output: int, tpot_slo_s: float) -> int:

@@ -98,3 +98,4 @@ class AsyncLLMEngine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=10)
+        self.engine.close()  # a tensor-parallel group's ranks unload the model (or exit)

@@ -43,13 +43,16 @@ class EngineConfig:
     device: str = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
-    num_threads: int | None = None
+    num_threads: int | None = None  # None: torch's default; with tensor parallelism on CPU, the cores / ranks
     seed: int = 0
     cpu_fp16_small_batch: bool = True  # bf16 on CPU: fp16 weight copies for 1-2 row batches (faster GEMV)
     cpu_int4_matmul: bool = True  # f32 on CPU: weights that are exactly 4/8-bit GGUF blocks run as int4 matmuls
     load_format: str = "auto"  # "dummy": config and tokenizer from `model`, weights drawn on the device (vLLM's)
     async_scheduling: bool | None = None  # schedule a decode step while the one before runs; None = on CUDA only
     speculative: str | None = None  # "ngram:k=4", "draft:MODEL:k=4" (spec_decode/config.py); None = off
+    tensor_parallel_size: int = 1  # ranks the model is split over (Megatron-LM): gloo on CPU, NCCL on CUDA
+    distributed_init_method: str | None = None  # file://PATH or tcp://HOST:PORT where ranks started by
+    # someone else (the gateway) meet; None: the engine starts ranks 1..N-1 itself
 
     @property
     def speculative_config(self) -> SpeculativeConfig | None:
@@ -67,6 +70,10 @@ class EngineConfig:
         _check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1, optional=True)
         _check_int("num_threads", self.num_threads, 1, optional=True)
         _check_int("seed", self.seed, 0)
+        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        init = self.distributed_init_method
+        _check(init is None or str(init).startswith(("file://", "tcp://")),
+               f"distributed_init_method must be file://PATH or tcp://HOST:PORT, got {self.distributed_init_method!r}")
         _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         _check_fraction("kv_cache_fraction_cpu", self.kv_cache_fraction_cpu)
         _check(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
@@ -76,7 +83,10 @@ class EngineConfig:
                f"load_format must be one of {', '.join(LOAD_FORMATS)}; got {self.load_format!r}")
         _check(self.speculative is None or isinstance(self.speculative, str),
                f"speculative must be a string such as 'ngram:k=4', got {self.speculative!r}")
-        self.speculative_config  # noqa: B018 -- raises ValueError with what is wrong
+        spec = self.speculative_config  # raises ValueError with what is wrong
+        _check(spec is None or spec.method != "draft" or self.tensor_parallel_size == 1,
+               "a draft model runs without tensor parallelism for now: use speculative 'ngram' with "
+               "tensor_parallel_size > 1")
         device = self.device
         _check(
             isinstance(device, str) and device.split(":")[0] in ("auto", "cpu", "cuda"),

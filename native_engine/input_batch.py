@@ -1,6 +1,9 @@
 """A step's model inputs, written in place into buffers allocated once (pinned on CUDA) and sent to the
 device with non-blocking copies; on CPU the model reads the host buffers themselves.
 
+A step is first a `StepPlan` (numpy: token ids, row starts, lengths and drafts, block tables), then tensors
+(`build`); a tensor-parallel group broadcasts the plan, so every rank builds the same tensors from it.
+
 Two layouts:
 - eager steps: int64 [input_ids n | positions n | slot_mapping n | context_lens d | sample_indices s],
   then the block tables int32 [rows, width] (decodes first, then the prefill chunks): two copies a step.
@@ -27,6 +30,37 @@ import numpy as np
 import torch
 
 from .forward_context import Context, PrefillChunk
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One step's numbers before they become tensors: what rank 0 of a tensor-parallel group broadcasts
+    (`to_array` / `from_array`), so that every rank builds the same inputs from it."""
+
+    ids: np.ndarray  # [n] int64: the tokens computed this step, row after row
+    starts: np.ndarray  # [rows] int64: each row's first position
+    counts: np.ndarray  # [rows] int64: tokens each row computes (decode and verify rows first)
+    specs: np.ndarray  # [rows] int64: draft tokens a verify row checks (0: not a verify row)
+    sampled: np.ndarray  # [rows] bool: the row samples (its last token's logits are needed; a verify row's all)
+    table_lens: np.ndarray  # [rows] int64: blocks in each row's table
+    tables: np.ndarray  # [rows, width] int32, -1 padded
+    graph_bs: int | None = None  # the CUDA graph bucket that runs this step, if any
+
+    _HEADER = 4  # rows, width, n, graph_bs (-1: eager)
+
+    def to_array(self) -> np.ndarray:
+        rows, width = self.tables.shape
+        header = [rows, width, len(self.ids), -1 if self.graph_bs is None else self.graph_bs]
+        return np.concatenate([np.array(header, np.int64), self.ids, self.starts, self.counts, self.specs,
+                               self.sampled.astype(np.int64), self.table_lens, self.tables.reshape(-1)])
+
+    @classmethod
+    def from_array(cls, flat: np.ndarray) -> StepPlan:
+        rows, width, n, graph_bs = (int(v) for v in flat[: cls._HEADER])
+        parts = np.split(flat[cls._HEADER :], np.cumsum([n, rows, rows, rows, rows, rows]))
+        ids, starts, counts, specs, sampled, table_lens, tables = parts
+        return cls(ids, starts, counts, specs, sampled.astype(bool), table_lens,
+                   tables.astype(np.int32).reshape(rows, width), None if graph_bs < 0 else graph_bs)
 
 
 @dataclass(slots=True)
@@ -74,61 +108,65 @@ class InputBuffers:
                 ) -> StepInputs:
         """`ordered`: decode and verify rows first, then prefill chunks. With `graph_bs`, a decode-only
         step whose int64 inputs go into `graph_inputs` ([4, max_bs] on the device)."""
+        return self.build(self.plan(ordered, graph_bs), graph_inputs)
+
+    def plan(self, ordered: list, graph_bs: int | None = None) -> StepPlan:
+        """The step's numbers from the scheduled rows (the block tables straight into this step's host buffer)."""
         rows = len(ordered)
         assert rows <= self.max_rows, f"{rows} rows, buffers sized for {self.max_rows}"
         self._next_set()
-        width = max(len(s.seq.block_table) for s in ordered)
-        assert width <= self.max_blocks, f"a block table of {width} blocks, buffers sized for {self.max_blocks}"
-        if graph_bs is not None and not any(s.num_spec_tokens for s in ordered):
-            tables = self.host_tables[: rows * width].numpy().reshape(rows, width)
-            tables.fill(-1)
-            ids, positions, slots = self._decode_rows(ordered, tables)
-            dev_tables = self._send(self.host_tables, self.dev_tables, rows * width).view(rows, width)
-            lens = [p + 1 for p in positions]
-            return self._graph_inputs(ids, positions, slots, lens, dev_tables, graph_bs, graph_inputs)
         starts = np.empty(rows, np.int64)
         counts = np.empty(rows, np.int64)
         specs = np.empty(rows, np.int64)
+        table_lens = np.empty(rows, np.int64)
         ids: list[int] = []
-        tables = np.full((rows, width), -1, np.int32)
+        tables = self._tables(rows, max(len(s.seq.block_table) for s in ordered))
         for r, s in enumerate(ordered):
             seq = s.seq
-            starts[r], counts[r], specs[r] = seq.num_computed_tokens, s.num_new_tokens, s.num_spec_tokens
-            ids += s.token_ids() if s.num_spec_tokens else seq.token_ids[starts[r] : starts[r] + counts[r]]
-            tables[r, : len(seq.block_table)] = seq.block_table
-        num_decodes = int(np.count_nonzero(counts - specs == 1)) if graph_bs is None else rows
+            start, table = seq.num_computed_tokens, seq.block_table
+            starts[r], counts[r], specs[r], table_lens[r] = start, s.num_new_tokens, s.num_spec_tokens, len(table)
+            ids += s.token_ids() if s.num_spec_tokens else seq.token_ids[start : start + s.num_new_tokens]
+            tables[r, : len(table)] = table
+        sampled = np.array([s.should_sample for s in ordered], dtype=bool)
+        return StepPlan(np.array(ids, np.int64), starts, counts, specs, sampled, table_lens, tables, graph_bs)
+
+    def _tables(self, rows: int, width: int) -> np.ndarray:
+        assert width <= self.max_blocks, f"a block table of {width} blocks, buffers sized for {self.max_blocks}"
+        tables = self.host_tables[: rows * width].numpy().reshape(rows, width)
+        tables.fill(-1)
+        return tables
+
+    def build(self, plan: StepPlan, graph_inputs: torch.Tensor | None = None) -> StepInputs:
+        """The step's tensors from its plan (made here by `plan`, or received by a tensor-parallel rank)."""
+        rows, width = plan.tables.shape
+        tables = self.host_tables[: rows * width].numpy().reshape(rows, width)
+        if not np.shares_memory(tables, plan.tables):
+            tables[:] = plan.tables
+        starts, counts, specs = plan.starts, plan.counts, plan.specs
+        num_decodes = int(np.count_nonzero(counts - specs == 1)) if plan.graph_bs is None else rows
         token_rows = np.repeat(np.arange(rows), counts)
         offsets = np.cumsum(counts) - counts  # first token of each row in the flat batch
-        positions = np.repeat(starts - offsets, counts) + np.arange(len(ids))
+        positions = np.repeat(starts - offsets, counts) + np.arange(len(plan.ids))
         slots = tables[token_rows, positions // self.block_size].astype(np.int64) * self.block_size \
             + positions % self.block_size
         num_queries = int(counts[:num_decodes].sum())  # decode query rows: 1 per decode, 1 + k per verify
-        if num_queries > num_decodes:
+        num_tables = rows
+        if num_queries > num_decodes:  # verify rows: one table per query token
             tables = np.concatenate([tables[token_rows[:num_queries]], tables[num_decodes:]])
-        self.host_tables[: tables.size].numpy()[:] = tables.reshape(-1)
-        dev_tables = self._send(self.host_tables, self.dev_tables, tables.size).view(len(tables), width)
-        if graph_bs is not None:
-            return self._graph_inputs(ids, positions, slots, positions + 1, dev_tables, graph_bs, graph_inputs, counts)
-        layout = (starts, counts, specs, offsets, num_decodes, num_queries)
-        return self._eager_inputs(ordered, ids, positions, slots, layout, dev_tables)
+            num_tables = len(tables)
+            self.host_tables[: tables.size].numpy()[:] = tables.reshape(-1)
+        dev_tables = self._send(self.host_tables, self.dev_tables, num_tables * width).view(num_tables, width)
+        if plan.graph_bs is not None:
+            return self._graph_inputs(plan.ids, positions, slots, positions + 1, dev_tables, plan.graph_bs,
+                                      graph_inputs, counts)
+        return self._eager_inputs(plan, positions, slots, offsets, (num_decodes, num_queries), dev_tables)
 
-    def _decode_rows(self, ordered: list, tables: np.ndarray) -> tuple[list[int], list[int], list[int]]:
-        """A decode-only step (one token per row): ids, positions and cache slots, and each row's table."""
-        size = self.block_size
-        ids, positions, slots = [], [], []
-        for r, s in enumerate(ordered):
-            seq, pos = s.seq, s.seq.num_computed_tokens
-            table = seq.block_table
-            ids.append(seq.token_ids[pos])
-            positions.append(pos)
-            slots.append(table[pos // size] * size + pos % size)
-            tables[r, : len(table)] = table
-        return ids, positions, slots
-
-    def _eager_inputs(self, ordered, ids, positions, slots, layout, dev_tables) -> StepInputs:
-        starts, counts, specs, offsets, num_decodes, nq = layout
+    def _eager_inputs(self, plan: StepPlan, positions, slots, offsets, decodes: tuple[int, int], dev_tables
+                      ) -> StepInputs:
+        ids, starts, counts, specs = plan.ids, plan.starts, plan.counts, plan.specs
+        num_decodes, nq = decodes
         n, host = len(ids), self.host.numpy()
-        sampled = np.array([s.should_sample for s in ordered], dtype=np.int64) * (specs + 1)  # positions per row
+        sampled = plan.sampled.astype(np.int64) * (specs + 1)  # sampled positions per row
         first = np.repeat(offsets + counts - sampled, sampled)
         sample_rows = first + np.arange(len(first)) - np.repeat(np.cumsum(sampled) - sampled, sampled)
         s = len(sample_rows)
@@ -142,12 +180,12 @@ class InputBuffers:
         if nq:
             ctx.block_tables, ctx.context_lens = dev_tables[:nq], dev[3 * n : 3 * n + nq]
         ends = starts + counts
-        for r in range(num_decodes, len(ordered)):
-            chunk_table = dev_tables[nq + r - num_decodes, : len(ordered[r].seq.block_table)]
+        for r in range(num_decodes, len(counts)):
+            chunk_table = dev_tables[nq + r - num_decodes, : int(plan.table_lens[r])]
             ctx.prefills.append(PrefillChunk(int(offsets[r]), int(counts[r]), int(ends[r]), chunk_table))
         if s < n:  # else every token is sampled: the LM head takes all rows
             ctx.sample_indices = dev[3 * n + nq : 3 * n + nq + s]
-        return StepInputs(dev[:n], dev[n : 2 * n], ctx, len(ordered))
+        return StepInputs(dev[:n], dev[n : 2 * n], ctx, len(counts))
 
     def _verify_offsets(self, counts: np.ndarray, num_queries: int) -> torch.Tensor:
         """Each decode query's index within its row (0 for plain decodes). Host tensor: only the CPU

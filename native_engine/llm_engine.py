@@ -19,8 +19,9 @@ from . import platform
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
-from .loader import load_checkpoint
-from .model_runner import ModelRunner, bytes_per_token
+from .distributed.parallel_state import default_threads, start_engine_group, stop_engine_group
+from .model_loading import build_runner, read_checkpoint
+from .model_runner import bytes_per_token
 from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
@@ -54,60 +55,51 @@ class _InFlight:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, group=None) -> None:
+        """`group`: a `TensorParallelGroup` of `config.tensor_parallel_size` ranks to run on (tests share one
+        across engines); without it an engine with more than one rank starts its own (see `config.py`)."""
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.device = platform.resolve_device(config.device)
-        keep_q4_1 = self.device.type == "cpu" and config.cpu_int4_matmul  # for the int4 matmuls (f32 only)
+        if config.num_threads or (config.tensor_parallel_size > 1 and self.device.type == "cpu"):
+            torch.set_num_threads(config.num_threads or default_threads(config.tensor_parallel_size))
+        checkpoint = read_checkpoint(config, self.device)
+        self.model_config, self.dtype, self.tokenizer = checkpoint.model_config, checkpoint.dtype, checkpoint.tokenizer
+        self.max_model_len = checkpoint.max_model_len
+        spec = config.speculative_config
         with platform.loading_threads(self.device):
-            model_config, weights, self.tokenizer = load_checkpoint(config.model, self._compute_dtype, keep_q4_1,
-                                                                    config.load_format)
-            self.model_config, self.dtype = model_config, self._compute_dtype(model_config)
-            self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
-                                     model_config.max_position_embeddings)
-            self.model_runner = ModelRunner(config, model_config, weights, self.device, self.dtype)
-            spec = config.speculative_config
-            draft = spec_build.load_draft(spec, config, self.device, self.dtype, model_config.vocab_size)
-        self.model_runner.max_spec_tokens = spec.num_speculative_tokens if spec else spec_build.DEFAULT_K
-        self.model_runner.allocate_kv_cache(self._kv_budget(draft))
-        self.model_runner.capture_cudagraphs(self.max_model_len)
-        self.model_runner.structured = StructuredOutputManager(self.tokenizer, model_config.vocab_size, self.device)
+            draft = spec_build.load_draft(spec, config, self.device, self.dtype, self.model_config.vocab_size)
+        self.tp, self._owns_group = start_engine_group(config, self.device, group)
+        try:
+            self.model_runner = build_runner(config, checkpoint, self.device, self.tp, draft)
+        except BaseException:
+            self.close()
+            raise
+        self.model_runner.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
+                                                               self.device)
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, blocks, model_config.eos_token_ids, max_model_len=self.max_model_len)
+        self.scheduler = Scheduler(config, blocks, self.model_config.eos_token_ids, max_model_len=self.max_model_len)
         self.requests: dict[str, _Request] = {}
-        self.async_scheduling = self.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
+        # scheduling ahead feeds a step's input ids from the device; a group's other ranks take them from the plan
+        ahead = self.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
+        self.async_scheduling = ahead and self.tp is None
         self._inflight: _InFlight | None = None
         self.speculator = spec_build.speculator(spec, self, draft) if spec else None
         stats = self.stats()
-        log.info("native engine: %s on %s, KV cache %d blocks x %d tokens = %d tokens at %d bytes/token",
-                 self.dtype, self.device, stats["num_kvcache_blocks"], config.block_size,
-                 stats["kv_capacity_tokens"], stats["kv_bytes_per_token"])
+        log.info("native engine: %s on %s%s, KV cache %d blocks x %d tokens = %d tokens at %d bytes/token",
+                 self.dtype, self.device, f" x {config.tensor_parallel_size} ranks" if self.tp else "",
+                 stats["num_kvcache_blocks"], config.block_size, stats["kv_capacity_tokens"],
+                 stats["kv_bytes_per_token"])
 
     @classmethod
     def from_model(cls, model: str, **kwargs) -> LLMEngine:
         """`LLMEngine.from_model(path, max_num_seqs=16, ...)`: keyword arguments are `EngineConfig` fields."""
         return cls(EngineConfig(model=str(model), **kwargs))
 
-    def _compute_dtype(self, model_config) -> torch.dtype:
-        return platform.resolve_dtype(self.config.dtype, self.device, model_config.torch_dtype)
-
-    def _kv_budget(self, draft=None) -> int:
-        """The target's share of `_kv_bytes`; with a draft model, whose cache takes as many blocks, both
-        caches count per token."""
-        target = self.model_runner.block_bytes
-        both = target + (draft.block_bytes if draft is not None else 0)
-        return self._kv_bytes(both // self.config.block_size) * target // both
-
-    def _kv_bytes(self, per_token: int) -> int:
-        """Explicit bytes, else a share of free memory, never more than every sequence at full length needs."""
-        if self.config.kv_cache_memory_bytes is not None:
-            return self.config.kv_cache_memory_bytes
-        needed = per_token * (self.max_model_len + self.config.block_size) * self.config.max_num_seqs
-        if self.device.type == "cuda":
-            return min(needed, platform.gpu_kv_budget(self.device, self.config.gpu_memory_utilization,
-                                                      self.model_runner.profile_run))
-        return min(needed, platform.cpu_kv_budget(self.config.kv_cache_fraction_cpu))
+    def close(self) -> None:
+        """Ends the ranks of a tensor-parallel group (a shared group only unloads the model); idempotent."""
+        tp, self.tp = getattr(self, "tp", None), None
+        if tp is not None:
+            stop_engine_group(tp, self._owns_group)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -115,6 +107,8 @@ class LLMEngine:
                     priority: int = 0, arrival_time: float | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
+        if self.tp is not None:
+            self.tp.check()
         params = params or SamplingParams()
         token_ids = self._encode(prompt)
         self._check_prompt(token_ids, params)
@@ -336,7 +330,7 @@ class LLMEngine:
             "num_kvcache_blocks": blocks.num_total_blocks,
             "num_free_blocks": blocks.num_free_blocks,
             "kv_capacity_tokens": blocks.num_total_blocks * self.config.block_size,
-            "kv_bytes_per_token": bytes_per_token(self.model_config, self.dtype),
+            "kv_bytes_per_token": bytes_per_token(self.model_config, self.dtype),  # the whole model's, all ranks
             "kv_usage": blocks.usage,
         }
 

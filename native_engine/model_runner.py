@@ -3,7 +3,11 @@ the forward pass and samples.
 
 A step is `launch` (inputs, forward, sampler, the sampled ids' copy to the host started) then `collect`
 (wait for that copy); `run` does both. Between them the engine may launch the next step (scheduled ahead):
-its placeholder input ids are then taken on the device from this step's sampled ids (`_feed_placeholders`)."""
+its placeholder input ids are then taken on the device from this step's sampled ids (`_placeholder_ids`).
+
+In a tensor-parallel group (`tp`) every rank has a runner with its shard of the model and its own KV
+cache (its KV heads, the same blocks); rank 0's `run` broadcasts the step's plan (`send_step`) and samples,
+the other ranks `execute` the plans they receive (`distributed/worker.py`)."""
 
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ from .cuda_graph import DecodeGraphs
 from .layers.attention import Attention
 from .layers.embed_head import LMHead, VocabEmbedding
 from .layers.linear import finish_loading, use_small_batch_weights
-from .input_batch import InputBuffers, StepInputs
+from .distributed.parallel_state import Kind
+from .input_batch import InputBuffers, StepPlan
 from .sample import HostTokens, SampledToken, Sampler, SamplingMetadata, SamplingState
 from .sequence import PLACEHOLDER
 from .structured_output import StructuredOutputManager
@@ -48,10 +53,11 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.from_numpy(np.zeros(shape, dtype=torch.empty((), dtype=dtype).numpy().dtype))
 
 
-def bytes_per_token(model_config, dtype: torch.dtype) -> int:
-    """KV bytes per token: 2 (K and V) x layers x kv heads x head dim x dtype bytes."""
+def bytes_per_token(model_config, dtype: torch.dtype, num_kv_heads: int | None = None) -> int:
+    """KV bytes per token: 2 (K and V) x layers x kv heads (a rank's, when given) x head dim x dtype bytes."""
     element = torch.empty((), dtype=dtype).element_size()
-    return 2 * model_config.num_layers * model_config.num_kv_heads * model_config.head_dim * element
+    heads = model_config.num_kv_heads if num_kv_heads is None else num_kv_heads
+    return 2 * model_config.num_layers * heads * model_config.head_dim * element
 
 
 def decode_first(scheduled: list) -> list:
@@ -74,10 +80,11 @@ class LaunchedStep:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_config, weights: Iterable, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, tp=None) -> None:
         self.config, self.model_config, self.device, self.dtype = config, model_config, device, dtype
+        self.tp = tp  # TensorParallelGroup, None alone
         with torch.device(device), _default_dtype(dtype):
-            self.model = model_class(model_config.architecture)(model_config)
+            self.model = model_class(model_config.architecture)(model_config, tp)
         if weights is None:
             dummy_weights(self.model, config.seed)
         else:
@@ -88,7 +95,8 @@ class ModelRunner:
             self.extra_weight_bytes = use_small_batch_weights(self.model)
         self.int4_weight_bytes = self._finish_loading(device.type == "cpu" and dtype == torch.float32
                                                       and config.cpu_int4_matmul)
-        self.block_bytes = config.block_size * bytes_per_token(model_config, dtype)
+        self.num_kv_heads = self.model.shard.kv_heads.size  # this rank's
+        self.block_bytes = config.block_size * bytes_per_token(model_config, dtype, self.num_kv_heads)
         self.num_kvcache_blocks = 0
         self.kv_cache = torch.empty(0)
         self.sampler = Sampler()
@@ -115,15 +123,19 @@ class ModelRunner:
         return packed + (head.use_packed_weights(source) if int4 else 0)
 
     def allocate_kv_cache(self, num_bytes: int) -> int:
-        """One tensor [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets its K and V views."""
+        """One tensor [2, layers, blocks, block_size, kv_heads, head_dim]; each layer gets its K and V views.
+        In a group every rank gets the blocks the tightest rank can hold (one block table for all)."""
         mc = self.model_config
         self.num_kvcache_blocks = max(num_bytes // self.block_bytes, 0)
-        shape = (2, mc.num_layers, self.num_kvcache_blocks, self.config.block_size, mc.num_kv_heads, mc.head_dim)
+        if self.tp is not None:
+            self.num_kvcache_blocks = self.tp.min_int(self.num_kvcache_blocks)
+        shape = (2, mc.num_layers, self.num_kvcache_blocks, self.config.block_size, self.num_kv_heads, mc.head_dim)
         self.kv_cache = _zeros(shape, self.dtype, self.device)
         layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
-        if self.device.type == "cpu" and hasattr(self.model, "model") and hasattr(self.model.model, "use_cpu_decode"):
+        if (self.device.type == "cpu" and self.tp is None and hasattr(self.model, "model")
+                and hasattr(self.model.model, "use_cpu_decode")):
             self.model.model.use_cpu_decode(getattr(self.model, "lm_head", None))  # decode steps in one C call
         return self.num_kvcache_blocks
 
@@ -146,7 +158,7 @@ class ModelRunner:
     def profile_run(self) -> None:
         """A forward over the step token budget without the cache: the activation peak for KV sizing."""
         n = min(self.config.max_num_batched_tokens, self.model_config.max_position_embeddings)
-        self.score([0] * n)
+        self._score([0] * n)  # every rank of a group runs it at the same point of its start
 
     def weight_bytes(self) -> int:
         """Bytes of the weights as computed with: dense parameters plus int4 packed ones."""
@@ -164,11 +176,6 @@ class ModelRunner:
             return None
         num_queries = sum(s.num_new_tokens for s in ordered)  # a verify row's tokens are decode queries
         return self.graphs.bucket(num_queries, max(len(s.seq.block_table) for s in ordered))
-
-    def prepare_inputs(self, ordered: list) -> StepInputs:
-        """`ordered`: one-token (decode) rows first, then prefill chunks (see `decode_first`)."""
-        bs = self._graph_bucket(ordered)
-        return self.inputs.prepare(ordered, bs, None if bs is None else self.graphs.inputs)
 
     def run(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = (),
             draft_probs: dict[int, torch.Tensor] | None = None) -> dict[int, list[SampledToken]]:
@@ -193,19 +200,14 @@ class ModelRunner:
 
     def execute_model(self, scheduled: list, blocks_to_copy: list[tuple[int, int]] = (),
                       prev: LaunchedStep | None = None) -> tuple[list, torch.Tensor | None]:
-        """The forward: (the rows in batch order, the logits of their sampled positions, or None)."""
-        self.copy_blocks(list(blocks_to_copy))
+        """The forward: (the rows in batch order, the logits of their sampled positions, or None). In a
+        tensor-parallel group the plan goes to the other ranks first."""
         ordered = decode_first(scheduled)
-        step = self.prepare_inputs(ordered)
-        if prev is not None:
-            self._feed_placeholders(step, ordered, prev)
-        if step.graph_bs is not None:
-            hidden = self.graphs.run(step.graph_bs, step.ctx)
-        else:
-            hidden = self.model(step.input_ids, step.positions, step.ctx)
-        if not any(s.should_sample for s in ordered):
-            return ordered, None
-        return ordered, self.model.compute_logits(hidden, step.ctx)  # launched; host work overlaps it on GPU
+        plan = self.inputs.plan(ordered, self._graph_bucket(ordered))
+        if self.tp is not None:
+            self.send_step(plan, blocks_to_copy)
+        placeholders = None if prev is None else self._placeholder_ids(ordered, prev)
+        return ordered, self.execute(plan, blocks_to_copy, placeholders)  # launched; host work overlaps it on GPU
 
     def sample_tokens(self, ordered: list, logits: torch.Tensor) -> LaunchedStep:
         rows = [(s.seq, i) for s in ordered if s.should_sample for i in range(s.num_samples)]
@@ -232,17 +234,14 @@ class ModelRunner:
             tokens.setdefault(seq.seq_id, []).append(token)
         return tokens
 
-    def _feed_placeholders(self, step: StepInputs, ordered: list, prev: LaunchedStep) -> None:
+    def _placeholder_ids(self, ordered: list, prev: LaunchedStep) -> torch.Tensor:
         """A step scheduled ahead: each row decodes the token `prev` samples for it, still on the device."""
         where = {seq.seq_id: i for i, (seq, _) in enumerate(prev.rows)}
         assert all(s.num_new_tokens == 1 and s.seq.token_ids[-1] == PLACEHOLDER for s in ordered), "not a step ahead"
         src = [where[s.seq.seq_id] for s in ordered]
-        n = len(src)
-        if src == list(range(n)):
-            step.input_ids[:n].copy_(prev.token_ids[:n])
-        else:
-            index = platform.to_device(src, torch.long, self.device)
-            step.input_ids[:n].copy_(prev.token_ids.index_select(0, index))
+        if src == list(range(len(src))):
+            return prev.token_ids[: len(src)]
+        return prev.token_ids.index_select(0, platform.to_device(src, torch.long, self.device))
 
     def _sample_and_verify(self, ordered: list, logits: torch.Tensor, draft_probs: dict[int, torch.Tensor]
                            ) -> dict[int, list[SampledToken]]:
@@ -266,6 +265,35 @@ class ModelRunner:
             tokens[s.seq.seq_id] = [SampledToken(t) for t in ids]
         return tokens
 
+    def send_step(self, plan: StepPlan, blocks_to_copy) -> None:
+        """Rank 0 of a group: the step's plan to the other ranks, in one message."""
+        copies = np.asarray(list(blocks_to_copy), np.int64).reshape(-1)
+        self.tp.send_plan(Kind.RUN, np.concatenate([[len(copies) // 2], copies, plan.to_array()]))
+
+    @staticmethod
+    def step_from(payload: np.ndarray) -> tuple[StepPlan, list[tuple[int, int]]]:
+        num_copies = int(payload[0])
+        pairs = payload[1 : 1 + 2 * num_copies].reshape(-1, 2).tolist()
+        return StepPlan.from_array(payload[1 + 2 * num_copies :]), [tuple(p) for p in pairs]
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan, blocks_to_copy=(), placeholders: torch.Tensor | None = None
+                ) -> torch.Tensor | None:
+        """Every rank's share of a step: block copies, inputs, forward, logits of the sampled rows (rank 0:
+        the whole vocabulary's; the other ranks: None; no rank computes them when no row samples).
+        `placeholders`: the first input ids, still on the device (a step scheduled ahead; never in a group)."""
+        self.copy_blocks(list(blocks_to_copy))
+        step = self.inputs.build(plan, None if plan.graph_bs is None else self.graphs.inputs)
+        if placeholders is not None:
+            step.input_ids[: len(placeholders)].copy_(placeholders)
+        if step.graph_bs is not None:
+            hidden = self.graphs.run(step.graph_bs, step.ctx)
+        else:
+            hidden = self.model(step.input_ids, step.positions, step.ctx)
+        if not plan.sampled.any():
+            return None
+        return self.model.compute_logits(hidden, step.ctx)
+
     def _sampling_metadata(self, keys: list[tuple[str, int]], rows: list) -> SamplingMetadata:
         known = self.sampling.slots  # a slot is set up once; its prompt and output are needed only then
         slots = [known[key] if key in known else
@@ -283,9 +311,14 @@ class ModelRunner:
             pairs = [(key, seq.sampling_params) for key, (seq, _) in zip(keys, rows, strict=True)]
             self.structured.accept(pairs, [t.token_id for t in sampled])
 
-    @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:
         """Logits at every position of one prompt ([n, V] float32), computed without the KV cache."""
+        if self.tp is not None:
+            self.tp.send_plan(Kind.SCORE, np.asarray(token_ids, np.int64))
+        return self._score(token_ids)
+
+    @torch.inference_mode()
+    def _score(self, token_ids: list[int]) -> torch.Tensor | None:
         n = len(token_ids)
         ctx = Context(prefills=[PrefillChunk(0, n, n, torch.empty(0, dtype=torch.int32))])
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)

@@ -21,6 +21,7 @@ PARAMETER_TYPES: dict[str, type] = {
     "repeat_penalty": float, "presence_penalty": float, "frequency_penalty": float,
     "num_ctx": int, "num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
     "use_mmap": bool, "stop": list, "speculative": str,
+    "tensor_parallel": int,  # infer's: ranks the native engine splits the model over
 }
 
 

@@ -74,3 +74,27 @@ def browser():
             yield chromium
         finally:
             chromium.close()
+
+
+@pytest.fixture(scope="session")
+def tp_group():
+    """tp_group(n) -> a tensor-parallel group of n ranks on the CPU (gloo), rank 0 in this process: made once
+    per size for the whole session (starting the ranks costs seconds), and shared by the engines of every
+    test (`LLMEngine(config, group=...)`: each engine's close only unloads its model from the ranks)."""
+    groups = {}
+
+    def get(world_size: int):
+        import torch
+
+        from native_engine.distributed.parallel_state import TensorParallelGroup
+
+        if world_size not in groups:
+            groups[world_size] = TensorParallelGroup.spawn(world_size, torch.device("cpu"))
+        return groups[world_size]
+
+    yield get
+    from native_engine.distributed.parallel_state import Kind
+
+    for group in groups.values():
+        group.send_plan(Kind.EXIT)
+        group.close()

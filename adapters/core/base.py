@@ -281,6 +281,8 @@ class LoadedModel:
     memory: int | None = None
     state: str = "ready"
     active: int = 0
+    pids: list[int] = field(default_factory=list)  # every process of the runner, rank 0 first
+    tensor_parallel: int = 1  # ranks the model is split over
 
 
 @dataclass

@@ -19,7 +19,7 @@ from .errors import ContextLengthExceeded, InvalidRequest
 log = logging.getLogger(__name__)
 
 # Options that decide how the model is loaded; changing one reloads the model.
-LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "use_mmap")
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "use_mmap", "tensor_parallel")
 
 
 class Options(BaseModel):
@@ -49,6 +49,9 @@ class Options(BaseModel):
     num_thread: int = Field(default=0, ge=0, le=512, description="0 = llama.cpp's choice (512: ggml's most).")
     num_gpu: int = Field(default=-1, ge=-1, le=1 << 16)
     use_mmap: bool = True
+    tensor_parallel: int = Field(default=DEFAULTS.tensor_parallel, ge=1, le=64,
+                                 description="Processes the native engine splits the model over (load time; "
+                                 "tensor parallelism, one rank per process: gloo on CPU, NCCL on CUDA).")
     speculative: bool | str | None = Field(
         default=None, description="Speculative decoding (native engine): a method for the model (ngram:k=4, "
         "draft:MODEL:k=4, as a Modelfile PARAMETER), or true/false to turn it on/off for one request.")

@@ -18,6 +18,7 @@ means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=
 | ``INFER_HANG_TIMEOUT`` | ``hang_timeout`` | ``5m``: a runner with work that sends no event for this long is killed |
 | ``INFER_TEST_ENGINE`` | ``test_engine`` | off: ``1`` offers the ``scripted`` engine (tests, benches) |
 | ``INFER_SPECULATIVE`` | ``speculative`` | off (``ngram:k=4``, ``draft:MODEL:k=4``; native engine) |
+| ``INFER_TENSOR_PARALLEL`` | ``tensor_parallel`` | ``1``: ranks a native model is split over |
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class NativeSettings(BaseModel):
     dtype: str | None = None
     device: str | None = None
     enable_prefix_caching: bool | None = None
+    # Where the ranks of a tensor-parallel group meet, when the gateway started them (the runner starter
+    # sets it for the group it launches; None: an engine starts its own ranks).
+    distributed_init_method: str | None = None
 
     def given(self) -> dict[str, Any]:
         """The knobs set (the rest are the engine's defaults)."""
@@ -70,6 +74,9 @@ class LocalSettings(BaseSettings):
     hang_timeout: float = Field(default=300.0, gt=0,
                                 description="Seconds a runner with requests in flight may go without an event.")
     test_engine: bool = Field(default=False, description="Offer the model-less 'scripted' engine (tests, benches).")
+    tensor_parallel: int = Field(default=1, ge=1, le=64,
+                                 description="Ranks each native model is split over (tensor parallelism); a "
+                                 "Modelfile's PARAMETER tensor_parallel or a request's option overrides it.")
     native: NativeSettings = Field(default_factory=NativeSettings)
     speculative: str | None = Field(
         default=None, description="Speculative decoding in the native engine: ngram[:k=4], draft:MODEL[:k=4] or "
@@ -88,7 +95,7 @@ class LocalSettings(BaseSettings):
     @property
     def option_defaults(self) -> dict[str, Any]:
         """Defaults under every request's options."""
-        return {"num_ctx": self.context_length}
+        return {"num_ctx": self.context_length, "tensor_parallel": self.tensor_parallel}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **overrides: Any) -> "LocalSettings":
@@ -96,9 +103,9 @@ class LocalSettings(BaseSettings):
         values: dict[str, Any] = {}
         variables: dict[str, str] = {}
         for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length",
-                     "load_timeout", "hang_timeout", "test_engine", "speculative"):
-            found = env_setting(env, name.upper(),
-                                ollama=name not in ("engine", "hang_timeout", "test_engine", "speculative"))
+                     "load_timeout", "hang_timeout", "test_engine", "speculative", "tensor_parallel"):
+            found = env_setting(env, name.upper(), ollama=name not in ("engine", "hang_timeout", "test_engine",
+                                                                      "speculative", "tensor_parallel"))
             if found and found != ("OLLAMA_MAX_LOADED_MODELS", "0"):  # Ollama's 0 = auto: our default
                 variables[name], values[name] = found
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -46,6 +46,7 @@ BACKOFF_MAX_S = 60.0
 class Runner(Protocol):
     engine: str
     pid: int
+    pids: list[int]  # every process (a tensor-parallel group has one per rank), ``pid`` first
     context_length: int
     failure: str | None
     on_exit: Callable[[Any, str], None] | None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,13 +65,27 @@ class RunnerStarter:
             del self.spares[engine]
             await spare.stop()
 
+    def launch_group(self, engine: str, world_size: int) -> tuple[RunnerClient, LocalSettings]:
+        """A tensor-parallel group (no spare: its size is the model's), and the settings that tell the
+        runner's engine where its ranks meet."""
+        init_method = f"file://{tempfile.mkdtemp(prefix='infer-tp-')}/store"
+        native = self.settings.native
+        launch = Launch.group(engine, world_size, init_method, device=native.device or "auto", log_level=self.log_level)
+        settings = self.settings.model_copy(update={"native": native.model_copy(
+            update={"distributed_init_method": init_method})})
+        return RunnerClient(launch, hang_timeout=self.settings.hang_timeout), settings
+
     async def __call__(self, engine: str, details: ModelDetails, options: Options) -> RunnerClient:
-        runner = self.spares.pop(engine, None)
-        if runner is None or not runner.alive:
-            runner = self.launch(engine)
+        settings = self.settings
+        if engine == "native" and options.tensor_parallel > 1:
+            runner, settings = self.launch_group(engine, options.tensor_parallel)
+        else:
+            runner = self.spares.pop(engine, None)
+            if runner is None or not runner.alive:
+                runner = self.launch(engine)
         # Inside, contexts opened for other load options expire as the runner would; the first one is
         # kept for good (the runner is stopped before it would expire).
-        inner = self.settings.model_copy(update={"max_loaded_models": 0})
+        inner = settings.model_copy(update={"max_loaded_models": 0})
         spec = p.Load(engine, str(self.store.root), details.name.display, options.model_dump(), inner.model_dump())
         try:
             await runner.load(spec, self.settings.load_timeout)
@@ -182,7 +197,8 @@ def _loaded_model(entry: Loaded) -> LoadedModel:
                        pid=runner.pid if runner is not None else None,
                        memory=runner.memory() if runner is not None else None,
                        state=("stopping" if entry.unload_when_idle else "ready") if ready else "loading",
-                       active=entry.active)
+                       active=entry.active, pids=runner.pids if runner is not None else [],
+                       tensor_parallel=len(runner.pids) if runner is not None else 1)
 
 
 def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "warning") -> LocalEngines:

@@ -13,8 +13,12 @@ Faults are the gateway's to notice, never the runner's to report:
   ``on_exit`` tells the scheduler;
 - the runner has work but sends no event for ``hang_timeout`` seconds: it is killed, and the same follows.
 
-A runner is a group of processes (one today; one per rank for a tensor-parallel model): rank 0 owns
-the channel (``channel.py``: an inherited Unix socket), and the death of any member fails the group.
+A runner is a group of processes: one, or one per rank for a tensor-parallel model (``Launch.group``:
+rank 0 is the runner and owns the channel, ``channel.py``: an inherited Unix socket; ranks 1..N-1 are
+the native engine's workers, ``python -m native_engine.distributed.worker``, which meet rank 0 through
+``torch.distributed``). The death of any member fails the group: the others are killed, every request
+in flight ends with :class:`~adapters.core.errors.RunnerStopped`, and the scheduler starts a fresh group
+on the next request.
 """
 
 from __future__ import annotations
@@ -59,6 +63,16 @@ class Launch:
         return cls(engine, [[sys.executable, "-m", "adapters.runner", "--engine", engine, "--fd", "{fd}",
                              "--parent", str(os.getpid()), "--log-level", log_level]])
 
+    @classmethod
+    def group(cls, engine: str, world_size: int, init_method: str, *, device: str = "auto",
+              log_level: str = "warning") -> "Launch":
+        """A tensor-parallel group: the runner as rank 0, then a native-engine worker per rank, all meeting at
+        ``init_method`` (the runner's engine is told the same place through its settings)."""
+        workers = [[sys.executable, "-m", "native_engine.distributed.worker", "--rank", str(rank), "--world-size",
+                    str(world_size), "--init-method", init_method, "--device", device, "--parent", str(os.getpid()),
+                    "--log-level", log_level] for rank in range(1, world_size)]
+        return cls(engine, [cls.single(engine, log_level=log_level).commands[0], *workers])
+
 
 class _Gone:
     """Put on a request's queue when its runner died."""
@@ -98,6 +112,11 @@ class RunnerClient:
     @property
     def pid(self) -> int:
         return self.processes[0].pid
+
+    @property
+    def pids(self) -> list[int]:
+        """Every process of the runner, rank 0 first."""
+        return [proc.pid for proc in self.processes]
 
     @property
     def alive(self) -> bool:
@@ -278,14 +297,14 @@ class RunnerClient:
 
     def _exited(self, proc: subprocess.Popen) -> None:
         code = proc.poll()
-        why = self.failure or _exit_reason(code)
+        why = self.failure or self._member(proc) + _exit_reason(code)
         self.failure = why
         for other in self.processes:  # one rank gone fails the group
             if other.poll() is None:
                 other.send_signal(signal.SIGKILL)
         if not self._stopping:
             log.error("runner %d (%s) stopped: %s; %d request(s) in flight end with an error",
-                      proc.pid, self.engine, why, len([k for k in self._pending if k != -1]))
+                      self.pid, self.engine, why, len([k for k in self._pending if k != -1]))
         for target in list(self._pending.values()):
             if isinstance(target, asyncio.Queue):
                 target.put_nowait(_Gone(why))
@@ -294,6 +313,12 @@ class RunnerClient:
         self._close()
         if self.on_exit is not None and not self._stopping:
             self.on_exit(self, why)
+
+    def _member(self, proc: subprocess.Popen) -> str:
+        """Which process of a group, for the reason it stopped ("" for a runner of one)."""
+        if len(self.processes) == 1:
+            return ""
+        return f"tensor-parallel rank {self.processes.index(proc)} of {len(self.processes)}, pid {proc.pid}, "
 
     def _close(self) -> None:
         loop = asyncio.get_running_loop()

@@ -168,7 +168,7 @@ def ps_entry(m: LoadedModel, d: ModelDetails | None) -> dict[str, Any]:
              "context_length": m.context_length}
     if m.pid is not None:
         entry["runner"] = {"pid": m.pid, "engine": m.backend, "memory": m.memory or 0, "state": m.state,
-                           "requests": m.active}
+                           "requests": m.active, "tensor_parallel": m.tensor_parallel, "pids": m.pids or [m.pid]}
     return entry
 
 

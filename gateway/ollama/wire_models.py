@@ -145,9 +145,11 @@ class Runner(BaseModel):
 
     pid: int
     engine: str
-    memory: int = Field(ge=0, description="resident bytes of the runner process")
+    memory: int = Field(ge=0, description="resident bytes of the runner's processes")
     state: Literal["loading", "ready", "stopping"]
     requests: int = Field(ge=0, description="requests in flight")
+    tensor_parallel: int = Field(default=1, ge=1, description="ranks the model is split over, one process each")
+    pids: list[int] = Field(default_factory=list, description="every process of the runner, rank 0 (pid) first")
 
 
 class ProcessModel(BaseModel):

@@ -1,8 +1,15 @@
-"""Linear layers with checkpoint-shard loaders (nano-vllm style, no tensor parallelism).
+"""Linear layers with checkpoint-shard loaders (nano-vllm / vLLM style).
 
 `QKVLinear` packs q/k/v and `MergedLinear` packs gate/up into one GEMM; each parameter
 carries a `weight_loader(param, loaded, shard_id)` that copies one checkpoint tensor into
 its slice.
+
+Tensor parallelism (Megatron-LM): the packed linears are column-parallel (built with the rank's
+rows of each checkpoint matrix: `QKVLinear(shard=...)`, `MergedLinear(rows=...)`), and
+`RowParallelLinear` takes the rank's input columns and sums the partial products over the group
+(one all-reduce). Their loaders narrow each checkpoint tensor before anything is copied or
+dequantized (`loader/lazy.py`), so a rank only ever reads its shard. With one rank they are the
+plain layers.
 
 On CPU, oneDNN's bf16 GEMV is about 1.6x slower than the fp16 one at one or two rows,
 while fp16 GEMMs are far slower than bf16 at 16 rows. `use_small_batch_weights` gives a
@@ -15,13 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed.partition import RankShard, Span
 from ..loader.gguf_loader import Q4Blocks, Q8Blocks
+from ..loader.lazy import materialize, narrow
 from .quant import BlockWeight, Int4Weight, from_blocks, pack_int4, use_block_kernels
 
 SMALL_BATCH = 2
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor | Q4Blocks | Q8Blocks) -> None:
+    loaded = materialize(loaded)
     if isinstance(loaded, (Q4Blocks, Q8Blocks)):
         loaded = loaded.dequantize()
     assert param.shape == loaded.shape, f"shape mismatch: {tuple(param.shape)} vs {tuple(loaded.shape)}"
@@ -44,6 +54,7 @@ class Linear(nn.Module):
         self.block_ranges: list[tuple[int, int]] = []
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+        loaded = materialize(loaded)
         if isinstance(loaded, Q4Blocks):
             self.load_blocks(0, loaded)
         else:
@@ -93,12 +104,39 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class _PackedLinear(Linear):
-    """A linear whose output rows are the concatenation of named checkpoint shards."""
+class RowParallelLinear(Linear):
+    """Input columns `cols` of an [out, in] checkpoint matrix; the partial products are summed over the
+    group, and the bias is added once (rank 0's)."""
 
-    def __init__(self, in_features: int, shard_sizes: dict[object, int], bias: bool) -> None:
+    def __init__(self, out_features: int, cols: Span, tp, bias: bool = False) -> None:
+        super().__init__(cols.size, out_features, bias)
+        self.cols, self.tp = cols, tp
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        if param is self.bias:
+            loaded = materialize(loaded) if self.tp.rank == 0 else torch.zeros_like(param)
+        else:
+            loaded = narrow(loaded, 1, self.cols.start, self.cols.size)
+        super().weight_loader(param, loaded, shard_id)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in / ranks] -> [T, out]
+        return self.tp.all_reduce(super().forward(x))
+
+
+def row_parallel(in_features: int, out_features: int, cols: Span, tp, bias: bool = False) -> Linear:
+    """`RowParallelLinear` in a group, the plain `Linear` alone."""
+    return Linear(in_features, out_features, bias) if tp is None else RowParallelLinear(out_features, cols, tp, bias)
+
+
+class _PackedLinear(Linear):
+    """A linear whose output rows are the concatenation of named checkpoint shards; `sources` gives the
+    first checkpoint row of each (0 without tensor parallelism: the whole shard)."""
+
+    def __init__(self, in_features: int, shard_sizes: dict[object, int], bias: bool,
+                 sources: dict[object, int] | None = None) -> None:
         super().__init__(in_features, sum(shard_sizes.values()), bias)
         self.shard_offsets: dict[object, tuple[int, int]] = {}
+        self.sources = sources or {}
         offset = 0
         for shard_id, size in shard_sizes.items():
             self.shard_offsets[shard_id] = (offset, size)
@@ -106,6 +144,7 @@ class _PackedLinear(Linear):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         offset, size = self.shard_offsets[shard_id]
+        loaded = materialize(narrow(loaded, 0, self.sources.get(shard_id, 0), size))
         if isinstance(loaded, Q4Blocks):
             assert loaded.shape[0] == size, f"shard {shard_id!r}: {loaded.shape[0]} rows, expected {size}"
             self.load_blocks(offset, loaded)
@@ -114,14 +153,24 @@ class _PackedLinear(Linear):
 
 
 class QKVLinear(_PackedLinear):
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
-        q, kv = num_heads * head_dim, num_kv_heads * head_dim
-        super().__init__(hidden_size, {"q": q, "k": kv, "v": kv}, bias)
+    """q, k and v projections in one GEMM; with `shard`, the rank's query and KV heads only."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
+                 shard: RankShard | None = None) -> None:
+        q = shard.q_heads.scaled(head_dim) if shard else Span(0, num_heads * head_dim)
+        kv = shard.kv_heads.scaled(head_dim) if shard else Span(0, num_kv_heads * head_dim)
+        super().__init__(hidden_size, {"q": q.size, "k": kv.size, "v": kv.size}, bias,
+                         {"q": q.start, "k": kv.start, "v": kv.start})
 
 
 class MergedLinear(_PackedLinear):
-    def __init__(self, in_features: int, out_features: list[int], bias: bool = False) -> None:
-        super().__init__(in_features, dict(enumerate(out_features)), bias)
+    """Several projections of one input in one GEMM (gate/up); with `rows`, those rows of each."""
+
+    def __init__(self, in_features: int, out_features: list[int], bias: bool = False, rows: Span | None = None
+                 ) -> None:
+        sizes = [rows.size] * len(out_features) if rows else out_features
+        super().__init__(in_features, dict(enumerate(sizes)), bias,
+                         dict.fromkeys(range(len(sizes)), rows.start) if rows else None)
 
 
 def use_small_batch_weights(model: nn.Module) -> int:

@@ -118,6 +118,11 @@ class Q4Blocks:
         rows, groups = self.d.shape
         return (self.q.view(rows, groups, -1) * self.d[..., None] + self.m[..., None]).view(self.q.shape)
 
+    def narrow(self, dim: int, start: int, size: int) -> Q4Blocks | torch.Tensor:
+        """Rows, or whole blocks of columns, as blocks; columns that cut a block come dequantized."""
+        parts = _narrow_blocks((self.q, self.d, self.m), dim, start, size)
+        return Q4Blocks(*parts) if parts is not None else self.dequantize().narrow(dim, start, size)
+
 
 @dataclass(frozen=True, slots=True)
 class Q8Blocks:
@@ -133,6 +138,23 @@ class Q8Blocks:
     def dequantize(self) -> torch.Tensor:
         rows, groups = self.d.shape
         return (self.q.view(rows, groups, -1) * self.d[..., None]).view(self.q.shape)
+
+    def narrow(self, dim: int, start: int, size: int) -> Q8Blocks | torch.Tensor:
+        parts = _narrow_blocks((self.q, self.d), dim, start, size)
+        return Q8Blocks(*parts) if parts is not None else self.dequantize().narrow(dim, start, size)
+
+
+BLOCK = 32  # weights per Q4_1 / Q8_0 block
+
+
+def _narrow_blocks(parts: tuple[torch.Tensor, ...], dim: int, start: int, size: int) -> tuple | None:
+    """(q, d[, m]) narrowed to rows, or to columns on block boundaries; None when columns cut a block."""
+    q, *scales = parts
+    if dim == 0:
+        return tuple(t[start : start + size] for t in parts)
+    if start % BLOCK or size % BLOCK:
+        return None
+    return (q[:, start : start + size], *(t[:, start // BLOCK : (start + size) // BLOCK] for t in scales))
 
 
 def q8_0_blocks(data: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

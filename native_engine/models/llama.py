@@ -1,4 +1,8 @@
-"""Llama-family decoder (Llama 2/3 and, with q/k/v biases, Qwen2), built from `layers/`."""
+"""Llama-family decoder (Llama 2/3 and, with q/k/v biases, Qwen2), built from `layers/`.
+
+`tp` (a `TensorParallelGroup`, None alone) builds the rank's shard (`distributed/partition.py`): its query
+and KV heads, MLP rows and vocabulary rows; the forward is the same code, the row-parallel layers and the
+embedding sum over the group."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed.partition import RankShard, shard_model
 from ..forward_context import Context
 from ..kernels import qkv_rope_cache
 from ..kernels._triton import use_triton
@@ -13,18 +18,19 @@ from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embed_head import LMHead, VocabEmbedding
 from ..layers.layernorm import RMSNorm
-from ..layers.linear import Linear, MergedLinear, QKVLinear
+from ..layers.linear import MergedLinear, QKVLinear, row_parallel
 from ..layers.rotary_embedding import RotaryEmbedding
 from .cpu_decode import CPUDecodeStack
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, config, rotary_emb: RotaryEmbedding, shard: RankShard, tp=None) -> None:
         super().__init__()
-        nh, nkv, hd = config.num_heads, config.num_kv_heads, config.head_dim
+        nh, nkv, hd = shard.q_heads.size, shard.kv_heads.size, config.head_dim
         self.q_size, self.kv_size = nh * hd, nkv * hd
-        self.qkv_proj = QKVLinear(config.hidden_size, hd, nh, nkv, bias=config.qkv_bias)
-        self.o_proj = Linear(nh * hd, config.hidden_size)
+        self.qkv_proj = QKVLinear(config.hidden_size, hd, config.num_heads, config.num_kv_heads,
+                                  bias=config.qkv_bias, shard=shard)
+        self.o_proj = row_parallel(nh * hd, config.hidden_size, shard.q_heads.scaled(hd), tp)
         self.rotary_emb = rotary_emb  # one cos/sin table shared by every layer
         self.attn = Attention(nh, hd, hd**-0.5, nkv)
 
@@ -41,10 +47,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, shard: RankShard, tp=None) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size])
-        self.down_proj = Linear(intermediate_size, hidden_size)
+        rows = shard.intermediate
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size], rows=rows)
+        self.down_proj = row_parallel(rows.size, hidden_size, rows, tp)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,10 +59,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, config, rotary_emb: RotaryEmbedding, shard: RankShard, tp=None) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary_emb)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.self_attn = LlamaAttention(config, rotary_emb, shard, tp)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, shard, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -72,12 +79,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, shard: RankShard, tp=None) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, shard.vocab, tp)
         rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                      config.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary_emb) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, rotary_emb, shard, tp) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.config = config
         self.cpu_decode: CPUDecodeStack | None = None  # set by `use_cpu_decode` once the KV cache exists
@@ -105,11 +112,14 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, tp=None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size)
+        rank, world_size = (tp.rank, tp.world_size) if tp is not None else (0, 1)
+        self.shard = shard_model(config.num_heads, config.num_kv_heads, config.intermediate_size, config.vocab_size,
+                                 rank, world_size)
+        self.model = LlamaModel(config, self.shard, tp)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, self.shard.vocab, tp, self.shard.vocab_sizes)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

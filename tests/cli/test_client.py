@@ -109,13 +109,13 @@ def test_ps_lists_the_loaded_model_and_stop_unloads_it(server, store):
     code, out, err = command("ps", host=host)
     assert (code, err) == (0, "")
     header, *lines = out.splitlines()
-    assert re.fullmatch(r"NAME\s{4,}ID\s{4,}SIZE\s{4,}PROCESSOR\s{4,}CONTEXT\s{4,}UNTIL\s{4,}ENGINE\s{4,}PID"
-                        r"\s{4,}MEMORY", header)
+    assert re.fullmatch(r"NAME\s{4,}ID\s{4,}SIZE\s{4,}PROCESSOR\s{4,}CONTEXT\s{4,}UNTIL\s{4,}ENGINE\s{4,}TP"
+                        r"\s{4,}PID\s{4,}MEMORY", header)
     (line,) = [x for x in lines if x.startswith("seeded")]
     runner = loaded(server)["seeded"]["runner"]
     digest = loaded(server)["seeded"]["digest"][:12]
     assert re.fullmatch(rf"seeded(:latest)?\s{{4,}}{digest}\s{{4,}}\d+(\.\d)? [KM]B\s{{4,}}100% CPU\s{{4,}}512"
-                        rf"\s{{4,}}(4|5) minutes from now\s{{4,}}llamacpp\s{{4,}}{runner['pid']}\s{{4,}}\d+(\.\d)? MB",
+                        rf"\s{{4,}}(4|5) minutes from now\s{{4,}}llamacpp\s{{4,}}1\s{{4,}}{runner['pid']}\s{{4,}}\d+(\.\d)? MB",
                         line), line
 
     assert command("stop", "seeded", host=host) == (0, "", "")

@@ -25,6 +25,7 @@ class StandIn:
     def __init__(self, engine: str, model: str):
         self.engine, self.model = engine, model
         self.pid = next(_pids)
+        self.pids = [self.pid]
         self.context_length = 512
         self.failure = None
         self.on_exit = None

@@ -3,9 +3,11 @@ context lengths and block tables, written in place into buffers allocated once."
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
-from native_engine.input_batch import InputBuffers
+from native_engine.input_batch import InputBuffers, StepPlan
 from native_engine.scheduler import ScheduledSequence
 from native_engine.sampling_params import SamplingParams
 from native_engine.sequence import Sequence
@@ -50,3 +52,27 @@ def test_graph_layout_pads_to_the_bucket_with_rows_that_touch_nothing():
     assert step.ctx.context_lens.tolist() == eager.ctx.context_lens.tolist()
     assert step.ctx.block_tables.tolist() == eager.ctx.block_tables.tolist()
     assert graph_inputs[:, 2:4].tolist() == [[0, 0], [0, 0], [-1, -1], [0, 0]]  # padded rows
+
+
+def _context(step) -> dict:
+    ctx = step.ctx
+    return {"ids": step.input_ids.tolist(), "positions": step.positions.tolist(),
+            "slots": ctx.slot_mapping.tolist(), "decodes": ctx.num_decode_tokens,
+            "lens": None if ctx.context_lens is None else ctx.context_lens.tolist(),
+            "tables": None if ctx.block_tables is None else ctx.block_tables.tolist(),
+            "prefills": [(p.query_start, p.query_len, p.context_len, p.block_table.tolist()) for p in ctx.prefills],
+            "samples": None if ctx.sample_indices is None else ctx.sample_indices.tolist()}
+
+
+@pytest.mark.parametrize("graph_bs", [None, 4])
+def test_a_plan_sent_as_one_int64_array_builds_the_same_step_on_another_rank(graph_bs):
+    """What rank 0 of a tensor-parallel group broadcasts: the other rank's own buffers build the same step."""
+    rows = _decodes() if graph_bs else [*_decodes(), ScheduledSequence(_seq(10, 4, [9, 8, 6]), 3),
+                                        ScheduledSequence(_seq(5, 0, [4, 0]), 5)]
+    here, there = (InputBuffers(64, 8, 8, 4, torch.device("cpu")) for _ in range(2))
+    plan = here.plan(rows, graph_bs)
+    flat = plan.to_array()
+    assert flat.dtype == np.int64 and flat.ndim == 1
+    received = StepPlan.from_array(flat.copy())
+    graph = [torch.zeros(4, 8, dtype=torch.long) for _ in range(2)] if graph_bs else [None, None]
+    assert _context(there.build(received, graph[1])) == _context(here.build(plan, graph[0]))

@@ -220,7 +220,7 @@ def test_repeated_crashes_back_off_and_say_why(server, http):
     shown = subprocess.run([sys.executable, "-m", "cli", "ps"], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "INFER_HOST": f"127.0.0.1:{server.port}"})
     assert shown.returncode == 0 and shown.stdout.splitlines()[0].split() == [
-        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "ENGINE", "PID", "MEMORY"]
+        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", "ENGINE", "TP", "PID", "MEMORY"]
     assert "tiny:latest (scripted): 2 crash(es) in a row, last: killed by SIGSEGV; next start" in shown.stdout
     time.sleep(1.1)
     settle(http)

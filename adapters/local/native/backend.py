@@ -129,7 +129,8 @@ class NativeBackend:
 
         context = min(options.num_ctx, details.gguf.context_length or options.num_ctx)
         try:
-            config = engine_config(self.settings.native, str(model_path), context, self._speculative(details))
+            config = engine_config(self.settings.native, str(model_path), context, self._speculative(details),
+                                   options.tensor_parallel)
             llm = LLMEngine(config)
         except (ValueError, NotImplementedError) as exc:
             raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
@@ -280,12 +281,15 @@ def _encode(tokenizer, spec: PromptSpec, text: str) -> list[int]:
     return tokenizer.encode(text, add_bos=add_bos)
 
 
-def engine_config(native: NativeSettings, model_path: str, max_model_len: int, speculative: str | None = None):
-    """One model's ``EngineConfig``: the settings tree's native knobs, the model's path, its context and its
-    speculative decoding method."""
+def engine_config(native: NativeSettings, model_path: str, max_model_len: int, speculative: str | None = None,
+                  tensor_parallel: int = 1):
+    """One model's ``EngineConfig``: the settings tree's native knobs, the model's path, its context, its
+    speculative decoding method and the ranks it is split over (the group's meeting place, when the gateway
+    started them, is in ``native``)."""
     from native_engine import EngineConfig
 
-    return EngineConfig(model=model_path, max_model_len=max_model_len, speculative=speculative, **native.given())
+    return EngineConfig(model=model_path, max_model_len=max_model_len, speculative=speculative,
+                        tensor_parallel_size=tensor_parallel, **native.given())
 
 
 def sampling_params(options: Options, request: GenerationRequest, room: int):

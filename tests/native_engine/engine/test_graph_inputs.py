@@ -68,9 +68,9 @@ def test_verify_steps_run_as_graph_steps(make_engine, prompts):
     runner = engine.model_runner
     runner.graphs = EagerGraphs(runner.model, 8, runner.inputs.max_blocks, engine.model_config.hidden_size,
                                 engine.device, engine.dtype)
-    seen, prepare = [], runner.prepare_inputs
-    runner.prepare_inputs = lambda ordered: (step := prepare(ordered), seen.append(
-        (step.graph_bs, sum(s.num_spec_tokens for s in ordered))))[0]
+    seen, build = [], runner.inputs.build
+    runner.inputs.build = lambda plan, graph_inputs=None: (step := build(plan, graph_inputs), seen.append(
+        (step.graph_bs, int(plan.specs.sum()))))[0]
     assert token_ids(engine.generate(batch, greedy(24))) == eager
     assert engine.spec_decode_stats()["num_drafts"] > 0
     assert any(bs is not None and drafts > 0 for bs, drafts in seen)  # verify steps replayed a graph
