@@ -5,16 +5,19 @@
 #   2. pytest -m gpu tests/native_engine (Triton kernels, CUDA graphs, the sampler on the device, one
 #      host copy per decode step, structured outputs), at most GPU_TESTS_S seconds;
 #   3. bench/native_gpu.py (Qwen2-0.5B and 7B shapes, random bf16 drawn on the device; warm-ups, repeats and
-#      the decode profiles inside a budget of BENCH_S - 20 seconds), killed at BENCH_S;
+#      the decode profiles inside a budget of BENCH_S - 60 seconds, then the n-gram speculative decoding
+#      pass), killed at BENCH_S;
 #   4. a short summary table, last.
 # Logs and the bench's JSON go to $OUT when it is set (the device tool brings them back), else .bench/gpu/.
-# Run from the repository root:  bash scripts/gpu_check.sh   (GPU_TESTS_S=90 BENCH_S=170 by default)
+# Run from the repository root:  bash scripts/gpu_check.sh   (GPU_TESTS_S=90 BENCH_S=230 by default)
+# With AMX_SRC=path/to/llama-cpp-python.tar.gz (and AMX_WHEELS=dir), scripts/amx_check.sh builds llama.cpp
+# for this CPU and runs its smoke test while the GPU tests run (nothing is timed then), before the bench.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-.bench/gpu}"
 mkdir -p "$OUT"
 GPU_TESTS_S="${GPU_TESTS_S:-90}"
-BENCH_S="${BENCH_S:-170}"
+BENCH_S="${BENCH_S:-230}"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -27,14 +30,20 @@ fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee "$OUT/device.txt"
 python3 -c "import torch, triton, transformers, llguidance, gguf; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'llguidance', llguidance.__version__)" 2>&1 | tee -a "$OUT/device.txt"
 
+amx_pid=
+if [ -n "${AMX_SRC:-}" ]; then
+  OUT="$OUT/amx" ONLY="${AMX_ONLY:-fixed}" JOBS="${AMX_JOBS:-12}" timeout 300 bash scripts/amx_check.sh "$AMX_SRC" "${AMX_WHEELS:-}" >"$OUT/amx_check.log" 2>&1 &
+  amx_pid=$!
+fi
 start=$(date +%s)
 timeout "$GPU_TESTS_S" python3 -m pytest -m gpu tests/native_engine -q -p no:cacheprovider \
   --timeout 120 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 tests_s=$(( $(date +%s) - start ))
+[ -z "$amx_pid" ] || wait "$amx_pid"
 
 start=$(date +%s)
-timeout "$BENCH_S" python3 bench/native_gpu.py --budget-s $(( BENCH_S - 20 )) --json "$OUT/native_gpu.json" 2>&1 \
+timeout "$BENCH_S" python3 bench/native_gpu.py --budget-s $(( BENCH_S - 60 )) --speculative --json "$OUT/native_gpu.json" 2>&1 \
   | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 bench_s=$(( $(date +%s) - start ))
@@ -42,6 +51,7 @@ bench_s=$(( $(date +%s) - start ))
 echo
 echo "== summary: gpu tests rc=$tests_rc in ${tests_s}s: $(tail -1 "$OUT/gpu_tests.log")"
 echo "== bench rc=$bench_rc in ${bench_s}s"
+[ ! -f "$OUT/amx/amx.txt" ] || { echo "== llama.cpp on this CPU (scripts/amx_check.sh):"; cat "$OUT/amx/amx.txt"; }
 python3 - "$OUT/native_gpu.json" <<'PY'
 import json, sys
 try:
@@ -67,6 +77,11 @@ for shape, m in r["models"].items():
           f"{p.get('busy_us', float('nan')):8.0f}")
     if "ahead_failed" in o:
         print(f"{shape:5s} scheduling ahead failed (measured without): {o['ahead_failed'].strip().splitlines()[-1]}")
+spec = r.get("speculative")
+if spec:
+    print("speculative (0.5b, ngram k=4, batch 1 greedy):", spec.get("error") or
+          f"{spec['spec_tok_s']:.0f} vs {spec['plain_tok_s']:.0f} tok/s = {spec['ratio']:.2f}x, acceptance "
+          f"{spec['acceptance_rate'] or 0:.0%}, tokens equal {spec['greedy_equal']}")
 print("goals: 0.5b b1 >= 1500 tok/s; 7b b1 MBU >= 75%; mixed >= 20x hf, uniform >= 15x (greedy/sampled); "
       "sampled within 10% of greedy")
 PY
