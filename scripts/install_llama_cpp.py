@@ -10,12 +10,19 @@
    ``~/.cache/infer/llama-cpp-wheels/<version>-<digest of the flags>/``, bypassing pip's wheel cache
    (its key does not know the flags); install it, record the flags beside the package, smoke-test it.
 
+When the smoke test still crashes, it is run once more with the system's shared libstdc++ preloaded
+(``LD_PRELOAD``): on a lent GPU box (Ubuntu 24.04, GCC 13.3, a venv Python 3.12) every build of 0.3.36,
+with or without AMX, AVX-512 or llamafile, segfaulted while loading any model (in ``print_info``, before
+any compute) and answered with it preloaded; its libraries linked no shared libstdc++ (a C++ runtime linked
+statically into each of them, e.g. from ``LDFLAGS``). The script then says so and what to set.
+
 Exit status 0 when llama.cpp answers, 1 otherwise (with the reason). ``--check`` only reports.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import importlib.metadata
 import importlib.util
 import os
@@ -29,10 +36,10 @@ from adapters.local.llamacpp.cpu_build import cmake_args, cpu_flags, explicit_ar
 PACKAGE = "llama-cpp-python"
 
 
-def smoke() -> tuple[bool, str]:
+def smoke(env: dict[str, str] | None = None) -> tuple[bool, str]:
     try:
         done = subprocess.run([sys.executable, "-m", "adapters.local.llamacpp.smoke"], capture_output=True,
-                              text=True, timeout=600)
+                              text=True, timeout=600, env=env)
     except subprocess.TimeoutExpired:
         return False, "no answer in 600 s"
     if done.returncode == 0:
@@ -40,6 +47,37 @@ def smoke() -> tuple[bool, str]:
     if done.returncode < 0:
         return False, f"killed by {signal.Signals(-done.returncode).name}"
     return False, (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+
+
+def shared_libstdcxx() -> str | None:
+    """The system's shared libstdc++ (what ``gcc -print-file-name`` or the loader's cache knows), if any."""
+    try:
+        found = subprocess.run(["gcc", "-print-file-name=libstdc++.so.6"], capture_output=True, text=True,
+                               timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        found = ""
+    if found and Path(found).is_absolute() and Path(found).exists():
+        return str(Path(found).resolve())
+    name = ctypes.util.find_library("stdc++")
+    return name if name and Path(name).is_absolute() else None
+
+
+def preload_hint() -> str | None:
+    """After a crash: does llama.cpp answer with the shared libstdc++ preloaded? Then the line to print."""
+    lib = shared_libstdcxx()
+    if lib is None:
+        return None
+    ok, _ = smoke({**os.environ, "LD_PRELOAD": lib})
+    if not ok:
+        return None
+    return (f"llama.cpp answers with the shared libstdc++ preloaded: its libraries carry a static C++ runtime "
+            f"(check LDFLAGS/CXXFLAGS for -static-libstdc++ and rebuild), or run with LD_PRELOAD={lib}")
+
+
+def report_failure() -> None:
+    hint = preload_hint()
+    if hint:
+        print(hint)
 
 
 def marker() -> Path:
@@ -86,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     if args is None or installed == args:
         ok, detail = smoke()
         print(f"llama.cpp smoke test: {'answers' if ok else 'FAILS'} ({detail})")
-        if ok or options.check:
-            return 0 if ok else 1
+        if ok:
+            return 0
+        if options.check:
+            report_failure()
+            return 1
         args = explicit_args(flags)
     elif options.check:
         print("llama.cpp: this CPU needs a build without AMX; run `make install`")
@@ -95,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     install(version, args)
     ok, detail = smoke()
     print(f"llama.cpp smoke test after the rebuild: {'answers' if ok else 'FAILS'} ({detail})")
+    if not ok:
+        report_failure()
     return 0 if ok else 1
 
 

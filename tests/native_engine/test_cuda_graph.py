@@ -126,3 +126,23 @@ def test_scheduling_ahead_on_the_gpu_gives_the_step_by_step_tokens(tiny_gguf):
         assert engine.stats()["num_free_blocks"] == engine.stats()["num_kvcache_blocks"]
     assert outs[True] == outs[False]
     assert sum(x is not None for x in counts[True]) >= 15 and not any(counts[False])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("graphs", [True, False])
+def test_speculation_on_the_gpu_gives_the_plain_greedy_tokens_in_float32(tiny_gguf, graphs):
+    """Verify rows on the device (Triton paged attention with 1 + k queries a row, the rejection sampler, verify
+    steps as graph steps or eager): in float32 the greedy tokens are the plain engine's. bf16 can differ at near
+    ties (a verify step's matmuls have other shapes than a one-row step's, so other roundings)."""
+    from native_engine import SamplingParams
+
+    prompts = ["a b c d a b c d a b c d", "the quick brown fox jumps the quick brown fox jumps", "x y x y x y x"]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    plain = _engine(tiny_gguf, dtype="float32", enforce_eager=not graphs)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    engine = _engine(tiny_gguf, dtype="float32", enforce_eager=not graphs, speculative="ngram:k=3,adaptive=off")
+    assert [o.outputs[0].token_ids for o in engine.generate(prompts, params)] == expected
+    stats = engine.spec_decode_stats()
+    assert stats["num_drafts"] > 0 and stats["num_accepted_tokens"] > 0, stats
+    assert engine.stats()["num_free_blocks"] == engine.stats()["num_kvcache_blocks"]
