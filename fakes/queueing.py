@@ -82,6 +82,7 @@ class QueueModel:
     tpot_slope_ms: float = 2.0
     kv_tokens: int = 0                # KV cache size in tokens for kv_cache_usage_perc; 0: batch_limit * 2048
     prefix_cache_tokens: int = 0      # prefix cache size in tokens; 0: no prefix caching
+    cached_prefill_weight: float = 0.0  # a cached prompt token's prefill time, as a share of an uncached one's
     block_size: int = 16              # tokens per cached block
     kv_events_port: int = 0           # publish vLLM's KV events on tcp://127.0.0.1:PORT (0: off)
     tokenizer: str = ""               # a WordLevel tokenizer.json giving the words' token ids (else CRC-32s)
@@ -104,7 +105,7 @@ class QueueModel:
         return (self.tpot_base_ms + self.tpot_slope_ms * n) / 1000
 
     def prefill(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
-        return (prompt_tokens - cached_tokens) / self.prefill_tok_s
+        return (prompt_tokens - cached_tokens + self.cached_prefill_weight * cached_tokens) / self.prefill_tok_s
 
     def take_failure(self) -> int | None:
         status = self.fail_status

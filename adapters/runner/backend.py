@@ -173,6 +173,12 @@ class RunnerBackend:
         runners = self.scheduler.runners(self.name)
         return Health(ok=True, detail=f"{len(runners)} runner(s)")
 
+    def spec_decode_stats(self) -> dict[str, dict]:
+        """Each model's speculative decoding counters, as its runner last reported them (with each finished
+        request); read by /metrics (gateway/spec_decode_metrics.py)."""
+        return {model: stats for e in self.scheduler.runners(self.name) if e.runner is not None
+                for model, stats in e.runner.spec_decode.items()}
+
     def current_load(self) -> dict[str, float]:
         """Requests in flight and waiting over this engine's runners (the runners' last answers to a ping)."""
         runners = [e for e in self.scheduler.runners(self.name) if e.runner is not None]

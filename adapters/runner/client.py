@@ -93,6 +93,7 @@ class RunnerClient:
         self.failure: str | None = None  # why it stopped, once it did
         self.context_length = 0
         self.load_stats: dict[str, float] = {}
+        self.spec_decode: dict[str, dict] = {}  # the model's speculative decoding counters, as last reported
         self.started = time.time()
         self._pending: dict[int, asyncio.Queue | asyncio.Future] = {}
         self._last_event = time.monotonic()
@@ -241,8 +242,9 @@ class RunnerClient:
                 self.load_stats = message.load
                 continue
             self._last_event = time.monotonic()
-            if isinstance(message, p.Finished) and message.load:
-                self.load_stats = message.load
+            if isinstance(message, p.Finished):
+                self.load_stats = message.load or self.load_stats
+                self.spec_decode = message.spec_decode or self.spec_decode
             target = self._pending.get(-1 if isinstance(message, p.Ready) else message.id)
             if isinstance(target, asyncio.Queue):
                 target.put_nowait(message)

@@ -7,7 +7,8 @@ sends msgspec structs between its API server and ``EngineCore`` the same way, ov
 gateway -> runner                        runner -> gateway
     Load(engine, store, model, ...)          Ready(pid, context_length) | Failed(error)
     Generate(id, request, admit)             [Admit(id, prompt_tokens, context, served_by)]
-                                             Token(id, chunk)... then Finished(id, done, load) | Failed(id, error)
+                                             Token(id, chunk)... then Finished(id, done, load, spec_decode)
+                                             | Failed(id, error)
     Admitted(id, cap) | Refused(id)          (the answer to Admit: generation goes on, or fails)
     Embed(id, model, inputs, ...)            Embedded(id, result) | Failed(id, error)
     Cancel(id)                               (the stream ends with a ``cancelled`` Finished)
@@ -114,6 +115,9 @@ class Finished(msgspec.Struct, tag=True):
     id: int
     done: Done
     load: dict[str, float] = {}  # the runner's load as the request ends (as in Pong)
+    # the model's speculative decoding counters as the request ends ({model: counters}; vLLM's engine core
+    # sends its scheduler stats with its outputs the same way): what /metrics shows between requests
+    spec_decode: dict[str, dict[str, Any]] = {}
 
 
 class Embedded(msgspec.Struct, tag=True):

@@ -137,7 +137,7 @@ class Worker:
                     await self._admit_here(request)
             async for event in self.backend.stream(request):
                 if isinstance(event, Done):
-                    await self.send(p.Finished(message.id, event, self.current_load()))
+                    await self.send(p.Finished(message.id, event, self.current_load(), self.spec_decode_stats()))
                     continue
                 if first:  # the load with this request running, ahead of its first token
                     first = False
@@ -161,6 +161,10 @@ class Worker:
             await self.send(p.Failed(message.id, p.error_to_wire(BackendUnavailable(f"{self.engine} failed: {exc}"))))
         else:
             await self.send(p.Embedded(message.id, result))
+
+    def spec_decode_stats(self) -> dict[str, dict]:
+        read = getattr(self.backend, "spec_decode_stats", None)
+        return read() if read is not None else {}
 
     def current_load(self) -> dict[str, float]:
         current = getattr(self.backend, "current_load", None)
