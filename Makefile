@@ -23,11 +23,11 @@ $(LITELLM_VENV)/bin/litellm:
 
 litellm-proxy: $(LITELLM_VENV)/bin/litellm  ## LiteLLM's proxy in its own venv (its extras are heavy): the slow proxy tests and bench/gateway_overhead.py
 
-test: $(STAMP)  ## the default suite (slow tests excluded)
-	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+test: $(STAMP)  ## the default suite: all but the slow, fuzz, real-model and GPU tiers (under 10 minutes on 2 cores)
+	$(BIN)/python -m pytest -m "not slow and not gpu and not fuzz and not realmodel" $(PYTEST_ARGS)
 
-test-slow: $(STAMP)  ## the slow tests only (CI runs them after make test)
-	$(BIN)/python -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+test-slow: $(STAMP)  ## the slow, fuzz and real-model tiers (CI runs them beside make test)
+	$(BIN)/python -m pytest -m "(slow or fuzz or realmodel) and not gpu" $(PYTEST_ARGS)
 
 test-all: $(STAMP)  ## everything that can run here, slow tests included
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
