@@ -81,3 +81,50 @@ def test_ignore_eos_generates_exactly_num_predict_tokens(tiny_store):
         finally:
             await backend.aclose()
     run(go())
+
+
+def test_every_llama_cpp_call_on_a_slot_runs_on_its_one_thread(tiny_store, monkeypatch):
+    """Load (with llama.cpp's warm-up), generations one after another and at once, embeddings and the close of
+    a slot all run on the slot's own thread: GNU OpenMP keeps a worker team per calling thread, and calls from
+    a shared pool's threads in turn halved SmolLM2's decode on 2 cores for good (libgomp's throttled barriers
+    once it has more threads than cores)."""
+    import threading
+    import time
+
+    import llama_cpp
+
+    from adapters.local.llamacpp import pool as pool_module
+
+    seen: list[tuple[str, int]] = []
+    load, evaluate, close = pool_module._load, llama_cpp.Llama.eval, llama_cpp.Llama.close
+
+    def record(kind, fn):
+        def wrapper(*args, **kwargs):
+            seen.append((kind, threading.get_ident()))
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(pool_module, "_load", record("load", load))
+    monkeypatch.setattr(llama_cpp.Llama, "eval", record("eval", evaluate))
+    monkeypatch.setattr(llama_cpp.Llama, "close", record("close", close))
+
+    async def drain(backend):
+        return [e async for e in backend.stream(chat("tiny", 4))]
+
+    async def go():
+        backend = LlamaCppBackend(store=tiny_store, settings=LocalSettings(num_parallel=1))
+        try:
+            for _ in range(3):
+                await drain(backend)
+            busy = backend._executor.submit(time.sleep, 0.5)  # the shared pool's idle thread is taken meanwhile
+            await drain(backend)
+            await asyncio.gather(*(drain(backend) for _ in range(4)))
+            busy.result()
+            await backend.unload("tiny")
+        finally:
+            await backend.aclose()
+    run(go())
+    kinds = {kind for kind, _ in seen}
+    assert kinds == {"load", "eval", "close"}, kinds
+    first_close = next(i for i, (kind, _) in enumerate(seen) if kind == "close")  # later ones: __del__, a no-op
+    assert len({ident for _, ident in seen[: first_close + 1]}) == 1, sorted(set(seen))

@@ -100,7 +100,7 @@ class LlamaCppBackend:
             put("done", done)
             return done
 
-        return loop.run_in_executor(self._executor, work)
+        return loop.run_in_executor(self._pool.thread_of(slot), work)
 
     def _finish(self, entry, slot, request: GenerationRequest, *, broken: bool) -> None:
         pool = self._pool
@@ -127,7 +127,7 @@ class LlamaCppBackend:
                                                        details.digest, options, embedding=True)
         try:
             loop = asyncio.get_running_loop()
-            vectors, count = await loop.run_in_executor(self._executor, _embed, slot, inputs, truncate)
+            vectors, count = await loop.run_in_executor(self._pool.thread_of(slot), _embed, slot, inputs, truncate)
         except BackendError:
             await self._pool.release(entry, slot, keep_alive)
             raise

@@ -5,7 +5,12 @@ process, and ``adapters/local/scheduler.py`` applies ``max_loaded_models`` to th
 runner this pool holds that one model's contexts (one per set of load options, and the embedding one).
 
 A *slot* is one ``llama_cpp.Llama`` (its own context and KV cache; the weights are mmapped and
-shared by the page cache). A request takes a free slot, or opens a new one while the model has
+shared by the page cache). Every llama.cpp call on a slot (its load with llama.cpp's warm-up decode, each
+generation, its embeddings, its close) runs on the slot's own thread. ggml's CPU backend computes in
+OpenMP parallel regions, and GNU OpenMP keeps a team of worker threads per calling thread: a slot called
+from the threads of a shared pool in turn leaves one idle team per thread, and once a process has more
+OpenMP threads than cores libgomp stops spinning at its barriers (its "throttled" mode), which halved
+SmolLM2's decode on 2 cores (149 -> 85 tok/s, for good, after one call from a second thread). A request takes a free slot, or opens a new one while the model has
 fewer than ``num_parallel``, or waits in a bounded queue (``QueueFull`` when it is full). Tokens of
 two requests never mix because a slot serves one request at a time.
 """
@@ -57,6 +62,7 @@ class ModelPool:
     def __init__(self, settings: LocalSettings, executor: ThreadPoolExecutor):
         self.settings = settings
         self._executor = executor
+        self._threads: dict[int, ThreadPoolExecutor] = {}  # id(slot) -> the slot's own thread
         self._entries: dict[tuple, LoadedEntry] = {}
         self._lock = asyncio.Lock()
         self.poisoned = 0  # slots retired after a failed llama.cpp call
@@ -107,7 +113,13 @@ class ModelPool:
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
-            slot = await loop.run_in_executor(self._executor, _load, entry.path, entry.options, entry.embedding)
+            thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-slot")
+            try:
+                slot = await loop.run_in_executor(thread, _load, entry.path, entry.options, entry.embedding)
+            except BaseException:
+                thread.shutdown(wait=False)
+                raise
+            self._threads[id(slot)] = thread
         except BaseException:
             async with entry.cond:
                 entry.opening -= 1
@@ -122,6 +134,10 @@ class ModelPool:
             entry.slots.append(slot)
         entry.load_seconds = entry.load_seconds or seconds
         return entry, slot, seconds
+
+    def thread_of(self, slot: llama_cpp.Llama) -> ThreadPoolExecutor:
+        """The slot's own thread: every llama.cpp call on it runs there (see the module docstring)."""
+        return self._threads[id(slot)]
 
     def _capacity(self, entry: LoadedEntry) -> int:
         return 1 if entry.embedding else max(1, self.settings.num_parallel)
@@ -142,6 +158,9 @@ class ModelPool:
         memory is the price of staying up. The next request opens a fresh slot."""
         _disarm(slot)
         self._retired.append(slot)
+        thread = self._threads.pop(id(slot), None)
+        if thread is not None:
+            thread.shutdown(wait=False)
         self.poisoned += 1
         log.error("llama.cpp context of %s failed; it is retired (%d retired so far) and a fresh one "
                   "will be loaded", entry.name, self.poisoned)
@@ -182,7 +201,11 @@ class ModelPool:
         self._entries.pop(_key_of(self._entries, entry), None)
         slots, entry.slots, entry.free = entry.slots, [], []
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, _close_all, slots)
+        for slot in slots:
+            thread = self._threads.pop(id(slot), None) or self._executor
+            await loop.run_in_executor(thread, slot.close)
+            if thread is not self._executor:
+                thread.shutdown(wait=False)
         log.info("unloaded %s", entry.name)
 
     async def aclose(self) -> None:
@@ -225,7 +248,3 @@ def _disarm(slot: llama_cpp.Llama) -> None:
             if stack is not None:
                 stack.pop_all()
 
-
-def _close_all(slots: list[llama_cpp.Llama]) -> None:
-    for slot in slots:
-        slot.close()
