@@ -27,6 +27,7 @@ import enum
 import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -159,6 +160,14 @@ class TensorParallelGroup:
             raise RuntimeError(f"a tensor-parallel rank failed ({self.failure}); the group must be restarted") \
                 from exc
 
+    def _check_workers(self) -> None:
+        for rank, proc in enumerate(self.workers, start=1):
+            code = proc.poll()
+            if code is not None and self.failure is None:
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+                self.failure = f"rank {rank} (pid {proc.pid}) exited: {how}"
+        self.check()
+
     def check(self) -> None:
         if self.failure is not None:
             raise RuntimeError(f"a tensor-parallel rank failed ({self.failure}); the group must be restarted")
@@ -210,7 +219,10 @@ class TensorParallelGroup:
         return t
 
     def send_plan(self, kind: int, payload: np.ndarray | None = None) -> None:
-        """Rank 0: one message to every other rank: ``kind`` and an int64 payload."""
+        """Rank 0: one message to every other rank: ``kind`` and an int64 payload. Ranks this process started
+        are looked at first: gloo does not always fail a broadcast to a peer that has died (the send can wait
+        for the group's 30-minute timeout), so a dead worker fails the step here instead."""
+        self._check_workers()
         n = 0 if payload is None else len(payload)
         self._broadcast(torch.tensor([kind, n, 0], dtype=torch.int64))
         if n:
