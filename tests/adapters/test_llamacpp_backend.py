@@ -116,10 +116,10 @@ def test_every_llama_cpp_call_on_a_slot_runs_on_its_one_thread(tiny_store, monke
         try:
             for _ in range(3):
                 await drain(backend)
-            busy = backend._executor.submit(time.sleep, 0.5)  # the shared pool's idle thread is taken meanwhile
+            busy = asyncio.get_running_loop().run_in_executor(None, time.sleep, 0.5)  # other threads work meanwhile
             await drain(backend)
             await asyncio.gather(*(drain(backend) for _ in range(4)))
-            busy.result()
+            await busy
             await backend.unload("tiny")
         finally:
             await backend.aclose()

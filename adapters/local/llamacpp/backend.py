@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,10 +45,8 @@ class LlamaCppBackend:
     admits: bool = True  # calls request.admit with the tokenized prompt before generating
 
     def __post_init__(self) -> None:
-        workers = max(4, 2 * self.settings.num_parallel + 2)  # one model's slots, its loads and its embeddings
         self.defaults = self.settings.option_defaults
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llamacpp")
-        self._pool = ModelPool(self.settings, self._executor)
+        self._pool = ModelPool(self.settings)
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -172,7 +169,6 @@ class LlamaCppBackend:
 
     async def aclose(self) -> None:
         await self._pool.aclose()
-        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _admission(request: GenerationRequest, served_by: str):

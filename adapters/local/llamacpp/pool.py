@@ -59,9 +59,8 @@ class LoadedEntry:
 
 
 class ModelPool:
-    def __init__(self, settings: LocalSettings, executor: ThreadPoolExecutor):
+    def __init__(self, settings: LocalSettings):
         self.settings = settings
-        self._executor = executor
         self._threads: dict[int, ThreadPoolExecutor] = {}  # id(slot) -> the slot's own thread
         self._entries: dict[tuple, LoadedEntry] = {}
         self._lock = asyncio.Lock()
@@ -202,10 +201,9 @@ class ModelPool:
         slots, entry.slots, entry.free = entry.slots, [], []
         loop = asyncio.get_running_loop()
         for slot in slots:
-            thread = self._threads.pop(id(slot), None) or self._executor
+            thread = self._threads.pop(id(slot))
             await loop.run_in_executor(thread, slot.close)
-            if thread is not self._executor:
-                thread.shutdown(wait=False)
+            thread.shutdown(wait=False)
         log.info("unloaded %s", entry.name)
 
     async def aclose(self) -> None:
