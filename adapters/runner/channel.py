@@ -31,10 +31,14 @@ class Channel:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         return cls(reader, writer, decoder)
 
-    def send(self, message: Any) -> None:
-        buffer = bytearray(_LEN)
-        self._encoder.encode_into(message, buffer, _LEN)
-        buffer[:_LEN] = (len(buffer) - _LEN).to_bytes(_LEN, "big")
+    def send(self, *messages: Any) -> None:
+        """Frame ``messages`` into one write (the reader wakes once for them all)."""
+        buffer = bytearray()
+        for message in messages:
+            start = len(buffer)
+            buffer.extend(bytes(_LEN))
+            self._encoder.encode_into(message, buffer, start + _LEN)
+            buffer[start:start + _LEN] = (len(buffer) - start - _LEN).to_bytes(_LEN, "big")
         self._writer.write(buffer)
 
     async def recv(self) -> Any:

@@ -50,8 +50,8 @@ class Worker:
         self.tasks: set[asyncio.Task] = set()
         self.stopping = asyncio.Event()
 
-    async def send(self, message: Any) -> None:
-        self.channel.send(message)
+    async def send(self, *messages: Any) -> None:
+        self.channel.send(*messages)
 
     def handle(self, message: Any) -> None:
         match message:
@@ -139,9 +139,10 @@ class Worker:
                 if isinstance(event, Done):
                     await self.send(p.Finished(message.id, event, self.current_load(), self.spec_decode_stats()))
                     continue
-                if first:  # the load with this request running, ahead of its first token
+                if first:  # the load with this request running, in the same write as its first token
                     first = False
-                    await self.send(p.Pong(0, self.current_load()))
+                    await self.send(p.Pong(0, self.current_load()), p.Token(message.id, event))
+                    continue
                 await self.send(p.Token(message.id, event))
         except BackendError as exc:
             await self.send(p.Failed(message.id, p.error_to_wire(exc)))

@@ -70,3 +70,26 @@ def test_errors_keep_their_class_status_and_fields(error):
 def test_an_unknown_error_class_is_a_plain_backend_error():
     back = p.error_from_wire(p.WireError("SomethingNew", "odd"))
     assert type(back) is errors.BackendError and back.message == "odd"
+
+
+def test_messages_sent_together_arrive_in_order_from_one_write():
+    """The runner sends a request's load report and its first token in one write (one wake-up of the gateway)."""
+    import asyncio
+    import socket
+
+    from adapters.runner.channel import Channel
+
+    async def run() -> tuple[list, int]:
+        ours, theirs = socket.socketpair()
+        sender, receiver = await Channel.open(ours, p.to_runner), await Channel.open(theirs, p.from_runner)
+        writes = []
+        write = sender._writer.write
+        sender._writer.write = lambda data: writes.append(len(data)) or write(data)
+        sender.send(p.Pong(0, {"requests_running": 1.0}), p.Token(7, CHUNK))
+        sender.send(p.Finished(7, DONE))
+        got = [await receiver.recv() for _ in range(3)]
+        sender.close(), receiver.close()
+        return got, len(writes)
+
+    got, writes = asyncio.run(run())
+    assert got == [p.Pong(0, {"requests_running": 1.0}), p.Token(7, CHUNK), p.Finished(7, DONE)] and writes == 2
