@@ -49,6 +49,8 @@ class EngineConfig:
     cpu_int4_matmul: bool = True  # f32 on CPU: weights that are exactly 4/8-bit GGUF blocks run as int4 matmuls
     load_format: str = "auto"  # "dummy": config and tokenizer from `model`, weights drawn on the device (vLLM's)
     async_scheduling: bool | None = None  # schedule a decode step while the one before runs; None = on CUDA only
+    fused_decode: bool = False  # CUDA: steps of <= 4 tokens as six kernels a layer (kernels/fused_gemv.py); off
+    # until a GPU run shows it faster (bench/native_gpu.py measures both)
     speculative: str | None = None  # "ngram:k=4", "draft:MODEL:k=4" (spec_decode/config.py); None = off
     tensor_parallel_size: int = 1  # ranks the model is split over (Megatron-LM): gloo on CPU, NCCL on CUDA
     distributed_init_method: str | None = None  # file://PATH or tcp://HOST:PORT where ranks started by
@@ -77,6 +79,7 @@ class EngineConfig:
         _check_fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         _check_fraction("kv_cache_fraction_cpu", self.kv_cache_fraction_cpu)
         _check(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        _check(isinstance(self.fused_decode, bool), f"fused_decode must be true or false; got {self.fused_decode!r}")
         _check(self.async_scheduling is None or isinstance(self.async_scheduling, bool),
                f"async_scheduling must be None, true or false; got {self.async_scheduling!r}")
         _check(self.load_format in LOAD_FORMATS,

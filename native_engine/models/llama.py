@@ -2,7 +2,10 @@
 
 `tp` (a `TensorParallelGroup`, None alone) builds the rank's shard (`distributed/partition.py`): its query
 and KV heads, MLP rows and vocabulary rows; the forward is the same code, the row-parallel layers and the
-embedding sum over the group."""
+embedding sum over the group.
+
+`use_fused_decode` (EngineConfig.fused_decode) runs steps of at most `fused_gemv.MAX_ROWS` tokens on CUDA as six
+kernels a layer (`kernels/fused_gemv.py`: the norms, SiLU-and-mul and residual adds folded into the GEMVs)."""
 
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ from ..distributed.partition import RankShard, shard_model
 from ..forward_context import Context
 from ..kernels import qkv_rope_cache
 from ..kernels._triton import use_triton
+from ..kernels.fused_gemv import MAX_ROWS as FUSED_MAX_ROWS
+from ..kernels.fused_gemv import fused_gemv
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embed_head import LMHead, VocabEmbedding
 from ..layers.layernorm import RMSNorm
-from ..layers.linear import MergedLinear, QKVLinear, row_parallel
+from ..layers.linear import MergedLinear, QKVLinear, RowParallelLinear, row_parallel
 from ..layers.rotary_embedding import RotaryEmbedding
 from .cpu_decode import CPUDecodeStack
 
@@ -35,15 +40,19 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(nh, hd, hd**-0.5, nkv)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:  # [T, H]
-        if use_triton(hidden):  # one kernel for the bias, the rotary embedding and the KV-cache write
-            attn = self.attn
-            qkv = F.linear(hidden, self.qkv_proj.weight)
-            q, k, v = qkv_rope_cache(qkv, self.qkv_proj.bias, positions, self.rotary_emb.cos_sin_cache, attn.k_cache,
-                                     attn.v_cache, ctx.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim)
-            return self.o_proj(attn(q, k, v, ctx, cached=True))
+        if use_triton(hidden):
+            return self.o_proj(self.attend(positions, F.linear(hidden, self.qkv_proj.weight), ctx))
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, ctx))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, ctx: Context) -> torch.Tensor:  # [T, H]
+        """Attention over the projected q/k/v on CUDA: one kernel for the bias, the rotary embedding and the
+        KV-cache write, then the attention kernel."""
+        attn = self.attn
+        q, k, v = qkv_rope_cache(qkv, self.qkv_proj.bias, positions, self.rotary_emb.cos_sin_cache, attn.k_cache,
+                                 attn.v_cache, ctx.slot_mapping, attn.num_heads, attn.num_kv_heads, attn.head_dim)
+        return attn(q, k, v, ctx, cached=True)
 
 
 class LlamaMLP(nn.Module):
@@ -77,6 +86,21 @@ class LlamaDecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
+    def forward_fused(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Six kernels (CUDA, few rows): `hidden` is the residual stream, before and after."""
+        attn, mlp, norm1, norm2 = self.self_attn, self.mlp, self.input_layernorm, self.post_attention_layernorm
+        qkv = fused_gemv(hidden, attn.qkv_proj.weight, norm=norm1.weight, eps=norm1.eps)
+        hidden = fused_gemv(attn.attend(positions, qkv, ctx), attn.o_proj.weight, residual=hidden)
+        gate_up = fused_gemv(hidden, mlp.gate_up_proj.weight, norm=norm2.weight, eps=norm2.eps)
+        return fused_gemv(gate_up, mlp.down_proj.weight, silu_mul=True, residual=hidden)
+
+    def can_fuse(self) -> bool:
+        """Dense, unsharded weights without the biases the fused kernels leave out (q/k/v's are kept)."""
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return (all(not isinstance(m, RowParallelLinear) and m.int4 is None for m in linears)
+                and all(m.bias is None for m in linears[1:]))
+
 
 class LlamaModel(nn.Module):
     def __init__(self, config, shard: RankShard, tp=None) -> None:
@@ -88,14 +112,25 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.config = config
         self.cpu_decode: CPUDecodeStack | None = None  # set by `use_cpu_decode` once the KV cache exists
+        self.fused_decode = False  # set by `use_fused_decode`
 
     def use_cpu_decode(self, lm_head=None) -> bool:
         self.cpu_decode = CPUDecodeStack.build(self, lm_head)
         return self.cpu_decode is not None
 
+    def use_fused_decode(self, device: torch.device) -> bool:
+        """Run steps of few tokens through `LlamaDecoderLayer.forward_fused` where every layer can (CUDA only)."""
+        self.fused_decode = device.type == "cuda" and all(layer.can_fuse() for layer in self.layers)
+        return self.fused_decode
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         if self.cpu_decode is not None and self.cpu_decode.can_run(len(input_ids), ctx):
             return self.cpu_decode(self.embed_tokens(input_ids), positions, ctx)
+        if self.fused_decode and len(input_ids) <= FUSED_MAX_ROWS:
+            hidden = self.embed_tokens(input_ids)
+            for layer in self.layers:
+                hidden = layer.forward_fused(positions, hidden, ctx)
+            return self.norm(hidden)
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, ctx)

@@ -146,3 +146,20 @@ def test_speculation_on_the_gpu_gives_the_plain_greedy_tokens_in_float32(tiny_gg
     stats = engine.spec_decode_stats()
     assert stats["num_drafts"] > 0 and stats["num_accepted_tokens"] > 0, stats
     assert engine.stats()["num_free_blocks"] == engine.stats()["num_kvcache_blocks"]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_fused_decode_gives_the_unfused_tokens_in_float32(tiny_gguf):
+    """`fused_decode` (kernels/fused_gemv.py: six kernels a layer at few rows, captured in the decode graphs)
+    against the unfused kernels, float32 so both round alike: the same greedy tokens."""
+    from native_engine import SamplingParams
+
+    prompts = ["a b c", "the quick brown fox jumps", "x"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = {}
+    for fused in (False, True):
+        engine = _engine(tiny_gguf, dtype="float32", fused_decode=fused)
+        assert engine.model_runner.model.model.fused_decode == fused
+        outs[fused] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    assert outs[True] == outs[False]

@@ -1,0 +1,40 @@
+"""`EngineConfig.fused_decode` on the CPU: steps of at most four tokens through `LlamaDecoderLayer.forward_fused`
+(the norms, SiLU-and-mul and residual adds folded into the GEMVs; here `fused_gemv`'s torch reference, its Triton
+kernel in tests/native_engine/kernels) give the module path's tokens; longer steps keep the module path. The
+C decode stack is switched off so the module path runs every step."""
+
+from __future__ import annotations
+
+import torch
+
+from native_engine.models import llama
+
+from .helpers import greedy, seeded, token_ids
+
+
+def _module_path(engine, fused: bool = False):
+    model = engine.model_runner.model.model
+    model.cpu_decode = None
+    model.fused_decode = fused
+    return engine
+
+
+def test_fused_decode_gives_the_module_paths_tokens(make_engine, prompts, monkeypatch):
+    batch = prompts([5, 21, 3, 9], seed=62)
+    params = [greedy(12), greedy(12), seeded(12, seed=2, top_k=40), greedy(6)]
+    expected = token_ids(_module_path(make_engine()).generate(batch, params))
+    rows = []
+    fused = llama.fused_gemv
+    monkeypatch.setattr(llama, "use_triton", lambda x: True)  # the CUDA path's attention block (torch references)
+    monkeypatch.setattr(llama, "fused_gemv", lambda x, *a, **k: rows.append(len(x)) or fused(x, *a, **k))
+    engine = _module_path(make_engine(max_num_seqs=2), fused=True)  # decode steps of 1-2 rows: fused
+    assert token_ids(engine.generate(batch, params)) == expected
+    assert len(rows) > 4 * 20 and max(rows) <= 2  # four GEMVs a layer, every decode step, never a long prefill
+
+
+def test_fused_decode_is_chosen_only_where_every_layer_can_run_it(make_engine):
+    model = make_engine().model_runner.model.model
+    assert not model.use_fused_decode(torch.device("cpu"))
+    assert model.use_fused_decode(torch.device("cuda"))  # dense, unsharded weights: the check alone, no launch
+    model.layers[0].mlp.down_proj.bias = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+    assert not model.use_fused_decode(torch.device("cuda"))  # a bias the epilogue leaves out
