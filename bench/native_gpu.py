@@ -344,6 +344,47 @@ def speculative_pass(path: Path, device: torch.device, quick: bool) -> dict:
     return res
 
 
+def run_fused(path: Path, device: torch.device, quick: bool) -> dict:
+    """Batch-1 greedy decode with `fused_decode` on vs off (two engines, the runs alternating); on the CPU both
+    engines run the module path (the fused kernels are CUDA's), so the ratio there only shows the pass works."""
+    rng = random.Random(11)
+    prompt = [rng.randrange(300, 1000) for _ in range(32)]
+    n, runs = (16, 1) if quick else (256, 3)
+    engines = {on: engine_for(path, device, fused_decode=on) for on in (False, True)}
+
+    def once(on: bool, tag: str) -> tuple[float, list[int]]:
+        out = engines[on].generate([[100 + len(tag)] + prompt], greedy(n))[0]  # a fresh first token: no prefix hits
+        m = out.metrics
+        return (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0]), out.outputs[0].token_ids
+
+    once(False, "w"), once(True, "w")  # warm-up: graphs, kernels
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    tokens: dict[bool, list[int]] = {}
+    for i in range(runs):
+        for on in ((False, True) if i % 2 == 0 else (True, False)):
+            rate, tokens[on] = once(on, "r" * (i + 2))
+            rates[on].append(rate)
+    res = {"unfused_tok_s": statistics.median(rates[False]), "fused_tok_s": statistics.median(rates[True]),
+           "fused_active": engines[True].model_runner.model.model.fused_decode,
+           "same_tokens": sum(a == b for a, b in zip(tokens[False], tokens[True])) / max(1, len(tokens[False]))}
+    res["ratio"] = res["fused_tok_s"] / res["unfused_tok_s"]
+    del engines
+    free(device)
+    return res
+
+
+def fused_pass(path: Path, device: torch.device, quick: bool) -> dict:
+    """`run_fused`, its failure caught and reported (the rest of the bench stands)."""
+    t0 = time.perf_counter()
+    try:
+        res = run_fused(path, device, quick)
+    except Exception as exc:  # noqa: BLE001 -- a guarded extra pass
+        res = {"error": f"{type(exc).__name__}: {exc}"}
+        log.error("fused pass failed:\n%s", traceback.format_exc(limit=8))
+    res["elapsed_s"] = time.perf_counter() - t0
+    return res
+
+
 # -- transformers -------------------------------------------------------------------------------
 
 
@@ -442,6 +483,14 @@ def report(res: dict) -> None:
                 print(f"{shape:6s} {side} FAILED: {r[side + '_error'].splitlines()[-1]}")
         if "hf_skipped" in r:
             print(f"{shape:6s} transformers skipped: {r['hf_skipped']}")
+    if "fused" in res:
+        fused = res["fused"]
+        if "error" in fused:
+            print(f"fused decode pass failed after {fused['elapsed_s']:.0f} s: {fused['error']}")
+        else:
+            print(f"{res['fused_shape']:6s} fused decode (kernels/fused_gemv.py), batch 1 greedy: {fused['fused_tok_s']:.1f} "
+                  f"vs {fused['unfused_tok_s']:.1f} tok/s unfused = {fused['ratio']:.2f}x; active "
+                  f"{fused['fused_active']}, same tokens {fused['same_tokens']:.0%} ({fused['elapsed_s']:.0f} s)")
     if "speculative" in res:
         spec = res["speculative"]
         if "error" in spec:
@@ -462,6 +511,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each workload per side (median)")
     parser.add_argument("--no-profile", action="store_true", help="skip the decode profiles and the GEMV table")
     parser.add_argument("--speculative", action="store_true", help="add the n-gram speculative decoding pass")
+    parser.add_argument("--fused", action="store_true", help="add the pass of batch-1 decode with fused_decode on vs off")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -495,6 +545,10 @@ def main() -> None:
             res["elapsed_s"] = time.perf_counter() - started
             print(f"  {shape}: done at {res['elapsed_s']:.0f} s", flush=True)
             dump(res, args.json)  # after each model: a run cut short still leaves what it measured
+        if args.fused:
+            res["fused_shape"] = shapes[0]
+            res["fused"] = fused_pass(model_dir(shapes[0], Path(tmp)), device, args.quick)
+            dump(res, args.json)
         if args.speculative:
             res["speculative_shape"] = shapes[0]
             res["speculative"] = speculative_pass(model_dir(shapes[0], Path(tmp)), device, args.quick)

@@ -5,11 +5,11 @@
 #   2. pytest -m gpu tests/native_engine (Triton kernels, CUDA graphs, the sampler on the device, one
 #      host copy per decode step, structured outputs), at most GPU_TESTS_S seconds;
 #   3. bench/native_gpu.py (Qwen2-0.5B and 7B shapes, random bf16 drawn on the device; warm-ups, repeats and
-#      the decode profiles inside a budget of BENCH_S - 60 seconds, then the n-gram speculative decoding
-#      pass), killed at BENCH_S;
+#      the decode profiles inside a budget of BENCH_S - 90 seconds, then batch 1 with the fused decode kernels
+#      on vs off, then the n-gram speculative decoding pass), killed at BENCH_S;
 #   4. a short summary table, last.
 # Logs and the bench's JSON go to $OUT when it is set (the device tool brings them back), else .bench/gpu/.
-# Run from the repository root:  bash scripts/gpu_check.sh   (GPU_TESTS_S=90 BENCH_S=230 by default)
+# Run from the repository root:  bash scripts/gpu_check.sh   (GPU_TESTS_S=90 BENCH_S=260 by default)
 # With AMX_SRC=path/to/llama-cpp-python.tar.gz (and AMX_WHEELS=dir), scripts/amx_check.sh builds llama.cpp
 # for this CPU and runs its smoke test while the GPU tests run (nothing is timed then), before the bench.
 set -uo pipefail
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-.bench/gpu}"
 mkdir -p "$OUT"
 GPU_TESTS_S="${GPU_TESTS_S:-90}"
-BENCH_S="${BENCH_S:-230}"
+BENCH_S="${BENCH_S:-260}"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -43,7 +43,7 @@ tests_s=$(( $(date +%s) - start ))
 [ -z "$amx_pid" ] || wait "$amx_pid"
 
 start=$(date +%s)
-timeout "$BENCH_S" python3 bench/native_gpu.py --budget-s $(( BENCH_S - 60 )) --speculative --json "$OUT/native_gpu.json" 2>&1 \
+timeout "$BENCH_S" python3 bench/native_gpu.py --budget-s $(( BENCH_S - 90 )) --fused --speculative --json "$OUT/native_gpu.json" 2>&1 \
   | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 bench_s=$(( $(date +%s) - start ))
@@ -77,6 +77,11 @@ for shape, m in r["models"].items():
           f"{p.get('busy_us', float('nan')):8.0f}")
     if "ahead_failed" in o:
         print(f"{shape:5s} scheduling ahead failed (measured without): {o['ahead_failed'].strip().splitlines()[-1]}")
+fused = r.get("fused")
+if fused:
+    print("fused decode (0.5b, batch 1 greedy, fused_decode on vs off):", fused.get("error") or
+          f"{fused['fused_tok_s']:.0f} vs {fused['unfused_tok_s']:.0f} tok/s = {fused['ratio']:.2f}x, active "
+          f"{fused['fused_active']}, same tokens {fused['same_tokens']:.0%}")
 spec = r.get("speculative")
 if spec:
     print("speculative (0.5b, ngram k=4, batch 1 greedy):", spec.get("error") or

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_bench_quick_runs_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "native_gpu.py"), "--quick", "--speculative", "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "native_gpu.py"), "--quick", "--speculative", "--fused",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -36,3 +37,8 @@ def test_gpu_bench_quick_runs_on_cpu(tmp_path):
     assert "error" not in spec, spec
     assert spec["greedy_equal"] and spec["plain_tok_s"] > 0 and spec["spec_tok_s"] > 0
     assert "speculative ngram:k=4, batch 1 greedy" in proc.stdout
+    fused = res["fused"]
+    assert "error" not in fused, fused
+    assert fused["fused_active"] is False and fused["same_tokens"] == 1.0  # on the CPU both run the module path
+    assert fused["fused_tok_s"] > 0 and fused["unfused_tok_s"] > 0
+    assert "fused decode (kernels/fused_gemv.py), batch 1 greedy" in proc.stdout
