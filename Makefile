@@ -23,14 +23,19 @@ $(LITELLM_VENV)/bin/litellm:
 
 litellm-proxy: $(LITELLM_VENV)/bin/litellm  ## LiteLLM's proxy in its own venv (its extras are heavy): the slow proxy tests and bench/gateway_overhead.py
 
+# llama.cpp in the test process: with the library the installer found it needs preloaded here, if any
+# (adapters/local/llamacpp/markers.py; empty on most machines)
+PRELOAD = $(shell $(BIN)/python -m adapters.local.llamacpp.markers 2>/dev/null)
+PYTEST = $(if $(PRELOAD),LD_PRELOAD="$(PRELOAD)" )$(BIN)/python -m pytest
+
 test: $(STAMP)  ## the default suite: all but the slow, fuzz, real-model and GPU tiers (under 10 minutes on 2 cores)
-	$(BIN)/python -m pytest -m "not slow and not gpu and not fuzz and not realmodel" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow and not gpu and not fuzz and not realmodel" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)  ## the slow, fuzz and real-model tiers (CI runs them beside make test)
-	$(BIN)/python -m pytest -m "(slow or fuzz or realmodel) and not gpu" $(PYTEST_ARGS)
+	$(PYTEST) -m "(slow or fuzz or realmodel) and not gpu" $(PYTEST_ARGS)
 
 test-all: $(STAMP)  ## everything that can run here, slow tests included
-	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PYTEST) -m "not gpu" $(PYTEST_ARGS)
 
 demo: $(STAMP)  ## offline end-to-end: build, create, push, pull, run, serve, openai client, curl, usage
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh

@@ -14,9 +14,13 @@ When the smoke test still crashes, it is run once more with the system's shared 
 (``LD_PRELOAD``): on a lent GPU box (Ubuntu 24.04, GCC 13.3, a venv Python 3.12) every build of 0.3.36,
 with or without AMX, AVX-512 or llamafile, segfaulted while loading any model (in ``print_info``, before
 any compute) and answered with it preloaded; its libraries linked no shared libstdc++ (a C++ runtime linked
-statically into each of them, e.g. from ``LDFLAGS``). The script then says so and what to set.
+statically into each of them, e.g. from ``LDFLAGS``). When that is what answers, the script records the
+library beside the package (``adapters/local/llamacpp/markers.py``): the gateway starts its llama.cpp
+runners with it preloaded and ``make test`` runs the suite so; a later smoke test that answers without it
+removes the record.
 
-Exit status 0 when llama.cpp answers, 1 otherwise (with the reason). ``--check`` only reports.
+Exit status 0 when llama.cpp answers (with the recorded preload, if it needs one), 1 otherwise (with the
+reason). ``--check`` only reports.
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ from __future__ import annotations
 import argparse
 import ctypes.util
 import importlib.metadata
-import importlib.util
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from adapters.local.llamacpp import markers
 from adapters.local.llamacpp.cpu_build import cmake_args, cpu_flags, explicit_args, has_amx, wheel_key
 
 PACKAGE = "llama-cpp-python"
@@ -62,27 +66,41 @@ def shared_libstdcxx() -> str | None:
     return name if name and Path(name).is_absolute() else None
 
 
-def preload_hint() -> str | None:
-    """After a crash: does llama.cpp answer with the shared libstdc++ preloaded? Then the line to print."""
+def answers_with_preload() -> str | None:
+    """After a crash: the shared libstdc++ with which preloaded llama.cpp answers, if there is one."""
     lib = shared_libstdcxx()
     if lib is None:
         return None
     ok, _ = smoke({**os.environ, "LD_PRELOAD": lib})
-    if not ok:
-        return None
+    return lib if ok else None
+
+
+def preload_hint(lib: str) -> str:
     return (f"llama.cpp answers with the shared libstdc++ preloaded: its libraries carry a static C++ runtime "
             f"(check LDFLAGS/CXXFLAGS for -static-libstdc++ and rebuild), or run with LD_PRELOAD={lib}")
 
 
-def report_failure() -> None:
-    hint = preload_hint()
-    if hint:
-        print(hint)
+def settle_failure(record: bool) -> bool:
+    """The smoke test crashed: does preloading the shared libstdc++ make llama.cpp answer? Say so, and with
+    ``record`` write it down for the runners and ``make test``. True when llama.cpp answers that way."""
+    lib = answers_with_preload()
+    if lib is None:
+        if record:
+            markers.write(markers.LD_PRELOAD, None)
+        return False
+    print(preload_hint(lib))
+    if record:
+        markers.write(markers.LD_PRELOAD, lib)
+        print(f"recorded: infer's llama.cpp runners and `make test` preload {lib} "
+              f"({markers.package_dir() / markers.LD_PRELOAD})")
+    return True
 
 
-def marker() -> Path:
-    spec = importlib.util.find_spec("llama_cpp")
-    return Path(spec.origin).parent / ".infer-cmake-args"
+def answered() -> None:
+    """The smoke test answered without help: a preload recorded earlier is no longer needed."""
+    if markers.read(markers.LD_PRELOAD) is not None:
+        markers.write(markers.LD_PRELOAD, None)
+        print("llama.cpp answers without a preloaded library: the recorded preload is removed")
 
 
 def wheel_dir(version: str, args: list[str]) -> Path:
@@ -108,7 +126,7 @@ def install(version: str, args: list[str]) -> None:
     wheel = build(version, args)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
                    check=True)
-    marker().write_text(" ".join(args) + "\n")
+    markers.write(markers.CMAKE_ARGS, " ".join(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,16 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     flags = cpu_flags(Path("/proc/cpuinfo").read_text())
     version = importlib.metadata.version(PACKAGE)
     args = cmake_args(flags)
-    installed = marker().read_text().split() if marker().exists() else None
+    recorded = markers.read(markers.CMAKE_ARGS)
+    installed = recorded.split() if recorded else None
     print(f"llama.cpp: {PACKAGE} {version}; this CPU {'has' if has_amx(flags) else 'has no'} AMX"
           + (f"; installed build: {' '.join(installed)}" if installed else "; installed build: pip's default"))
     if args is None or installed == args:
         ok, detail = smoke()
         print(f"llama.cpp smoke test: {'answers' if ok else 'FAILS'} ({detail})")
         if ok:
+            if not options.check:
+                answered()
             return 0
         if options.check:
-            report_failure()
+            settle_failure(record=False)
             return 1
         args = explicit_args(flags)
     elif options.check:
@@ -136,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     install(version, args)
     ok, detail = smoke()
     print(f"llama.cpp smoke test after the rebuild: {'answers' if ok else 'FAILS'} ({detail})")
-    if not ok:
-        report_failure()
-    return 0 if ok else 1
+    if ok:
+        answered()
+        return 0
+    return 0 if settle_failure(record=True) else 1
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from typing import Any
 
 from adapters.core.base import Chunk, Done, EmbedResult, GenerationRequest, StreamEvent, Timings, Usage
 from adapters.core.errors import BackendError, RunnerStopped
+from adapters.local.llamacpp import markers
 
 from . import protocol as p
 from .channel import Channel
@@ -60,8 +61,11 @@ class Launch:
 
     @classmethod
     def single(cls, engine: str, *, log_level: str = "warning") -> "Launch":
+        """One runner process; a llama.cpp one with the library the installer found it needs preloaded
+        (``adapters/local/llamacpp/markers.py``), if any."""
+        env = markers.with_preload(dict(os.environ)) if engine == "llamacpp" and markers.preload_library() else None
         return cls(engine, [[sys.executable, "-m", "adapters.runner", "--engine", engine, "--fd", "{fd}",
-                             "--parent", str(os.getpid()), "--log-level", log_level]])
+                             "--parent", str(os.getpid()), "--log-level", log_level]], env)
 
     @classmethod
     def group(cls, engine: str, world_size: int, init_method: str, *, device: str = "auto",

@@ -228,13 +228,11 @@ def preload(engine: str) -> None:
 def _warn_about_the_build() -> None:
     from pathlib import Path
 
-    import llama_cpp
-
+    from adapters.local.llamacpp import markers
     from adapters.local.llamacpp.cpu_build import build_warning
 
-    marker = Path(llama_cpp.__file__).parent / ".infer-cmake-args"
     try:
-        warning = build_warning(Path("/proc/cpuinfo").read_text(), marker.read_text() if marker.exists() else None)
+        warning = build_warning(Path("/proc/cpuinfo").read_text(), markers.read(markers.CMAKE_ARGS))
     except OSError:
         return
     if warning:

@@ -44,3 +44,52 @@ def test_a_crash_that_preloading_does_not_fix_gets_no_hint(monkeypatch, capsys):
     monkeypatch.setattr(installer, "cmake_args", lambda flags: None)
     assert installer.main(["--check"]) == 1
     assert "LD_PRELOAD" not in capsys.readouterr().out
+
+
+def _records_in(tmp_path, monkeypatch):
+    from adapters.local.llamacpp import markers
+
+    monkeypatch.setattr(markers, "package_dir", lambda: tmp_path)
+    return markers
+
+
+def test_an_install_that_answers_only_with_the_preload_records_it_and_succeeds(monkeypatch, capsys, tmp_path):
+    installer = _installer()
+    markers = _records_in(tmp_path, monkeypatch)
+    lib = installer.shared_libstdcxx()
+    built = []
+    monkeypatch.setattr(installer, "smoke", lambda env=None: (True, "ok") if (env or {}).get("LD_PRELOAD") == lib
+                        else (False, "killed by SIGSEGV"))
+    monkeypatch.setattr(installer, "cmake_args", lambda flags: None)
+    monkeypatch.setattr(installer, "install", lambda version, args: built.append(args))  # no real build here
+    assert installer.main([]) == 0
+    out = capsys.readouterr().out
+    assert built and f"LD_PRELOAD={lib}" in out and "recorded" in out
+    assert (tmp_path / ".infer-ld-preload").read_text().strip() == lib and markers.preload_library() == lib
+    assert markers.with_preload({"LD_PRELOAD": "/x.so"})["LD_PRELOAD"] == f"{lib} /x.so"
+
+    monkeypatch.setattr(installer, "smoke", lambda env=None: (True, "ok"))  # a later build answers on its own
+    assert installer.main([]) == 0
+    assert not (tmp_path / ".infer-ld-preload").exists() and markers.preload_library() is None
+    assert "preload is removed" in capsys.readouterr().out
+
+
+def test_llama_cpp_runners_start_with_the_recorded_preload(monkeypatch, tmp_path):
+    import asyncio
+
+    from adapters.runner.client import Launch, RunnerClient
+
+    lib = _installer().shared_libstdcxx()
+    _records_in(tmp_path, monkeypatch)
+    (tmp_path / ".infer-ld-preload").write_text(lib + "\n")
+    assert Launch.single("native").env is None  # only llama.cpp's runners
+
+    async def environ_of_a_runner() -> dict[str, str]:
+        runner = RunnerClient(Launch.single("llamacpp"), hang_timeout=30)
+        try:
+            raw = Path(f"/proc/{runner.pid}/environ").read_bytes()
+        finally:
+            await runner.stop(grace=10)
+        return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+    assert asyncio.run(environ_of_a_runner())["LD_PRELOAD"].split()[0] == lib

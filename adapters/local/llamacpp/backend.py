@@ -22,6 +22,7 @@ from adapters.core.base import (Done, EmbedResult, GenerationRequest, Health, Lo
                                 Timings)
 from adapters.prompting.chat_format import PromptSpec
 from adapters.core.errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
+from . import markers
 from .job import GenerationJob, Refused
 from adapters.prompting.reasoning import reasoning
 from adapters.tools.local import tool_calling
@@ -47,6 +48,10 @@ class LlamaCppBackend:
     def __post_init__(self) -> None:
         self.defaults = self.settings.option_defaults
         self._pool = ModelPool(self.settings)
+        if not markers.preloaded():  # `infer run --local` and the like: this process started without it
+            log.warning("llama.cpp on this machine answers only with %s preloaded (scripts/install_llama_cpp.py "
+                        "found so); start with LD_PRELOAD=%s, or use `infer serve`, whose runners preload it",
+                        markers.preload_library(), markers.preload_library())
 
     # -- generation -----------------------------------------------------------------------------
 
