@@ -46,30 +46,57 @@ def _canonical_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                scale: float) -> torch.Tensor:
     """PyTorch's CPU flash kernel ([1, heads, tokens, D] with a batch dimension: ~3x the math kernel at 512
     tokens, GQA included), called so that a token's numbers depend only on its position and its keys, not
-    on how its prompt was chunked or how much of it came from the prefix cache. The kernel splits the
-    queries into blocks of 32/64/256 rows and the keys into blocks of 512 from the call's start, and its
-    matmuls round a row differently when it sits in a partial tile. So the queries are padded with zero rows
-    to start and end on multiples of `_Q_UNIT` absolute positions, the keys to a multiple of `_KV_UNIT`,
-    and an explicit mask hides the padding (masked keys add exact zeros): cached and uncached prefills,
-    and any chunking, give bit-identical outputs (tests/native_engine/test_attention.py). The cost: the
-    mask computes the whole [queries, keys] square instead of skipping the blocks above the diagonal."""
+    on how its prompt was chunked or how much of it came from the prefix cache.
+
+    The kernel splits the queries into blocks of 32/64/256 rows and the keys into blocks of up to 512 from
+    the call's start, and its matmuls round a row differently when it sits in a partial tile or when the
+    key count changes (MKL picks its GEMM path by shape). So:
+    - the queries are padded with zero rows to start and end on multiples of `_Q_UNIT` absolute positions;
+    - a query row at position p is computed against a key count that depends on p alone, `key_span(p)`: the
+      first of `_KV_SPANS` above p, then the next multiple of `_KV_BLOCK` (the keys zero-padded to it, an
+      explicit mask hiding what the row may not see; masked keys add exact zeros). Rows are computed in
+      groups of one span each, one kernel call per group (a short prompt: one call against 64 keys).
+    Cached and uncached prefills, and any chunking, give bit-identical outputs
+    (tests/native_engine/test_attention.py). The cost against one causal call: each group computes its whole
+    [rows, span] rectangle instead of skipping the keys above the diagonal."""
     n, total = q.shape[0], k.shape[0]
+    if n == 0:
+        return q.clone()
     front = num_cached % _Q_UNIT
     back = -(front + n) % _Q_UNIT
     if front or back:
         q = torch.cat([q.new_zeros(front, *q.shape[1:]), q, q.new_zeros(back, *q.shape[1:])])
-    pad = -total % _KV_UNIT
-    if pad:
-        k, v = (torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) for x in (k, v))
-    positions = torch.arange(num_cached - front, num_cached - front + q.shape[0]).clamp_(max=total - 1)
-    mask = torch.arange(k.shape[0])[None, :] <= positions[:, None]
-    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale,
-                                         enable_gqa=k.shape[0] != q.shape[0])
-    return out[0].transpose(0, 1)[front : front + n]
+    first = num_cached - front  # the absolute position of the padded queries' first row (a multiple of _Q_UNIT)
+    positions = torch.arange(first, first + q.shape[0]).clamp_(max=total - 1)
+    q = q.transpose(0, 1)
+    outs, row = [], 0
+    while row < q.shape[1]:
+        span = key_span(first + row)
+        end = min(q.shape[1], span - first)  # the rows this span serves: positions below it (and above the last)
+        keys, values = k[:span], v[:span]
+        if keys.shape[0] < span:
+            keys, values = (torch.cat([x, x.new_zeros(span - x.shape[0], *x.shape[1:])]) for x in (keys, values))
+        mask = torch.arange(span)[None, :] <= positions[row:end, None]
+        out = F.scaled_dot_product_attention(q[None, :, row:end], keys.transpose(0, 1)[None],
+                                             values.transpose(0, 1)[None], attn_mask=mask, scale=scale,
+                                             enable_gqa=keys.shape[1] != q.shape[0])
+        outs.append(out[0])
+        row = end
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    return out.transpose(0, 1)[front : front + n]
 
 
-_Q_UNIT, _KV_UNIT = 16, 512
+_Q_UNIT, _KV_BLOCK = 16, 512
+_KV_SPANS = (64, 128, 256, 512)  # each a multiple of _Q_UNIT; the last = _KV_BLOCK
+
+
+def key_span(position: int) -> int:
+    """The key count a query row at ``position`` is computed against: fixed per position, so a row's numbers
+    never depend on the call it is in."""
+    for span in _KV_SPANS:
+        if position < span:
+            return span
+    return (position // _KV_BLOCK + 1) * _KV_BLOCK
 
 
 class Attention(nn.Module):

@@ -44,7 +44,7 @@ def test_prefill_attention_takes_the_flash_kernel_on_cpu(num_cached):
     assert "aten::_scaled_dot_product_attention_math" not in names
 
 
-@pytest.mark.parametrize("total", [17, 100, 333, 600])
+@pytest.mark.parametrize("total", [17, 100, 333, 600, 1100])
 def test_cpu_prefill_gives_the_same_numbers_however_the_prompt_is_chunked_or_cached(total):
     """Cached and uncached prefills, and any chunking, compute bit-identical attention outputs."""
     gen = torch.Generator().manual_seed(total)
