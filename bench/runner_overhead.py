@@ -15,7 +15,10 @@ both first. Then ``--rounds`` rounds, for each engine:
 - 16 streams: 16 such requests at once, one side after the other (the order flips every round);
   per-stream decode tok/s (median) and the batch's output tokens / its wall time.
 
-Medians over all the 1-stream requests of a side, and over the rounds for the 16-stream figures;
+With ``--same-tree``, a third side runs this tree's engines inside the gateway process
+(``bench/serve_in_process.py``): against it the ratio is the boundary's cost alone, the engine code held
+equal; against ``--baseline`` it also carries every engine change since. Medians over all the 1-stream
+requests of a side, and over the rounds for the 16-stream figures;
 ratio = runner / in-process. Goals: TTFT +<= 2 ms, decode tok/s >= 0.97x at 1 and at 16 streams, for
 each engine. Then ``--kill`` (default on): 16 streams on the runner side's native model, SIGKILL of
 its runner 1 s in; the seconds until every stream has ended (goal <= 2 s), and whether the gateway's
@@ -63,14 +66,16 @@ def make_store(home: Path) -> Path:
     return home / "models"
 
 
-def start(tree: Path, name: str, models: Path, work: Path) -> tuple[subprocess.Popen, str]:
+def start(tree: Path, name: str, models: Path, work: Path, launcher: list[str] | None = None
+          ) -> tuple[subprocess.Popen, str]:
+    """``infer serve`` of ``tree`` (or ``launcher``'s command, run in ``tree``) on a free port; (process, URL)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INFER_", "OLLAMA_"))}
     env.update(INFER_HOME=str(work / name), INFER_MODELS=str(models), INFER_HOST=f"127.0.0.1:{port}",
                INFER_KEEP_ALIVE="-1", PYTHONPATH=str(tree))
     log = open(work / f"{name}.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"], cwd=tree, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    command = launcher or [sys.executable, "-m", "cli", "serve"]
+    proc = subprocess.Popen([*command, "--log-level", "warning"], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -149,11 +154,13 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--same-tree", action="store_true", help="add this tree's engines in the gateway process "
+                        "(bench/serve_in_process.py): the boundary's cost with the engine code held equal")
     parser.add_argument("--no-kill", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     engines = args.engines.split(",")
-    names = ("inproc", "runner") if args.baseline else ("runner",)
+    names = (*(("inproc",) if args.baseline else ()), *(("same",) if args.same_tree else ()), "runner")
     results: dict = {e: {name: [] for name in names} for e in engines}
     with tempfile.TemporaryDirectory(prefix="runner-overhead-") as tmp:
         work = Path(tmp)
@@ -161,6 +168,8 @@ def main() -> None:
         procs = {"runner": start(ROOT, "runner", models, work)}
         if args.baseline:
             procs["inproc"] = start(args.baseline.resolve(), "inproc", models, work)
+        if args.same_tree:
+            procs["same"] = start(ROOT, "same", models, work, [sys.executable, str(ROOT / "bench" / "serve_in_process.py")])
         try:
             urls = {side: procs[side][1] for side in names}
             warm = argparse.Namespace(**{**vars(args), "requests": 1, "streams": 2})
@@ -188,26 +197,33 @@ def _median(rounds: list[dict], key: str) -> float:
     return statistics.median(values)
 
 
+SIDES = {"inproc": "in-process engines of the --baseline tree (before runners)",
+         "same": "this tree's engines in the gateway process (--same-tree: the boundary alone)"}
+
+
 def report(results: dict, drill: dict | None, args) -> None:
     table = {}
     print(f"\nmedians: TTFT and 1-stream decode over all {args.rounds * args.requests} requests of a side, the "
           f"{args.streams}-stream figures over {args.rounds} rounds; ratio = runner / in-process")
-    print(f"{'engine':9} {'metric':22} {'in-process':>11} {'runner':>9} {'ratio':>7}  goal")
-    for engine, sides in results.items():
-        for key, label, goal in (("ttft_ms", "TTFT ms (1 stream)", "+<= 2 ms"),
-                                 ("decode_1", "decode tok/s, 1 stream", ">= 0.97x"),
-                                 ("decode_16", f"decode tok/s, {args.streams} str.", ">= 0.97x"),
-                                 ("batch_tok_s", f"batch tok/s, {args.streams} str.", "")):
-            b = _median(sides["runner"], key)
-            if "inproc" not in sides:
-                print(f"{engine:9} {label:22} {'':11} {b:9.2f}")
-                continue
-            a = _median(sides["inproc"], key)
-            met = (b - a <= 2.0) if key == "ttft_ms" else (b / a >= 0.97 if goal else None)
-            verdict = "" if met is None else ("met" if met else "MISSED")
-            extra = f"{b - a:+.2f} ms" if key == "ttft_ms" else f"{b / a:.3f}x"
-            print(f"{engine:9} {label:22} {a:11.2f} {b:9.2f} {extra:>9}  {goal} {verdict}")
-            table[f"{engine}.{key}"] = {"inproc": a, "runner": b, "met": met}
+    metrics = (("ttft_ms", "TTFT ms (1 stream)", "+<= 2 ms"), ("decode_1", "decode tok/s, 1 stream", ">= 0.97x"),
+               ("decode_16", f"decode tok/s, {args.streams} str.", ">= 0.97x"),
+               ("batch_tok_s", f"batch tok/s, {args.streams} str.", ""))
+    baselines = [side for side in SIDES if any(side in sides for sides in results.values())]
+    if not baselines:
+        for engine, sides in results.items():
+            for key, label, _ in metrics:
+                print(f"{engine:9} {label:22} runner {_median(sides['runner'], key):9.2f}")
+    for side in baselines:
+        print(f"\nagainst {SIDES[side]}")
+        print(f"{'engine':9} {'metric':22} {'in-process':>11} {'runner':>9} {'ratio':>9}  goal")
+        for engine, sides in results.items():
+            for key, label, goal in metrics:
+                a, b = _median(sides[side], key), _median(sides["runner"], key)
+                met = (b - a <= 2.0) if key == "ttft_ms" else (b / a >= 0.97 if goal else None)
+                verdict = "" if met is None else ("met" if met else "MISSED")
+                extra = f"{b - a:+.2f} ms" if key == "ttft_ms" else f"{b / a:.3f}x"
+                print(f"{engine:9} {label:22} {a:11.2f} {b:9.2f} {extra:>9}  {goal} {verdict}")
+                table[f"{side}.{engine}.{key}"] = {side: a, "runner": b, "met": met}
     if drill:
         print(f"\nkill drill: SIGKILL of the native runner during {drill['streams']} streams: {drill['errors']} ended "
               f"with an error, all within {drill['all_ended_s']:.3f} s (goal <= 2 s); gateway alive: "
