@@ -50,7 +50,8 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference (BASELI
 	$(BIN)/python bench/native_gpu.py --speculative --json .bench/native/gpu.json
 	$(BIN)/python bench/speculative.py --json .bench/speculative/results.json
 	$(BIN)/python bench/tp.py --json .bench/tp/results.json
-	$(BIN)/python bench/runner_overhead.py $(if $(BASELINE),--baseline $(BASELINE)) --json .bench/runner/results.json
+	$(BIN)/python bench/runner_overhead.py $(if $(BASELINE),--baseline $(BASELINE)) --same-tree --engines native --json .bench/runner/native.json
+	$(BIN)/python bench/runner_overhead.py $(if $(BASELINE),--baseline $(BASELINE)) --same-tree --engines llamacpp --no-kill --json .bench/runner/llamacpp.json
 	$(BIN)/python bench/remote.py --json .bench/remote/results.json
 	$(BIN)/python bench/estimate_check.py --json .bench/estimate/results.json
 	$(BIN)/python bench/gateway_overhead.py --json .bench/gateway_overhead/results.json
