@@ -63,7 +63,7 @@ class Launch:
     def single(cls, engine: str, *, log_level: str = "warning") -> "Launch":
         """One runner process; a llama.cpp one with the library the installer found it needs preloaded
         (``adapters/local/llamacpp/markers.py``), if any."""
-        env = markers.with_preload(dict(os.environ)) if engine == "llamacpp" and markers.preload_library() else None
+        env = markers.preload_env(os.environ) if engine == "llamacpp" else None
         return cls(engine, [[sys.executable, "-m", "adapters.runner", "--engine", engine, "--fd", "{fd}",
                              "--parent", str(os.getpid()), "--log-level", log_level]], env)
 

@@ -66,7 +66,7 @@ def test_an_install_that_answers_only_with_the_preload_records_it_and_succeeds(m
     out = capsys.readouterr().out
     assert built and f"LD_PRELOAD={lib}" in out and "recorded" in out
     assert (tmp_path / ".infer-ld-preload").read_text().strip() == lib and markers.preload_library() == lib
-    assert markers.with_preload({"LD_PRELOAD": "/x.so"})["LD_PRELOAD"] == f"{lib} /x.so"
+    assert markers.preload_env({"LD_PRELOAD": "/x.so"})["LD_PRELOAD"] == f"{lib} /x.so"
 
     monkeypatch.setattr(installer, "smoke", lambda env=None: (True, "ok"))  # a later build answers on its own
     assert installer.main([]) == 0

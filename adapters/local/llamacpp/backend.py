@@ -48,10 +48,11 @@ class LlamaCppBackend:
     def __post_init__(self) -> None:
         self.defaults = self.settings.option_defaults
         self._pool = ModelPool(self.settings)
-        if not markers.preloaded():  # `infer run --local` and the like: this process started without it
+        missing = markers.missing_preload()  # `infer run --local` and the like: this process started without it
+        if missing:
             log.warning("llama.cpp on this machine answers only with %s preloaded (scripts/install_llama_cpp.py "
                         "found so); start with LD_PRELOAD=%s, or use `infer serve`, whose runners preload it",
-                        markers.preload_library(), markers.preload_library())
+                        missing, missing)
 
     # -- generation -----------------------------------------------------------------------------
 

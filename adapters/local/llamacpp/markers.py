@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 CMAKE_ARGS = ".infer-cmake-args"
@@ -56,19 +57,19 @@ def preload_library() -> str | None:
     return lib if lib and os.path.isabs(lib) and os.path.exists(lib) else None
 
 
-def with_preload(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with the recorded library added in front of its ``LD_PRELOAD`` (unchanged without a record)."""
+def preload_env(env: Mapping[str, str]) -> dict[str, str] | None:
+    """``env`` with the recorded library in front of its ``LD_PRELOAD``; None without a record."""
     lib = preload_library()
     if lib is None:
-        return env
-    current = [p for p in env.get("LD_PRELOAD", "").split() if p and p != lib]
+        return None
+    current = [p for p in env.get("LD_PRELOAD", "").split() if p != lib]
     return {**env, "LD_PRELOAD": " ".join([lib, *current])}
 
 
-def preloaded() -> bool:
-    """Was this process started with the recorded library preloaded (or is none needed)?"""
+def missing_preload() -> str | None:
+    """The recorded library, when this process was started without it preloaded."""
     lib = preload_library()
-    return lib is None or lib in os.environ.get("LD_PRELOAD", "").split()
+    return None if lib is None or lib in os.environ.get("LD_PRELOAD", "").split() else lib
 
 
 if __name__ == "__main__":
