@@ -223,7 +223,12 @@ def ours_batch(engine: LLMEngine, prompts: list[list[int]], outputs: list[int], 
     graph_steps = (graphs.num_replays if graphs is not None else 0) - replays
     return {"tok_s": generated / wall, "wall_s": wall, "steps": steps, "graph_steps": graph_steps,
             "ttft_ms_p50": 1e3 * statistics.median(ttft), "tpot_ms_p50": 1e3 * statistics.median(tpot),
-            "decode_tok_s": (len(token_times) - 1) / (token_times[-1] - token_times[0]) if len(token_times) > 1 else 0}
+            "decode_tok_s": decode_rate(token_times)}
+
+
+def decode_rate(token_times: list[float]) -> float:
+    """A request's decode tok/s: the tokens after its first over the time they took (0 with one token)."""
+    return (len(token_times) - 1) / (token_times[-1] - token_times[0]) if len(token_times) > 1 else 0.0
 
 
 def guarded(engine: LLMEngine, res: dict) -> Callable:
@@ -307,8 +312,7 @@ def run_speculative(path: Path, device: torch.device, quick: bool) -> dict:
     def once(tag: str, on: bool) -> tuple[float, list[int]]:
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, speculative=on)
         out = engine.generate([[100 + len(tag)] + span * 8], params)[0]  # a fresh first token: no prefix hits
-        m = out.metrics
-        return (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0]), out.outputs[0].token_ids
+        return decode_rate(out.metrics.token_times), out.outputs[0].token_ids
 
     once("w", True), once("ww", False)  # warm-up: graphs, kernels
     before = engine.spec_decode_stats()
@@ -333,13 +337,16 @@ def run_speculative(path: Path, device: torch.device, quick: bool) -> dict:
     return res
 
 
-def speculative_pass(path: Path, device: torch.device, quick: bool) -> dict:
-    """`run_speculative`, its failure caught and reported (the rest of the bench stands)."""
+def guarded_pass(run: Callable[[Path, torch.device, bool], dict], path: Path, device: torch.device,
+                 quick: bool) -> dict:
+    """An extra pass (`run_speculative`, `run_fused`), its failure caught and reported (the rest of the bench
+    stands), with the seconds it took."""
     t0 = time.perf_counter()
     try:
-        res = run_speculative(path, device, quick)
+        res = run(path, device, quick)
     except Exception as exc:  # noqa: BLE001 -- a guarded extra pass
         res = {"error": f"{type(exc).__name__}: {exc}"}
+        log.error("%s failed:\n%s", run.__name__, traceback.format_exc(limit=8))
     res["elapsed_s"] = time.perf_counter() - t0
     return res
 
@@ -354,8 +361,7 @@ def run_fused(path: Path, device: torch.device, quick: bool) -> dict:
 
     def once(on: bool, tag: str) -> tuple[float, list[int]]:
         out = engines[on].generate([[100 + len(tag)] + prompt], greedy(n))[0]  # a fresh first token: no prefix hits
-        m = out.metrics
-        return (len(m.token_times) - 1) / (m.token_times[-1] - m.token_times[0]), out.outputs[0].token_ids
+        return decode_rate(out.metrics.token_times), out.outputs[0].token_ids
 
     once(False, "w"), once(True, "w")  # warm-up: graphs, kernels
     rates: dict[bool, list[float]] = {False: [], True: []}
@@ -370,18 +376,6 @@ def run_fused(path: Path, device: torch.device, quick: bool) -> dict:
     res["ratio"] = res["fused_tok_s"] / res["unfused_tok_s"]
     del engines
     free(device)
-    return res
-
-
-def fused_pass(path: Path, device: torch.device, quick: bool) -> dict:
-    """`run_fused`, its failure caught and reported (the rest of the bench stands)."""
-    t0 = time.perf_counter()
-    try:
-        res = run_fused(path, device, quick)
-    except Exception as exc:  # noqa: BLE001 -- a guarded extra pass
-        res = {"error": f"{type(exc).__name__}: {exc}"}
-        log.error("fused pass failed:\n%s", traceback.format_exc(limit=8))
-    res["elapsed_s"] = time.perf_counter() - t0
     return res
 
 
@@ -547,11 +541,11 @@ def main() -> None:
             dump(res, args.json)  # after each model: a run cut short still leaves what it measured
         if args.fused:
             res["fused_shape"] = shapes[0]
-            res["fused"] = fused_pass(model_dir(shapes[0], Path(tmp)), device, args.quick)
+            res["fused"] = guarded_pass(run_fused, model_dir(shapes[0], Path(tmp)), device, args.quick)
             dump(res, args.json)
         if args.speculative:
             res["speculative_shape"] = shapes[0]
-            res["speculative"] = speculative_pass(model_dir(shapes[0], Path(tmp)), device, args.quick)
+            res["speculative"] = guarded_pass(run_speculative, model_dir(shapes[0], Path(tmp)), device, args.quick)
             dump(res, args.json)
     report(res)
 
