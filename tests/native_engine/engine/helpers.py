@@ -17,6 +17,15 @@ def seeded(max_tokens: int, seed: int, **kwargs) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=True, **kwargs)
 
 
+def module_path(engine: LLMEngine, fused_decode: bool = False) -> LLMEngine:
+    """The engine with its C decode stack off, so the module path runs every step; with ``fused_decode`` its
+    few-row steps take the fused decode layers (no device check: on the CPU they run the torch references)."""
+    model = engine.model_runner.model.model
+    model.cpu_decode = None
+    model.fused_decode = fused_decode
+    return engine
+
+
 def token_ids(outputs: list[RequestOutput]) -> list[list[int]]:
     """First completion's token ids of each request."""
     return [out.outputs[0].token_ids for out in outputs]

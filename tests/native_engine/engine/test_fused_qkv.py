@@ -7,21 +7,16 @@ from __future__ import annotations
 
 from native_engine.models import llama
 
-from .helpers import greedy, seeded, token_ids
-
-
-def _module_path(engine):
-    engine.model_runner.model.model.cpu_decode = None
-    return engine
+from .helpers import greedy, module_path, seeded, token_ids
 
 
 def test_fused_attention_block_gives_the_cpu_paths_tokens(make_engine, prompts, monkeypatch):
     batch = prompts([5, 21, 40, 9], seed=61)
     params = [greedy(12), greedy(12), seeded(12, seed=2, top_k=40), greedy(6)]
-    expected = token_ids(_module_path(make_engine()).generate(batch, params))
+    expected = token_ids(module_path(make_engine()).generate(batch, params))
     calls = []
     fused = llama.qkv_rope_cache
     monkeypatch.setattr(llama, "use_triton", lambda x: True)
     monkeypatch.setattr(llama, "qkv_rope_cache", lambda *a, **k: calls.append(1) or fused(*a, **k))
-    assert token_ids(_module_path(make_engine()).generate(batch, params)) == expected
+    assert token_ids(module_path(make_engine()).generate(batch, params)) == expected
     assert len(calls) > 20  # every layer of every step went through it
