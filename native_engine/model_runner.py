@@ -137,9 +137,8 @@ class ModelRunner:
         if (self.device.type == "cpu" and self.tp is None and hasattr(self.model, "model")
                 and hasattr(self.model.model, "use_cpu_decode")):
             self.model.model.use_cpu_decode(getattr(self.model, "lm_head", None))  # decode steps in one C call
-        if self.config.fused_decode and self.tp is None and hasattr(getattr(self.model, "model", None),
-                                                                     "use_fused_decode"):
-            self.model.model.use_fused_decode(self.device)
+        if self.config.fused_decode and hasattr(self.model, "model") and hasattr(self.model.model, "use_fused_decode"):
+            self.model.model.use_fused_decode(self.device)  # only where every layer can: never sharded ones
         return self.num_kvcache_blocks
 
     def size_inputs(self, max_model_len: int) -> None:

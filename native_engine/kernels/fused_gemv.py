@@ -77,11 +77,9 @@ def _fused_gemv_kernel(x_ptr, w_ptr, out_ptr, norm_ptr, res_ptr,
     tl.store(out_ptr + row * out_stride + cols, out, mask=col_mask)
 
 
-def _config(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps): enough programs to cover the SMs at 896-wide outputs, 16-byte loads."""
-    block_n = 4 if n <= 2048 else 8 if n <= 8192 else 16
-    block_k = min(512, triton.next_power_of_2(k))
-    return block_n, block_k, 4
+def _blocks(n: int, k: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): enough programs to cover the SMs at 896-wide outputs, 16-byte loads."""
+    return (4 if n <= 2048 else 8 if n <= 8192 else 16), min(512, triton.next_power_of_2(k))
 
 
 def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tensor | None = None, eps: float = 1e-6,
@@ -98,13 +96,13 @@ def fused_gemv_triton(x: torch.Tensor, weight: torch.Tensor, *, norm: torch.Tens
         assert residual.shape == (m, n) and residual.dtype == x.dtype, (residual.shape, residual.dtype)
         assert_last_dim_contiguous(residual)
     out = x.new_empty(m, n)
-    block_n, block_k, warps = _config(n, k)
+    block_n, block_k = _blocks(n, k)
     res = residual if residual is not None else out
     _fused_gemv_kernel[(triton.cdiv(n, block_n), m)](
         x, weight, out, norm if norm is not None else weight, res,
         n, k, x.stride(0), weight.stride(0), out.stride(0), res.stride(0), eps,
         NORM=norm is not None, SILU_MUL=silu_mul, RESIDUAL=residual is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     return out
 
 

@@ -17,8 +17,7 @@ from ..distributed.partition import RankShard, shard_model
 from ..forward_context import Context
 from ..kernels import qkv_rope_cache
 from ..kernels._triton import use_triton
-from ..kernels.fused_gemv import MAX_ROWS as FUSED_MAX_ROWS
-from ..kernels.fused_gemv import fused_gemv
+from ..kernels.fused_gemv import MAX_ROWS as FUSED_MAX_ROWS, fused_gemv
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embed_head import LMHead, VocabEmbedding
