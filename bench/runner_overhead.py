@@ -198,8 +198,9 @@ def _median(rounds: list[dict], key: str) -> float:
 
 
 def _paired(base: list[dict], runner: list[dict], key: str) -> float:
-    """The median of per-pair runner - base (TTFT) or runner / base: 1-stream figures pair request by request
-    (they alternate), 16-stream figures round by round."""
+    """The median of per-pair runner - base (TTFT) or runner / base: 1-stream figures pair the two sides'
+    requests of the same index in a round (sent within a few requests of each other), 16-stream figures
+    pair round by round."""
     if isinstance(base[0][key], list):
         pairs = [(x, y) for a, b in zip(base, runner) for x, y in zip(a[key], b[key])]
     else:
@@ -236,8 +237,8 @@ def report(results: dict, drill: dict | None, args) -> None:
                 paired = f"{pair:+.2f} ms" if key == "ttft_ms" else f"{pair:.3f}x"
                 print(f"{engine:9} {label:22} {a:11.2f} {b:9.2f} {extra:>9} {paired:>9}  {goal} {verdict}")
                 table[f"{side}.{engine}.{key}"] = {side: a, "runner": b, "met": met, "paired": pair}
-    print("\nratio: of the two sides' medians (the verdict); paired: the median over requests (1 stream: a "
-          "request and the other side's next one) or rounds (16 streams) of the difference or ratio")
+    print("\nratio: of the two sides' medians (the verdict); paired: the median over requests (1 stream: the "
+          "two sides' requests of the same index in a round) or rounds (16 streams) of the difference or ratio")
     if drill:
         print(f"\nkill drill: SIGKILL of the native runner during {drill['streams']} streams: {drill['errors']} ended "
               f"with an error, all within {drill['all_ended_s']:.3f} s (goal <= 2 s); gateway alive: "
