@@ -29,8 +29,12 @@ warm-up and one repeat (1.6x the 0.5B's) would not fit.
 Also on the 0.5B shape (`profile` in the JSON, printed last): the wall time of a steady decode step at batch
 1 and 64 with scheduling ahead off and on, the device's busy time per step under torch.profiler, the idle gap,
 the top kernels; and each linear shape's one-row matmul against the copy bandwidth (`bench/gpu_profile.py`).
-A section that raises is reported and the rest goes on; if our engine raises with scheduling ahead, the
-workload is run again without it (`ahead_failed` in the JSON).
+A section that raises is reported and the rest goes on; if our engine raises with the unified attention kernel
+or scheduling ahead, the workload is run again without it (`unified_failed`, `ahead_failed` in the JSON).
+
+`--unified`: a pass (guarded) of the mixed workload, greedy, on the first shape with the unified attention kernel
+(kernels/unified_attention.py: a mixed step's rows in one launch a layer) on vs off, alternating on one
+engine, 3 runs each: tok/s, TTFT and TPOT medians.
 
 `--speculative`: after the models, one more pass (<= 40 s, guarded: its failure is reported and the rest
 stands): the 0.5B shape with n-gram speculation (k = 4), batch 1, greedy, 256 tokens from a prompt that
@@ -232,21 +236,34 @@ def decode_rate(token_times: list[float]) -> float:
 
 
 def guarded(engine: LLMEngine, res: dict) -> Callable:
-    """ours_batch, run again without scheduling ahead if it raises with it (recorded in `res`)."""
+    """ours_batch, run again without the unified attention kernel, then without scheduling ahead, if it raises
+    with them (each failure recorded in `res`: `unified_failed`, `ahead_failed`)."""
+    inputs = engine.model_runner.inputs
+
+    def fallback() -> str | None:
+        if inputs.unified:
+            inputs.unified = False
+            return "unified_failed"
+        if engine.async_scheduling:
+            engine.async_scheduling = False
+            return "ahead_failed"
+        return None
 
     def run(prompts, outputs, name, tag):
-        try:
-            return ours_batch(engine, prompts, outputs, name, tag)
-        except Exception:
-            if not engine.async_scheduling:
-                raise
-            res.setdefault("ahead_failed", traceback.format_exc(limit=8))
-            log.error("scheduling ahead failed, measuring without it:\n%s", res["ahead_failed"])
-            for request_id in list(engine.requests):
-                engine.abort(request_id)
-            engine._inflight = None
-            engine.async_scheduling = False
-            return ours_batch(engine, prompts, outputs, name, tag + "-sync")
+        while True:
+            try:
+                return ours_batch(engine, prompts, outputs, name, tag)
+            except Exception:
+                trace = traceback.format_exc(limit=8)
+                key = fallback()
+                if key is None:
+                    raise
+                res.setdefault(key, trace)
+                log.error("%s, measuring without it:\n%s", key.replace("_", " "), trace)
+                for request_id in list(engine.requests):
+                    engine.abort(request_id)
+                engine._inflight = None
+                tag += "-" + key
 
     return run
 
@@ -348,6 +365,30 @@ def guarded_pass(run: Callable[[Path, torch.device, bool], dict], path: Path, de
         res = {"error": f"{type(exc).__name__}: {exc}"}
         log.error("%s failed:\n%s", run.__name__, traceback.format_exc(limit=8))
     res["elapsed_s"] = time.perf_counter() - t0
+    return res
+
+
+def run_unified(path: Path, device: torch.device, quick: bool) -> dict:
+    """The mixed workload (greedy) with the unified attention kernel on vs off: one engine, the runs alternating,
+    medians. On the CPU "on" runs the kernel's torch reference, so the ratio there only shows the pass works."""
+    engine = engine_for(path, device, unified_attention=True)
+    inputs, prompts, runs = engine.model_runner.inputs, Prompts(workloads(quick)), 1 if quick else 3
+
+    def once(on: bool, tag: str, tokens: int | None = None) -> dict:
+        inputs.unified = on
+        return ours_batch(engine, *prompts.fresh("mixed", tokens), "greedy", tag)
+
+    once(True, "uw", 8), once(False, "pw", 8)  # warm-up: every prefill shape, both paths
+    got: dict[bool, list[dict]] = {False: [], True: []}
+    for i in range(runs):
+        for on in ((True, False) if i % 2 == 0 else (False, True)):
+            got[on].append(once(on, f"{'u' if on else 'p'}{i}"))
+    res = {}
+    for on, key in ((True, "unified"), (False, "per_chunk")):
+        res[key] = {k: statistics.median(r[k] for r in got[on]) for k in ("tok_s", "ttft_ms_p50", "tpot_ms_p50")}
+    res["ratio"] = res["unified"]["tok_s"] / res["per_chunk"]["tok_s"]
+    del engine
+    free(device)
     return res
 
 
@@ -466,8 +507,9 @@ def report(res: dict) -> None:
             g, s = ours[f"{load}_greedy"], ours[f"{load}_sampled"]
             key = "decode_tok_s" if load == "single" else "tok_s"
             print(f"{shape:6s} {load}: sampled / greedy {s[key] / g[key]:.2f}x (goal >= 0.90)")
-        if "ahead_failed" in ours:
-            print(f"{shape:6s} scheduling ahead FAILED, measured without it: {ours['ahead_failed'].splitlines()[-1]}")
+        for key, what in (("unified_failed", "the unified attention kernel"), ("ahead_failed", "scheduling ahead")):
+            if key in ours:
+                print(f"{shape:6s} {what} FAILED, measured without it: {ours[key].splitlines()[-1]}")
     for shape, r in res["models"].items():
         if "profile" in r.get("ours", {}):
             report_profile(shape, r["ours"]["profile"])
@@ -477,6 +519,15 @@ def report(res: dict) -> None:
                 print(f"{shape:6s} {side} FAILED: {r[side + '_error'].splitlines()[-1]}")
         if "hf_skipped" in r:
             print(f"{shape:6s} transformers skipped: {r['hf_skipped']}")
+    if "unified" in res:
+        uni = res["unified"]
+        if "error" in uni:
+            print(f"unified attention pass failed after {uni['elapsed_s']:.0f} s: {uni['error']}")
+        else:
+            on, off = uni["unified"], uni["per_chunk"]
+            print(f"{res['unified_shape']:6s} unified attention, mixed greedy: {on['tok_s']:.0f} vs {off['tok_s']:.0f} "
+                  f"tok/s per chunk = {uni['ratio']:.2f}x; TTFT p50 {on['ttft_ms_p50']:.1f} vs {off['ttft_ms_p50']:.1f} ms, "
+                  f"TPOT p50 {on['tpot_ms_p50']:.2f} vs {off['tpot_ms_p50']:.2f} ms ({uni['elapsed_s']:.0f} s)")
     if "fused" in res:
         fused = res["fused"]
         if "error" in fused:
@@ -506,6 +557,8 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true", help="skip the decode profiles and the GEMV table")
     parser.add_argument("--speculative", action="store_true", help="add the n-gram speculative decoding pass")
     parser.add_argument("--fused", action="store_true", help="add the pass of batch-1 decode with fused_decode on vs off")
+    parser.add_argument("--unified", action="store_true",
+                        help="add the pass of the mixed workload with the unified attention kernel on vs off")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -539,6 +592,10 @@ def main() -> None:
             res["elapsed_s"] = time.perf_counter() - started
             print(f"  {shape}: done at {res['elapsed_s']:.0f} s", flush=True)
             dump(res, args.json)  # after each model: a run cut short still leaves what it measured
+        if args.unified:
+            res["unified_shape"] = shapes[0]
+            res["unified"] = guarded_pass(run_unified, model_dir(shapes[0], Path(tmp)), device, args.quick)
+            dump(res, args.json)
         if args.fused:
             res["fused_shape"] = shapes[0]
             res["fused"] = guarded_pass(run_fused, model_dir(shapes[0], Path(tmp)), device, args.quick)

@@ -51,6 +51,9 @@ class EngineConfig:
     async_scheduling: bool | None = None  # schedule a decode step while the one before runs; None = on CUDA only
     fused_decode: bool = False  # CUDA: steps of <= 4 tokens as six kernels a layer (kernels/fused_gemv.py); off
     # until a GPU run shows it faster (bench/native_gpu.py measures both)
+    unified_attention: bool = False  # CUDA: a step with prefill chunks runs its attention in one kernel for all
+    # rows (kernels/unified_attention.py) instead of a gather and an attention call per chunk; off until a GPU
+    # run shows it faster (bench/native_gpu.py --unified measures both)
     speculative: str | None = None  # "ngram:k=4", "draft:MODEL:k=4" (spec_decode/config.py); None = off
     tensor_parallel_size: int = 1  # ranks the model is split over (Megatron-LM): gloo on CPU, NCCL on CUDA
     distributed_init_method: str | None = None  # file://PATH or tcp://HOST:PORT where ranks started by
@@ -80,6 +83,8 @@ class EngineConfig:
         _check_fraction("kv_cache_fraction_cpu", self.kv_cache_fraction_cpu)
         _check(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         _check(isinstance(self.fused_decode, bool), f"fused_decode must be true or false; got {self.fused_decode!r}")
+        _check(isinstance(self.unified_attention, bool),
+               f"unified_attention must be true or false; got {self.unified_attention!r}")
         _check(self.async_scheduling is None or isinstance(self.async_scheduling, bool),
                f"async_scheduling must be None, true or false; got {self.async_scheduling!r}")
         _check(self.load_format in LOAD_FORMATS,

@@ -32,3 +32,8 @@ class Context:
     logits: torch.Tensor | None = None  # [num_tokens, V], set by a forward that computed the LM head itself
     verify_offsets: torch.Tensor | None = None  # [num_decode_tokens] int32: each query's index in its verify
     # row (speculative decoding: a query reads keys written in this step); None when there is none
+    # a mixed step through the unified attention kernel (CUDA; kernels/unified_attention.py), else None:
+    query_start: torch.Tensor | None = None  # [rows + 1] each row's first token, then the token count
+    seq_lens: torch.Tensor | None = None  # [rows] keys each row's sequence has after this step
+    row_tables: torch.Tensor | None = None  # [rows, max_blocks] int32, -1 padded: every row's block table
+    max_query_len: int = 0

@@ -5,8 +5,10 @@ A step is first a `StepPlan` (numpy: token ids, row starts, lengths and drafts, 
 (`build`); a tensor-parallel group broadcasts the plan, so every rank builds the same tensors from it.
 
 Two layouts:
-- eager steps: int64 [input_ids n | positions n | slot_mapping n | context_lens d | sample_indices s],
-  then the block tables int32 [rows, width] (decodes first, then the prefill chunks): two copies a step.
+- eager steps: int64 [input_ids n | positions n | slot_mapping n | context_lens d | sample_indices s
+  | query_start rows + 1 | seq_lens rows], then the block tables int32 [rows, width] (decodes first, then
+  the prefill chunks): two copies a step. The last two parts are there when the step's attention runs as one
+  kernel over all its rows (`unified`: CUDA, a step with prefill chunks and no verify rows).
 - CUDA-graph steps (decode only, n <= the graph's batch): int64 [4, max_bs] laid out as the graph's own
   static buffer, padded to the graph's bucket (slot -1, context length 0: padded rows write and read
   nothing), copied straight into it; the tables go through the eager buffer and one device copy.
@@ -78,11 +80,12 @@ def _pinned(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 class InputBuffers:
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks: int, block_size: int,
-                 device: torch.device, max_spec_tokens: int = 0) -> None:
+                 device: torch.device, max_spec_tokens: int = 0, unified: bool = False) -> None:
         self.device, self.block_size = device, block_size
         self.max_rows, self.max_blocks = max_num_seqs, max_blocks
+        self.unified = unified  # mixed steps' attention in one kernel (EngineConfig.unified_attention)
         query_rows = max_num_seqs * (1 + max_spec_tokens)  # decode queries: a verify row has 1 + k
-        size = 3 * max_num_tokens + query_rows + max_num_tokens
+        size = 3 * max_num_tokens + query_rows + max_num_tokens + 2 * max_num_seqs + 1
         on_device = device.type != "cpu"
         self._sets = [(_pinned(size, torch.int64, device), _pinned(query_rows * max_blocks, torch.int32, device),
                        _pinned(4 * query_rows, torch.int64, device)) for _ in range(2 if on_device else 1)]
@@ -169,17 +172,24 @@ class InputBuffers:
         sampled = plan.sampled.astype(np.int64) * (specs + 1)  # sampled positions per row
         first = np.repeat(offsets + counts - sampled, sampled)
         sample_rows = first + np.arange(len(first)) - np.repeat(np.cumsum(sampled) - sampled, sampled)
-        s = len(sample_rows)
+        s, rows = len(sample_rows), len(counts)
         host[:n], host[n : 2 * n], host[2 * n : 3 * n] = ids, positions, slots
         host[3 * n : 3 * n + nq] = positions[:nq] + 1
         host[3 * n + nq : 3 * n + nq + s] = sample_rows
-        dev = self._send(self.host, self.dev, 3 * n + nq + s)
+        ends = starts + counts
+        unified = self.unified and rows > num_decodes and nq == num_decodes
+        tail = 3 * n + nq + s
+        if unified:
+            host[tail : tail + rows], host[tail + rows], host[tail + rows + 1 : tail + 2 * rows + 1] = offsets, n, ends
+        dev = self._send(self.host, self.dev, tail + (2 * rows + 1 if unified else 0))
         ctx = Context(num_decode_tokens=nq, slot_mapping=dev[2 * n : 3 * n])
+        if unified:
+            ctx.query_start, ctx.seq_lens = dev[tail : tail + rows + 1], dev[tail + rows + 1 : tail + 2 * rows + 1]
+            ctx.row_tables, ctx.max_query_len = dev_tables[:rows], int(counts.max())
         if nq > num_decodes:
             ctx.verify_offsets = self._verify_offsets(counts[:num_decodes], nq)
         if nq:
             ctx.block_tables, ctx.context_lens = dev_tables[:nq], dev[3 * n : 3 * n + nq]
-        ends = starts + counts
         for r in range(num_decodes, len(counts)):
             chunk_table = dev_tables[nq + r - num_decodes, : int(plan.table_lens[r])]
             ctx.prefills.append(PrefillChunk(int(offsets[r]), int(counts[r]), int(ends[r]), chunk_table))

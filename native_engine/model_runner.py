@@ -146,7 +146,7 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.config.block_size)
         self.inputs = InputBuffers(max(self.config.max_num_batched_tokens, self.config.max_num_seqs),
                                    self.config.max_num_seqs, max_blocks, self.config.block_size, self.device,
-                                   self.max_spec_tokens)
+                                   self.max_spec_tokens, self.config.unified_attention and self.device.type == "cuda")
 
     def capture_cudagraphs(self, max_model_len: int) -> None:
         """CUDA graphs for decode batches up to `max_num_seqs` (GPU only; `enforce_eager` turns them off)."""

@@ -5,8 +5,9 @@
 #   2. pytest -m gpu tests/native_engine (Triton kernels, CUDA graphs, the sampler on the device, one
 #      host copy per decode step, structured outputs), at most GPU_TESTS_S seconds;
 #   3. bench/native_gpu.py (Qwen2-0.5B and 7B shapes, random bf16 drawn on the device; warm-ups, repeats and
-#      the decode profiles inside a budget of BENCH_S - 90 seconds, then batch 1 with the fused decode kernels
-#      on vs off, then the n-gram speculative decoding pass), killed at BENCH_S;
+#      the decode profiles inside a budget of BENCH_S - 90 seconds, then the mixed workload with the unified
+#      attention kernel on vs off, batch 1 with the fused decode kernels on vs off, then the n-gram speculative
+#      decoding pass), killed at BENCH_S;
 #   4. a short summary table, last.
 # Logs and the bench's JSON go to $OUT when it is set (the device tool brings them back), else .bench/gpu/.
 # Run from the repository root:  bash scripts/gpu_check.sh   (GPU_TESTS_S=90 BENCH_S=260 by default)
@@ -43,7 +44,7 @@ tests_s=$(( $(date +%s) - start ))
 [ -z "$amx_pid" ] || wait "$amx_pid"
 
 start=$(date +%s)
-timeout "$BENCH_S" python3 bench/native_gpu.py --budget-s $(( BENCH_S - 90 )) --fused --speculative --json "$OUT/native_gpu.json" 2>&1 \
+timeout "$BENCH_S" python3 bench/native_gpu.py --budget-s $(( BENCH_S - 90 )) --unified --fused --speculative --json "$OUT/native_gpu.json" 2>&1 \
   | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 bench_s=$(( $(date +%s) - start ))
@@ -77,6 +78,11 @@ for shape, m in r["models"].items():
           f"{p.get('busy_us', float('nan')):8.0f}")
     if "ahead_failed" in o:
         print(f"{shape:5s} scheduling ahead failed (measured without): {o['ahead_failed'].strip().splitlines()[-1]}")
+uni = r.get("unified")
+if uni:
+    print("unified attention (0.5b, 64 mixed greedy, on vs off):", uni.get("error") or
+          f"{uni['unified']['tok_s']:.0f} vs {uni['per_chunk']['tok_s']:.0f} tok/s = {uni['ratio']:.2f}x, TTFT p50 "
+          f"{uni['unified']['ttft_ms_p50']:.0f} vs {uni['per_chunk']['ttft_ms_p50']:.0f} ms")
 fused = r.get("fused")
 if fused:
     print("fused decode (0.5b, batch 1 greedy, fused_decode on vs off):", fused.get("error") or

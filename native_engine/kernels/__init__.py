@@ -7,6 +7,7 @@ from native_engine.kernels.qkv_rope_cache import qkv_rope_cache
 from native_engine.kernels.reshape_and_cache import reshape_and_cache
 from native_engine.kernels.rotary_embedding import rotary_embedding
 from native_engine.kernels.silu_and_mul import silu_and_mul
+from native_engine.kernels.unified_attention import unified_attention
 
 __all__ = [
     "fused_add_rms_norm",
@@ -17,4 +18,5 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "triton_available",
+    "unified_attention",
 ]

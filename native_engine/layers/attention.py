@@ -1,5 +1,6 @@
 """Paged attention over the KV cache: decode rows through the paged kernel, prefill chunks
-through `scaled_dot_product_attention` over the sequence's gathered blocks.
+through `scaled_dot_product_attention` over the sequence's gathered blocks; on CUDA a step with prefill
+chunks runs all its rows in one kernel instead (`kernels/unified_attention.py`, EngineConfig.unified_attention).
 
 Same input, same output: on CPU in float32 a prefill token's numbers do not depend on the chunk it was
 computed in nor on how much of the prompt the prefix cache served (`_canonical_flash_attention`; the
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import paged_attention_decode, reshape_and_cache
+from ..kernels import paged_attention_decode, reshape_and_cache, unified_attention
 from ..forward_context import Context, PrefillChunk
 
 
@@ -113,6 +114,9 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.k_cache.numel() and ctx.slot_mapping is not None and not cached:
             reshape_and_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if ctx.query_start is not None and self.k_cache.numel():  # a mixed step, every row in one kernel
+            return unified_attention(q, self.k_cache, self.v_cache, ctx.row_tables, ctx.query_start, ctx.seq_lens,
+                                     self.scale, ctx.max_query_len).flatten(1)
         num_decodes = ctx.num_decode_tokens
         if num_decodes and not ctx.prefills and num_decodes == q.shape[0]:  # decode-only: the kernel's own output
             out = paged_attention_decode(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens, self.scale)

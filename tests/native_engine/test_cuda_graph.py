@@ -163,3 +163,20 @@ def test_fused_decode_gives_the_unfused_tokens_in_float32(tiny_gguf):
         assert engine.model_runner.model.model.fused_decode == fused
         outs[fused] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
     assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_unified_attention_gives_the_per_chunk_tokens_in_float32(tiny_gguf):
+    """`unified_attention` (kernels/unified_attention.py: a mixed step's rows in one kernel) against the per-chunk
+    gather-and-attention path, float32, chunked prompts beside decoding rows: the same greedy tokens."""
+    from native_engine import SamplingParams
+
+    prompts = ["a b c " * 9, "the quick brown fox jumps", "x", "the quick brown fox jumps over the lazy dog " * 4]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = {}
+    for on in (False, True):
+        engine = _engine(tiny_gguf, dtype="float32", unified_attention=on, max_num_batched_tokens=32)
+        assert engine.model_runner.inputs.unified == on
+        outs[on] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    assert outs[True] == outs[False]

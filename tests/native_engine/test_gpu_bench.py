@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gpu_bench_quick_runs_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "native_gpu.py"), "--quick", "--speculative", "--fused",
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "native_gpu.py"), "--quick", "--speculative", "--fused", "--unified",
                            "--json", str(out)],
                           capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -26,7 +26,7 @@ def test_gpu_bench_quick_runs_on_cpu(tmp_path):
         assert ours[key]["tok_s"] > 0 and hf[key]["tok_s"] > 0 and ours[key]["steps"] > 1
     assert 0 < ours["single_greedy"]["mbu"] < 1 and ours["single_sampled"]["decode_tok_s"] > 0
     assert len(ours["uniform_greedy"]["runs_tok_s"]) == len(hf["uniform_greedy"]["runs_tok_s"]) == 2  # repeats
-    assert "ahead_failed" not in ours and "ours_error" not in res["models"]["tiny"]
+    assert "ahead_failed" not in ours and "unified_failed" not in ours and "ours_error" not in res["models"]["tiny"]
     profile = ours["profile"]
     for key in ("decode_b1_greedy", "decode_b1_sampled", "decode_b64_greedy", "decode_b64_sampled"):
         p = profile[key]
@@ -42,3 +42,7 @@ def test_gpu_bench_quick_runs_on_cpu(tmp_path):
     assert fused["fused_active"] is False and fused["same_tokens"] == 1.0  # on the CPU both run the module path
     assert fused["fused_tok_s"] > 0 and fused["unfused_tok_s"] > 0
     assert "fused decode (kernels/fused_gemv.py), batch 1 greedy" in proc.stdout
+    uni = res["unified"]
+    assert "error" not in uni, uni
+    assert uni["unified"]["tok_s"] > 0 and uni["per_chunk"]["tok_s"] > 0 and uni["unified"]["ttft_ms_p50"] > 0
+    assert "unified attention, mixed greedy" in proc.stdout

@@ -12,7 +12,7 @@ def module(name: str):  # the package re-exports functions under the same names 
     return importlib.import_module(f"native_engine.kernels.{name}")
 
 
-INT_PTRS = {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "slot_mapping_ptr": "*i64", "positions_ptr": "*i64",
+INT_PTRS = {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "query_start_ptr": "*i64", "seq_lens_ptr": "*i64", "slot_mapping_ptr": "*i64", "positions_ptr": "*i64",
             "seen_ptr": "*i1", "counts_ptr": "*i32", "ids_ptr": "*i64", "top_k_ptr": "*i64", "out_ptr": "*i64"}
 FP32_ARGS = {"part_out_ptr": "*fp32", "part_ml_ptr": "*fp32", "cos_sin_ptr": "*fp32", "scale": "fp32", "eps": "fp32",
              "logits_ptr": "*fp32", "rep_ptr": "*fp32", "pres_ptr": "*fp32", "freq_ptr": "*fp32", "values_ptr": "*fp32",
@@ -39,6 +39,10 @@ KERNELS = [
      {"NORM": False, "SILU_MUL": True, "RESIDUAL": True, "BLOCK_N": 8, "BLOCK_K": 512}),
     (module("fused_gemv")._fused_gemv_kernel,
      {"NORM": False, "SILU_MUL": False, "RESIDUAL": True, "BLOCK_N": 4, "BLOCK_K": 512}),
+    (module("unified_attention")._unified_attention_kernel,
+     {"BLOCK_Q": 9, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": 64, "DOT_PRECISION": "tf32", "DOT_FP32": False}),
+    (module("unified_attention")._unified_attention_kernel,
+     {"BLOCK_Q": 2, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_D": 128, "DOT_PRECISION": "tf32", "DOT_FP32": False}),
     (module("sampling")._penalties_kernel, {"HAS_REP": True, "HAS_COUNTS": True, "BLOCK": 2048}),
     (module("sampling")._penalties_kernel, {"HAS_REP": True, "HAS_COUNTS": False, "BLOCK": 2048}),
     (module("sampling")._candidates_kernel, {"HAS_TOP_K": True, "HAS_TOP_P": True, "HAS_MIN_P": True, "BLOCK_K": 64}),

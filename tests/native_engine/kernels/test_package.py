@@ -28,7 +28,7 @@ def run_python(code_or_path: list[str], **env: str) -> subprocess.CompletedProce
 def test_exports():
     assert sorted(kernels.__all__) == [
         "fused_add_rms_norm", "paged_attention_decode", "qkv_rope_cache", "reshape_and_cache", "rms_norm",
-        "rotary_embedding", "silu_and_mul", "triton_available",
+        "rotary_embedding", "silu_and_mul", "triton_available", "unified_attention",
     ]
     assert all(callable(getattr(kernels, name)) for name in kernels.__all__)
 
