@@ -5,6 +5,8 @@ same code profiles CPU ops, so the quick run of the default suite keeps it worki
   with scheduling ahead off and on, then torch.profiler over `steps` steps: the device's busy time per step
   (the union of its kernels' and copies' intervals), the idle gap (wall - busy), kernels per step and the top
   kernels by time.
+- `mixed_profile`: one step of decoding rows beside fresh prompts' prefill chunks, with the per-chunk attention
+  path and with the unified attention kernel: wall time, the device's busy time, kernels, the top kernels.
 - `gemv_table`: each distinct linear shape of the model at one row, the matmul the decode step runs
   (`torch.nn.functional.linear`, cuBLAS), in microseconds and as a share of the measured copy bandwidth, beside
   the best of a few configurations of a Triton split-K GEMV (`native_engine/kernels/gemv.py`, not on the
@@ -13,6 +15,7 @@ same code profiles CPU ops, so the quick run of the default suite keeps it worki
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -114,6 +117,53 @@ def decode_profile(engine, batch: int, params, steps: int = 20) -> dict:
     return res
 
 
+def mixed_profile(engine, decodes: int, chunk_len: int, params, repeats: int = 3) -> dict:
+    """One mixed step (`decodes` requests decoding beside as many fresh `chunk_len`-token prompts as the token
+    budget holds, one prefill chunk each) with the per-chunk attention path and with the unified kernel: the
+    median wall time of `repeats` such steps after a warm-up, then one under torch.profiler (device busy time,
+    kernels, top kernels). Each step's prompts are new (no prefix hits) and stop after their first token, so
+    the decoding batch stays the same. Scheduling ahead is off meanwhile: every step here is a mixed one."""
+    device, inputs = engine.device, engine.model_runner.inputs
+    budget = engine.config.max_num_batched_tokens
+    chunks = max(1, min(16, (budget - decodes) // chunk_len))
+    ids = _start(engine, decodes, params, f"mix{decodes}")
+    ahead, unified, fresh = engine.async_scheduling, inputs.unified, iter(range(10_000))
+    res: dict = {"decodes": decodes, "chunks": chunks, "chunk_len": chunk_len}
+
+    def step() -> None:
+        for _ in range(chunks):
+            n = next(fresh)
+            prompt = [100 + n % 800, 100 + n // 800] + list(range(300, 298 + chunk_len))
+            engine.add_request(f"mixc-{n}", prompt, dataclasses.replace(params, max_tokens=1))
+        engine.step()
+
+    try:
+        engine.async_scheduling = False
+        engine.step()  # collect what was launched ahead
+        for name, on in (("per_chunk", False), ("unified", True)):
+            inputs.unified = on
+            step()  # warm-up: this shape's kernels
+            walls = []
+            for _ in range(repeats):
+                _sync(device)
+                t0 = time.perf_counter()
+                step()
+                _sync(device)
+                walls.append((time.perf_counter() - t0) * 1e6)
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with profile(activities=activities) as prof:
+                step()
+                _sync(device)
+            spans = _intervals(prof, device)
+            busy = _union_us(spans)
+            res[name] = {"wall_us": statistics.median(walls), "busy_us": busy, "kernels": len(spans),
+                         "top": _top(spans, 1, n=6)}
+    finally:
+        engine.async_scheduling, inputs.unified = ahead, unified
+        _stop(engine, ids)
+    return res
+
+
 def linear_shapes(model) -> list[tuple[str, int, int]]:
     """(name, out_features, in_features) of each distinct dense weight the decode step multiplies by."""
     seen: dict[tuple[int, int], str] = {}
@@ -193,6 +243,18 @@ def report_profile(shape: str, prof: dict) -> None:
               f"{p['kernels_per_step']:.0f} kernels/step")
         for t in p["top"]:
             print(f"{'':8s}{t['us_per_step']:8.1f} us {t['calls_per_step']:6.1f}x  {t['name']}")
+    mixed = prof.get("mixed")
+    if mixed is not None and "error" in mixed:
+        print(f"{shape:6s} mixed step: failed: {mixed['error']}")
+    elif mixed is not None:
+        print(f"{shape:6s} mixed step ({mixed['decodes']} decodes + {mixed['chunks']} fresh prompts of "
+              f"{mixed['chunk_len']}):")
+        for name in ("per_chunk", "unified"):
+            p = mixed[name]
+            print(f"{'':8s}{name:9s} wall {p['wall_us']:8.0f} us; device busy {p['busy_us']:8.0f} us; "
+                  f"{p['kernels']} kernels")
+            for t in p["top"]:
+                print(f"{'':10s}{t['us_per_step']:8.1f} us {t['calls_per_step']:6.1f}x  {t['name']}")
     for row in prof.get("gemv", []):
         triton = f"; triton {row['triton_us']:7.1f} us {row['triton_of_bandwidth']:6.1%} {row['triton_config']}" \
             if "triton_us" in row else (f"; triton failed: {row['triton_error']}" if "triton_error" in row else "")

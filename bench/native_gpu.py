@@ -28,7 +28,9 @@ warm-up and one repeat (1.6x the 0.5B's) would not fit.
 
 Also on the 0.5B shape (`profile` in the JSON, printed last): the wall time of a steady decode step at batch
 1 and 64 with scheduling ahead off and on, the device's busy time per step under torch.profiler, the idle gap,
-the top kernels; and each linear shape's one-row matmul against the copy bandwidth (`bench/gpu_profile.py`).
+the top kernels; one mixed step (48 decoding rows beside fresh 256-token prompts up to the token budget) with the
+per-chunk attention path and with the unified kernel; and each linear shape's one-row matmul against the copy
+bandwidth (`bench/gpu_profile.py`).
 A section that raises is reported and the rest goes on; if our engine raises with the unified attention kernel
 or scheduling ahead, the workload is run again without it (`unified_failed`, `ahead_failed` in the JSON).
 
@@ -75,7 +77,7 @@ from registry.modelbuilder.hf_out import generation_config, hf_config, tokenizer
 from registry.modelbuilder.spec import PRESETS  # noqa: E402
 from registry.modelbuilder.tokenizer import padded_tokenizer, special_ids  # noqa: E402
 
-from gpu_profile import decode_profile, gemv_table, report_profile  # noqa: E402  (bench/ is the script's directory)
+from gpu_profile import decode_profile, gemv_table, mixed_profile, report_profile  # noqa: E402  (bench/ is the script's directory)
 
 log = logging.getLogger("native_gpu")
 
@@ -308,6 +310,12 @@ def profile_section(engine: LLMEngine, bandwidth: float, profiles: tuple = PROFI
         except Exception as exc:
             out[key] = {"error": f"{type(exc).__name__}: {exc}"}
             log.error("profile %s failed:\n%s", key, traceback.format_exc(limit=8))
+    try:
+        decodes = min(48, engine.config.max_num_seqs - 1)
+        out["mixed"] = mixed_profile(engine, decodes, 256 if engine.device.type == "cuda" else 32, PARAMS["greedy"](400))
+    except Exception as exc:
+        out["mixed"] = {"error": f"{type(exc).__name__}: {exc}"}
+        log.error("mixed step profile failed:\n%s", traceback.format_exc(limit=8))
     try:
         out["gemv"] = gemv_table(engine.model_runner.model, bandwidth, engine.device, engine.dtype,
                                  reps=30 if engine.device.type == "cuda" else 2)

@@ -31,6 +31,11 @@ def test_gpu_bench_quick_runs_on_cpu(tmp_path):
     for key in ("decode_b1_greedy", "decode_b1_sampled", "decode_b64_greedy", "decode_b64_sampled"):
         p = profile[key]
         assert p["wall_us"] > 0 and p["busy_us"] > 0 and p["kernels_per_step"] > 0 and len(p["top"]) == 8, p
+    mixed = profile["mixed"]
+    assert mixed["chunks"] > 1 and mixed["decodes"] > 1, mixed
+    for path in ("per_chunk", "unified"):
+        assert mixed[path]["wall_us"] > 0 and mixed[path]["kernels"] > 0 and mixed[path]["top"], mixed[path]
+    assert "mixed step (" in proc.stdout
     assert {row["name"] for row in profile["gemv"]} >= {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
     assert "sampled / greedy" in proc.stdout and "ours/hf" in proc.stdout and "kernels/step" in proc.stdout
     spec = res["speculative"]
