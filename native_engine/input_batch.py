@@ -176,11 +176,10 @@ class InputBuffers:
         host[:n], host[n : 2 * n], host[2 * n : 3 * n] = ids, positions, slots
         host[3 * n : 3 * n + nq] = positions[:nq] + 1
         host[3 * n + nq : 3 * n + nq + s] = sample_rows
-        ends = starts + counts
+        ends, tail = starts + counts, 3 * n + nq + s
         unified = self.unified and rows > num_decodes and nq == num_decodes
-        tail = 3 * n + nq + s
-        if unified:
-            host[tail : tail + rows], host[tail + rows], host[tail + rows + 1 : tail + 2 * rows + 1] = offsets, n, ends
+        if unified:  # the unified kernel's rows: their offsets in the batch, then their key counts
+            host[tail : tail + 2 * rows + 1] = np.concatenate([offsets, [n], ends])
         dev = self._send(self.host, self.dev, tail + (2 * rows + 1 if unified else 0))
         ctx = Context(num_decode_tokens=nq, slot_mapping=dev[2 * n : 3 * n])
         if unified:
