@@ -34,9 +34,10 @@ bandwidth (`bench/gpu_profile.py`).
 A section that raises is reported and the rest goes on; if our engine raises with the unified attention kernel
 or scheduling ahead, the workload is run again without it (`unified_failed`, `ahead_failed` in the JSON).
 
-`--unified`: a pass (guarded) of the mixed workload, greedy, on the first shape with the unified attention kernel
-(kernels/unified_attention.py: a mixed step's rows in one launch a layer) on vs off, alternating on one
-engine, 3 runs each: tok/s, TTFT and TPOT medians.
+`--unified`: a pass (guarded) of the mixed workload, greedy, on the first shape, alternating on one engine, 3 runs
+each (tok/s, TTFT and TPOT medians): the per-chunk attention path, the unified attention kernel
+(kernels/unified_attention.py: a mixed step's rows in one launch a layer), and the unified kernel with the
+steps that hold prefill chunks replayed from CUDA graphs (cuda_graph.MixedGraphs; CUDA only).
 
 `--speculative`: after the models, one more pass (<= 40 s, guarded: its failure is reported and the rest
 stands): the 0.5B shape with n-gram speculation (k = 4), batch 1, greedy, 256 tokens from a prompt that
@@ -377,24 +378,31 @@ def guarded_pass(run: Callable[[Path, torch.device, bool], dict], path: Path, de
 
 
 def run_unified(path: Path, device: torch.device, quick: bool) -> dict:
-    """The mixed workload (greedy) with the unified attention kernel on vs off: one engine, the runs alternating,
-    medians. On the CPU "on" runs the kernel's torch reference, so the ratio there only shows the pass works."""
+    """The mixed workload (greedy) three ways on one engine, the runs alternating, medians: the per-chunk attention
+    path, the unified attention kernel eager, and the unified kernel with the steps that hold prefill chunks
+    replayed from CUDA graphs (`MixedGraphs`; CUDA only). On the CPU "unified" runs the kernel's torch reference,
+    so the ratio there only shows the pass works."""
     engine = engine_for(path, device, unified_attention=True)
-    inputs, prompts, runs = engine.model_runner.inputs, Prompts(workloads(quick)), 1 if quick else 3
+    runner = engine.model_runner
+    inputs, graphs, prompts, runs = runner.inputs, runner.mixed_graphs, Prompts(workloads(quick)), 1 if quick else 3
+    modes = {"per_chunk": (False, None), "unified": (True, None)} | ({"unified_graphs": (True, graphs)} if graphs else {})
 
-    def once(on: bool, tag: str, tokens: int | None = None) -> dict:
-        inputs.unified = on
+    def once(mode: str, tag: str, tokens: int | None = None) -> dict:
+        inputs.unified, runner.mixed_graphs = modes[mode]
         return ours_batch(engine, *prompts.fresh("mixed", tokens), "greedy", tag)
 
-    once(True, "uw", 8), once(False, "pw", 8)  # warm-up: every prefill shape, both paths
-    got: dict[bool, list[dict]] = {False: [], True: []}
+    for mode in modes:
+        once(mode, f"w-{mode}", 8)  # warm-up: every prefill shape, each path
+    got: dict[str, list[dict]] = {mode: [] for mode in modes}
     for i in range(runs):
-        for on in ((True, False) if i % 2 == 0 else (False, True)):
-            got[on].append(once(on, f"{'u' if on else 'p'}{i}"))
-    res = {}
-    for on, key in ((True, "unified"), (False, "per_chunk")):
-        res[key] = {k: statistics.median(r[k] for r in got[on]) for k in ("tok_s", "ttft_ms_p50", "tpot_ms_p50")}
+        for mode in (list(modes) if i % 2 == 0 else list(reversed(modes))):
+            got[mode].append(once(mode, f"{mode}-{i}"))
+    res = {mode: {k: statistics.median(r[k] for r in rows) for k in ("tok_s", "ttft_ms_p50", "tpot_ms_p50")}
+           for mode, rows in got.items()}
     res["ratio"] = res["unified"]["tok_s"] / res["per_chunk"]["tok_s"]
+    if graphs:
+        res["graphs_ratio"] = res["unified_graphs"]["tok_s"] / res["per_chunk"]["tok_s"]
+        res["mixed_graph_replays"] = graphs.num_replays
     del engine
     free(device)
     return res
@@ -532,10 +540,12 @@ def report(res: dict) -> None:
         if "error" in uni:
             print(f"unified attention pass failed after {uni['elapsed_s']:.0f} s: {uni['error']}")
         else:
-            on, off = uni["unified"], uni["per_chunk"]
-            print(f"{res['unified_shape']:6s} unified attention, mixed greedy: {on['tok_s']:.0f} vs {off['tok_s']:.0f} "
-                  f"tok/s per chunk = {uni['ratio']:.2f}x; TTFT p50 {on['ttft_ms_p50']:.1f} vs {off['ttft_ms_p50']:.1f} ms, "
-                  f"TPOT p50 {on['tpot_ms_p50']:.2f} vs {off['tpot_ms_p50']:.2f} ms ({uni['elapsed_s']:.0f} s)")
+            print(f"{res['unified_shape']:6s} unified attention, mixed greedy ({uni['elapsed_s']:.0f} s):")
+            for mode in ("per_chunk", "unified", "unified_graphs"):
+                if mode in uni:
+                    m = uni[mode]
+                    print(f"{'':8s}{mode:15s} {m['tok_s']:9.0f} tok/s = {m['tok_s'] / uni['per_chunk']['tok_s']:.2f}x; "
+                          f"TTFT p50 {m['ttft_ms_p50']:7.1f} ms, TPOT p50 {m['tpot_ms_p50']:.2f} ms")
     if "fused" in res:
         fused = res["fused"]
         if "error" in fused:

@@ -52,8 +52,9 @@ class EngineConfig:
     fused_decode: bool = False  # CUDA: steps of <= 4 tokens as six kernels a layer (kernels/fused_gemv.py); off
     # until a GPU run shows it faster (bench/native_gpu.py measures both)
     unified_attention: bool = False  # CUDA: a step with prefill chunks runs its attention in one kernel for all
-    # rows (kernels/unified_attention.py) instead of a gather and an attention call per chunk; off until a GPU
-    # run shows it faster (bench/native_gpu.py --unified measures both)
+    # rows (kernels/unified_attention.py) instead of a gather and an attention call per chunk, and is replayed
+    # from a CUDA graph (cuda_graph.MixedGraphs) unless enforce_eager; off until a GPU run shows it faster
+    # (bench/native_gpu.py --unified measures each)
     speculative: str | None = None  # "ngram:k=4", "draft:MODEL:k=4" (spec_decode/config.py); None = off
     tensor_parallel_size: int = 1  # ranks the model is split over (Megatron-LM): gloo on CPU, NCCL on CUDA
     distributed_init_method: str | None = None  # file://PATH or tcp://HOST:PORT where ranks started by

@@ -82,7 +82,7 @@ class InputBuffers:
     def __init__(self, max_num_tokens: int, max_num_seqs: int, max_blocks: int, block_size: int,
                  device: torch.device, max_spec_tokens: int = 0, unified: bool = False) -> None:
         self.device, self.block_size = device, block_size
-        self.max_rows, self.max_blocks = max_num_seqs, max_blocks
+        self.max_tokens, self.max_rows, self.max_blocks = max_num_tokens, max_num_seqs, max_blocks
         self.unified = unified  # mixed steps' attention in one kernel (EngineConfig.unified_attention)
         query_rows = max_num_seqs * (1 + max_spec_tokens)  # decode queries: a verify row has 1 + k
         size = 3 * max_num_tokens + query_rows + max_num_tokens + 2 * max_num_seqs + 1

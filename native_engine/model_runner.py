@@ -20,7 +20,7 @@ import torch
 
 from . import platform
 from .config import EngineConfig
-from .cuda_graph import DecodeGraphs
+from .cuda_graph import DecodeGraphs, MixedGraphs
 from .layers.attention import Attention
 from .layers.embed_head import LMHead, VocabEmbedding
 from .layers.linear import finish_loading, use_small_batch_weights
@@ -105,6 +105,7 @@ class ModelRunner:
         self.sampling = SamplingState(model_config.vocab_size, config.max_num_seqs, device, config.seed)
         self.structured: StructuredOutputManager | None = None  # set by the engine, which has the tokenizer
         self.graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None  # steps with prefill chunks (with unified_attention)
         self.inputs: InputBuffers | None = None  # allocated by `size_inputs` once max_model_len is known
 
     def _finish_loading(self, int4: bool) -> int:
@@ -156,6 +157,9 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.config.block_size)
         self.graphs = DecodeGraphs(self.model, min(self.config.max_num_seqs, 512), max_blocks,
                                    self.model_config.hidden_size, self.device, self.dtype)
+        if self.inputs.unified:  # the unified kernel makes a mixed step's forward capturable
+            self.mixed_graphs = MixedGraphs(self.model, self.inputs.max_tokens, self.config.max_num_seqs, max_blocks,
+                                            self.model_config.hidden_size, self.device, self.dtype)
 
     def profile_run(self) -> None:
         """A forward over the step token budget without the cache: the activation peak for KV sizing."""
@@ -290,11 +294,19 @@ class ModelRunner:
             step.input_ids[: len(placeholders)].copy_(placeholders)
         if step.graph_bs is not None:
             hidden = self.graphs.run(step.graph_bs, step.ctx)
+        elif (bucket := self._mixed_bucket(step)) is not None:
+            hidden = self.mixed_graphs.run(bucket, step.input_ids, step.positions, step.ctx)
         else:
             hidden = self.model(step.input_ids, step.positions, step.ctx)
         if not plan.sampled.any():
             return None
         return self.model.compute_logits(hidden, step.ctx)
+
+    def _mixed_bucket(self, step) -> int | None:
+        """The mixed-step graph that runs this step, if any: one through the unified kernel that fits a bucket."""
+        if self.mixed_graphs is None or step.ctx.query_start is None:
+            return None
+        return self.mixed_graphs.bucket(len(step.input_ids), *step.ctx.row_tables.shape)
 
     def _sampling_metadata(self, keys: list[tuple[str, int]], rows: list) -> SamplingMetadata:
         known = self.sampling.slots  # a slot is set up once; its prompt and output are needed only then

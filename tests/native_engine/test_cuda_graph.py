@@ -168,15 +168,19 @@ def test_fused_decode_gives_the_unfused_tokens_in_float32(tiny_gguf):
 @pytest.mark.gpu
 @needs_cuda
 def test_unified_attention_gives_the_per_chunk_tokens_in_float32(tiny_gguf):
-    """`unified_attention` (kernels/unified_attention.py: a mixed step's rows in one kernel) against the per-chunk
-    gather-and-attention path, float32, chunked prompts beside decoding rows: the same greedy tokens."""
+    """`unified_attention` (kernels/unified_attention.py: a mixed step's rows in one kernel), eager and with the
+    mixed steps replayed from CUDA graphs, against the per-chunk gather-and-attention path, float32, chunked
+    prompts beside decoding rows: the same greedy tokens."""
     from native_engine import SamplingParams
 
     prompts = ["a b c " * 9, "the quick brown fox jumps", "x", "the quick brown fox jumps over the lazy dog " * 4]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = {}
-    for on in (False, True):
-        engine = _engine(tiny_gguf, dtype="float32", unified_attention=on, max_num_batched_tokens=32)
+    for on, eager in ((False, False), (True, True), (True, False)):  # per chunk; unified eager; unified graphs
+        engine = _engine(tiny_gguf, dtype="float32", unified_attention=on, max_num_batched_tokens=32,
+                         enforce_eager=eager)
         assert engine.model_runner.inputs.unified == on
-        outs[on] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
-    assert outs[True] == outs[False]
+        outs[on, eager] = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+        if on and not eager:
+            assert engine.model_runner.mixed_graphs.num_replays > 0  # the mixed steps replayed graphs
+    assert outs[True, True] == outs[False, False] == outs[True, False]

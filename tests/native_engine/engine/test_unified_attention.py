@@ -9,11 +9,12 @@ import importlib
 
 import pytest
 
+from native_engine.cuda_graph import MixedGraphs, token_buckets
 from native_engine.layers import attention
 
 kernel = importlib.import_module("native_engine.kernels.unified_attention")  # the package re-exports the function
 
-from .helpers import greedy, module_path, seeded, token_ids
+from .helpers import assert_all_blocks_free, greedy, module_path, seeded, token_ids
 
 
 @pytest.fixture
@@ -60,3 +61,60 @@ def test_off_by_default_and_never_on_the_cpu_unless_forced(make_engine):
     engine = make_engine(unified_attention=True)
     assert engine.config.unified_attention is True
     assert engine.model_runner.inputs.unified is False  # CPU: the bit-identical per-chunk prefill stays
+
+
+class EagerMixedGraphs(MixedGraphs):
+    """Replays by running the model on the static buffers (what a captured graph reads): the padding of tokens
+    and rows and the runner's mixed-graph branch are checked on the CPU; the GPU test replays real graphs."""
+
+    def _capture_all(self) -> None:
+        self.graphs = dict.fromkeys(self.buckets)
+
+    def run(self, bucket, input_ids, positions, ctx):
+        self.load(bucket, input_ids, positions, ctx)
+        self._forward(bucket)
+        self.num_replays += 1
+        return self.outputs[: len(input_ids)]
+
+
+def with_mixed_graphs(engine):
+    runner = unified(engine).model_runner
+    runner.mixed_graphs = EagerMixedGraphs(runner.model, runner.inputs.max_tokens, engine.config.max_num_seqs,
+                                           runner.inputs.max_blocks, engine.model_config.hidden_size, engine.device,
+                                           engine.dtype)
+    return engine
+
+
+def test_mixed_steps_from_graph_buffers_give_the_per_chunk_paths_tokens(make_engine, prompts, unified_calls):
+    batch = prompts([5, 37, 3, 21, 50], seed=63)
+    params = [greedy(8), greedy(8), seeded(8, seed=4, top_k=40), greedy(5), greedy(8)]
+    settings = {"max_num_batched_tokens": 100, "max_num_seqs": 4}  # buckets of 64 and 100 tokens, 4 rows
+    expected = token_ids(module_path(make_engine(**settings)).generate(batch, params))
+    engine = with_mixed_graphs(module_path(make_engine(**settings)))
+    graphs = engine.model_runner.mixed_graphs
+    assert graphs.buckets == [64, 100]
+    kv = engine.model_runner.kv_cache  # zeros at start
+    tables = []
+    schedule = engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: (out := schedule(), tables.extend(s.seq.block_table for s in out.scheduled))[0]
+    assert token_ids(engine.generate(batch, params)) == expected
+    assert graphs.num_replays >= 2 and unified_calls  # the prompts' steps ran from the graph buffers
+    used = sorted({b for table in tables for b in table})
+    unused = [b for b in range(kv.shape[2]) if b not in used]
+    assert kv[:, :, unused].abs().sum() == 0  # padded tokens (slot -1) wrote nowhere
+    assert_all_blocks_free(engine)
+
+
+def test_a_bucket_covers_the_tokens_rows_and_table_width_or_none_does(make_engine):
+    engine = with_mixed_graphs(make_engine(max_num_batched_tokens=100, max_num_seqs=4))
+    graphs = engine.model_runner.mixed_graphs
+    assert graphs.bucket(64, 4, 3) == 64 and graphs.bucket(65, 1, 3) == 100 and graphs.bucket(3, 2, 1) == 64
+    assert graphs.bucket(101, 1, 1) is None and graphs.bucket(10, 5, 1) is None
+    assert graphs.bucket(10, 1, graphs.max_blocks + 1) is None
+
+
+def test_token_buckets():
+    assert token_buckets(100) == [64, 100]
+    assert token_buckets(4096) == [64, 128, 256, 512, 1024, 2048, 4096]
+    assert token_buckets(5000) == [64, 128, 256, 512, 1024, 2048, 4096, 5000]
+    assert token_buckets(16) == [16]
