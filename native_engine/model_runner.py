@@ -21,6 +21,7 @@ import torch
 from . import platform
 from .config import EngineConfig
 from .cuda_graph import DecodeGraphs, MixedGraphs
+from .kernels import triton_available
 from .layers.attention import Attention
 from .layers.embed_head import LMHead, VocabEmbedding
 from .layers.linear import finish_loading, use_small_batch_weights
@@ -147,7 +148,12 @@ class ModelRunner:
         max_blocks = -(-max_model_len // self.config.block_size)
         self.inputs = InputBuffers(max(self.config.max_num_batched_tokens, self.config.max_num_seqs),
                                    self.config.max_num_seqs, max_blocks, self.config.block_size, self.device,
-                                   self.max_spec_tokens, self.config.unified_attention and self.device.type == "cuda")
+                                   self.max_spec_tokens, self._unified_attention())
+
+    def _unified_attention(self) -> bool:
+        """Mixed steps through the unified kernel: asked for, on CUDA, with Triton to compile it (its torch
+        reference syncs with the host, which a CUDA graph cannot capture)."""
+        return self.config.unified_attention and self.device.type == "cuda" and triton_available()
 
     def capture_cudagraphs(self, max_model_len: int) -> None:
         """CUDA graphs for decode batches up to `max_num_seqs` (GPU only; `enforce_eager` turns them off)."""
