@@ -47,7 +47,7 @@ bench: $(STAMP)  ## benchmarks; each prints ratios against its reference (BASELI
 	$(BIN)/python bench/native_load.py --json .bench/native/load.json
 	$(BIN)/python bench/native_step.py --json .bench/native/step.json
 	$(BIN)/python bench/prefill_attention.py --json .bench/native/prefill_attention.json
-	$(BIN)/python bench/native_gpu.py --speculative --json .bench/native/gpu.json
+	$(BIN)/python bench/native_gpu.py --unified --fused --speculative --json .bench/native/gpu.json
 	$(BIN)/python bench/speculative.py --json .bench/speculative/results.json
 	$(BIN)/python bench/tp.py --json .bench/tp/results.json
 	$(BIN)/python bench/runner_overhead.py $(if $(BASELINE),--baseline $(BASELINE)) --same-tree --engines native --json .bench/runner/native.json
