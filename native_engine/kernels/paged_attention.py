@@ -10,6 +10,28 @@ from native_engine.kernels._triton import (
 
 
 @triton.jit
+def paged_kv_tile(q, table_ptr, keys, key_mask, score_mask, k_cache_ptr, v_cache_ptr, kv_head, dims, head_dim,
+                  block_size, cache_stride_b, cache_stride_s, cache_stride_h, scale, m_i, l_i, acc,
+                  DOT_PRECISION: tl.constexpr):
+    """One tile of a paged sequence's keys into an online softmax (log2 domain), for the decode kernel here and
+    the unified one: `keys` [N] positions (`key_mask`: the ones that exist), `score_mask` [M or 1, N] the scores
+    kept, `q` [M, D] in the dtype the dots run in. Returns the new (max, sum, accumulator)."""
+    blocks = tl.load(table_ptr + keys // block_size, mask=key_mask, other=0)
+    kv_offs = (blocks.to(tl.int64)[:, None] * cache_stride_b + (keys % block_size)[:, None] * cache_stride_s
+               + kv_head * cache_stride_h + dims[None, :])
+    kv_mask = key_mask[:, None] & (dims[None, :] < head_dim)
+    k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (scale * 1.4426950408889634)  # log2 domain
+    s = tl.where(score_mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_out_ptr, part_ml_ptr, scale,
@@ -34,23 +56,13 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    table = block_tables_ptr + seq * block_tables_stride
     for tok_start in range(start, end, BLOCK_N):
         toks = tok_start + tl.arange(0, BLOCK_N)
         tok_mask = toks < end
-        blocks = tl.load(block_tables_ptr + seq * block_tables_stride + toks // block_size, mask=tok_mask, other=0)
-        kv_offs = (blocks.to(tl.int64)[:, None] * cache_stride_b + (toks % block_size)[:, None] * cache_stride_s
-                   + kv_head * cache_stride_h + dims[None, :])
-        kv_mask = tok_mask[:, None] & (dims[None, :] < head_dim)
-        k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(dot_dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (scale * 1.4426950408889634)  # log2 domain
-        s = tl.where(tok_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(dot_dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(dot_dtype), v, input_precision=DOT_PRECISION)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+        m_i, l_i, acc = paged_kv_tile(q, table, toks, tok_mask, tok_mask[None, :], k_cache_ptr, v_cache_ptr, kv_head,
+                                      dims, head_dim, block_size, cache_stride_b, cache_stride_s, cache_stride_h,
+                                      scale, m_i, l_i, acc, DOT_PRECISION)
 
     if IS_SPLIT:  # partial results [B, nh, S, D] and (m, l) [B, nh, S, 2], merged by _reduce_kernel
         row = (seq * group_size * tl.num_programs(1) + heads) * num_splits + split

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from native_engine.kernels._triton import HAS_TRITON, assert_last_dim_contiguous, tl, triton, use_triton
+from native_engine.kernels.paged_attention import paged_kv_tile
 
 
 @triton.jit
@@ -66,23 +67,13 @@ def _unified_attention_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        for tok_start in range(0, end, BLOCK_N):
+        for tok_start in range(0, end, BLOCK_N):  # key 0 is visible to every row: no row's max stays -inf
             keys = tok_start + tl.arange(0, BLOCK_N)
             key_mask = keys < end
-            blocks = tl.load(table + keys // block_size, mask=key_mask, other=0)
-            kv_offs = (blocks.to(tl.int64)[:, None] * cache_stride_b + (keys % block_size)[:, None] * cache_stride_s
-                       + kv_head * cache_stride_h + dims[None, :])
-            kv_mask = key_mask[:, None] & (dims[None, :] < head_dim)
-            k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(dot_dtype)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (scale * 1.4426950408889634)  # log2 domain
-            s = tl.where(key_mask[None, :] & (keys[None, :] <= visible[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # key 0 is visible to every row: never -inf
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0).to(dot_dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(dot_dtype), v, input_precision=DOT_PRECISION)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
+            score_mask = key_mask[None, :] & (keys[None, :] <= visible[:, None])
+            m_i, l_i, acc = paged_kv_tile(q, table, keys, key_mask, score_mask, k_cache_ptr, v_cache_ptr, kv_head,
+                                          dims, head_dim, block_size, cache_stride_b, cache_stride_s, cache_stride_h,
+                                          scale, m_i, l_i, acc, DOT_PRECISION)
         out = acc / l_i[:, None]
         out_offs = token[:, None] * out_stride_t + head[:, None] * out_stride_h + dims[None, :]
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
