@@ -51,11 +51,8 @@ class NullGraphs(DecodeGraphs):
     def _capture_all(self) -> None:
         self.graphs = dict.fromkeys(self.buckets)
 
-    def run(self, bs: int, ctx) -> torch.Tensor:
-        n, width = ctx.block_tables.shape
-        self.block_tables[:n, :width].copy_(ctx.block_tables)
-        self.num_replays += 1
-        return self.outputs[:n]
+    def _replay(self, bs: int) -> None:
+        pass
 
 
 def timed(owner, name: str, spent: dict):

@@ -17,6 +17,22 @@ from torch import nn
 from .forward_context import Context
 
 
+@torch.inference_mode()
+def capture(buckets: list[int], forward) -> dict[int, torch.cuda.CUDAGraph]:
+    """One graph per bucket of `forward(bucket)` (which writes into static buffers), each after a warm-up run;
+    the largest first, the others reusing its memory pool."""
+    graphs, pool = {}, None
+    for n in reversed(buckets):
+        graph = torch.cuda.CUDAGraph()
+        forward(n)  # warm-up
+        with torch.cuda.graph(graph, pool):
+            forward(n)
+        pool = pool or graph.pool()
+        graphs[n] = graph
+        torch.cuda.synchronize()
+    return graphs
+
+
 def batch_buckets(max_bs: int) -> list[int]:
     buckets = [b for b in (1, 2, 4, 8) if b <= max_bs] + list(range(16, max_bs + 1, 16))
     return buckets if buckets[-1] == max_bs else buckets + [max_bs]
@@ -39,19 +55,11 @@ class DecodeGraphs:
         return Context(num_decode_tokens=bs, slot_mapping=self.inputs[2, :bs], block_tables=self.block_tables[:bs],
                        context_lens=self.inputs[3, :bs])
 
-    @torch.inference_mode()
+    def _forward(self, bs: int) -> None:
+        self.outputs[:bs] = self.model(self.inputs[0, :bs], self.inputs[1, :bs], self._context(bs))
+
     def _capture_all(self) -> None:
-        pool = None
-        for bs in reversed(self.buckets):  # largest first; the others reuse its memory pool
-            graph = torch.cuda.CUDAGraph()
-            ctx = self._context(bs)
-            ids, positions = self.inputs[0, :bs], self.inputs[1, :bs]
-            self.outputs[:bs] = self.model(ids, positions, ctx)  # warm-up
-            with torch.cuda.graph(graph, pool):
-                self.outputs[:bs] = self.model(ids, positions, ctx)
-            pool = pool or graph.pool()
-            self.graphs[bs] = graph
-            torch.cuda.synchronize()
+        self.graphs = capture(self.buckets, self._forward)
 
     def bucket(self, num_rows: int, width: int) -> int | None:
         """The graph that serves a decode-only step of num_rows rows and tables of width blocks, if any."""
@@ -63,9 +71,12 @@ class DecodeGraphs:
         """Replay bucket bs; `self.inputs` already holds the step's inputs (see `InputBuffers.prepare`)."""
         n, width = ctx.block_tables.shape
         self.block_tables[:n, :width].copy_(ctx.block_tables)
-        self.graphs[bs].replay()
+        self._replay(bs)
         self.num_replays += 1
         return self.outputs[:n]
+
+    def _replay(self, bs: int) -> None:
+        self.graphs[bs].replay()
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -106,18 +117,9 @@ class MixedGraphs:
         self.outputs[:num_tokens] = self.model(self.tokens[0, :num_tokens], self.tokens[1, :num_tokens],
                                                self._context(num_tokens))
 
-    @torch.inference_mode()
     def _capture_all(self) -> None:
         self.tokens[2].fill_(-1)  # while capturing, every row is empty and no token writes KV
-        pool = None
-        for n in reversed(self.buckets):  # largest first; the others reuse its memory pool
-            graph = torch.cuda.CUDAGraph()
-            self._forward(n)  # warm-up
-            with torch.cuda.graph(graph, pool):
-                self._forward(n)
-            pool = pool or graph.pool()
-            self.graphs[n] = graph
-            torch.cuda.synchronize()
+        self.graphs = capture(self.buckets, self._forward)
 
     def bucket(self, num_tokens: int, num_rows: int, width: int) -> int | None:
         """The graph that serves a mixed step of this many tokens, rows and table blocks, if any."""
@@ -140,6 +142,9 @@ class MixedGraphs:
 
     def run(self, bucket: int, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         self.load(bucket, input_ids, positions, ctx)
-        self.graphs[bucket].replay()
+        self._replay(bucket)
         self.num_replays += 1
         return self.outputs[: len(input_ids)]
+
+    def _replay(self, bucket: int) -> None:
+        self.graphs[bucket].replay()

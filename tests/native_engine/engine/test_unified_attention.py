@@ -70,11 +70,8 @@ class EagerMixedGraphs(MixedGraphs):
     def _capture_all(self) -> None:
         self.graphs = dict.fromkeys(self.buckets)
 
-    def run(self, bucket, input_ids, positions, ctx):
-        self.load(bucket, input_ids, positions, ctx)
+    def _replay(self, bucket: int) -> None:
         self._forward(bucket)
-        self.num_replays += 1
-        return self.outputs[: len(input_ids)]
 
 
 def with_mixed_graphs(engine):
