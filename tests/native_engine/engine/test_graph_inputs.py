@@ -4,7 +4,6 @@ table copy and the model runner's graph branch are checked here; the GPU tests r
 
 from __future__ import annotations
 
-
 from native_engine.cuda_graph import DecodeGraphs
 
 from .helpers import assert_all_blocks_free, greedy, seeded, token_ids
