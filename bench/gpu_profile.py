@@ -87,6 +87,19 @@ def _top(spans: list[tuple[str, float, float]], steps: int, n: int = 8) -> list[
     return [{"name": name[:90], "calls_per_step": len(d) / steps, "us_per_step": sum(d) / steps} for name, d in rows]
 
 
+def _profiled(device: torch.device, run, steps: int, top: int = 8) -> dict:
+    """`run()` (`steps` engine steps) under torch.profiler: the device's busy time and kernels per step, and the
+    top kernels."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        run()
+        _sync(device)
+    spans = _intervals(prof, device)
+    return {"busy_us": _union_us(spans) / steps, "kernels_per_step": len(spans) / steps,
+            "top": _top(spans, steps, top)}
+
+
 def decode_profile(engine, batch: int, params, steps: int = 20) -> dict:
     """Steady decode steps of `batch` requests: wall per step with and without scheduling ahead, then a profile."""
     device = engine.device
@@ -101,17 +114,8 @@ def decode_profile(engine, batch: int, params, steps: int = 20) -> dict:
         engine.async_scheduling = flag
         engine.step()
         res["wall_us"] = _wall_us(engine, steps, windows=1)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        _sync(device)
-        with profile(activities=activities) as prof:
-            for _ in range(steps):
-                engine.step()
-            _sync(device)
-        spans = _intervals(prof, device)
-        res["busy_us"] = _union_us(spans) / steps
-        res["kernels_per_step"] = len(spans) / steps
+        res.update(_profiled(device, lambda: [engine.step() for _ in range(steps)], steps))
         res["gap_us"] = res["wall_us"] - res["busy_us"]
-        res["top"] = _top(spans, steps)
     finally:
         _stop(engine, ids)
     return res
@@ -150,14 +154,7 @@ def mixed_profile(engine, decodes: int, chunk_len: int, params, repeats: int = 3
                 step()
                 _sync(device)
                 walls.append((time.perf_counter() - t0) * 1e6)
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-            with profile(activities=activities) as prof:
-                step()
-                _sync(device)
-            spans = _intervals(prof, device)
-            busy = _union_us(spans)
-            res[name] = {"wall_us": statistics.median(walls), "busy_us": busy, "kernels": len(spans),
-                         "top": _top(spans, 1, n=6)}
+            res[name] = {"wall_us": statistics.median(walls), **_profiled(device, step, 1, top=6)}
     finally:
         engine.async_scheduling, inputs.unified = ahead, unified
         _stop(engine, ids)
@@ -232,6 +229,11 @@ def gemv_table(model, bandwidth: float, device: torch.device, dtype: torch.dtype
     return rows
 
 
+def _print_top(top: list[dict], indent: int) -> None:
+    for t in top:
+        print(f"{'':{indent}s}{t['us_per_step']:8.1f} us {t['calls_per_step']:6.1f}x  {t['name']}")
+
+
 def report_profile(shape: str, prof: dict) -> None:
     for key in sorted(k for k in prof if k.startswith("decode_")):
         p = prof[key]
@@ -241,8 +243,7 @@ def report_profile(shape: str, prof: dict) -> None:
         print(f"{shape:6s} {key}: wall {p['wall_us']:.0f} us/step (ahead off {p['wall_us_sync']:.0f}, on "
               f"{p['wall_us_ahead']:.0f}); device busy {p['busy_us']:.0f} us, idle {p['gap_us']:.0f} us; "
               f"{p['kernels_per_step']:.0f} kernels/step")
-        for t in p["top"]:
-            print(f"{'':8s}{t['us_per_step']:8.1f} us {t['calls_per_step']:6.1f}x  {t['name']}")
+        _print_top(p["top"], 8)
     mixed = prof.get("mixed")
     if mixed is not None and "error" in mixed:
         print(f"{shape:6s} mixed step: failed: {mixed['error']}")
@@ -252,9 +253,8 @@ def report_profile(shape: str, prof: dict) -> None:
         for name in ("per_chunk", "unified"):
             p = mixed[name]
             print(f"{'':8s}{name:9s} wall {p['wall_us']:8.0f} us; device busy {p['busy_us']:8.0f} us; "
-                  f"{p['kernels']} kernels")
-            for t in p["top"]:
-                print(f"{'':10s}{t['us_per_step']:8.1f} us {t['calls_per_step']:6.1f}x  {t['name']}")
+                  f"{p['kernels_per_step']:.0f} kernels")
+            _print_top(p["top"], 10)
     for row in prof.get("gemv", []):
         triton = f"; triton {row['triton_us']:7.1f} us {row['triton_of_bandwidth']:6.1%} {row['triton_config']}" \
             if "triton_us" in row else (f"; triton failed: {row['triton_error']}" if "triton_error" in row else "")
