@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from native_engine.kernels._triton import HAS_TRITON, assert_last_dim_contiguous, tl, triton, use_triton
+from native_engine.kernels._triton import assert_last_dim_contiguous, tl, triton, use_triton
 from native_engine.kernels.paged_attention import paged_kv_tile
 
 
@@ -77,11 +77,6 @@ def _unified_attention_kernel(
         out = acc / l_i[:, None]
         out_offs = token[:, None] * out_stride_t + head[:, None] * out_stride_h + dims[None, :]
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
-
-
-def triton_interpreted() -> bool:
-    """Whether the kernel runs on CPU tensors here: TRITON_INTERPRET was set before triton was imported."""
-    return HAS_TRITON and type(_unified_attention_kernel).__name__ == "InterpretedFunction"
 
 
 def _check(query, k_cache, v_cache, block_tables, query_start, seq_lens) -> None:

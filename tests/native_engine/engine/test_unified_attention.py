@@ -11,6 +11,7 @@ import pytest
 
 from native_engine.cuda_graph import MixedGraphs, token_buckets
 from native_engine.layers import attention
+from tests.native_engine.kernels.helpers import interpreted
 
 from .helpers import assert_all_blocks_free, greedy, module_path, seeded, token_ids
 
@@ -21,7 +22,7 @@ kernel = importlib.import_module("native_engine.kernels.unified_attention")  # t
 def unified_calls(monkeypatch):
     """Each unified call's rows' query lengths, with the interpreted Triton kernel doing the work."""
     pytest.importorskip("triton")
-    if not kernel.triton_interpreted():
+    if not interpreted():
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set (or a GPU is present)")
     calls = []
 

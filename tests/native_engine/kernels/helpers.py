@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 
@@ -22,3 +24,13 @@ def on_gpu_only_if(device: str, keep: bool) -> None:
     (each compile costs the device time of a short check) instead of every combination."""
     if device == "cuda" and not keep:
         pytest.skip("interpreter only: a representative subset runs on the GPU")
+
+
+def interpreted() -> bool:
+    """Whether the Triton kernels run on CPU tensors here: triton decorates its own tl.* helpers and our kernels
+    once, at import, according to TRITON_INTERPRET (set before triton was imported, and no GPU)."""
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    kernel = importlib.import_module("native_engine.kernels.silu_and_mul")._silu_and_mul_kernel
+    return isinstance(standard.sigmoid, InterpretedFunction) and isinstance(kernel, InterpretedFunction)
