@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from native_engine import LLMEngine, SamplingParams
+from native_engine.models import llama
 from native_engine.output import RequestOutput
 
 
@@ -24,6 +25,16 @@ def module_path(engine: LLMEngine, fused_decode: bool = False) -> LLMEngine:
     model.cpu_decode = None
     model.fused_decode = fused_decode
     return engine
+
+
+def on_cuda_path(monkeypatch, kernel: str) -> list[tuple]:
+    """The model's CUDA branches taken on the CPU (`use_triton` true: the kernels' torch references run), with
+    `llama.<kernel>` recording each call's arguments first; returns that record."""
+    calls: list[tuple] = []
+    inner = getattr(llama, kernel)
+    monkeypatch.setattr(llama, "use_triton", lambda x: True)
+    monkeypatch.setattr(llama, kernel, lambda *a, **k: calls.append(a) or inner(*a, **k))
+    return calls
 
 
 def token_ids(outputs: list[RequestOutput]) -> list[list[int]]:

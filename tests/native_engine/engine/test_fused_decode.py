@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from native_engine.models import llama
-
-from .helpers import greedy, module_path, seeded, token_ids
+from .helpers import greedy, module_path, on_cuda_path, seeded, token_ids
 
 
 def test_fused_decode_gives_the_module_paths_tokens(make_engine, prompts, monkeypatch):
     batch = prompts([5, 21, 3, 9], seed=62)
     params = [greedy(12), greedy(12), seeded(12, seed=2, top_k=40), greedy(6)]
     expected = token_ids(module_path(make_engine()).generate(batch, params))
-    rows = []
-    fused = llama.fused_gemv
-    monkeypatch.setattr(llama, "use_triton", lambda x: True)  # the CUDA path's attention block (torch references)
-    monkeypatch.setattr(llama, "fused_gemv", lambda x, *a, **k: rows.append(len(x)) or fused(x, *a, **k))
+    calls = on_cuda_path(monkeypatch, "fused_gemv")  # the attention block too (torch references)
     engine = module_path(make_engine(max_num_seqs=2), fused_decode=True)  # decode steps of 1-2 rows: fused
     assert token_ids(engine.generate(batch, params)) == expected
+    rows = [len(args[0]) for args in calls]
     assert len(rows) > 4 * 20 and max(rows) <= 2  # four GEMVs a layer, every decode step, never a long prefill
 
 

@@ -5,18 +5,13 @@ path. The module path runs every step (the C decode stack is switched off)."""
 
 from __future__ import annotations
 
-from native_engine.models import llama
-
-from .helpers import greedy, module_path, seeded, token_ids
+from .helpers import greedy, module_path, on_cuda_path, seeded, token_ids
 
 
 def test_fused_attention_block_gives_the_cpu_paths_tokens(make_engine, prompts, monkeypatch):
     batch = prompts([5, 21, 40, 9], seed=61)
     params = [greedy(12), greedy(12), seeded(12, seed=2, top_k=40), greedy(6)]
     expected = token_ids(module_path(make_engine()).generate(batch, params))
-    calls = []
-    fused = llama.qkv_rope_cache
-    monkeypatch.setattr(llama, "use_triton", lambda x: True)
-    monkeypatch.setattr(llama, "qkv_rope_cache", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    calls = on_cuda_path(monkeypatch, "qkv_rope_cache")
     assert token_ids(module_path(make_engine()).generate(batch, params)) == expected
     assert len(calls) > 20  # every layer of every step went through it
