@@ -189,7 +189,8 @@ class InputBuffers:
             ctx.verify_offsets = self._verify_offsets(counts[:num_decodes], nq)
         if nq:
             ctx.block_tables, ctx.context_lens = dev_tables[:nq], dev[3 * n : 3 * n + nq]
-        for r in range(num_decodes, 0 if unified else rows):  # the per-chunk path's chunks
+        chunks = () if unified else range(num_decodes, rows)  # the per-chunk path's chunks
+        for r in chunks:
             chunk_table = dev_tables[nq + r - num_decodes, : int(plan.table_lens[r])]
             ctx.prefills.append(PrefillChunk(int(offsets[r]), int(counts[r]), int(ends[r]), chunk_table))
         if s < n:  # else every token is sampled: the LM head takes all rows
