@@ -6,22 +6,21 @@
  * covering columns 4c..4c+3: byte 2i = q[i][4c] | q[i][4c+2] << 4, byte 2i+1 = q[i][4c+1] | q[i][4c+3] << 4;
  * for Q8_0, 16 chunks of 32 bytes, chunk c: byte 2i = q[i][2c], byte 2i+1 = q[i][2c+1]. The scales d (and
  * offsets m) follow as [N/16, G, 16] float32. Widened to int16, each 32-bit lane of a chunk is one output
- * row's pair of weights, so one vpdpwssd (AVX512-VNNI) with a broadcast pair of int16 activations does 32
+ * row's pair of weights, so one vpdpwssd (AVX512-VNNI; two vpmaddwd on AVX2) with a broadcast pair of int16 activations does 32
  * multiply-adds for 16 outputs, and the group's scaling is one FMA per 16 outputs and activation row.
  *
  * Activations are quantized per row and group of 32 to int16 (x ~ sx * x16, |error| <= sx / 2 = 1.5e-5 of
  * the group's largest |x|), the same scheme as the 1-3 row kernel; the Q4_1 offsets m enter through the
- * groups' float sums. Without AVX512-VNNI `tiled_available()` is 0 and callers keep the float32 kernels. */
+ * groups' float sums. The kernels are written over cpu_simd16.h's 16-lane vectors: one zmm register on the AVX-512
+ * tier (vpdpwssd), two ymm registers on the AVX2 tier (vpmaddwd + vpaddd: the same integer sums). On neither tier
+ * `tiled_available()` is 0 and callers keep the float32 kernels. */
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
-#include "cpu_step.h"
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+#include "cpu_simd16.h"
 
 #define AI static inline __attribute__((always_inline))
 #define TILE 16
@@ -65,22 +64,13 @@ void tile_blocks(const uint8_t *qs, const float *d, const float *m, int64_t N, i
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(TIER_AVX512) || defined(TIER_AVX2)
 
 int tiled_available(void) { return 1; }
 
-/* Group r (32 values at x + 32 r) -> x16, sx[r], xsum[r]. */
+/* Group r (32 values at x + 32 r) -> x16, sx[r], xsum[r] (cpu_step.h). */
 AI void quantize_group16(const float *x, int64_t r, int16_t *x16, float *sx, float *xsum) {
-    const float *xg = x + r * 32;
-    __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
-    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-    __m512 vi = _mm512_set1_ps(inv);
-    __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, vi));
-    _mm256_storeu_si256((__m256i *)(x16 + r * 32), _mm512_cvtsepi32_epi16(qa));
-    _mm256_storeu_si256((__m256i *)(x16 + r * 32 + 16), _mm512_cvtsepi32_epi16(qb));
-    sx[r] = amax / 32767.0f;
-    xsum[r] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+    quantize_x16(x + r * 32, 32, x16 + r * 32, sx + r, xsum + r);
 }
 
 /* x [T, K] -> x16 [T, K] int16, sx and xsum [T, K / 32] (scale and float sum of each group). */
@@ -90,52 +80,44 @@ static void quantize_rows16(const float *x, int64_t T, int64_t K, int16_t *x16, 
     for (int64_t r = 0; r < T * (K / 32); r++) quantize_group16(x, r, x16, sx, xsum);
 }
 
-AI __m512i pair(const int16_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* 16 output rows (tile n16) times TT activation rows t0..; out[t, 16 * n16 ..] written. */
 AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *xsum, int64_t K, int64_t t0,
                    const uint8_t *qt, const float *dt, const float *mt, int64_t n16, int64_t N, float *out,
                    const int TT) {
     const int64_t G = K / 32;
-    const __m512i mask = _mm512_set1_epi16(0x0F);
-    __m512 acc[8]; /* TT <= 8: fixed sizes keep them in registers (a VLA lives on the stack) */
-    for (int t = 0; t < TT; t++) acc[t] = _mm512_setzero_ps();
+    f16v acc[8]; /* TT <= 8: fixed sizes keep them in registers (a VLA lives on the stack) */
+    for (int t = 0; t < TT; t++) acc[t] = f16_zero();
     for (int64_t g = 0; g < G; g++) {
-        __m512i s[8];
-        for (int t = 0; t < TT; t++) s[t] = _mm512_setzero_si512();
+        i16v s[8];
+        for (int t = 0; t < TT; t++) s[t] = i16_zero();
         const int16_t *xg = x16 + t0 * K + g * 32;
         if (is_q8) {
             const uint8_t *b = qt + (n16 * G + g) * 512;
             for (int c = 0; c < 16; c++) {
-                __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(b + 32 * c)));
-                for (int t = 0; t < TT; t++) s[t] = _mm512_dpwssd_epi32(s[t], w, pair(xg + t * K + 2 * c));
+                const w32v w = w32_from_i8(b + 32 * c);
+                for (int t = 0; t < TT; t++) s[t] = i16_dot_pair(s[t], w, xg + t * K + 2 * c);
             }
         } else {
             const uint8_t *b = qt + (n16 * G + g) * 256;
             for (int c = 0; c < 8; c++) {
-                __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 32 * c)));
-                __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_srli_epi16(v, 4);
+                const w32v v = w32_from_u8(b + 32 * c), lo = w32_low_nibbles(v), hi = w32_high_nibbles(v);
                 for (int t = 0; t < TT; t++) {
-                    s[t] = _mm512_dpwssd_epi32(s[t], lo, pair(xg + t * K + 4 * c));
-                    s[t] = _mm512_dpwssd_epi32(s[t], hi, pair(xg + t * K + 4 * c + 2));
+                    s[t] = i16_dot_pair(s[t], lo, xg + t * K + 4 * c);
+                    s[t] = i16_dot_pair(s[t], hi, xg + t * K + 4 * c + 2);
                 }
             }
         }
-        const __m512 dv = _mm512_loadu_ps(dt + (n16 * G + g) * TILE);
+        const f16v dv = f16_load(dt + (n16 * G + g) * TILE);
         for (int t = 0; t < TT; t++) {
             const int64_t r = (t0 + t) * G + g;
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(dv, _mm512_set1_ps(sx[r])), acc[t]);
+            acc[t] = f16_fmadd(f16_from_i32(s[t]), f16_mul(dv, f16_set1(sx[r])), acc[t]);
         }
         if (!is_q8) {
-            const __m512 mv = _mm512_loadu_ps(mt + (n16 * G + g) * TILE);
-            for (int t = 0; t < TT; t++) acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[(t0 + t) * G + g]), acc[t]);
+            const f16v mv = f16_load(mt + (n16 * G + g) * TILE);
+            for (int t = 0; t < TT; t++) acc[t] = f16_fmadd(mv, f16_set1(xsum[(t0 + t) * G + g]), acc[t]);
         }
     }
-    for (int t = 0; t < TT; t++) _mm512_storeu_ps(out + (t0 + t) * N + n16 * TILE, acc[t]);
+    for (int t = 0; t < TT; t++) f16_store(out + (t0 + t) * N + n16 * TILE, acc[t]);
 }
 
 AI void tiled_tile(int is_q8, const int16_t *x16, const float *sx, const float *xsum, int64_t T, int64_t K,
@@ -190,23 +172,11 @@ void tiled_matmul(const float *x, int64_t T, int64_t K, const uint8_t *qt, const
     tiled_matmul_q(mt == NULL, x16, sx, xsum, T, K, qt, dt, mt, N, out, num_threads);
 }
 
-/* exp(x) for x <= 0 (softmax weights): 2^n * p(r), |relative error| ~ 2e-7; lanes below -87 give 0. */
-AI __m512 exp_neg(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f);
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-    x = _mm512_max_ps(x, lo);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+/* silu(a) * b, 16 lanes: the sigmoid from exp(-|a|), so nothing overflows. */
+AI f16v silu_mul16(f16v a, f16v b) {
+    const f16v e = f16_exp_neg(f16_sub(f16_zero(), f16_abs(a)));
+    const f16v inv = f16_div(f16_set1(1.0f), f16_add(f16_set1(1.0f), e));
+    return f16_mul(f16_mul(a, f16_mul_where_negative(inv, a, e)), b);
 }
 
 /* out[t, i] = silu(x[t, i]) * x[t, I + i] for x [T, 2I], out [T, I]; rows split over threads, 16 lanes at a
@@ -214,32 +184,8 @@ AI __m512 exp_neg(__m512 x) {
 void silu_mul_rows(const float *x, int64_t T, int64_t I, float *out, int num_threads) {
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (T * I >= 16384)
     for (int64_t t = 0; t < T; t++)
-        for (int64_t i = 0; i < I; i += 16) {
-            const __m512 a = _mm512_loadu_ps(x + t * 2 * I + i), b = _mm512_loadu_ps(x + t * 2 * I + I + i);
-            const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(a)));
-            const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-            const __mmask16 neg = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ);
-            const __m512 sig = _mm512_mask_mul_ps(inv, neg, inv, e);
-            _mm512_storeu_ps(out + t * I + i, _mm512_mul_ps(_mm512_mul_ps(a, sig), b));
-        }
-}
-
-/* The 16 horizontal sums of p[0..15], lane u = sum of p[u]: a transposing add tree (46 shuffles and adds
- * instead of 16 separate reductions). */
-AI __m512 sum16(const __m512 *p) {
-    __m512 a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++)  /* chunks 0, 1: key 2i; chunks 2, 3: key 2i + 1 (8 partial lanes each) */
-        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++)  /* chunk c: key 4i + c (4 partial lanes) */
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; i++)  /* chunk c: keys 8i + c (lanes 0, 2) and 8i + 4 + c (lanes 1, 3) */
-        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * i], b[2 * i + 1]), _mm512_unpackhi_ps(b[2 * i], b[2 * i + 1]));
-    /* chunk c: keys c, 8 + c, 4 + c, 12 + c */
-    const __m512 r = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
-    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 13, 9, 5, 1, 14, 10, 6, 2, 12, 8, 4, 0);
-    return _mm512_permutexvar_ps(order, r);
+        for (int64_t i = 0; i < I; i += 16)
+            f16_store(out + t * I + i, silu_mul16(f16_load(x + t * 2 * I + i), f16_load(x + t * 2 * I + I + i)));
 }
 
 /* One sequence's query heads of one KV head (`group` of them, <= 8) over its paged cache: all scores first,
@@ -264,22 +210,22 @@ AI void prefetch_rows(kv_rows_t r, int64_t from, int64_t to, const int DV) {
 /* out[h] = sum_j p[h][j] v_j for G (<= 4) heads, p [G, len] (row stride len); the accumulators in registers. */
 AI void weigh_values(const float *p, int64_t len, const float *v_cache, const int64_t *at, float *out, const int G,
                      const int DV) {
-    __m512 acc[4][8];
+    f16v acc[4][8];
     for (int h = 0; h < G; h++)
-        for (int i = 0; i < DV; i++) acc[h][i] = _mm512_setzero_ps();
+        for (int i = 0; i < DV; i++) acc[h][i] = f16_zero();
     for (int64_t j = 0; j < len; j++) {
         const float *v = v_cache + at[j];
         if (j + 16 < len)
             for (int i = 0; i < DV; i++) _mm_prefetch((const char *)(v_cache + at[j + 16] + 16 * i), _MM_HINT_T0);
-        __m512 vv[8];
-        for (int i = 0; i < DV; i++) vv[i] = _mm512_loadu_ps(v + 16 * i);
+        f16v vv[8];
+        for (int i = 0; i < DV; i++) vv[i] = f16_load(v + 16 * i);
         for (int h = 0; h < G; h++) {
-            const __m512 w = _mm512_set1_ps(p[h * len + j]);
-            for (int i = 0; i < DV; i++) acc[h][i] = _mm512_fmadd_ps(w, vv[i], acc[h][i]);
+            const f16v w = f16_set1(p[h * len + j]);
+            for (int i = 0; i < DV; i++) acc[h][i] = f16_fmadd(w, vv[i], acc[h][i]);
         }
     }
     for (int h = 0; h < G; h++)
-        for (int i = 0; i < DV; i++) _mm512_storeu_ps(out + h * DV * 16 + 16 * i, acc[h][i]);
+        for (int i = 0; i < DV; i++) f16_store(out + h * DV * 16 + 16 * i, acc[h][i]);
 }
 
 AI void attend_group(const float *q, const float *k_cache, const float *v_cache, const int64_t *at, int64_t len,
@@ -296,36 +242,36 @@ AI void attend_group(const float *q, const float *k_cache, const float *v_cache,
         }
         prefetch_rows(next, j * next.len / len, (j + 16) * next.len / len + (j + 32 > len ? next.len : 0), DV);
         for (int h = 0; h < group; h++) {
-            __m512 qv[8], part[16]; /* DV <= 8 */
-            for (int i = 0; i < DV; i++) qv[i] = _mm512_loadu_ps(q + h * D + 16 * i);
+            f16v qv[8], part[16]; /* DV <= 8 */
+            for (int i = 0; i < DV; i++) qv[i] = f16_load(q + h * D + 16 * i);
             for (int u = 0; u < 16; u++) {
-                part[u] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k[u]));
-                for (int i = 1; i < DV; i++) part[u] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k[u] + 16 * i), part[u]);
+                part[u] = f16_mul(qv[0], f16_load(k[u]));
+                for (int i = 1; i < DV; i++) part[u] = f16_fmadd(qv[i], f16_load(k[u] + 16 * i), part[u]);
             }
-            _mm512_storeu_ps(scores + h * len + j, _mm512_mul_ps(sum16(part), _mm512_set1_ps(scale)));
+            f16_store(scores + h * len + j, f16_mul(f16_sum16(part), f16_set1(scale)));
         }
     }
     if (len < 32) prefetch_rows(next, 0, next.len, DV);
     for (; j < len; j++) {
         const float *k = k_cache + at[j];
         for (int h = 0; h < group; h++) {
-            __m512 s = _mm512_mul_ps(_mm512_loadu_ps(k), _mm512_loadu_ps(q + h * D));
-            for (int i = 1; i < DV; i++) s = _mm512_fmadd_ps(_mm512_loadu_ps(k + 16 * i), _mm512_loadu_ps(q + h * D + 16 * i), s);
-            scores[h * len + j] = _mm512_reduce_add_ps(s) * scale;
+            f16v s = f16_mul(f16_load(k), f16_load(q + h * D));
+            for (int i = 1; i < DV; i++) s = f16_fmadd(f16_load(k + 16 * i), f16_load(q + h * D + 16 * i), s);
+            scores[h * len + j] = f16_reduce_add(s) * scale;
         }
     }
     for (int h = 0; h < group; h++) {
         float *sc = scores + h * len, mx = -INFINITY, sum = 0.0f;
         for (j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
-        const __m512 vmx = _mm512_set1_ps(mx);
-        __m512 vsum = _mm512_setzero_ps();
+        const f16v vmx = f16_set1(mx);
+        f16v vsum = f16_zero();
         j = 0;
         for (; j + 16 <= len; j += 16) {
-            __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vmx));
-            _mm512_storeu_ps(sc + j, e);
-            vsum = _mm512_add_ps(vsum, e);
+            const f16v e = f16_exp_neg(f16_sub(f16_load(sc + j), vmx));
+            f16_store(sc + j, e);
+            vsum = f16_add(vsum, e);
         }
-        sum = _mm512_reduce_add_ps(vsum);
+        sum = f16_reduce_add(vsum);
         for (; j < len; j++) {
             sc[j] = expf(sc[j] - mx);
             sum += sc[j];
@@ -464,13 +410,9 @@ static void gate_up_tile_chunk(const void *arg, int64_t i) {
     tile_rows(op, i, op->out, op->N);
     tile_rows(op, I / TILE + i, op->out, op->N);
     float *act = op->s->act + op->layer * T * I;
-    for (int64_t t = 0; t < T; t++) {
-        const __m512 a = _mm512_loadu_ps(op->out + t * op->N + i * TILE), b = _mm512_loadu_ps(op->out + t * op->N + I + i * TILE);
-        const __m512 e = exp_neg(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(a)));
-        const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        const __m512 sig = _mm512_mask_mul_ps(inv, _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ), inv, e);
-        _mm512_storeu_ps(act + t * I + i * TILE, _mm512_mul_ps(_mm512_mul_ps(a, sig), b));
-    }
+    for (int64_t t = 0; t < T; t++)
+        f16_store(act + t * I + i * TILE,
+                  silu_mul16(f16_load(op->out + t * op->N + i * TILE), f16_load(op->out + t * op->N + I + i * TILE)));
 }
 
 AI void rotate_head(const float *x, const float *cs, int64_t D, float *out) { /* NEOX rotary of one head */

@@ -2,10 +2,11 @@
 
 `cpu_batch.c` (built into the same library as `cpu_kernels.c`) multiplies int16 activations (per row
 and group of 32, error <= 1.5e-5 of the group's largest |x|) with the integer weights through
-AVX512-VNNI, 32 multiply-adds for 16 outputs per instruction, and scales each group once per 16
+AVX512-VNNI (32 multiply-adds for 16 outputs per instruction) or AVX2 (two vpmaddwd for the same), and
+scales each group once per 16
 outputs: about twice the float32 rate of dequantizing in registers, and no BLAS detour for prefill
 chunks. `TiledBlocks.build` repacks once at load (same bytes as the blocks); it is None when the CPU
-or compiler lacks AVX512-VNNI, or the row count is not a multiple of 16, and callers keep the
+or compiler has neither tier (cpu_step.h: a plain-C build), or the row count is not a multiple of 16, and callers keep the
 float32 kernels of `cpu_kernels.py`.
 """
 
@@ -25,7 +26,7 @@ _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels when they include the tiled matmul (AVX512-VNNI), else None."""
+    """The compiled kernels when they include the tiled matmul (the AVX-512 or AVX2 tier), else None."""
     lib = cpu_kernels.library()
     return lib if lib is not None and _declare(lib) else None
 

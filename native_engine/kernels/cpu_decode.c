@@ -27,9 +27,6 @@
 #include <omp.h>
 
 #include "cpu_step.h"
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 #define AI static inline __attribute__((always_inline))
 #define MAX_GROUPS 512 /* K <= 16384 (cpu_decode.py checks) */
@@ -163,31 +160,23 @@ AI void rotate(const float *x, const float *cs, int64_t D, float *out) {
     }
 }
 
-/* x [K] -> per group of 32: int16 values (round to nearest even), scale and float sum. */
-static void quantize_x16(const float *x, int64_t K, int16_t *x16, float *sx, float *xsum) {
-    for (int64_t g = 0; g < K / 32; g++) {
-        const float *xg = x + g * 32;
-#ifdef __AVX512F__
-        const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        const __m512 vinv = _mm512_set1_ps(inv);
-        _mm256_storeu_si256((__m256i *)(x16 + g * 32), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(a, vinv))));
-        _mm256_storeu_si256((__m256i *)(x16 + g * 32 + 16), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(b, vinv))));
-        xsum[g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
-#else
-        float amax = 0.0f, sum = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            sum += xg[j];
-            amax = fabsf(xg[j]) > amax ? fabsf(xg[j]) : amax;
-        }
-        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        for (int j = 0; j < 32; j++) x16[g * 32 + j] = (int16_t)lrintf(xg[j] * inv);
-        xsum[g] = sum;
-#endif
-        sx[g] = amax / 32767.0f;
-    }
+#ifdef TIER_AVX2
+/* 8 float16 scales from p (n < 8: the first n, the rest 0) times 8 floats from sx. */
+AI __m256 scales8(const uint16_t *p, const float *sx, int64_t n) {
+    if (n >= 8) return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_loadu_ps(sx));
+    uint16_t h[8] = {0};
+    float f[8] = {0};
+    memcpy(h, p, n * sizeof(uint16_t));
+    memcpy(f, sx, n * sizeof(float));
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)), _mm256_loadu_ps(f));
 }
+
+/* sum over 32 weights of w * x for int16 weights (lo: weights 0..15, hi: 16..31) and int16 activations. */
+AI __m256i dot32(__m256i lo, __m256i hi, const int16_t *x) {
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)x)),
+                            _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 16))));
+}
+#endif
 
 /* An activation row rounded to int16 (one per token row). */
 typedef struct {
@@ -200,7 +189,7 @@ typedef struct {
 /* out[n] for n in [n0, n1) (n1 - n0 even) = Q4_1 row n . x, x one int16 row of K = 32 G values. */
 static void q4_1_rows(qrow_t x, int64_t G, const uint8_t *qs, const uint16_t *d16, const uint16_t *m16, int64_t n0,
                       int64_t n1, float *out) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(TIER_AVX512)
     const __m512i shifts = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF0000u, 4); /* lanes 16..31: high nibbles */
     const __m512i mask = _mm512_set1_epi16(0x0F);
     float sd0[MAX_GROUPS], sd1[MAX_GROUPS];
@@ -231,6 +220,31 @@ static void q4_1_rows(qrow_t x, int64_t G, const uint8_t *qs, const uint16_t *d1
         out[n - n0] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, off0));
         out[n - n0 + 1] = _mm512_reduce_add_ps(_mm512_add_ps(acc1, off1));
     }
+#elif defined(TIER_AVX2)
+    const __m256i mask = _mm256_set1_epi16(0x0F);
+    float sd0[MAX_GROUPS + 8], sd1[MAX_GROUPS + 8]; /* stored 8 at a time */
+    for (int64_t n = n0; n < n1; n += 2) {
+        const uint8_t *q0 = qs + n * G * 16, *q1 = q0 + G * 16;
+        const uint16_t *d0 = d16 + n * G, *d1 = d0 + G, *m0 = m16 + n * G, *m1 = m0 + G;
+        __m256 off0 = _mm256_setzero_ps(), off1 = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; g += 8) { /* per-group scales d * sx and the offsets sum m * xsum, 8 at a time */
+            _mm256_storeu_ps(sd0 + g, scales8(d0 + g, x.sx + g, G - g));
+            _mm256_storeu_ps(sd1 + g, scales8(d1 + g, x.sx + g, G - g));
+            off0 = _mm256_add_ps(off0, scales8(m0 + g, x.xsum + g, G - g));
+            off1 = _mm256_add_ps(off1, scales8(m1 + g, x.xsum + g, G - g));
+        }
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; g++) {
+            const __m256i b0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(q0 + g * 16)));
+            const __m256i b1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(q1 + g * 16)));
+            const __m256i s0 = dot32(_mm256_and_si256(b0, mask), _mm256_srli_epi16(b0, 4), x.x16 + g * 32);
+            const __m256i s1 = dot32(_mm256_and_si256(b1, mask), _mm256_srli_epi16(b1, 4), x.x16 + g * 32);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(sd0[g]), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(sd1[g]), acc1);
+        }
+        out[n - n0] = hsum8(_mm256_add_ps(acc0, off0));
+        out[n - n0 + 1] = hsum8(_mm256_add_ps(acc1, off1));
+    }
 #else
     for (int64_t n = n0; n < n1; n++) {
         float s = 0.0f;
@@ -248,7 +262,7 @@ static void q4_1_rows(qrow_t x, int64_t G, const uint8_t *qs, const uint16_t *d1
 /* The same for Q8_0 rows (w = d * q8, no offsets). */
 static void q8_0_rows(qrow_t x, int64_t G, const int8_t *qs, const uint16_t *d16, int64_t n0, int64_t n1,
                       float *out) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(TIER_AVX512)
     float sd0[MAX_GROUPS], sd1[MAX_GROUPS];
     for (int64_t n = n0; n < n1; n += 2) {
         const int8_t *q0 = qs + n * G * 32, *q1 = q0 + G * 32;
@@ -271,6 +285,28 @@ static void q8_0_rows(qrow_t x, int64_t G, const int8_t *qs, const uint16_t *d16
         }
         out[n - n0] = _mm512_reduce_add_ps(acc0);
         out[n - n0 + 1] = _mm512_reduce_add_ps(acc1);
+    }
+#elif defined(TIER_AVX2)
+    float sd0[MAX_GROUPS + 8], sd1[MAX_GROUPS + 8]; /* stored 8 at a time */
+    for (int64_t n = n0; n < n1; n += 2) {
+        const int8_t *q0 = qs + n * G * 32, *q1 = q0 + G * 32;
+        const uint16_t *d0 = d16 + n * G, *d1 = d0 + G;
+        for (int64_t g = 0; g < G; g += 8) {
+            _mm256_storeu_ps(sd0 + g, scales8(d0 + g, x.sx + g, G - g));
+            _mm256_storeu_ps(sd1 + g, scales8(d1 + g, x.sx + g, G - g));
+        }
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; g++) {
+            const int8_t *w0 = q0 + g * 32, *w1 = q1 + g * 32;
+            const __m256i s0 = dot32(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w0)),
+                                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w0 + 16))), x.x16 + g * 32);
+            const __m256i s1 = dot32(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w1)),
+                                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w1 + 16))), x.x16 + g * 32);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(sd0[g]), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(sd1[g]), acc1);
+        }
+        out[n - n0] = hsum8(acc0);
+        out[n - n0 + 1] = hsum8(acc1);
     }
 #else
     for (int64_t n = n0; n < n1; n++) {

@@ -8,8 +8,8 @@
  * each weight is dequantized to float32 in registers and multiplied with float32 activations, so the result
  * equals the dense float32 product up to summation order (cpu_kernels.py hands 32+ rows to BLAS instead).
  * Rows are split over OpenMP threads; `num_threads` comes from the caller (torch.get_num_threads()).
- * Built by cpu_kernels.py with -O3 -march=native -fopenmp; the AVX-512 paths are taken when the compiler
- * targets them, plain loops otherwise.
+ * Built by cpu_kernels.py with -O3 -march=$INFER_CPU_MARCH (native by default) -fopenmp; the AVX-512 paths are
+ * taken when the compiler targets them, AVX2 + FMA ones on x86-64-v3 (cpu_step.h's tiers), plain loops otherwise.
  *
  * add_rms_norm, paged_attention_decode, rotary_neox, cache_write, silu_and_mul: one call each where PyTorch runs
  * several small ops. llama_decode: the whole decoder stack of a decode step from these, in one call (1-3 rows:
@@ -18,11 +18,21 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+
+#include "cpu_step.h"
 
 #define AI static inline __attribute__((always_inline))
+
+/* The SIMD path this build takes (cpu_kernels.tier()): 2 AVX-512, 1 AVX2, 0 plain C. */
+int simd_tier(void) {
+#if defined(TIER_AVX512)
+    return 2;
+#elif defined(TIER_AVX2)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 #ifdef __AVX512F__
 
@@ -110,21 +120,6 @@ AI void q8_0_row_vnni(const int16_t *x16, const float *sx, int64_t G, const int8
     out[n + 1] = _mm512_reduce_add_ps(acc1);
 }
 
-/* x [K] -> per group of 32: int16 values, scale and float sum. */
-static void quantize_x16(const float *x, int64_t K, int16_t *x16, float *sx, float *xsum) {
-    for (int64_t g = 0; g < K / 32; g++) {
-        float amax = 0.0f, sum = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            float v = x[g * 32 + j];
-            sum += v;
-            amax = fabsf(v) > amax ? fabsf(v) : amax;
-        }
-        float scale = amax / 32767.0f, inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-        for (int j = 0; j < 32; j++) x16[g * 32 + j] = (int16_t)lrintf(x[g * 32 + j] * inv);
-        sx[g] = scale;
-        xsum[g] = sum;
-    }
-}
 #define HAVE_VNNI 1
 #endif
 
@@ -141,6 +136,55 @@ AI void rows(int is_q8, const float *x, int64_t T, int64_t K, const uint8_t *qs,
         tile(is_q8, x, K, qs, d, m, n0 + 2, t, N, out, 2, 4);
     }
     for (; t < T; t++) tile(is_q8, x, K, qs, d, m, n0, t, N, out, 4, 1);
+}
+
+#elif defined(TIER_AVX2)
+
+/* A block's 32 weights as four vectors of 8 floats (weights 0-7, 8-15, 16-23, 24-31). */
+AI void load_block8(int is_q8, const uint8_t *b, float d, float m, __m256 w[4]) {
+    const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    if (is_q8) {
+        for (int i = 0; i < 4; i++)
+            w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * i)))), vd);
+        return;
+    }
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)b), mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i])), vd, vm);
+}
+
+/* R rows n0.. of the weight times TT activation rows t0..; accumulators stay in registers. */
+AI void tile8(int is_q8, const float *x, int64_t K, const uint8_t *qs, const float *d, const float *m, int64_t n0,
+              int64_t t0, int64_t N, float *out, const int R, const int TT) {
+    const int64_t G = K / 32, row_bytes = is_q8 ? K : K / 2;
+    __m256 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        for (int r = 0; r < R; r++) {
+            const int64_t n = n0 + r;
+            __m256 w[4];
+            load_block8(is_q8, qs + n * row_bytes + g * (is_q8 ? 32 : 16), d[n * G + g], is_q8 ? 0.0f : m[n * G + g], w);
+            for (int t = 0; t < TT; t++) {
+                const float *xg = x + (t0 + t) * K + g * 32;
+                for (int i = 0; i < 4; i++) acc[r][t] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xg + 8 * i), acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) out[(t0 + t) * N + n0 + r] = hsum8(acc[r][t]);
+}
+
+AI void rows(int is_q8, const float *x, int64_t T, int64_t K, const uint8_t *qs, const float *d, const float *m,
+             int64_t n0, int64_t N, float *out) {
+    /* 2 rows x 4 tokens, then 4 rows of one token. */
+    int64_t t = 0;
+    for (; t + 4 <= T; t += 4) {
+        tile8(is_q8, x, K, qs, d, m, n0, t, N, out, 2, 4);
+        tile8(is_q8, x, K, qs, d, m, n0 + 2, t, N, out, 2, 4);
+    }
+    for (; t < T; t++) tile8(is_q8, x, K, qs, d, m, n0, t, N, out, 4, 1);
 }
 
 #else

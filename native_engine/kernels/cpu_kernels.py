@@ -4,7 +4,8 @@
 compiler targets it), so the result is the dense float32 product up to summation order, while only
 the blocks are read: 0.56 byte per Q4_1 weight, 1.06 per Q8_0 one. Decode steps of a few rows run
 the whole model in one call of `cpu_decode.c` (see models/cpu_decode.py). Both files are compiled once with the
-system C compiler (`cc -O3 -march=native -fopenmp`, well under a second) into
+system C compiler (`cc -O3 -march=native -fopenmp`, well under a second; `INFER_CPU_MARCH` sets another
+`-march`, e.g. `x86-64-v3` for the AVX2 tier or `x86-64` for plain C, and is part of the cache key) into
 `<infer cache>/kernels/` and loaded with ctypes; its OpenMP calls land in the runtime torch already
 loaded (same soname), so no second thread pool spins. When no compiler is there or the build
 fails, `library()` is None and callers keep PyTorch's int4 kernel (`layers/quant.py`).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -29,10 +31,12 @@ import torch
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_kernels.c", "cpu_decode.c", "cpu_batch.c"))
 HEADERS = (Path(__file__).with_name("cpu_step.h"),)  # part of the build's key, not of the command line
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-Werror=implicit-function-declaration")
+MARCH_ENV = "INFER_CPU_MARCH"  # the kernels' -march: native (default), or a lower tier (x86-64-v3, x86-64) to test or pin
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 BLAS_ROWS = 32  # from this many activation rows on, dequantize once and let BLAS multiply
 _local = threading.local()
+log = logging.getLogger(__name__)
 
 
 def kernel_dir() -> Path:
@@ -58,13 +62,20 @@ def library() -> ctypes.CDLL | None:
         source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
     except OSError:  # an install without the kernel sources
         return None
-    key = hashlib.sha256(source + " ".join((compiler, *FLAGS, _cpu_flags())).encode()).hexdigest()[:16]
+    flags = (*FLAGS, f"-march={march()}")
+    key = hashlib.sha256(source + " ".join((compiler, *flags, _cpu_flags())).encode()).hexdigest()[:16]
     path = kernel_dir() / f"cpu_kernels-{key}.so"
     try:
         if not path.exists():
-            _build(compiler, path)
+            _build(compiler, flags, path)
         lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.CalledProcessError):
+    except subprocess.CalledProcessError as exc:  # said once: a silent fallback hid a broken build before
+        why = (exc.stderr or b"").decode(errors="replace").strip().splitlines()
+        log.warning("the CPU kernels did not build with %s (%s): %s; using PyTorch's kernels", compiler,
+                    " ".join(flags), why[-1] if why else f"exit status {exc.returncode}")
+        return None
+    except OSError as exc:
+        log.warning("the CPU kernels did not load (%s); using PyTorch's kernels", exc)
         return None
     lib.q4_1_matmul.argtypes = (_P, _I64, _I64, _P, _P, _P, _I64, _P, _INT)
     lib.q8_0_matmul.argtypes = (_P, _I64, _I64, _P, _P, _I64, _P, _INT)
@@ -78,10 +89,23 @@ def library() -> ctypes.CDLL | None:
     lib.llama_decode_rows.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P, _P,
                                       ctypes.c_float, _P, _P, _I64, _P, _P, _INT)
     lib.dequantize_blocks.argtypes = (_P, _P, _P, _I64, _I64, _P, _INT)
+    lib.simd_tier.restype = _INT
     for fn in (lib.dequantize_blocks, lib.llama_decode, lib.llama_decode_rows, lib.q4_1_matmul, lib.q8_0_matmul, lib.add_rms_norm, lib.paged_attention_decode, lib.rotary_neox,
                lib.cache_write, lib.silu_and_mul):
         fn.restype = None
     return lib
+
+
+def march() -> str:
+    """The `-march` the kernels are built for: `$INFER_CPU_MARCH`, else `native` (this CPU's every extension)."""
+    return os.environ.get(MARCH_ENV) or "native"
+
+
+def tier() -> str:
+    """Which SIMD path the built library runs: "avx512" (AVX512-VNNI), "avx2" (AVX2 + FMA + F16C) or "scalar";
+    None without a library."""
+    lib = library()
+    return None if lib is None else ("scalar", "avx2", "avx512")[lib.simd_tier()]
 
 
 def _cpu_flags() -> str:
@@ -91,11 +115,11 @@ def _cpu_flags() -> str:
         return platform.machine()
 
 
-def _build(compiler: str, path: Path) -> None:
+def _build(compiler: str, flags: tuple[str, ...], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # built aside, renamed into place: atomic
         out = Path(tmp) / path.name
-        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(out)], check=True, capture_output=True, timeout=120)
+        subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(out)], check=True, capture_output=True, timeout=120)
         os.replace(out, path)
 
 

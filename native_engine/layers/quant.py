@@ -19,7 +19,7 @@ When the system has a C compiler, weights that arrive as Q4_1 / Q8_0 blocks skip
 `BlockWeight` keeps the blocks and multiplies them with float32 activations in registers
 (`kernels/cpu_kernels.c`), which is cheaper per call (no casts, no zero tail) and far more accurate
 (activations as int16 per group of 32 or float32, no bf16 anywhere). For batches of 4+ rows the same
-blocks are also kept repacked in tiles of 16 rows (`kernels/cpu_batch.py`, AVX512-VNNI). The int4
+blocks are also kept repacked in tiles of 16 rows (`kernels/cpu_batch.py`, AVX512-VNNI or AVX2). The int4
 path stays as the fallback without a compiler.
 
 The tied LM head of SmolLM-style files is Q8_0 (int8 blocks `w = d * q8`); `pack_int8_as_int4`
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..kernels import cpu_batch, cpu_kernels
@@ -97,17 +96,12 @@ def use_block_kernels(out_features: int) -> bool:
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """q: [out, in] integers in 0..15 -> the kernel's [out, in / 2] uint8 layout.
+    """q: [out, in] integers in 0..15 -> the packed weight of `aten._weight_int4pack_mm_for_cpu`.
 
-    For each block of 64 output rows the kernel reads, for every input column k, 32 bytes whose low
-    nibbles are rows 0..31 and high nibbles rows 32..63 (checked against
-    `aten._convert_weight_to_int4pack_for_cpu` in the tests); other row counts go through that op."""
-    out_features, in_features = q.shape
-    if out_features % 64:
-        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
-    v = q.to(torch.uint8).numpy().reshape(out_features // 64, 2, 32, in_features)
-    pairs = v[:, 0] | (v[:, 1] << 4)  # [blocks, 32, in]
-    return torch.from_numpy(np.ascontiguousarray(pairs.transpose(0, 2, 1)).reshape(out_features, in_features // 2))
+    Always through PyTorch's own packing op: its layout is private and differs between the kernels it
+    picks at run time (the AVX-512, AVX2 and scalar kernels read different ones), so only the op knows
+    the one the matmul of this process will read. `kernel_check` proves the pair on this CPU at load."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
 
 
 def from_blocks(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Int4Weight:

@@ -9,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType as QType
 from gguf.quants import dequantize, quantize
 
-from native_engine.layers.quant import pack_int4, pack_int8_as_int4, pack_nibbles
+from native_engine.layers.quant import pack_int4, pack_int8_as_int4
 
 
 def gguf_roundtrip(weight: torch.Tensor, qtype: QType) -> torch.Tensor:
@@ -60,9 +60,3 @@ def test_product_is_close_to_float32(weight):
     ours, ref = pack_int4(w).matmul(x), x.double() @ w.double().t()
     assert ours.dtype == torch.float32 and ours.shape == (5, 96)
     assert ((ours.double() - ref).norm() / ref.norm()) < 4e-3  # bf16 activations, scales and output
-
-
-@pytest.mark.parametrize("rows", [64, 960, 80])
-def test_nibble_layout_is_the_kernels(rows):
-    q = torch.randint(0, 16, (rows, 128), generator=torch.Generator().manual_seed(rows), dtype=torch.int32)
-    assert torch.equal(pack_nibbles(q), torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))

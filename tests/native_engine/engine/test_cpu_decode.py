@@ -119,7 +119,7 @@ def test_decode_batches_in_one_parallel_region_match_the_module_path(tmp_path, t
     from native_engine.kernels import cpu_batch
 
     if cpu_batch.library() is None:
-        pytest.skip("no AVX512-VNNI build: batches use the float32 kernels")
+        pytest.skip("a plain-C build (no AVX2 or AVX-512 tier): batches use the float32 kernels")
     spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)  # head_dim 64, 2 heads a group
     engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=96)
     stack = CPUDecodeStack.build(lm.model, lm.lm_head)

@@ -121,7 +121,7 @@ def test_verify_rows_through_the_c_batch_kernel_match_the_module_path(tmp_path):
     from native_engine.kernels import cpu_batch
 
     if cpu_batch.library() is None:
-        pytest.skip("no AVX512-VNNI build: batches use the float32 kernels")
+        pytest.skip("a plain-C build (no AVX2 or AVX-512 tier): batches use the float32 kernels")
     spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)
     engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=96)
     engine.enable_speculation()

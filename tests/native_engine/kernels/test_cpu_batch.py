@@ -9,7 +9,7 @@ from native_engine.layers.quant import BlockWeight
 from tests.native_engine.kernels.test_cpu_kernels import blocks
 from tests.native_engine.kernels.test_paged_attention import CONTEXT_LENS, make_inputs
 
-pytestmark = pytest.mark.skipif(cpu_batch.library() is None, reason="no AVX512-VNNI build: the float32 kernels are used")
+pytestmark = pytest.mark.skipif(cpu_batch.library() is None, reason="a plain-C build (no AVX2 or AVX-512 tier): the float32 kernels are used")
 
 
 @pytest.mark.parametrize("q8", [False, True])
