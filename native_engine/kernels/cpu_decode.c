@@ -532,3 +532,21 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
         run_step(&s, &own);
     }
 }
+
+/* out [T, N] = x [T, K] @ W.T through the decode step's own matmul rows (x rounded to int16 per group of 32, float16
+ * scales; m16 NULL: Q8_0 blocks): how the load-time check (layers/kernel_check.py) proves them on this CPU. N even. */
+void decode_rows_matmul(const float *x, int64_t T, int64_t K, const uint8_t *qs, const uint16_t *d16,
+                        const uint16_t *m16, int64_t N, float *out) {
+    const int64_t G = K / 32;
+    int16_t *x16 = aligned_alloc(64, (sizeof(int16_t) * K + 63) / 64 * 64);
+    float *sx = malloc(sizeof(float) * 2 * G);
+    if (x16 == NULL || sx == NULL) abort();
+    for (int64_t t = 0; t < T; t++) {
+        quantize_x16(x + t * K, K, x16, sx, sx + G);
+        const qrow_t row = {x16, sx, sx + G};
+        if (m16 != NULL) q4_1_rows(row, G, qs, d16, m16, 0, N, out + t * N);
+        else q8_0_rows(row, G, (const int8_t *)qs, d16, 0, N, out + t * N);
+    }
+    free(x16);
+    free(sx);
+}

@@ -90,6 +90,8 @@ def library() -> ctypes.CDLL | None:
                                       ctypes.c_float, _P, _P, _I64, _P, _P, _INT)
     lib.dequantize_blocks.argtypes = (_P, _P, _P, _I64, _I64, _P, _INT)
     lib.simd_tier.restype = _INT
+    lib.decode_rows_matmul.argtypes = (_P, _I64, _I64, _P, _P, _P, _I64, _P)
+    lib.decode_rows_matmul.restype = None
     for fn in (lib.dequantize_blocks, lib.llama_decode, lib.llama_decode_rows, lib.q4_1_matmul, lib.q8_0_matmul, lib.add_rms_norm, lib.paged_attention_decode, lib.rotary_neox,
                lib.cache_write, lib.silu_and_mul):
         fn.restype = None
@@ -243,3 +245,13 @@ def blocks_matmul_ref(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: tor
         q = torch.cat([packed & 15, packed >> 4], dim=-1)  # [N, groups, 32]
         w = q.to(d.dtype) * d[..., None] + m[..., None]
     return x.to(d.dtype) @ w.view(n, -1).t()
+
+
+def decode_rows_matmul(x: torch.Tensor, qs: torch.Tensor, d16: torch.Tensor, m16: torch.Tensor | None) -> torch.Tensor:
+    """x [T, K] @ blocks [N, K].T through `llama_decode_rows`' matmul rows (float16 scales d16, m16 [N, K / 32];
+    m16 None: Q8_0): the decode step's arithmetic, called alone by the load-time check."""
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], qs.shape[0], dtype=torch.float32)
+    library().decode_rows_matmul(x.data_ptr(), x.shape[0], x.shape[1], qs.data_ptr(), d16.data_ptr(),
+                                 None if m16 is None else m16.data_ptr(), qs.shape[0], out.data_ptr())
+    return out

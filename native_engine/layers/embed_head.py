@@ -13,6 +13,7 @@ from ..distributed.partition import Span
 from ..loader.gguf_loader import Q8Blocks
 from ..loader.lazy import materialize, narrow
 from .linear import Linear, default_weight_loader
+from . import kernel_check
 from .quant import BlockWeight, Int4Weight, from_q8_blocks, pack_int4, pack_int8_as_int4, use_block_kernels
 
 
@@ -58,14 +59,17 @@ class LMHead(Linear):
     def use_packed_weights(self, q8_blocks: Q8Blocks | None = None) -> int:
         """Packed copies of the weight: its Q8_0 blocks for the C kernel, or int4 ones from them when given, else recovered from the dense
         weight when it is exactly 4- or 8-bit blocks; returns their bytes (0: stays dense)."""
-        if q8_blocks is not None and use_block_kernels(q8_blocks.shape[0]):
-            self.packed = (BlockWeight.q8_0(q8_blocks.q, q8_blocks.d),)
-        elif q8_blocks is not None:
-            self.packed = from_q8_blocks(q8_blocks.q, q8_blocks.d)
+        q8 = (q8_blocks.q, q8_blocks.d, None) if q8_blocks is not None else None
+        if q8 is not None and use_block_kernels(q8_blocks.shape[0]) and kernel_check.usable("blocks", *q8):
+            self.packed = (BlockWeight.q8_0(q8_blocks.q, q8_blocks.d, kernel_check.usable("tiled", *q8)),)
+        elif q8 is not None:
+            self.packed = from_q8_blocks(q8_blocks.q, q8_blocks.d) if kernel_check.usable("torch-int4", *q8) else ()
         elif (int4 := pack_int4(self.weight.data)) is not None:
-            self.packed = (int4,)
+            self.packed = (int4,) if kernel_check.usable("torch-int4", *kernel_check.sample_blocks("q4_1")) else ()
+        elif (halves := pack_int8_as_int4(self.weight.data)) is not None:
+            self.packed = halves if kernel_check.usable("torch-int4", *kernel_check.sample_blocks("q8_0")) else ()
         else:
-            self.packed = pack_int8_as_int4(self.weight.data) or ()
+            self.packed = ()
         return sum(p.nbytes for p in self.packed)
 
     def forward(self, x: torch.Tensor, indices: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -25,6 +25,7 @@ from torch import nn
 from ..distributed.partition import RankShard, Span
 from ..loader.gguf_loader import Q4Blocks, Q8Blocks
 from ..loader.lazy import materialize, narrow
+from . import kernel_check
 from .quant import BlockWeight, Int4Weight, from_blocks, pack_int4, use_block_kernels
 
 SMALL_BATCH = 2
@@ -79,15 +80,17 @@ class Linear(nn.Module):
         blocks, self.blocks = self.blocks, None
         rows = self.weight.shape[0]
         whole = blocks is not None and int4 and sum(n for _, n in self.block_ranges) == rows
-        if whole and use_block_kernels(rows):
-            self.use_int4(BlockWeight.q4_1(blocks.q, blocks.d, blocks.m))
-        elif whole and rows % 16 == 0:
+        if whole and use_block_kernels(rows) and kernel_check.usable("blocks", blocks.q, blocks.d, blocks.m):
+            tiles = kernel_check.usable("tiled", blocks.q, blocks.d, blocks.m)
+            self.use_int4(BlockWeight.q4_1(blocks.q, blocks.d, blocks.m, tiles))
+        elif whole and rows % 16 == 0 and kernel_check.usable("torch-int4", blocks.q, blocks.d, blocks.m):
             self.use_int4(from_blocks(blocks.q, blocks.d, blocks.m))
         elif blocks is not None:
             dense = blocks.dequantize()
             for offset, n in self.block_ranges:
                 self.weight.data[offset : offset + n] = dense[offset : offset + n]
-        if int4 and self.int4 is None and (packed := pack_int4(self.weight.data)) is not None:
+        if (int4 and self.int4 is None and (packed := pack_int4(self.weight.data)) is not None
+                and kernel_check.usable("torch-int4", *kernel_check.sample_blocks("q4_1"))):
             self.use_int4(packed)
         return self.int4.nbytes if self.int4 is not None else 0
 

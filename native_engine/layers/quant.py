@@ -68,16 +68,24 @@ class BlockWeight:
     tiled: cpu_batch.TiledBlocks | None = None  # the same blocks for batches of 4+ rows (`kernels/cpu_batch.py`)
 
     @classmethod
-    def q4_1(cls, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> BlockWeight:
-        return cls.with_tiles(cpu_kernels.pack_q4_1(q), d.contiguous(), m.contiguous())
+    def q4_1(cls, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, tiles: bool = True) -> BlockWeight:
+        return cls.with_tiles(cpu_kernels.pack_q4_1(q), d.contiguous(), m.contiguous(), tiles)
 
     @classmethod
-    def q8_0(cls, q8: torch.Tensor, d: torch.Tensor) -> BlockWeight:
-        return cls.with_tiles(q8.contiguous(), d.contiguous(), None)
+    def q8_0(cls, q8: torch.Tensor, d: torch.Tensor, tiles: bool = True) -> BlockWeight:
+        return cls.with_tiles(q8.contiguous(), d.contiguous(), None, tiles)
 
     @classmethod
-    def with_tiles(cls, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> BlockWeight:
-        return cls(qs, d, m, cpu_batch.TiledBlocks.build(qs, d, m))
+    def with_tiles(cls, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, tiles: bool = True) -> BlockWeight:
+        """The blocks, also tiled for batches when `tiles` (the tiled kernel passed its check on this CPU)."""
+        return cls(qs, d, m, cpu_batch.TiledBlocks.build(qs, d, m) if tiles else None)
+
+    def unpacked(self) -> torch.Tensor:
+        """The block values [N, K]: Q4_1 nibbles 0..15 (uint8) or the Q8_0 int8 values."""
+        if self.m is None:
+            return self.qs
+        packed = self.qs.view(self.qs.shape[0], -1, 16)
+        return torch.cat([packed & 15, packed >> 4], dim=-1).view(self.qs.shape[0], -1)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] float32 -> [T, out] float32
         if self.tiled is not None and x.shape[0] >= cpu_batch.MIN_ROWS:

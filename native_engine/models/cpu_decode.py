@@ -27,6 +27,7 @@ import torch
 
 from ..forward_context import Context
 from ..kernels import cpu_batch, cpu_kernels
+from ..layers import kernel_check
 from ..layers.quant import BlockWeight
 
 _LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -137,6 +138,8 @@ def _rows_pointers(model) -> tuple[torch.Tensor, list] | None:
     table, keep = [], []
     if model.config.num_heads * ROWS_MAX + 1 > 1024:  # attention chunks per op <= MAX_CHUNKS
         return None
+    if not kernel_check.usable_weight("decode-rows", _linears(model.layers[0])[0]):
+        return None
     for layer in model.layers:
         row = _layer_pointers(layer)
         for i, w in enumerate(_linears(layer)):
@@ -161,7 +164,7 @@ def _q8_head(lm_head) -> BlockWeight | None:
     packed = getattr(lm_head, "packed", ())
     if len(packed) == 1 and isinstance(packed[0], BlockWeight) and packed[0].m is None:
         head = packed[0]
-        if head.qs.shape[0] % 2 == 0 and head.qs.shape[1] <= _MAX_K:
+        if head.qs.shape[0] % 2 == 0 and head.qs.shape[1] <= _MAX_K and kernel_check.usable_weight("decode-rows", head):
             return head
     return None
 
