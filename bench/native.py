@@ -25,7 +25,12 @@ Then the same on a real model, SmolLM2-135M-Instruct (Q4_1) against llama-cpp-py
 file, with load time and accuracy: see bench/native_smollm2.py (``--model smollm2`` runs only that).
 
     .venv/bin/python bench/native.py [--model all|qwen2-0.5b|smollm2] [--quick] [--runs 3] [--threads N]
-                                     [--wait-idle 120] [--json PATH]
+                                     [--wait-idle 120] [--json PATH] [--march x86-64-v3|x86-64]
+
+``--march x86-64-v3`` measures the AVX2 tier (most laptops) side by side on a machine with more: our C kernels
+built with that -march, PyTorch at ``ATEN_CPU_CAPABILITY=avx2``, and llama.cpp built for that level alone
+(``GGML_NATIVE=OFF``, AVX2/FMA/F16C on, every AVX-512 flag off) from ``.bench/llama-cpp-x86-64-v3``, which
+``scripts/install_llama_cpp.py --tier x86-64-v3`` builds (minutes, once).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import torch
 from tokenizers import Tokenizer
 
 from native_engine import LLMEngine, SamplingParams
+from native_engine.kernels import cpu_kernels
 from noise import cpu_ticks, others_cores, wait_idle  # noqa: E402  (bench/ is the script's directory)
 import native_smollm2  # noqa: E402
 from registry.modelbuilder import PRESETS, build_gguf, build_hf
@@ -285,7 +291,12 @@ def main() -> None:
                         help="before each side, wait up to this many seconds for other processes to go quiet")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--model", choices=("all", PRESET, "smollm2"), default="all")
+    parser.add_argument("--march", choices=sorted(TIER_CAPABILITY),
+                        help="measure one CPU tier side by side: our C kernels built for it (INFER_CPU_MARCH), PyTorch "
+                             "at its capability, and llama.cpp built for it (scripts/install_llama_cpp.py --tier)")
     args = parser.parse_args()
+    if args.march:
+        at_tier(args.march)
     torch.set_num_threads(args.threads)
     out: dict = {}
     if args.model in ("all", PRESET):
@@ -300,6 +311,27 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2, default=str))
+
+
+TIER_CAPABILITY = {"x86-64-v3": "avx2", "x86-64": "default"}  # PyTorch's kernels for each -march tier
+
+
+def at_tier(march: str) -> None:
+    """Run this script again with every side at `march` (unless this process already is), then exit."""
+    import llama_cpp
+
+    folder = ROOT / ".bench" / f"llama-cpp-{march}"
+    if os.environ.get("INFER_CPU_MARCH") == march:
+        recorded = Path(llama_cpp.__file__).parent / ".infer-cmake-args"
+        args = recorded.read_text() if recorded.exists() else "pip's default build, -march=native"
+        print(f"tier {march}: our kernels -march={march} (tier {cpu_kernels.tier()}), PyTorch "
+              f"{torch.backends.cpu.get_cpu_capability()}, llama.cpp from {Path(llama_cpp.__file__).parent} ({args})")
+        return
+    if not (folder / "llama_cpp").is_dir():
+        sys.exit(f"no llama.cpp build for {march}: run `.venv/bin/python scripts/install_llama_cpp.py --tier {march}`")
+    env = {**os.environ, "INFER_CPU_MARCH": march, "ATEN_CPU_CAPABILITY": TIER_CAPABILITY[march],
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def run_random_model(args) -> dict:

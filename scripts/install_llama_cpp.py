@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from adapters.local.llamacpp import markers
-from adapters.local.llamacpp.cpu_build import cmake_args, cpu_flags, explicit_args, has_amx, wheel_key
+from adapters.local.llamacpp.cpu_build import TIER_FLAGS, cmake_args, cpu_flags, explicit_args, has_amx, wheel_key
 
 PACKAGE = "llama-cpp-python"
 
@@ -129,10 +129,27 @@ def install(version: str, args: list[str]) -> None:
     markers.write(markers.CMAKE_ARGS, " ".join(args))
 
 
+def install_tier(version: str, tier: str, target: Path) -> int:
+    """llama-cpp-python built for one x86-64 level (``GGML_NATIVE=OFF``, that level's extensions only) into
+    ``target`` (a folder put first on ``sys.path`` by ``bench/native.py --march``), beside the venv's own build."""
+    args = explicit_args(TIER_FLAGS[tier])
+    wheel = build(version, args)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(target),
+                    str(wheel)], check=True)
+    (target / "llama_cpp" / markers.CMAKE_ARGS).write_text(" ".join(args))
+    print(f"llama.cpp {version} for {tier} in {target}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report, change nothing")
+    parser.add_argument("--tier", choices=sorted(TIER_FLAGS), help="build for this x86-64 level into --target")
+    parser.add_argument("--target", type=Path, help="with --tier: the folder to install into")
     options = parser.parse_args(argv)
+    if options.tier:
+        return install_tier(importlib.metadata.version(PACKAGE), options.tier,
+                            options.target or Path(".bench") / f"llama-cpp-{options.tier}")
     flags = cpu_flags(Path("/proc/cpuinfo").read_text())
     version = importlib.metadata.version(PACKAGE)
     args = cmake_args(flags)

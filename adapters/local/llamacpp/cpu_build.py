@@ -41,6 +41,14 @@ def cpu_flags(cpuinfo: str) -> set[str]:
     return set.intersection(*per_cpu) if per_cpu else set()
 
 
+# x86-64 micro-architecture levels as /proc/cpuinfo flags: a build of one runs on every CPU of that level
+# (GCC's -march=x86-64-v3 and -march=x86-64), whatever extensions the building machine has beyond it.
+TIER_FLAGS = {
+    "x86-64-v3": {"sse4_2", "avx", "avx2", "bmi2", "fma", "f16c"},
+    "x86-64": set(),
+}
+
+
 def has_amx(flags: set[str]) -> bool:
     return any(flag in flags for flag in AMX_FLAGS)
 

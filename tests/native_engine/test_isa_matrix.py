@@ -1,0 +1,51 @@
+"""The ISA matrix: the kernel tests (default tier) and the engine's greedy-equality tests (slow tier) at every CPU
+tier this machine can emulate. The C kernels built for x86-64 (plain C) and x86-64-v3 (AVX2 + FMA), and PyTorch's
+int4 kernel at each capability below this CPU's (`default`, `avx2`), must each pass the tests the suite runs at the
+native tier, which the suite itself runs (tests/isa.py lists the tiers; tests/realmodel/test_isa_matrix.py asks
+SmolLM2 at every tier)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import isa
+
+C_KERNEL_TESTS = ["tests/native_engine/kernels/test_cpu_kernels.py", "tests/native_engine/kernels/test_cpu_batch.py",
+                  "tests/native_engine/test_kernel_check.py"]
+TORCH_INT4_TESTS = ["tests/native_engine/test_quant.py", "tests/native_engine/test_kernel_check.py"]  # no C kernels
+# The engine: one C call per decode step against the module path, greedy tokens of the quantized paths against
+# the exact ones (speculative decoding's tiers), and `infer compare` of a Q8_0 file against its f32 original.
+ENGINE_TESTS = ["tests/native_engine/engine/test_cpu_decode.py", "tests/native_engine/engine/test_speculative.py",
+                "tests/accuracy/test_compare_cli.py::test_q8_0_against_f32_of_the_same_random_model"]
+LOWER_MARCHES = [m for m in isa.marches() if m != "native"]
+LOWER_CAPABILITIES = [c for c in isa.capabilities() if c != "avx512"]
+
+
+def assert_passed(done) -> None:
+    tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
+    assert done.returncode == 0, "\n".join(tail)
+    assert " passed" in tail[-1] and "failed" not in tail[-1], tail[-1]
+
+
+@pytest.mark.parametrize("march", LOWER_MARCHES)
+def test_c_kernels_at_a_lower_march(march):
+    assert_passed(isa.run_pytest(C_KERNEL_TESTS, isa.child_env(march, "default")))
+
+
+@pytest.mark.parametrize("capability", LOWER_CAPABILITIES)
+def test_pytorch_int4_at_a_lower_capability(capability):
+    assert_passed(isa.run_pytest(TORCH_INT4_TESTS, isa.child_env("native", capability, INFER_NO_CPU_KERNELS="1")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("march", LOWER_MARCHES)
+def test_engine_at_a_lower_march(march):
+    assert_passed(isa.run_pytest(ENGINE_TESTS, isa.child_env(march, "avx2" if march == "x86-64-v3" else "default"),
+                                 timeout=900))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", LOWER_CAPABILITIES)
+def test_engine_without_c_kernels_at_a_lower_capability(capability):
+    env = isa.child_env("native", capability, INFER_NO_CPU_KERNELS="1")
+    assert_passed(isa.run_pytest(ENGINE_TESTS, env, timeout=900))
