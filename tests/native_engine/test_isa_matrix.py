@@ -6,8 +6,13 @@ SmolLM2 at every tier)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+
 import pytest
 
+from native_engine.kernels import cpu_kernels
 from tests import isa
 
 C_KERNEL_TESTS = ["tests/native_engine/kernels/test_cpu_kernels.py", "tests/native_engine/kernels/test_cpu_batch.py",
@@ -49,3 +54,31 @@ def test_engine_at_a_lower_march(march):
 def test_engine_without_c_kernels_at_a_lower_capability(capability):
     env = isa.child_env("native", capability, INFER_NO_CPU_KERNELS="1")
     assert_passed(isa.run_pytest(ENGINE_TESTS, env, timeout=900))
+
+
+EXPECTED_TIER = {"x86-64": "scalar", "x86-64-v3": "avx2"}
+
+
+@pytest.mark.parametrize("march", LOWER_MARCHES)
+def test_the_kernels_build_and_load_at_a_lower_march(march):
+    """A build that does not load leaves the engine on PyTorch's kernels and the tests above skipping: so the
+    library itself must load at each tier, with the SIMD path the tier promises."""
+    done = subprocess.run([sys.executable, "-c", "from native_engine.kernels import cpu_kernels; print(cpu_kernels.tier())"],
+                          cwd=isa.ROOT, env=isa.child_env(march, "default"), capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == EXPECTED_TIER[march], done.stderr
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None, reason="no aarch64 cross compiler (Debian's "
+                    "gcc-aarch64-linux-gnu, which .ci/run installs)")
+def test_the_kernels_build_for_arm_with_nothing_x86_left(tmp_path):
+    """On aarch64 the kernels take their plain-C paths: they compile, and the library needs nothing but libc, libm
+    and OpenMP (an x86 intrinsic left behind would be an undefined symbol, as _cvtsh_ss was on AVX2)."""
+    out = tmp_path / "kernels.so"
+    subprocess.run(["aarch64-linux-gnu-gcc", *cpu_kernels.FLAGS, "-march=armv8-a", *map(str, cpu_kernels.SOURCES),
+                    "-o", str(out)], check=True, capture_output=True, timeout=300)
+    listing = subprocess.run(["aarch64-linux-gnu-nm", "-D", "--undefined-only", str(out)], capture_output=True,
+                             text=True, check=True).stdout
+    names = {line.split()[1].split("@")[0] for line in listing.splitlines() if line.split()[:1] == ["U"]}
+    allowed = {"GOMP_parallel", "omp_get_num_threads", "omp_get_thread_num", "abort", "aligned_alloc", "free", "malloc",
+               "memcpy", "memset", "expf", "ldexpf", "lrintf", "sqrtf", "__tls_get_addr"}
+    assert names <= allowed, names - allowed
