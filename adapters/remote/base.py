@@ -34,7 +34,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from .direct import Direct
 from adapters.core.base import (Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings,
-                                Usage)
+                                TokenLogprob, Usage)
 from adapters.core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
 from .http_errors import error_from_status, map_transport_error
 from .metrics_scrape import scrape
@@ -105,6 +105,8 @@ class Turn:
         self.thinking: list[str] = []  # reasoning text received (reasoning_content, Ollama's thinking)
         self.new_thinking = ""  # what the last event read carried, for the adapter's next chunk
         self.stop_sequence: str | None = None  # the stop string that ended the reply, when the backend says
+        self.new_logprobs: list[TokenLogprob] | None = None  # what the last event read carried
+        self.choice_fields: dict[str, Any] = {}  # the backend's choice fields passed on (Done.choice_fields)
 
     def add(self, chunk: Chunk) -> None:
         self.events += 1
@@ -115,6 +117,10 @@ class Turn:
 
     def take_thinking(self) -> str:
         out, self.new_thinking = self.new_thinking, ""
+        return out
+
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        out, self.new_logprobs = self.new_logprobs, None
         return out
 
     @property
@@ -152,7 +158,7 @@ class Turn:
         timings.eval = self.eval if self.eval is not None else (times[-1] - times[0] if len(times) > 1 else 0.0)
         reason = finish_reason or self.finish_reason
         return Done(finish_reason=reason, usage=self.usage(), timings=timings,  # type: ignore[arg-type]
-                    stop_sequence=self.stop_sequence)
+                    stop_sequence=self.stop_sequence, choice_fields=self.choice_fields)
 
 
 class RemoteBackend:
@@ -198,7 +204,7 @@ class RemoteBackend:
 
     def error_from_response(self, status: int, body: bytes, headers: httpx.Headers) -> BackendError:
         """The one mapping of this backend's error replies; override for a different body shape."""
-        return error_from_status(self.where, status, error_message(body), headers)
+        return error_from_status(self.where, status, error_message(body), headers, **error_fields(body))
 
     def lists(self, ids: list[str]) -> bool:
         """Whether the backend's model listing ``ids`` includes the configured model."""
@@ -416,6 +422,18 @@ def error_message(body: bytes) -> str:
     return message_of(value) or text[:500]
 
 
+def error_fields(body: bytes) -> dict[str, Any]:
+    """``param`` and ``code`` of an OpenAI-shaped error body (``{"error": {message, type, param, code}}``),
+    each when the backend set it."""
+    try:
+        error = parse_json(body).get("error")
+    except (BackendError, AttributeError):
+        return {}
+    if not isinstance(error, dict):
+        return {}
+    return {k: error[k] for k in ("param", "code") if isinstance(error.get(k), (str, int))}
+
+
 def message_of(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -445,4 +463,4 @@ def _loop_time(perf_deadline: float) -> float:
     return asyncio.get_running_loop().time() + (perf_deadline - time.perf_counter())
 
 
-__all__ = ["RemoteBackend", "RemoteSettings", "Timeouts", "Turn", "error_message", "make_client", "message_of"]
+__all__ = ["RemoteBackend", "RemoteSettings", "Timeouts", "Turn", "error_fields", "error_message", "make_client", "message_of"]

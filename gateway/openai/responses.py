@@ -42,6 +42,14 @@ def finish_reason(done: Done, *, called: bool = False) -> str:
     return "tool_calls" if called else "stop"
 
 
+def backend_fields(done: Done) -> dict:
+    """What a choice adds after ``finish_reason`` when the backend said it: vLLM's ``stop_reason`` (the
+    stop string that ended it) and the choice fields a request's passed-on fields asked for
+    (``prompt_logprobs``), as the backend sent them."""
+    out = {"stop_reason": done.stop_sequence} if done.stop_sequence is not None else {}
+    return {**out, **done.choice_fields} if done.choice_fields else out
+
+
 def usage(dones: Sequence[Done], prompt_of: Sequence[int] | None = None) -> dict:
     """Usage over all choices: each distinct prompt counted once, every completion summed.
 
@@ -122,7 +130,7 @@ def chat_completion(meta: ResponseMeta, results: Sequence[Result], *, logprobs: 
         thinking = "".join(c.thinking for c in chunks)
         choices.append({"index": i, "message": assistant_message(text, calls, thinking),
                         "logprobs": chat_logprobs(all_logprobs(chunks)) if logprobs else None,
-                        "finish_reason": finish_reason(done, called=bool(calls))})
+                        "finish_reason": finish_reason(done, called=bool(calls)), **backend_fields(done)})
     body = meta.envelope(choices, stream=False)
     body["usage"] = usage([done for _, _, done in results])
     return body
@@ -132,7 +140,7 @@ def text_completion(meta: ResponseMeta, results: Sequence[Result], prompt_of: Se
                     logprobs: bool) -> dict:
     choices = [{"index": i, "text": text,
                 "logprobs": legacy_logprobs(all_logprobs(chunks)) if logprobs else None,
-                "finish_reason": finish_reason(done)}
+                "finish_reason": finish_reason(done), **backend_fields(done)}
                for i, (text, chunks, done) in enumerate(results)]
     body = meta.envelope(choices, stream=False)
     body["usage"] = usage([done for _, _, done in results], prompt_of)
