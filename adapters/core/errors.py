@@ -41,6 +41,7 @@ class BackendError(Exception):
         self.message = message
         self.param = param
         self.code = code  # a remote backend's own error code, passed on as it came (vLLM: the status)
+        self.backend_status: int | None = None  # the HTTP status a remote backend answered, when it did
         self.partial = partial  # what was generated before a mid-stream failure
 
 

@@ -196,7 +196,13 @@ class OpenAICompatBackend(RemoteBackend):
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
         t0 = time.perf_counter()
-        reply = await self.post_json("/v1/embeddings", {"model": self.settings.model, "input": inputs})
+        try:
+            reply = await self.post_json("/v1/embeddings", {"model": self.settings.model, "input": inputs})
+        except BackendError as exc:
+            if exc.backend_status == 404:  # vLLM serves /v1/embeddings only for an embedding model
+                raise ModelNotFound(self.settings.name, f"model '{self.settings.name}' does not serve embeddings: "
+                                                        f"{self.where} answered 404 on /v1/embeddings") from exc
+            raise
         rows = sorted(reply.get("data") or [], key=lambda d: d.get("index", 0))
         vectors = [row.get("embedding") for row in rows]
         if len(vectors) != len(inputs) or not all(isinstance(v, list) for v in vectors):

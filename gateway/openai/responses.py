@@ -89,8 +89,11 @@ def legacy_logprobs(entries: Sequence[TokenLogprob], offset: int = 0) -> dict:
     for entry in entries:
         out["tokens"].append(entry.token)
         out["token_logprobs"].append(entry.logprob)
-        top = {t.token: t.logprob for t in entry.top_logprobs}
-        top.setdefault(entry.token, entry.logprob)
+        top: dict | None = {t.token: t.logprob for t in entry.top_logprobs}
+        if entry.logprob is None:  # an echoed first prompt token has none (vLLM: null, null)
+            top = top or None
+        else:
+            top.setdefault(entry.token, entry.logprob)
         out["top_logprobs"].append(top)
         out["text_offset"].append(offset)
         offset += len(entry.token)
