@@ -66,6 +66,12 @@ def problem(body: Any, chat: bool, b: Behaviour) -> tuple[int, str, str | None] 
     limit = max_tokens(body)
     if limit is not None and limit < 1:
         return 400, f"max_tokens must be at least 1, got {limit}.", "max_tokens"
+    if limit is not None and limit > MAX_MODEL_LEN:
+        return (400, f"max_tokens={limit} cannot be greater than max_model_len={MAX_MODEL_LEN}. Please request "
+                     f"fewer output tokens. (parameter=max_tokens, value={limit})", "max_tokens")
+    n = body.get("n") or 1
+    if n > 1 and body.get("temperature") == 0:
+        return 400, f"n must be 1 when using greedy sampling, got {n}.", None
     return None
 
 
@@ -111,7 +117,7 @@ def completions(b: Behaviour, chat: bool):
         if found:
             return error_reply(b, *found)
         gen = run(body, chat)
-        style = Style(chat, body.get("model") or b.models[0])
+        style = Style(chat, body.get("model") or b.models[0], body=body)
         return stream_reply(b, style, gen, body) if body.get("stream") else whole_reply(b, style, gen)
 
     return endpoint

@@ -46,11 +46,10 @@ OPENAI_CASES = {
     "chat-min-p": (CHAT, {"messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "seed": 3, "min_p": 0.9,
                           "repetition_penalty": 1.3}),
     "chat-seed": (CHAT, {"messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "seed": 11}),
-    "chat-n2-greedy": (CHAT, {"messages": QUESTION, **GREEDY, "n": 2}),  # vLLM refuses it (400)
     "chat-n2": (CHAT, {"messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "top_k": 1, "n": 2}),
     "chat-named-tool": (CHAT, {"messages": QUESTION, "max_tokens": 60, "temperature": 0, "tools": [TOOL],
                                "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
-    "chat-max-tokens-too-large": (CHAT, {"messages": QUESTION, "max_tokens": 4000}),
+    "chat-max-tokens-too-large": (CHAT, {"messages": QUESTION, "max_tokens": 5000}),
     "completion": (COMPLETIONS, {"prompt": PROMPT, **GREEDY}),
     "completion-logprobs": (COMPLETIONS, {"prompt": PROMPT, **GREEDY, "logprobs": 2}),
     "completion-echo": (COMPLETIONS, {"prompt": PROMPT, **GREEDY, "echo": True, "logprobs": 1}),
