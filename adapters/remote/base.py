@@ -22,6 +22,7 @@ into the :class:`~adapters.core.base.Backend` protocol:
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -41,6 +42,7 @@ from .metrics_scrape import scrape
 from adapters.prompting.token_count import ByteBound, TokenCounter, load_counter, prompt_bound
 from .wire import parse_json
 
+LOAD_MAX_AGE_S = 0.5  # how old a backend's load figures may be when a route decides or a gauge is read
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -186,6 +188,10 @@ class RemoteBackend:
         self.bound = self.counter if settings.tokenizer else ByteBound()  # a prompt's tokens at most
         self._slots = asyncio.Semaphore(settings.max_inflight) if settings.max_inflight else None
         self.num_waiting = 0  # requests queued in the gateway for a max_inflight slot
+        # The last load figures read from the backend (load_metrics) and when (time.monotonic()).
+        self.load: dict[str, float] = {}
+        self.load_at = -math.inf
+        self._reading: asyncio.Future | None = None
         # Tracing on: adds the current span's ``traceparent`` to a header dict (``gateway/tracing.py``).
         self.inject: Callable[[dict[str, str]], None] | None = None
 
@@ -276,8 +282,23 @@ class RemoteBackend:
     async def health(self) -> Health:
         health = await self.probe(self.health_path)
         if health.ok:
-            health.metrics = await self.load_metrics()
+            health.metrics = await self._read_load()
         return health
+
+    async def fresh_load(self, max_age: float = LOAD_MAX_AGE_S) -> dict[str, float]:
+        """The backend's load figures (running, waiting, KV use) no older than ``max_age`` seconds: the
+        last ones read, or read now, one read at a time however many requests ask (a route deciding,
+        a scrape of the gateway's ``/metrics``)."""
+        if time.monotonic() - self.load_at <= max_age:
+            return self.load
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._read_load())
+        return await asyncio.shield(self._reading)
+
+    async def _read_load(self) -> dict[str, float]:
+        load = await self.load_metrics()
+        self.load, self.load_at = load, time.monotonic()
+        return load
 
     async def probe(self, path: str) -> Health:
         """``GET path``: healthy on a 200, with the round trip's latency."""
