@@ -150,8 +150,8 @@ class BackendMonitor:
         local = _load(backend)
         reported = state.reported
         up = state.up
-        if up and getattr(backend, "load", None):  # read since the last check (a route deciding, a scrape)
-            reported = backend.load  # type: ignore[attr-defined]
+        if up and getattr(backend, "reported_load", None):  # read since the last check (a route, a scrape)
+            reported = backend.reported_load  # type: ignore[attr-defined]
         if up is None and self.router.local is not None and name in self.router.local.started():
             up = True  # an in-process engine started since the last check: it runs in this process
         if up and _breaker_open(self.router, name):

@@ -155,7 +155,7 @@ class Route:
 
     def _report(self, member: Member) -> None:
         """The member's load figures to its latency model, once per read."""
-        load, read_at = getattr(member.backend, "load", None), getattr(member.backend, "load_at", None)
+        load, read_at = getattr(member.backend, "reported_load", None), getattr(member.backend, "reported_at", None)
         if read_at is None or read_at <= self._reported_at.get(member.name, -math.inf):
             return
         self._reported_at[member.name] = read_at
@@ -292,7 +292,7 @@ class Route:
             if member.name != name:
                 continue
             member.up = health is not None and health.ok
-            if health is not None and hasattr(member.backend, "load_at"):
+            if health is not None and hasattr(member.backend, "reported_at"):
                 self._report(member)  # the check read the figures (RemoteBackend.health)
             elif health is not None:
                 member.latency.reported(health.metrics.get("requests_running"), health.metrics.get("requests_waiting"))

@@ -189,8 +189,8 @@ class RemoteBackend:
         self._slots = asyncio.Semaphore(settings.max_inflight) if settings.max_inflight else None
         self.num_waiting = 0  # requests queued in the gateway for a max_inflight slot
         # The last load figures read from the backend (load_metrics) and when (time.monotonic()).
-        self.load: dict[str, float] = {}
-        self.load_at = -math.inf
+        self.reported_load: dict[str, float] = {}
+        self.reported_at = -math.inf
         self._reading: asyncio.Future | None = None
         # Tracing on: adds the current span's ``traceparent`` to a header dict (``gateway/tracing.py``).
         self.inject: Callable[[dict[str, str]], None] | None = None
@@ -289,15 +289,15 @@ class RemoteBackend:
         """The backend's load figures (running, waiting, KV use) no older than ``max_age`` seconds: the
         last ones read, or read now, one read at a time however many requests ask (a route deciding,
         a scrape of the gateway's ``/metrics``)."""
-        if time.monotonic() - self.load_at <= max_age:
-            return self.load
+        if time.monotonic() - self.reported_at <= max_age:
+            return self.reported_load
         if self._reading is None or self._reading.done():
             self._reading = asyncio.ensure_future(self._read_load())
         return await asyncio.shield(self._reading)
 
     async def _read_load(self) -> dict[str, float]:
         load = await self.load_metrics()
-        self.load, self.load_at = load, time.monotonic()
+        self.reported_load, self.reported_at = load, time.monotonic()
         return load
 
     async def probe(self, path: str) -> Health:
