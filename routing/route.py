@@ -292,12 +292,14 @@ class Route:
             if member.name != name:
                 continue
             member.up = health is not None and health.ok
-            if health is not None and hasattr(member.backend, "reported_at"):
-                self._report(member)  # the check read the figures (RemoteBackend.health)
-            elif health is not None:
+            if health is None:
+                continue
+            if hasattr(member.backend, "reported_at"):
+                self._report(member)  # the check read the figures (RemoteBackend.health): told once
+            else:
                 member.latency.reported(health.metrics.get("requests_running"), health.metrics.get("requests_waiting"))
-                if self.prefixes is not None and health.metrics.get("kv_cache_tokens"):
-                    self.prefixes.set_capacity(name, health.metrics["kv_cache_tokens"], "reported")
+            if self.prefixes is not None and health.metrics.get("kv_cache_tokens"):
+                self.prefixes.set_capacity(name, health.metrics["kv_cache_tokens"], "reported")
 
     def snapshot(self) -> dict:
         """The live view of ``GET /infer/routes``: the route's window, and per backend its window,
