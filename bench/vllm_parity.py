@@ -44,7 +44,7 @@ def run_infer(args, url: str, model: str, tokenizer: Path, out: Path, seed: int)
                "--input-tokens", str(args.input_tokens), "--output-tokens", str(args.output_tokens),
                "--tokenizer", str(tokenizer), "--extra-body", json.dumps({"ignore_eos": True}),
                "--out", str(out), "--seed", str(seed)]
-    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True)
+    _run(command, ROOT)
     point = json.loads((out / "summary.json").read_text())["load_points"][0]
     return {k: point[k] for k in METRICS + THROUGHPUT}
 
@@ -57,9 +57,15 @@ def run_vllm(args, url: str, model: str, tokenizer_dir: Path, out: Path, seed: i
                "--max-concurrency", str(args.concurrency), "--ignore-eos", "--num-warmups", "1",
                "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
                "--metric-percentiles", "99", "--save-result", "--result-dir", str(out), "--result-filename", "r.json"]
-    subprocess.run(command, cwd=out, check=True, capture_output=True, text=True)
+    _run(command, out)
     result = json.loads((out / "r.json").read_text())
     return {k: result[k] for k in METRICS + THROUGHPUT}
+
+
+def _run(command: list[str], cwd: Path) -> None:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(command[:4])} ... failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
 
 
 def report(rounds: list[dict]) -> list[tuple[str, float, float, float]]:
@@ -81,9 +87,9 @@ def verdict(key: str, ratio: float) -> str:
 def server(args, work: Path):
     """(url, model, tokenizer file, tokenizer dir, the started server or None)."""
     if args.url:
-        tokenizer_dir = Path(args.tokenizer_dir)
+        tokenizer_dir = Path(args.tokenizer_dir).resolve()
         return args.url, args.model, tokenizer_dir / "tokenizer.json", tokenizer_dir, None
-    model_dir = Path(args.model_dir) if args.model_dir else work / "tiny-qwen2-vllm"
+    model_dir = Path(args.model_dir).resolve() if args.model_dir else work / "tiny-qwen2-vllm"
     if not args.model_dir and not (model_dir / "config.json").exists():
         from registry.modelbuilder import PRESETS, build_hf
 

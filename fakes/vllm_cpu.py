@@ -41,10 +41,12 @@ def free_port() -> int:
 
 
 class VLLMServer:
-    """A started vLLM: ``url``, ``model`` (the served name), ``kv_endpoint``, ``log()``, ``stop()``."""
+    """A started vLLM: ``url``, ``model`` (the served name), ``model_dir``, ``kv_endpoint``, ``log()``, ``stop()``."""
 
-    def __init__(self, process: subprocess.Popen, url: str, model: str, kv_endpoint: str, log_path: Path):
-        self.process, self.url, self.model, self.kv_endpoint, self.log_path = process, url, model, kv_endpoint, log_path
+    def __init__(self, process: subprocess.Popen, url: str, model: str, model_dir: Path, kv_endpoint: str,
+                 log_path: Path):
+        self.process, self.url, self.model, self.model_dir = process, url, model, model_dir
+        self.kv_endpoint, self.log_path = kv_endpoint, log_path
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -83,7 +85,7 @@ def start_vllm(model_dir: Path, workdir: Path, name: str = "tiny", timeout: floa
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command(model_dir, name, port, kv_endpoint), stdout=log,
                                    stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True)
-    server = VLLMServer(process, f"http://127.0.0.1:{port}", name, kv_endpoint, log_path)
+    server = VLLMServer(process, f"http://127.0.0.1:{port}", name, model_dir, kv_endpoint, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         try:
