@@ -53,7 +53,7 @@ ANTHROPIC_PREFIX = "/v1/messages"
 
 
 def error_body(path: str, status: int, message: str, *, param: str | None = None,
-               code: str | None = None, kind: str | None = None) -> dict:
+               code: str | int | None = None, kind: str | None = None) -> dict:
     if not path.startswith("/v1"):
         return {"error": message}
     if path.startswith(ANTHROPIC_PREFIX):  # Anthropic's Messages API: its own shape
