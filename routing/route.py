@@ -145,7 +145,8 @@ class Route:
     async def _read_loads(self, members: list[Member]) -> None:
         """The members' own queue figures no older than ``LOAD_MAX_AGE_S`` (read now when older, at most
         ``LOAD_READ_WAIT_S``: a slow ``/metrics`` keeps the last figures rather than delay the request)."""
-        reads = [(m, asyncio.ensure_future(m.backend.fresh_load())) for m in members if hasattr(m.backend, "fresh_load")]
+        reads = [(m, asyncio.ensure_future(m.backend.fresh_load()))
+                 for m in members if hasattr(m.backend, "fresh_load")]
         if not reads:
             return
         await asyncio.wait([read for _, read in reads], timeout=LOAD_READ_WAIT_S)

@@ -484,4 +484,5 @@ def _loop_time(perf_deadline: float) -> float:
     return asyncio.get_running_loop().time() + (perf_deadline - time.perf_counter())
 
 
-__all__ = ["RemoteBackend", "RemoteSettings", "Timeouts", "Turn", "error_fields", "error_message", "make_client", "message_of"]
+__all__ = ["RemoteBackend", "RemoteSettings", "Timeouts", "Turn", "error_fields", "error_message", "make_client",
+           "message_of"]

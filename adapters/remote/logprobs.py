@@ -35,8 +35,8 @@ def _legacy_entries(tokens: list, logprobs: list, tops: list) -> list[TokenLogpr
     out = []
     for i, token in enumerate(tokens):
         top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
-        out.append(TokenLogprob(token=str(token), logprob=logprobs[i] if i < len(logprobs) else None,  # type: ignore[arg-type]
-                                bytes=list(str(token).encode()),
+        logprob = logprobs[i] if i < len(logprobs) else None
+        out.append(TokenLogprob(token=str(token), logprob=logprob, bytes=list(str(token).encode()),  # type: ignore[arg-type]
                                 top_logprobs=[TokenLogprob(str(t), lp, list(str(t).encode())) for t, lp in top.items()]))
     return out
 

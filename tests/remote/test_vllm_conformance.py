@@ -244,8 +244,9 @@ def test_anthropic_messages_equal_vllm_chat(front, stream):
                "completion_tokens": delta["usage"]["output_tokens"]}
     else:
         message = reply.json()
+        usage = message["usage"]
         got = {"text": "".join(b.get("text", "") for b in message["content"]), "done_reason": message["stop_reason"],
-               "prompt_tokens": message["usage"]["input_tokens"], "completion_tokens": message["usage"]["output_tokens"]}
+               "prompt_tokens": usage["input_tokens"], "completion_tokens": usage["output_tokens"]}
     want["done_reason"] = {"length": "max_tokens", "stop": "end_turn"}[want["done_reason"]]
     check(front, got, want, "/v1/messages")
 
