@@ -36,8 +36,8 @@ def _legacy_entries(tokens: list, logprobs: list, tops: list) -> list[TokenLogpr
     for i, token in enumerate(tokens):
         top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
         logprob = logprobs[i] if i < len(logprobs) else None
-        out.append(TokenLogprob(token=str(token), logprob=logprob, bytes=list(str(token).encode()),  # type: ignore[arg-type]
-                                top_logprobs=[TokenLogprob(str(t), lp, list(str(t).encode())) for t, lp in top.items()]))
+        alternatives = [TokenLogprob(str(t), lp, list(str(t).encode())) for t, lp in top.items()]
+        out.append(TokenLogprob(str(token), logprob, list(str(token).encode()), alternatives))  # type: ignore[arg-type]
     return out
 
 
