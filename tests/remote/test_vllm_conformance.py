@@ -64,34 +64,35 @@ CHECKS: Counter = Counter()
 
 @pytest.fixture(scope="module", params=["fake", pytest.param("real", marks=pytest.mark.slow)])
 def target(request):
-    """(kind, direct URL, served model name) of the vLLM under test."""
+    """(kind, direct URL, served model name, the fake's Behaviour or None) of the vLLM under test."""
     if request.param == "real":
         server = request.getfixturevalue("vllm_cpu")
-        yield "real", server.url, server.model
+        yield "real", server.url, server.model, None
         return
     with start_server("vllm") as fake:
-        yield "fake", fake.url, fake.behaviour.models[0]
+        yield "fake", fake.url, fake.behaviour.models[0], fake.behaviour
 
 
 @pytest.fixture(scope="module")
 def front(target, tmp_path_factory):
     """``infer serve`` in front of the target: its URL and the ledger's database URL."""
-    kind, url, model = target
+    kind, url, model, behaviour = target
     tmp = tmp_path_factory.mktemp(f"front-{kind}")
     remote = create_remote(RemoteSettings(name=PUBLIC, type="vllm", base_url=url, model=model))
     settings = ServerSettings.from_env(server_env(tmp / "home", tmp / "models", 0))
     server = RunningServer("gateway", create_app(settings, backend=Router(None, {PUBLIC: remote})),
                            Behaviour(), lifespan="on").start()
     try:
-        yield Front(kind, server.url, url, model, settings.database_url)
+        yield Front(kind, server.url, url, model, settings.database_url, behaviour)
     finally:
         server.stop()
         _write_counts(kind)
 
 
 class Front:
-    def __init__(self, kind: str, url: str, direct: str, model: str, db_url: str):
+    def __init__(self, kind: str, url: str, direct: str, model: str, db_url: str, behaviour: Behaviour | None):
         self.kind, self.url, self.direct, self.model, self.db_url = kind, url, direct, model, db_url
+        self.behaviour = behaviour
 
     def both(self, path: str, body: dict, *, direct_path: str | None = None, direct_body: dict | None = None):
         """(gateway reply, direct reply) to ``body``, the direct one with the served model name."""
@@ -272,3 +273,16 @@ def test_embeddings_on_a_chat_model_answer_what_the_backend_said(front):
     row = ledger_row(front, route="/v1/embeddings", status="error")
     assert row is not None and row["backend"] == PUBLIC and "does not serve embeddings" in row["error"]
     CHECKS[front.kind] += 4
+
+
+
+def test_fields_the_gateway_does_not_know_reach_vllm_as_sent(front):
+    """The fake answers alike with or without ``top_k``; what it received shows they were passed on."""
+    if front.behaviour is None:
+        pytest.skip("the fake records the bodies it received")
+    fields = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "user": "u1", "min_tokens": 2}
+    front.behaviour.requests.clear()
+    reply = httpx.post(front.url + CHAT, json={"model": PUBLIC, "messages": QUESTION, **GREEDY, **fields}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    [seen] = [r for r in front.behaviour.requests if r.get("path") == CHAT]
+    assert {k: seen.get(k) for k in fields} == fields
