@@ -4,8 +4,10 @@ cached tokens the route expects are the ones vLLM reports for the request and co
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -43,4 +45,9 @@ def test_expected_cached_tokens_equal_what_vllm_counts(server, vllm_cpu):
     counted = cached_total(vllm_cpu.url) - before
     assert view["backends"][0]["prefix_mode"] == "precise" and view["backends"][0]["kv_events"] > 0
     assert rows[0].cached_input_tokens == 0 and rows[1].cached_input_tokens >= 256
-    assert rows[1].expected_cached_tokens == rows[1].cached_input_tokens == counted
+    figures = {"expected": rows[1].expected_cached_tokens, "reported": rows[1].cached_input_tokens,
+               "vllm_prompt_tokens_cached_total": counted, "input_tokens": rows[1].input_tokens}
+    out = Path(__file__).resolve().parents[2] / ".bench" / "conformance"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "prefix.json").write_text(json.dumps(figures) + "\n")
+    assert rows[1].expected_cached_tokens == rows[1].cached_input_tokens == counted, figures
