@@ -7,7 +7,12 @@ for one reply (then one non-streamed call, whose usage the server always reports
 from whichever chunk carries it, also one with non-empty ``choices``. Request options use Ollama's
 names inside the gateway; ``SAMPLING`` maps the standard ones and each subclass adds the extensions
 its server accepts (``EXTENSIONS``): an OpenAI endpoint gets only OpenAI fields, TensorRT-LLM rejects
-unknown ones. Error events inside a 200 stream (``data: {"error": {...}}``) become the mapped error.
+unknown ones. The client's fields the gateway does not know (``request.extra``: vLLM's ``top_k``,
+``echo``, ``prompt_logprobs``, ...) go on as sent where ``passes_fields``; the reply's ``logprobs`` (both
+shapes, ``adapters/remote/logprobs.py``), ``stop_reason`` and other choice fields come back.
+An Ollama /api/generate prompt without ``raw`` (``request.templated``) goes to the chat route, so the
+server's chat template applies. Error events inside a 200 stream (``data: {"error": {...}}``) and error
+replies become the mapped error with the server's ``param`` and ``code``.
 
 Tools: ``tools``, ``tool_choice`` and the history's tool calls/results go out in OpenAI's form
 (``adapters/tools/wire.py``); the reply's ``tool_calls`` come back as whole calls — a stream's deltas
