@@ -15,7 +15,7 @@ import pytest
 from tests.remote.test_kv_events_live import ledger
 
 pytestmark = pytest.mark.slow
-SYSTEM = {"role": "system", "content": " ".join(f"rule {i} says {i * 7}." for i in range(80))}  # ~500 tokens
+SYSTEM = {"role": "system", "content": " ".join(f"rule {i} says {i * 7}." for i in range(80))}  # ~1,100 tokens
 
 
 def cached_total(url: str) -> float:
