@@ -87,7 +87,9 @@ def make_client(settings: RemoteSettings, transport: AiohttpTransport | None = N
 
 
 def pool_transport(settings: RemoteSettings) -> AiohttpTransport:
-    size = settings.max_inflight or 0  # 0: no cap of its own; max_inflight (a queue, then 429) is the one limit
+    # 0: no cap of its own; max_inflight (a queue, then 429) is the one limit on generations, and one
+    # connection more keeps the health check and the load reads from waiting behind them.
+    size = settings.max_inflight + 1 if settings.max_inflight else 0
     return AiohttpTransport(limits=httpx.Limits(max_connections=size, max_keepalive_connections=size or None))
 
 
@@ -296,8 +298,12 @@ class RemoteBackend:
         return await asyncio.shield(self._reading)
 
     async def _read_load(self) -> dict[str, float]:
+        """One read; kept unless a read started later has been kept already (a health check's read and a
+        route's may overlap). Its age counts from when it was sent."""
+        started = time.monotonic()
         load = await self.load_metrics()
-        self.reported_load, self.reported_at = load, time.monotonic()
+        if started >= self.reported_at:
+            self.reported_load, self.reported_at = load, started
         return load
 
     async def probe(self, path: str) -> Health:

@@ -199,20 +199,20 @@ def test_gauges_follow_a_backend_load_change_within_half_a_second(gateway, vllm)
 def test_requests_sent_that_the_backend_does_not_count_yet_are_waiting_there(gateway, vllm):
     """vLLM's API server holds requests its scheduler has not seen yet: a backend reporting nothing running
     while the gateway has a request there shows it waiting."""
-    vllm.behaviour.running, vllm.behaviour.waiting, vllm.behaviour.token_delay = 0, 0, 0.3
+    vllm.behaviour.running, vllm.behaviour.waiting, vllm.behaviour.token_delay = 0, 0, 1.0
     result: list[httpx.Response] = []
     thread = threading.Thread(target=lambda: result.append(chat(gateway.url, "vl", stream=True)))
     try:
         time.sleep(0.55)
         thread.start()
-        deadline, seen = time.monotonic() + 3, None
+        deadline, seen = time.monotonic() + 10, None
         while time.monotonic() < deadline:
             view = {b["name"]: b for b in httpx.get(gateway.url + "/infer/backends").json()["backends"]}["vl"]
             seen = (view["in_flight"], view["requests_running"], view["requests_waiting"])
             if seen[0] == 1:
                 break
             time.sleep(0.02)
-        assert seen == (1, 0.0, 1.0)
+        assert seen == (1, 0.0, 1.0), (seen, [r.status_code for r in result])
         thread.join(30)
     finally:
         vllm.behaviour.running, vllm.behaviour.waiting, vllm.behaviour.token_delay = 3, 2, 0.0
