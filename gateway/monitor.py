@@ -7,8 +7,12 @@ members' answers (``Route.health_checked``), so a backend is asked once per peri
 The gateway's own view is added at read time: requests in flight per backend (counted by
 the recorder) and each backend's ``current_load()`` when it has one (in-process engines: the scheduler's
 running/waiting and the KV cache's used share; remote adapters: requests waiting for a
-``max_inflight`` slot). Nothing here runs per request except ``started``/``finished``, two dict
-operations.
+``max_inflight`` slot). A remote's figures are read again when older than ``LOAD_MAX_AGE_S`` before
+``/metrics`` or ``/infer/backends`` answers (``read_loads``), and a route reads them when it decides,
+so the gauges are never one poll period late. Requests the gateway has sent to a backend that it does
+not count yet (vLLM's API server holds them before its scheduler sees them) count as waiting there:
+``waiting = max(reported waiting, in flight − reported running)``. Nothing here runs per request except
+``started``/``finished``, two dict operations.
 
 Backends are named as the config names them: a remote by its ``name``, an in-process engine by its
 engine (``llamacpp``, ``native``), a route's local member by its model, a test's single backend
@@ -134,19 +138,32 @@ class BackendMonitor:
         named = self.targets()
         return [self._view(name, backend) for name, backend in named.items()]
 
+    async def read_loads(self) -> None:
+        """Every backend's load figures no older than ``LOAD_MAX_AGE_S`` (a remote's ``fresh_load``), read
+        before ``/metrics`` and ``/infer/backends`` answer, within ``HEALTH_TIMEOUT_S``."""
+        reads = [b.fresh_load() for b in self.targets().values() if hasattr(b, "fresh_load")]
+        if reads:
+            await asyncio.wait([asyncio.ensure_future(r) for r in reads], timeout=HEALTH_TIMEOUT_S)
+
     def _view(self, name: str, backend: Backend) -> dict[str, Any]:
         state = self.states.get(name) or BackendState(name, backend.name)
         local = _load(backend)
         reported = state.reported
         up = state.up
+        if up and getattr(backend, "reported_load", None):  # read since the last check (a route, a scrape)
+            reported = backend.reported_load  # type: ignore[attr-defined]
         if up is None and self.router.local is not None and name in self.router.local.started():
             up = True  # an in-process engine started since the last check: it runs in this process
         if up and _breaker_open(self.router, name):
             up = False
+        in_flight = self.in_flight.get(name, 0) + _through_routes(self.router, name)
         waiting = local.get("requests_waiting", 0.0) + reported.get("requests_waiting", 0.0)
         running = reported.get("requests_running", local.get("requests_running"))
+        if "requests_running" in reported:  # the gateway's requests the backend does not count yet wait there
+            sent = in_flight - local.get("requests_waiting", 0.0)  # past the gateway's own max_inflight queue
+            waiting = local.get("requests_waiting", 0.0) + max(reported.get("requests_waiting", 0.0),
+                                                               sent - reported["requests_running"])
         kv = local.get("kv_cache_usage", reported.get("kv_cache_usage"))
-        in_flight = self.in_flight.get(name, 0) + _through_routes(self.router, name)
         return {"name": name, "type": state.type, "up": up, "detail": state.detail,
                 "health_latency_ms": state.latency_ms, "checked_at": state.checked_at, "in_flight": in_flight,
                 "requests_running": running, "requests_waiting": waiting, "kv_cache_usage": kv, "reported": reported}

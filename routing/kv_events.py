@@ -25,18 +25,26 @@ leading blocks present are the tokens the backend will find cached, until it evi
 
 A gap in the sequence numbers means events were lost (ZMQ's high-water mark, a backend restart):
 the index is cleared and rebuilt from what follows, so it errs toward no match.
+
+**The endpoint.** vLLM's publisher *binds* a wildcard (``tcp://*:5557``) or ``ipc://`` endpoint and
+*connects* to any other: a vLLM started with ``tcp://127.0.0.1:5557`` publishes nowhere, and the
+gateway subscribed to that address hears nothing. A subscription that hears nothing for
+``SILENCE_S`` seconds while its backend serves requests logs one warning naming the endpoint (again
+after the next silence, once events have come), since precise routing then matches nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 log = logging.getLogger(__name__)
+SILENCE_S = 30.0  # no event for this long while requests are served: logged once
 
 _ROOT = hash("kv-events")
 _FIELDS = {  # the array form's field order (vLLM 0.9-0.10: msgspec array_like structs)
@@ -145,9 +153,25 @@ class KVEventSource:
     tokenizer: str
     topic: str = ""
     index: BlockIndex = field(default_factory=BlockIndex)
+    silent_since: float | None = None  # the first request served since the last message (time.monotonic())
+    warned: bool = False
+
+    def served(self, now: float | None = None) -> None:
+        """Its backend served a request: a publisher silent for ``SILENCE_S`` since the first one is logged."""
+        now = time.monotonic() if now is None else now
+        if self.silent_since is None:
+            self.silent_since = now
+        elif not self.warned and now - self.silent_since >= SILENCE_S:
+            self.warned = True
+            log.warning("%s: no KV events on %s for %.0f s while it served requests; precise prefix routing "
+                        "matches nothing. vLLM's publisher binds only tcp://*:PORT or ipc:// endpoints (with "
+                        "tcp://127.0.0.1:PORT it connects, and publishes nowhere): start vLLM with tcp://*:PORT "
+                        "and subscribe to tcp://HOST:PORT, or give both the same ipc:// path (a prompt shorter "
+                        "than one KV block stores no block)", self.backend, self.endpoint, now - self.silent_since)
 
     def receive(self, frames: list[bytes]) -> None:
         """One ZMQ message: (topic, sequence, payload); a malformed one is logged and skipped."""
+        self.silent_since, self.warned = None, False
         try:
             seq, payload = int.from_bytes(frames[-2], "big", signed=True), frames[-1]
             events = decode_batch(payload)

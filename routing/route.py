@@ -54,7 +54,8 @@ from .strategies import Member, Orderer
 
 log = logging.getLogger(__name__)
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
-HEALTH_POLL_S = 2.0  # how fresh a route needs its members' health and queue figures
+HEALTH_POLL_S = 2.0  # how fresh a route needs its members' health
+LOAD_READ_WAIT_S = 0.25  # the longest a decision waits for a member's queue figures (fresh_load)
 _keys = itertools.count()
 
 
@@ -84,6 +85,7 @@ class Route:
         self.resolve_route = resolve_route
         self.counter = counter or load_counter(None)
         self.on_outcome: list[Callable[[str, Outcome], None]] = []  # metrics hooks
+        self._reported_at: dict[str, float] = {}  # per member: when its last load figures told were read
         self.recent_prompts: deque[int] = deque(maxlen=200)  # prompt tokens of the latest requests
         self.prefixes = (RoutePrefixes(name, [m.name for m in members], policy.prefix)
                          if policy.strategy in ("slo", "prefix") else None)
@@ -102,6 +104,7 @@ class Route:
         self.recent_prompts.append(prompt_tokens)
         max_tokens = int(request.options.get("num_predict") or 256)
         members = [m for m in self.members if m.breaker.allows()]
+        await self._read_loads(members)
         lookup = self.prefixes.lookup(request, prompt_tokens) if self.prefixes is not None else None
         if lookup is not None and self.kv_sources:
             await self._precise(request, lookup, prompt_tokens)
@@ -138,6 +141,27 @@ class Route:
                 retries -= 1
         async for event in self._fall_back(request, _visited | {self.name}, last_error, attempts):
             yield event
+
+    async def _read_loads(self, members: list[Member]) -> None:
+        """The members' own queue figures no older than ``LOAD_MAX_AGE_S`` (read now when older, at most
+        ``LOAD_READ_WAIT_S``: a slow ``/metrics`` keeps the last figures rather than delay the request)."""
+        reads = [(m, asyncio.ensure_future(m.backend.fresh_load()))
+                 for m in members if hasattr(m.backend, "fresh_load")]
+        if not reads:
+            return
+        await asyncio.wait([read for _, read in reads], timeout=LOAD_READ_WAIT_S)
+        for member, read in reads:
+            if read.done() and not read.exception():
+                self._report(member)
+
+    def _report(self, member: Member) -> None:
+        """The member's load figures to its latency model, once per read."""
+        load, read_at = getattr(member.backend, "reported_load", None), getattr(member.backend, "reported_at", None)
+        if read_at is None or read_at <= self._reported_at.get(member.name, -math.inf):
+            return
+        self._reported_at[member.name] = read_at
+        if load:
+            member.latency.reported(load.get("requests_running"), load.get("requests_waiting"))
 
     async def _precise(self, request: GenerationRequest, lookup: Lookup, prompt_tokens: int) -> None:
         """The members that publish their KV cache: what they hold of this prompt, in its tokens (rendered
@@ -269,10 +293,14 @@ class Route:
             if member.name != name:
                 continue
             member.up = health is not None and health.ok
-            if health is not None:
+            if health is None:
+                continue
+            if hasattr(member.backend, "reported_at"):
+                self._report(member)  # the check read the figures (RemoteBackend.health): told once
+            else:
                 member.latency.reported(health.metrics.get("requests_running"), health.metrics.get("requests_waiting"))
-                if self.prefixes is not None and health.metrics.get("kv_cache_tokens"):
-                    self.prefixes.set_capacity(name, health.metrics["kv_cache_tokens"], "reported")
+            if self.prefixes is not None and health.metrics.get("kv_cache_tokens"):
+                self.prefixes.set_capacity(name, health.metrics["kv_cache_tokens"], "reported")
 
     def snapshot(self) -> dict:
         """The live view of ``GET /infer/routes``: the route's window, and per backend its window,
@@ -398,6 +426,9 @@ class _Attempt:
         e2e = timings.total or (time.perf_counter() - self.request.arrival)
         tpot = vllm_tpot(timings.ttft, e2e, done.usage.output_tokens)
         member.latency.finished(key, tpot, done.usage.output_tokens)
+        source = self.route.kv_sources.get(member.name)
+        if source is not None:
+            source.served()  # a publisher silent while requests are served is logged once
         if self.lookup is not None:
             done.expected_cached_tokens = self.lookup.cached_of(member.name, done.usage.input_tokens)
             self.route.prefixes.served(member.name, self.lookup, done.usage.input_tokens,

@@ -133,6 +133,17 @@ class GenerationRequest:
     strict_max_tokens: bool = False
     keep_alive: float | None = None  # seconds; None = server default, < 0 = forever
     stream: bool = True  # whether the client reads a stream (a remote adapter may ask for one reply)
+    # What the client's API needs beyond text and final usage, for a remote adapter to ask its server:
+    # ``timed``: per-token timings (Ollama's eval_duration), so it streams even for one reply;
+    # ``early_usage``: the prompt's size with the first chunk (Anthropic's message_start).
+    timed: bool = False
+    early_usage: bool = False
+    # An Ollama /api/generate prompt without ``raw``: the model's chat template wraps it (with ``system``
+    # as the system message). In-process engines render it; a remote chat server gets it as a chat.
+    templated: bool = False
+    # Fields of the client's body the gateway does not act on (vLLM's top_k, min_p, repetition_penalty,
+    # echo, prompt_logprobs, ...): passed as given to a backend that takes them (``passes_fields``).
+    extra: dict[str, Any] = field(default_factory=dict)
     source: str = "gateway"  # who asked: "gateway", "cli", "bench"
     client: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
@@ -187,6 +198,7 @@ class Chunk:
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     thinking: str = ""
+    input_tokens: int | None = None  # the prompt's size, when the backend says it early (request.early_usage)
 
 
 UsageSource = Literal["engine", "backend", "estimated"]
@@ -249,6 +261,9 @@ class Done:
     attempts: int = 1
     slo_missed: tuple[str, ...] | None = None
     expected_cached_tokens: int | None = None  # the prompt tokens the route's prefix index expected cached there
+    # Fields of the backend's choice the gateway does not build itself (vLLM's prompt_logprobs with a
+    # request's ``extra``), for the OpenAI routes to return as they came.
+    choice_fields: dict[str, Any] = field(default_factory=dict)
 
 
 StreamEvent = Chunk | Done

@@ -35,10 +35,13 @@ class BackendError(Exception):
     status = 500
     openai_type = "api_error"
 
-    def __init__(self, message: str, *, param: str | None = None, partial: "Done | None" = None):
+    def __init__(self, message: str, *, param: str | None = None, partial: "Done | None" = None,
+                 code: str | int | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.code = code  # a remote backend's own error code, passed on as it came (vLLM: the status)
+        self.backend_status: int | None = None  # the HTTP status a remote backend answered, when it did
         self.partial = partial  # what was generated before a mid-stream failure
 
 
@@ -63,8 +66,8 @@ class ModelNotFound(BackendError):
     status = 404
     openai_type = "not_found_error"
 
-    def __init__(self, model: str):
-        super().__init__(f"model '{model}' not found", param="model")
+    def __init__(self, model: str, message: str | None = None):
+        super().__init__(message or f"model '{model}' not found", param="model")
         self.model = model
 
 

@@ -22,6 +22,7 @@ into the :class:`~adapters.core.base.Backend` protocol:
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -34,13 +35,14 @@ from httpx_aiohttp import AiohttpTransport
 
 from .direct import Direct
 from adapters.core.base import (Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings,
-                                Usage)
+                                TokenLogprob, Usage)
 from adapters.core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
 from .http_errors import error_from_status, map_transport_error
 from .metrics_scrape import scrape
 from adapters.prompting.token_count import ByteBound, TokenCounter, load_counter, prompt_bound
 from .wire import parse_json
 
+LOAD_MAX_AGE_S = 0.5  # how old a backend's load figures may be when a route decides or a gauge is read
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -85,7 +87,9 @@ def make_client(settings: RemoteSettings, transport: AiohttpTransport | None = N
 
 
 def pool_transport(settings: RemoteSettings) -> AiohttpTransport:
-    size = settings.max_inflight or 0  # 0: no cap of its own; max_inflight (a queue, then 429) is the one limit
+    # 0: no cap of its own; max_inflight (a queue, then 429) is the one limit on generations, and one
+    # connection more keeps the health check and the load reads from waiting behind them.
+    size = settings.max_inflight + 1 if settings.max_inflight else 0
     return AiohttpTransport(limits=httpx.Limits(max_connections=size, max_keepalive_connections=size or None))
 
 
@@ -105,6 +109,8 @@ class Turn:
         self.thinking: list[str] = []  # reasoning text received (reasoning_content, Ollama's thinking)
         self.new_thinking = ""  # what the last event read carried, for the adapter's next chunk
         self.stop_sequence: str | None = None  # the stop string that ended the reply, when the backend says
+        self.new_logprobs: list[TokenLogprob] | None = None  # what the last event read carried
+        self.choice_fields: dict[str, Any] = {}  # the backend's choice fields passed on (Done.choice_fields)
 
     def add(self, chunk: Chunk) -> None:
         self.events += 1
@@ -115,6 +121,10 @@ class Turn:
 
     def take_thinking(self) -> str:
         out, self.new_thinking = self.new_thinking, ""
+        return out
+
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        out, self.new_logprobs = self.new_logprobs, None
         return out
 
     @property
@@ -152,7 +162,7 @@ class Turn:
         timings.eval = self.eval if self.eval is not None else (times[-1] - times[0] if len(times) > 1 else 0.0)
         reason = finish_reason or self.finish_reason
         return Done(finish_reason=reason, usage=self.usage(), timings=timings,  # type: ignore[arg-type]
-                    stop_sequence=self.stop_sequence)
+                    stop_sequence=self.stop_sequence, choice_fields=self.choice_fields)
 
 
 class RemoteBackend:
@@ -180,6 +190,10 @@ class RemoteBackend:
         self.bound = self.counter if settings.tokenizer else ByteBound()  # a prompt's tokens at most
         self._slots = asyncio.Semaphore(settings.max_inflight) if settings.max_inflight else None
         self.num_waiting = 0  # requests queued in the gateway for a max_inflight slot
+        # The last load figures read from the backend (load_metrics) and when (time.monotonic()).
+        self.reported_load: dict[str, float] = {}
+        self.reported_at = -math.inf
+        self._reading: asyncio.Future | None = None
         # Tracing on: adds the current span's ``traceparent`` to a header dict (``gateway/tracing.py``).
         self.inject: Callable[[dict[str, str]], None] | None = None
 
@@ -198,7 +212,7 @@ class RemoteBackend:
 
     def error_from_response(self, status: int, body: bytes, headers: httpx.Headers) -> BackendError:
         """The one mapping of this backend's error replies; override for a different body shape."""
-        return error_from_status(self.where, status, error_message(body), headers)
+        return error_from_status(self.where, status, error_message(body), headers, **error_fields(body))
 
     def lists(self, ids: list[str]) -> bool:
         """Whether the backend's model listing ``ids`` includes the configured model."""
@@ -270,8 +284,27 @@ class RemoteBackend:
     async def health(self) -> Health:
         health = await self.probe(self.health_path)
         if health.ok:
-            health.metrics = await self.load_metrics()
+            health.metrics = await self._read_load()
         return health
+
+    async def fresh_load(self, max_age: float = LOAD_MAX_AGE_S) -> dict[str, float]:
+        """The backend's load figures (running, waiting, KV use) no older than ``max_age`` seconds: the
+        last ones read, or read now, one read at a time however many requests ask (a route deciding,
+        a scrape of the gateway's ``/metrics``)."""
+        if time.monotonic() - self.reported_at <= max_age:
+            return self.reported_load
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._read_load())
+        return await asyncio.shield(self._reading)
+
+    async def _read_load(self) -> dict[str, float]:
+        """One read; kept unless a read started later has been kept already (a health check's read and a
+        route's may overlap). Its age counts from when it was sent."""
+        started = time.monotonic()
+        load = await self.load_metrics()
+        if started >= self.reported_at:
+            self.reported_load, self.reported_at = load, started
+        return load
 
     async def probe(self, path: str) -> Health:
         """``GET path``: healthy on a 200, with the round trip's latency."""
@@ -416,6 +449,18 @@ def error_message(body: bytes) -> str:
     return message_of(value) or text[:500]
 
 
+def error_fields(body: bytes) -> dict[str, Any]:
+    """``param`` and ``code`` of an OpenAI-shaped error body (``{"error": {message, type, param, code}}``),
+    each when the backend set it."""
+    try:
+        error = parse_json(body).get("error")
+    except (BackendError, AttributeError):
+        return {}
+    if not isinstance(error, dict):
+        return {}
+    return {k: error[k] for k in ("param", "code") if isinstance(error.get(k), (str, int))}
+
+
 def message_of(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -445,4 +490,5 @@ def _loop_time(perf_deadline: float) -> float:
     return asyncio.get_running_loop().time() + (perf_deadline - time.perf_counter())
 
 
-__all__ = ["RemoteBackend", "RemoteSettings", "Timeouts", "Turn", "error_message", "make_client", "message_of"]
+__all__ = ["RemoteBackend", "RemoteSettings", "Timeouts", "Turn", "error_fields", "error_message", "make_client",
+           "message_of"]

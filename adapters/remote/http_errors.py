@@ -77,12 +77,19 @@ def _from_aiohttp(exc: aiohttp.ClientError, where: str, timeouts: "Timeouts | No
     return BackendProtocolError(f"{where} broke the HTTP protocol ({type(exc).__name__}: {detail})")
 
 
-def error_from_status(where: str, status: int, message: str, headers: httpx.Headers | None = None) -> BackendError:
-    """An error reply (status + the backend's message) as a BackendError."""
-    message = message or f"HTTP {status}"
-    retry_after = _retry_after(headers)
+def error_from_status(where: str, status: int, message: str, headers: httpx.Headers | None = None, *,
+                      param: str | None = None, code: str | int | None = None) -> BackendError:
+    """An error reply (status + the backend's message, and the ``param``/``code`` its body named) as a
+    BackendError; a client error keeps the backend's ``param`` and ``code``."""
+    error = _by_status(where, status, message or f"HTTP {status}", _retry_after(headers), param, code)
+    error.backend_status = status
+    return error
+
+
+def _by_status(where: str, status: int, message: str, retry_after: float | None, param: str | None,
+               code: str | int | None) -> BackendError:
     if status in (400, 413, 422) or (400 <= status < 500 and status not in (401, 403, 404, 408, 429)):
-        return InvalidRequest(message)
+        return InvalidRequest(message, param=param, code=code)
     if status == 429 or (status == 503 and retry_after is not None):
         return BackendOverloaded(f"{where} is overloaded: {message}", retry_after=retry_after or 1.0)
     if status in (401, 403):

@@ -7,7 +7,12 @@ for one reply (then one non-streamed call, whose usage the server always reports
 from whichever chunk carries it, also one with non-empty ``choices``. Request options use Ollama's
 names inside the gateway; ``SAMPLING`` maps the standard ones and each subclass adds the extensions
 its server accepts (``EXTENSIONS``): an OpenAI endpoint gets only OpenAI fields, TensorRT-LLM rejects
-unknown ones. Error events inside a 200 stream (``data: {"error": {...}}``) become the mapped error.
+unknown ones. The client's fields the gateway does not know (``request.extra``: vLLM's ``top_k``,
+``echo``, ``prompt_logprobs``, ...) go on as sent where ``passes_fields``; the reply's ``logprobs`` (both
+shapes, ``adapters/remote/logprobs.py``), ``stop_reason`` and other choice fields come back.
+An Ollama /api/generate prompt without ``raw`` (``request.templated``) goes to the chat route, so the
+server's chat template applies. Error events inside a 200 stream (``data: {"error": {...}}``) and error
+replies become the mapped error with the server's ``param`` and ``code``.
 
 Tools: ``tools``, ``tool_choice`` and the history's tool calls/results go out in OpenAI's form
 (``adapters/tools/wire.py``); the reply's ``tool_calls`` come back as whole calls — a stream's deltas
@@ -25,9 +30,10 @@ from typing import Any, ClassVar
 import orjson
 
 from adapters.core.base import Chunk, EmbedResult, GenerationRequest, ToolCall, Usage
-from adapters.core.errors import BackendProtocolError, InvalidRequest
+from adapters.core.errors import BackendError, BackendProtocolError, InvalidRequest, ModelNotFound
 from .http_errors import error_from_status
-from .base import RemoteBackend, Turn, message_of
+from .base import RemoteBackend, Turn, error_fields, error_message, message_of
+from .logprobs import wire_logprobs
 from .registry import register_remote
 from adapters.tools.wire import from_wire_call, openai_messages
 from .wire import parse_object, sse_batches
@@ -43,24 +49,19 @@ class OpenAICompatBackend(RemoteBackend):
     EXTENSIONS: ClassVar[dict[str, str]] = {}  # server-specific sampling fields
     supports_embeddings = True
     takes_token_ids = True
+    passes_fields = True  # the client's fields the gateway does not know go to the server (request.extra)
+    continuous_usage = False  # stream_options.continuous_usage_stats (vLLM): usage on every chunk
 
     # -- request ----------------------------------------------------------------------------------
 
     def body(self, request: GenerationRequest, stream: bool) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {"model": self.settings.model, "stream": stream}
-        if request.is_chat:
+        chat = request.is_chat or as_chat(request)
+        if chat:
             path = "/v1/chat/completions"
-            body["messages"] = openai_messages(request.messages or [])
-            if request.tools:
-                body["tools"] = request.tools
-            if request.tool_choice is not None:
-                body["tool_choice"] = request.tool_choice
-            if request.tools and not request.parallel_tool_calls:
-                body["parallel_tool_calls"] = False
-            if request.logprobs:
-                body["logprobs"] = True
-                if request.top_logprobs:
-                    body["top_logprobs"] = request.top_logprobs
+            body["messages"] = openai_messages(request.messages) if request.messages is not None else \
+                generate_messages(request)
+            self._chat_fields(request, body)
         else:
             path = "/v1/completions"
             if request.prompt_tokens is not None:  # token ids pass through, as vLLM takes them
@@ -69,14 +70,33 @@ class OpenAICompatBackend(RemoteBackend):
                 body["prompt"] = (request.system + "\n\n" if request.system else "") + (request.prompt or "")
             if request.suffix:
                 body["suffix"] = request.suffix
+            if request.logprobs:
+                body["logprobs"] = request.top_logprobs
         if stream:
             body["stream_options"] = {"include_usage": True}
+            if request.early_usage and self.continuous_usage:
+                body["stream_options"]["continuous_usage_stats"] = True
         body.update(self.sampling(request.options))
         if request.format is not None:
             body["response_format"] = response_format(request.format)
-        if request.think is not None and request.is_chat:
+        if request.think is not None and chat:
             body.update(self.think_fields(request.think))
+        if self.passes_fields:
+            body.update(request.extra)
         return path, body
+
+    @staticmethod
+    def _chat_fields(request: GenerationRequest, body: dict[str, Any]) -> None:
+        if request.tools:
+            body["tools"] = request.tools
+        if request.tool_choice is not None:
+            body["tool_choice"] = request.tool_choice
+        if request.tools and not request.parallel_tool_calls:
+            body["parallel_tool_calls"] = False
+        if request.logprobs:
+            body["logprobs"] = True
+            if request.top_logprobs:
+                body["top_logprobs"] = request.top_logprobs
 
     def think_fields(self, think: bool | str) -> dict[str, Any]:
         """A request's ``think`` as this server's fields: OpenAI's ``reasoning_effort`` for a level."""
@@ -96,16 +116,17 @@ class OpenAICompatBackend(RemoteBackend):
     # -- response ---------------------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest, turn: Turn) -> AsyncIterator[Chunk]:
-        path, body = self.body(request, request.stream)
-        if not request.stream:
+        stream = request.stream or request.timed  # per-token timings need the tokens as they come
+        path, body = self.body(request, stream)
+        if not stream:
             reply = await self.post_json(path, body)
             text = self.read_event(reply, turn, delta=False)
-            thinking = turn.take_thinking()
+            thinking, logprobs = turn.take_thinking(), turn.take_logprobs()
             calls = [from_wire_call(c) for c in _message_calls(reply)]
-            if text or calls or thinking:
-                yield Chunk(text=text, tool_calls=calls, thinking=thinking)
+            if text or calls or thinking or logprobs:
+                yield Chunk(text=text, tool_calls=calls, thinking=thinking, logprobs=logprobs)
             return
-        deltas = CallDeltas()
+        deltas, early = CallDeltas(), request.early_usage
         async with self.post_stream(path, body) as response, aclosing(sse_batches(response)) as batches:
             async for batch in batches:
                 for data in batch:
@@ -115,15 +136,18 @@ class OpenAICompatBackend(RemoteBackend):
                         return
                     event = parse_object(data)
                     text = self.read_event(event, turn, delta=True)
-                    thinking = turn.take_thinking()
-                    if text or thinking:
-                        yield Chunk(text=text, thinking=thinking)
+                    thinking, logprobs = turn.take_thinking(), turn.take_logprobs()
+                    if text or thinking or logprobs:
+                        reported = turn.reported.input_tokens if early and turn.reported else None
+                        early = early and reported is None
+                        yield Chunk(text=text, thinking=thinking, logprobs=logprobs, input_tokens=reported)
                     if deltas.add(event):
                         yield Chunk("", tool_calls=deltas.take())
         raise BackendProtocolError(f"{self.where} ended the stream without data: [DONE]")
 
     def read_event(self, event: dict[str, Any], turn: Turn, *, delta: bool) -> str:
-        """Text of one chunk (or of a whole reply); records usage and the finish reason on ``turn``."""
+        """Text of one chunk (or of a whole reply); records usage, logprobs, the finish reason and the
+        choice's other fields on ``turn``."""
         if "error" in event:
             raise self.stream_error(event["error"])
         if isinstance(event.get("usage"), dict):
@@ -138,10 +162,9 @@ class OpenAICompatBackend(RemoteBackend):
                 text += self._message_text(choice.get("message"), turn)
             else:
                 text += choice.get("text") or ""
-            if choice.get("finish_reason"):
-                turn.finish_reason = "length" if choice["finish_reason"] == "length" else "stop"
-                if isinstance(choice.get("stop_reason"), str):  # vLLM: the stop string that matched
-                    turn.stop_sequence = choice["stop_reason"]
+            if choice.get("logprobs"):
+                turn.new_logprobs = (turn.new_logprobs or []) + wire_logprobs(choice["logprobs"])
+            read_finish(choice, turn)
         return text
 
     @staticmethod
@@ -156,19 +179,35 @@ class OpenAICompatBackend(RemoteBackend):
         return message.get("content") or ""
 
     def stream_error(self, error: Any) -> Exception:
-        """An error event inside a 200 stream (vLLM: ``{"error": {message, type, code}}``)."""
-        status = 500
+        """An error event inside a 200 stream (vLLM: ``{"error": {message, type, param, code}}``)."""
+        status, fields = 500, {}
         if isinstance(error, dict):
             code = error.get("code", error.get("http_status_code"))
             status = code if isinstance(code, int) and 400 <= code < 600 else 500
-        return error_from_status(self.where, status, message_of({"error": error}) or "error event in the stream")
+            fields = {k: error[k] for k in ("param", "code") if isinstance(error.get(k), (str, int))}
+        return error_from_status(self.where, status, message_of({"error": error}) or "error event in the stream",
+                                 **fields)
+
+    def error_from_response(self, status: int, body: bytes, headers: Any) -> BackendError:
+        """A 404 whose body is an OpenAI error object came from the server itself, about the model (vLLM:
+        "The model does not support Embeddings API"): 404 naming the entry's model, not a bad base_url."""
+        if status == 404 and error_fields(body).get("code") in (404, "404", "model_not_found"):
+            return ModelNotFound(self.settings.name, f"model '{self.settings.name}': {self.where} answered 404: "
+                                                     f"{error_message(body)}")
+        return super().error_from_response(status, body, headers)
 
     # -- other routes -----------------------------------------------------------------------------
 
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
         t0 = time.perf_counter()
-        reply = await self.post_json("/v1/embeddings", {"model": self.settings.model, "input": inputs})
+        try:
+            reply = await self.post_json("/v1/embeddings", {"model": self.settings.model, "input": inputs})
+        except BackendError as exc:
+            if exc.backend_status == 404:  # vLLM serves /v1/embeddings only for an embedding model
+                raise ModelNotFound(self.settings.name, f"model '{self.settings.name}' does not serve embeddings: "
+                                                        f"{self.where} answered 404 on /v1/embeddings") from exc
+            raise
         rows = sorted(reply.get("data") or [], key=lambda d: d.get("index", 0))
         vectors = [row.get("embedding") for row in rows]
         if len(vectors) != len(inputs) or not all(isinstance(v, list) for v in vectors):
@@ -222,6 +261,34 @@ def _message_calls(reply: Any) -> list[dict[str, Any]]:
 
 def _json_text(value: Any) -> str:
     return "" if value is None else orjson.dumps(value).decode()
+
+
+CHOICE_FIELDS = frozenset({"index", "text", "message", "delta", "logprobs", "finish_reason", "stop_reason"})
+
+
+def read_finish(choice: dict[str, Any], turn: Turn) -> None:
+    """The finish reason, vLLM's ``stop_reason`` (the stop string that matched) and the choice's fields
+    the gateway does not build (kept for ``Done.choice_fields``, as the server sent them)."""
+    if choice.get("finish_reason"):
+        turn.finish_reason = "length" if choice["finish_reason"] == "length" else "stop"
+        if isinstance(choice.get("stop_reason"), str):
+            turn.stop_sequence = choice["stop_reason"]
+    for key, value in choice.items():
+        if value is not None and key not in CHOICE_FIELDS:
+            turn.choice_fields[key] = value
+
+
+def as_chat(request: GenerationRequest) -> bool:
+    """An Ollama /api/generate prompt the model's chat template should wrap, for a server that applies
+    its own template only on its chat route (a ``template`` override or a ``suffix`` keeps the prompt raw)."""
+    return (request.templated and not request.raw and request.prompt_tokens is None and not request.suffix
+            and request.template is None)
+
+
+def generate_messages(request: GenerationRequest) -> list[dict[str, Any]]:
+    """The /api/generate prompt as a chat: ``system`` as the system message, the prompt as the user's."""
+    head = [{"role": "system", "content": request.system}] if request.system else []
+    return [*head, {"role": "user", "content": request.prompt or ""}]
 
 
 def usage_of(usage: dict[str, Any]) -> Usage:

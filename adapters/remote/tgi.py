@@ -153,6 +153,7 @@ class MessagesAPI(OpenAICompatBackend):
     (another name selects a LoRA adapter), TGI's ranges, ``grammar`` for ``format``, TGI's error mapping."""
 
     type = "tgi"
+    passes_fields = False  # TGI's own fields differ from vLLM's (its ranges and names are mapped here)
 
     def __init__(self, tgi: TGIBackend):
         super().__init__(tgi.settings, client=tgi.client, counter=tgi.counter)

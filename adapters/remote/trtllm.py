@@ -21,6 +21,7 @@ class TrtLLMBackend(OpenAICompatBackend):
     health_path: ClassVar[str] = "/health"
     EXTENSIONS: ClassVar[dict[str, str]] = {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repetition_penalty",
                                             "ignore_eos": "ignore_eos"}
+    passes_fields = False  # trtllm-serve refuses fields it does not know
 
     async def load_metrics(self) -> dict[str, float]:
         try:

@@ -24,6 +24,7 @@ class VLLMBackend(OpenAICompatBackend):
     health_path: ClassVar[str] = "/health"
     EXTENSIONS: ClassVar[dict[str, str]] = {"top_k": "top_k", "min_p": "min_p", "repeat_penalty": "repetition_penalty",
                                             "ignore_eos": "ignore_eos"}
+    continuous_usage = True
 
     def think_fields(self, think: bool | str) -> dict:
         """vLLM hands ``enable_thinking`` to the chat template (Qwen3, DeepSeek-R1 distills)."""

@@ -96,7 +96,7 @@ class MessagesRequest(_Body):
         values = {"num_predict": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                   "top_k": self.top_k, "stop": self.stop_sequences or None}
         request.options = {k: v for k, v in values.items() if v is not None}
-        request.stream = bool(self.stream)
+        request.stream = request.early_usage = bool(self.stream)  # message_start carries the prompt's size
         return request
 
 

@@ -11,8 +11,10 @@ A stream is Anthropic's event sequence::
                input_json_delta), content_block_stop,
     message_delta (stop_reason, stop_sequence, usage: the final counts), message_stop
 
-``input_tokens`` are only known at the end here (the backend reports them with its final record), so
-``message_start`` says 0 and ``message_delta`` carries them, which the SDKs take as the final count.
+``message_start`` waits for the first event (the gateway has it already: errors come before headers)
+and says the prompt's ``input_tokens`` when that event knows them (a Done, or a first chunk from a
+backend that reports usage early, as vLLM does with ``continuous_usage_stats``), else 0;
+``message_delta`` carries the final counts, which the SDKs take as the final count.
 ``stop_reason``: ``tool_use`` after calls, ``max_tokens`` when cut, ``stop_sequence`` when one of the
 request's ``stop_sequences`` ended it (the backend says which), else ``end_turn``.
 """
@@ -117,11 +119,12 @@ class _Blocks:
 
 async def stream_events(msg_id: str, model: str, events: AsyncIterator[StreamEvent],
                         stop_sequences: Sequence[str] | None) -> AsyncIterator[Event]:
-    start = {**envelope(msg_id, model), "stop_reason": None, "stop_sequence": None, "usage": usage(None)}
+    first = await anext(events, None)
+    start = {**envelope(msg_id, model), "stop_reason": None, "stop_sequence": None, "usage": start_usage(first)}
     yield "message_start", {"type": "message_start", "message": start}
     yield "ping", {"type": "ping"}
     blocks, called = _Blocks(), False
-    async for event in events:
+    async for event in _chain(first, events):
         if isinstance(event, Done):
             for out in blocks.close():
                 yield out
@@ -133,6 +136,23 @@ async def stream_events(msg_id: str, model: str, events: AsyncIterator[StreamEve
         for out in _chunk_events(blocks, event):
             yield out
         called = called or bool(event.tool_calls)
+
+
+def start_usage(first: StreamEvent | None) -> dict[str, Any]:
+    """``message_start``'s usage: the prompt's size when the first event knows it, no output yet."""
+    if isinstance(first, Done):
+        return {**usage(first), "output_tokens": 0}
+    if first is not None and first.input_tokens is not None:
+        return {"input_tokens": first.input_tokens, "output_tokens": 0}
+    return usage(None)
+
+
+async def _chain(first: StreamEvent | None, events: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
+    if first is None:
+        return
+    yield first
+    async for event in events:
+        yield event
 
 
 def _chunk_events(blocks: _Blocks, chunk: Chunk) -> list[Event]:

@@ -53,7 +53,7 @@ ANTHROPIC_PREFIX = "/v1/messages"
 
 
 def error_body(path: str, status: int, message: str, *, param: str | None = None,
-               code: str | None = None, kind: str | None = None) -> dict:
+               code: str | int | None = None, kind: str | None = None) -> dict:
     if not path.startswith("/v1"):
         return {"error": message}
     if path.startswith(ANTHROPIC_PREFIX):  # Anthropic's Messages API: its own shape
@@ -75,7 +75,7 @@ def error_response(request: Request, status: int, message: str, **extra) -> JSON
 def to_status_message(exc: BaseException) -> tuple[int, str, dict]:
     """(status, message, extra fields) for any exception, used by handlers and by mid-stream errors."""
     if isinstance(exc, BackendError):
-        code = "context_length_exceeded" if type(exc).__name__ == "ContextLengthExceeded" else None
+        code = "context_length_exceeded" if type(exc).__name__ == "ContextLengthExceeded" else exc.code
         return exc.status, exc.message, {"param": exc.param, "code": code, "kind": exc.openai_type}
     if isinstance(exc, APIError):
         return exc.status, exc.message, {"param": exc.param, "code": exc.code}

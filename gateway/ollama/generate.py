@@ -47,7 +47,7 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
         model=body.model, engine=body.engine, prompt=body.prompt, system=body.system, template=body.template,
         raw=body.raw, suffix=body.suffix, options=body.sampling_options, format=body.format,
         logprobs=body.logprobs, top_logprobs=body.top_logprobs, truncate=bool(body.truncate),
-        keep_alive=keep_alive, client=client, think=body.think)
+        keep_alive=keep_alive, client=client, think=body.think, templated=True, timed=True)
     hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
@@ -89,7 +89,8 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
     req = GenerationRequest(
         model=body.model, engine=body.engine, messages=body.backend_messages(),
         options=body.sampling_options, format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
-        truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools, think=body.think)
+        truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools, think=body.think,
+        timed=True)
     hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
     gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)

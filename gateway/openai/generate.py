@@ -60,6 +60,7 @@ async def completions(body: CompletionRequest, backends: RouterDep, recorder: Re
     prompt_of = [p for p, _ in pairs]
     requests = [hints.apply(req) for _, req in pairs]
     backend = recorder.resolve(backends, requests[0], route=COMPLETIONS_ROUTE, stream=bool(body.stream))
+    body.check_echo(backend)
     meta = ResponseMeta("text_completion", body.model)
     logprobs = body.logprobs is not None
     if body.stream:

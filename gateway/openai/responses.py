@@ -42,6 +42,14 @@ def finish_reason(done: Done, *, called: bool = False) -> str:
     return "tool_calls" if called else "stop"
 
 
+def backend_fields(done: Done) -> dict:
+    """What a choice adds after ``finish_reason`` when the backend said it: vLLM's ``stop_reason`` (the
+    stop string that ended it) and the choice fields a request's passed-on fields asked for
+    (``prompt_logprobs``), as the backend sent them."""
+    out = {"stop_reason": done.stop_sequence} if done.stop_sequence is not None else {}
+    return {**out, **done.choice_fields} if done.choice_fields else out
+
+
 def usage(dones: Sequence[Done], prompt_of: Sequence[int] | None = None) -> dict:
     """Usage over all choices: each distinct prompt counted once, every completion summed.
 
@@ -81,8 +89,11 @@ def legacy_logprobs(entries: Sequence[TokenLogprob], offset: int = 0) -> dict:
     for entry in entries:
         out["tokens"].append(entry.token)
         out["token_logprobs"].append(entry.logprob)
-        top = {t.token: t.logprob for t in entry.top_logprobs}
-        top.setdefault(entry.token, entry.logprob)
+        top: dict | None = {t.token: t.logprob for t in entry.top_logprobs}
+        if entry.logprob is None:  # an echoed first prompt token has none (vLLM: null, null)
+            top = top or None
+        else:
+            top.setdefault(entry.token, entry.logprob)
         out["top_logprobs"].append(top)
         out["text_offset"].append(offset)
         offset += len(entry.token)
@@ -122,7 +133,7 @@ def chat_completion(meta: ResponseMeta, results: Sequence[Result], *, logprobs: 
         thinking = "".join(c.thinking for c in chunks)
         choices.append({"index": i, "message": assistant_message(text, calls, thinking),
                         "logprobs": chat_logprobs(all_logprobs(chunks)) if logprobs else None,
-                        "finish_reason": finish_reason(done, called=bool(calls))})
+                        "finish_reason": finish_reason(done, called=bool(calls)), **backend_fields(done)})
     body = meta.envelope(choices, stream=False)
     body["usage"] = usage([done for _, _, done in results])
     return body
@@ -132,7 +143,7 @@ def text_completion(meta: ResponseMeta, results: Sequence[Result], prompt_of: Se
                     logprobs: bool) -> dict:
     choices = [{"index": i, "text": text,
                 "logprobs": legacy_logprobs(all_logprobs(chunks)) if logprobs else None,
-                "finish_reason": finish_reason(done)}
+                "finish_reason": finish_reason(done), **backend_fields(done)}
                for i, (text, chunks, done) in enumerate(results)]
     body = meta.envelope(choices, stream=False)
     body["usage"] = usage([done for _, _, done in results], prompt_of)

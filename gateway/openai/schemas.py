@@ -95,7 +95,11 @@ class _Request(_Wire):
 
 
 class _Sampling(_Request):
-    """Fields shared by chat and legacy completions."""
+    """Fields shared by chat and legacy completions. Fields not declared here (vLLM's ``top_k``, ``min_p``,
+    ``repetition_penalty``, ``prompt_logprobs``, a client's ``user``) are kept as given for the backends
+    that take them (``GenerationRequest.extra``)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -127,6 +131,10 @@ class _Sampling(_Request):
             raise APIError(400, "'stop' accepts at most 4 sequences", param="stop")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+
+    def passed_fields(self) -> dict[str, Any]:
+        """The body's fields the gateway does not act on, for a backend that takes them."""
+        return dict(self.model_extra or {})
 
     def options(self, num_predict: int | None, index: int) -> dict[str, Any]:
         """Ollama option overrides for generation ``index`` (seed + index when a seed is given)."""
@@ -165,7 +173,8 @@ class ChatCompletionRequest(_Sampling):
                                   think=think_of_effort(self.reasoning_effort),
                                   engine=self.engine, format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
                                   strict_max_tokens=True, client=client, tools=tools, tool_choice=choice,
-                                  parallel_tool_calls=self.parallel_tool_calls is not False)
+                                  parallel_tool_calls=self.parallel_tool_calls is not False,
+                                  extra=self.passed_fields())
                 for i in range(self.n or 1)]
 
     def _tools(self) -> tuple[list[dict] | None, str | dict | None]:
@@ -191,15 +200,21 @@ class CompletionRequest(_Sampling):
     def generation_requests(self, client: str | None) -> list[tuple[int, GenerationRequest]]:
         """(prompt index, request) per choice: every prompt ``n`` times."""
         self.check()
-        if self.echo:
-            raise APIError(400, "'echo' is not supported", param="echo")
         n = self.n or 1
+        extra = {**self.passed_fields(), **({"echo": True} if self.echo else {})}
         return [(p, GenerationRequest(model=self.model, prompt=text if isinstance(text, str) else "",
                                       prompt_tokens=None if isinstance(text, str) else text, suffix=self.suffix,
                                       options=self.options(self.max_tokens, i), engine=self.engine,
                                       logprobs=self.logprobs is not None,
-                                      top_logprobs=self.logprobs or 0, strict_max_tokens=True, client=client))
+                                      top_logprobs=self.logprobs or 0, strict_max_tokens=True, client=client,
+                                      extra=extra))
                 for p, text in enumerate(self.prompts()) for i in range(n)]
+
+    def check_echo(self, backend: Any) -> None:
+        """``echo`` needs a server that returns the prompt itself (an OpenAI-compatible remote)."""
+        if self.echo and not getattr(backend, "passes_fields", False):
+            raise APIError(400, "'echo' is not supported by this model's backend (an OpenAI-compatible remote "
+                                "such as vLLM supports it)", param="echo")
 
 
 class EmbeddingRequest(_Request):

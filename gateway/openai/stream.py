@@ -23,7 +23,8 @@ from adapters.core.base import Backend, Done, GenerationRequest, StreamEvent, To
 
 from adapters.tools.wire import openai_call
 
-from gateway.openai.responses import ResponseMeta, Result, chat_logprobs, finish_reason, legacy_logprobs, usage
+from gateway.openai.responses import (ResponseMeta, Result, backend_fields, chat_logprobs, finish_reason,
+                                     legacy_logprobs, usage)
 from gateway.serving.recorder import Generation, Recorder
 
 Events = AsyncIterator[tuple[int, StreamEvent]]
@@ -123,9 +124,10 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
     # every chunk's keys, in order, built once per stream
     head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}
 
-    def chunk(index: int, delta: dict, reason: str | None = None, entries: list[TokenLogprob] | None = None) -> dict:
+    def chunk(index: int, delta: dict, reason: str | None = None, entries: list[TokenLogprob] | None = None,
+              done: Done | None = None) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(entries) if entries else None,
-                  "finish_reason": reason}
+                  "finish_reason": reason, **(backend_fields(done) if done is not None else {})}
         return {**head, "choices": [choice]}
 
     async for index, event in events:
@@ -134,7 +136,7 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
             if index not in started:  # nothing was generated: the role still has to be announced
                 started.add(index)
                 yield chunk(index, {"role": "assistant"})
-            yield chunk(index, {}, finish_reason(event, called=called[index] > 0), _take(pending, index))
+            yield chunk(index, {}, finish_reason(event, called=called[index] > 0), _take(pending, index), event)
             continue
         if logprobs and event.logprobs:
             pending[index].extend(event.logprobs)
@@ -179,19 +181,20 @@ async def completion_chunks(meta: ResponseMeta, events: Events, prompt_of: Seque
     # every chunk's keys, in order, built once per stream
     head = {**meta.envelope([], stream=True), **({"usage": None} if include_usage else {})}
 
-    def chunk(index: int, text: str, reason: str | None = None) -> dict:
+    def chunk(index: int, text: str, reason: str | None = None, done: Done | None = None) -> dict:
         entries = _take(pending, index)
         lp = None
         if entries:
             lp = legacy_logprobs(entries, offsets[index])
             offsets[index] += sum(len(e.token) for e in entries)
-        choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+        choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason,
+                  **(backend_fields(done) if done is not None else {})}
         return {**head, "choices": [choice]}
 
     async for index, event in events:
         if isinstance(event, Done):
             dones[index] = event
-            yield chunk(index, "", finish_reason(event))
+            yield chunk(index, "", finish_reason(event), event)
             continue
         if logprobs and event.logprobs:
             pending[index].extend(event.logprobs)

@@ -31,7 +31,8 @@ class ErrorDetail(BaseModel):
     message: str
     type: str = Field(description="invalid_request_error, not_found_error, rate_limit_error, api_error, …")
     param: str | None = Field(description="the request field at fault, when there is one")
-    code: str | None = Field(description="e.g. model_not_found, context_length_exceeded")
+    code: str | int | None = Field(description="e.g. context_length_exceeded; a remote backend's own code as it "
+                                               "sent it (vLLM: the status, 400)")
 
 
 class OpenAIError(BaseModel):

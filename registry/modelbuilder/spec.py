@@ -80,6 +80,10 @@ PRESETS: dict[str, ModelSpec] = {
         tie_embeddings=False,
         qkv_bias=False,
     ),
+    # vLLM's CPU attention takes head sizes of 32 and up: the tiny model with 64-wide heads and a
+    # 4096-token context (tests/remote/vllm_server.py serves it with --max-model-len 2048).
+    "tiny-qwen2-vllm": ModelSpec(name="tiny-qwen2-vllm", hidden_size=128, intermediate_size=256, num_heads=2,
+                                 num_kv_heads=1, context_length=4096),
     # Real Qwen2-0.5B shapes (benchmarks only: ~0.5 B parameters).
     "qwen2-0.5b": ModelSpec(
         name="qwen2-0.5b",

@@ -180,6 +180,46 @@ def test_queue_depth_and_queue_time_for_a_remote_past_max_inflight(gateway, vllm
     assert value(found, "infer_num_requests_waiting", backend="vl") == 2.0
 
 
+def test_gauges_follow_a_backend_load_change_within_half_a_second(gateway, vllm):
+    """The backend's figures are read again when older than 0.5 s before /metrics answers: a change shows
+    at once, not at the next health poll (every 5 s)."""
+    assert httpx.get(gateway.url + "/ready").status_code == 200
+    samples(gateway.url)
+    vllm.behaviour.running, vllm.behaviour.waiting = 7, 4
+    try:
+        time.sleep(0.55)
+        found = samples(gateway.url)
+        assert (value(found, "infer_num_requests_running", backend="vl"),
+                value(found, "infer_num_requests_waiting", backend="vl")) == (7.0, 4.0)
+    finally:
+        vllm.behaviour.running, vllm.behaviour.waiting = 3, 2
+        time.sleep(0.55)
+
+
+def test_requests_sent_that_the_backend_does_not_count_yet_are_waiting_there(gateway, vllm):
+    """vLLM's API server holds requests its scheduler has not seen yet: a backend reporting nothing running
+    while the gateway has a request there shows it waiting."""
+    vllm.behaviour.running, vllm.behaviour.waiting, vllm.behaviour.token_delay = 0, 0, 1.0
+    result: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: result.append(chat(gateway.url, "vl", stream=True)))
+    try:
+        time.sleep(0.55)
+        thread.start()
+        deadline, seen = time.monotonic() + 10, None
+        while time.monotonic() < deadline:
+            view = {b["name"]: b for b in httpx.get(gateway.url + "/infer/backends").json()["backends"]}["vl"]
+            seen = (view["in_flight"], view["requests_running"], view["requests_waiting"])
+            if seen[0] == 1:
+                break
+            time.sleep(0.02)
+        assert seen == (1, 0.0, 1.0), (seen, [r.status_code for r in result])
+        thread.join(30)
+    finally:
+        vllm.behaviour.running, vllm.behaviour.waiting, vllm.behaviour.token_delay = 3, 2, 0.0
+        time.sleep(0.55)
+    assert result[0].status_code == 200
+
+
 def test_queue_time_a_backend_reports(gateway, tgi):
     """TGI's ``x-queue-time`` header (its scheduler's wait, ms) is the queue time of a one-reply request."""
     tgi.behaviour.first_byte_delay = 0.3  # the fake reports its delay as time queued

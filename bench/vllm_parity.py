@@ -1,0 +1,144 @@
+"""Bench truth: ``infer bench`` and vLLM's own benchmark (``vllm.benchmarks.serve``) on the same vLLM
+server and the same workload, interleaved over several rounds.
+
+    flock /tmp/infer-heavy.lock .venv/bin/python bench/vllm_parity.py --rounds 5
+
+The server: a running vLLM (``--url``, ``--model``, ``--tokenizer-dir``), else one started here
+(``fakes/vllm_cpu.py``, ``make vllm-cpu``) serving ``--model-dir`` (default: the tiny random
+``tiny-qwen2-vllm`` model, built under .bench/vllm-parity/). The workload, on both sides:
+``/v1/completions`` streamed, ``--num-requests`` requests of ``--input-tokens`` random prompt tokens
+and exactly ``--output-tokens`` output tokens (``ignore_eos``), ``--concurrency`` at a time, one warm-up
+request first. vLLM's side is its ``random`` dataset called through ``add_cli_args`` + ``main`` with the
+vLLM venv's python (the ``vllm bench`` console script does not run from the ``vllm_cpu`` distribution);
+``infer bench`` runs with ``--profile concurrent:N``. Each round runs both, the order alternating.
+
+Reported: per metric (TTFT, TPOT, ITL, E2EL: mean, median, p99; request and output throughput) the
+median over rounds on each side and the ratio infer/vLLM; the goal is every mean and median within
+3 %, every p99 within 10 %. ``--json PATH`` writes every round's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fakes import vllm_cpu  # noqa: E402
+
+METRICS = [f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99")]
+THROUGHPUT = ["request_throughput", "output_throughput"]
+VLLM_BENCH = ("import argparse, sys; from vllm.benchmarks.serve import add_cli_args, main; "
+              "p = argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
+def run_infer(args, url: str, model: str, tokenizer: Path, out: Path, seed: int) -> dict:
+    command = [sys.executable, "-m", "cli", "bench", "--url", url, "--model", model, "--api", "openai-completions",
+               "--profile", f"concurrent:{args.concurrency}", "--num-requests", str(args.num_requests),
+               "--input-tokens", str(args.input_tokens), "--output-tokens", str(args.output_tokens),
+               "--tokenizer", str(tokenizer), "--extra-body", json.dumps({"ignore_eos": True}),
+               "--out", str(out), "--seed", str(seed)]
+    _run(command, ROOT)
+    point = json.loads((out / "summary.json").read_text())["load_points"][0]
+    return {k: point[k] for k in METRICS + THROUGHPUT}
+
+
+def run_vllm(args, url: str, model: str, tokenizer_dir: Path, out: Path, seed: int) -> dict:
+    command = [str(vllm_cpu.VLLM_PYTHON), "-c", VLLM_BENCH, "--backend", "vllm", "--base-url", url,
+               "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(tokenizer_dir),
+               "--dataset-name", "random", "--random-input-len", str(args.input_tokens),
+               "--random-output-len", str(args.output_tokens), "--num-prompts", str(args.num_requests),
+               "--max-concurrency", str(args.concurrency), "--ignore-eos", "--num-warmups", "1",
+               "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
+               "--metric-percentiles", "99", "--save-result", "--result-dir", str(out), "--result-filename", "r.json"]
+    _run(command, out)
+    result = json.loads((out / "r.json").read_text())
+    return {k: result[k] for k in METRICS + THROUGHPUT}
+
+
+def _run(command: list[str], cwd: Path) -> None:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(command[:4])} ... failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+
+
+def report(rounds: list[dict]) -> list[tuple[str, float, float, float]]:
+    rows = []
+    for key in METRICS + THROUGHPUT:
+        ours = statistics.median(r["infer"][key] for r in rounds)
+        theirs = statistics.median(r["vllm"][key] for r in rounds)
+        rows.append((key, ours, theirs, ours / theirs if theirs else float("nan")))
+    return rows
+
+
+def verdict(key: str, ratio: float) -> str:
+    if key in THROUGHPUT:
+        return ""
+    limit = 0.10 if key.startswith("p99") else 0.03
+    return "ok" if abs(ratio - 1) <= limit else f"off by {abs(ratio - 1) * 100:.1f} % (goal {limit * 100:.0f} %)"
+
+
+def server(args, work: Path):
+    """(url, model, tokenizer file, tokenizer dir, the started server or None)."""
+    if args.url:
+        tokenizer_dir = Path(args.tokenizer_dir).resolve()
+        return args.url, args.model, tokenizer_dir / "tokenizer.json", tokenizer_dir, None
+    model_dir = Path(args.model_dir).resolve() if args.model_dir else work / "tiny-qwen2-vllm"
+    if not args.model_dir and not (model_dir / "config.json").exists():
+        from registry.modelbuilder import PRESETS, build_hf
+
+        build_hf(model_dir, PRESETS["tiny-qwen2-vllm"], dtype="bf16", seed=0)
+    started = vllm_cpu.start_vllm(model_dir, work / "run", name=args.model)
+    return started.url, args.model, model_dir / "tokenizer.json", model_dir, started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--num-requests", type=int, default=40)
+    parser.add_argument("--input-tokens", type=int, default=128)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--url", help="a running vLLM (else one is started here)")
+    parser.add_argument("--model", default="bench", help="the served model name")
+    parser.add_argument("--tokenizer-dir", help="with --url: the model's directory (tokenizer.json)")
+    parser.add_argument("--model-dir", help="a Hugging Face model directory to serve (default: tiny-qwen2-vllm)")
+    parser.add_argument("--json", type=Path, help="write every round's figures here")
+    args = parser.parse_args()
+    work = ROOT / ".bench" / "vllm-parity"
+    work.mkdir(parents=True, exist_ok=True)
+    url, model, tokenizer, tokenizer_dir, started = server(args, work)
+    rounds = []
+    try:
+        for i in range(args.rounds):
+            with tempfile.TemporaryDirectory(dir=work) as tmp:
+                sides = {"infer": lambda: run_infer(args, url, model, tokenizer, Path(tmp) / "infer", i),
+                         "vllm": lambda: run_vllm(args, url, model, tokenizer_dir, Path(tmp), i)}
+                order = ["infer", "vllm"] if i % 2 == 0 else ["vllm", "infer"]
+                rounds.append({side: sides[side]() for side in order})
+            print(f"round {i + 1}/{args.rounds} ({' then '.join(order)}): TTFT median "
+                  f"{rounds[-1]['infer']['median_ttft_ms']:.1f} vs {rounds[-1]['vllm']['median_ttft_ms']:.1f} ms",
+                  flush=True)
+    finally:
+        if started is not None:
+            started.stop()
+    rows = report(rounds)
+    print(f"\n{args.rounds} rounds, {args.num_requests} requests of {args.input_tokens} in / {args.output_tokens} out, "
+          f"concurrency {args.concurrency}, medians over rounds")
+    print(f"{'metric':22} {'infer bench':>12} {'vllm bench':>12} {'ratio':>7}")
+    for key, ours, theirs, ratio in rows:
+        print(f"{key:22} {ours:12.2f} {theirs:12.2f} {ratio:7.3f}  {verdict(key, ratio)}")
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rounds": rounds,
+                                         "medians": {k: {"infer": o, "vllm": t, "ratio": r} for k, o, t, r in rows}},
+                                        indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
