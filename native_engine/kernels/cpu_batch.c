@@ -80,6 +80,58 @@ static void quantize_rows16(const float *x, int64_t T, int64_t K, int16_t *x16, 
     for (int64_t r = 0; r < T * (K / 32); r++) quantize_group16(x, r, x16, sx, xsum);
 }
 
+#ifdef TIER_AVX2
+/* The same on AVX2, the tile taken as two halves of 8 output rows (one ymm register of int32 sums each), so TT
+ * (<= 4) rows of sums and accumulators stay within the 16 ymm registers; each half widens only its own bytes. */
+AI __m256i pair8(const int16_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *xsum, int64_t K, int64_t t0,
+                   const uint8_t *qt, const float *dt, const float *mt, int64_t n16, int64_t N, float *out,
+                   const int TT) {
+    const int64_t G = K / 32;
+    const __m256i mask = _mm256_set1_epi16(0x0F);
+    for (int half = 0; half < 2; half++) {
+        __m256 acc[4];
+        for (int t = 0; t < TT; t++) acc[t] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; g++) {
+            __m256i s[4];
+            for (int t = 0; t < TT; t++) s[t] = _mm256_setzero_si256();
+            const int16_t *xg = x16 + t0 * K + g * 32;
+            if (is_q8) {
+                const uint8_t *b = qt + (n16 * G + g) * 512 + 16 * half;
+                for (int c = 0; c < 16; c++) {
+                    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 32 * c)));
+                    for (int t = 0; t < TT; t++)
+                        s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(w, pair8(xg + t * K + 2 * c)));
+                }
+            } else {
+                const uint8_t *b = qt + (n16 * G + g) * 256 + 16 * half;
+                for (int c = 0; c < 8; c++) {
+                    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 32 * c)));
+                    const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_srli_epi16(v, 4);
+                    for (int t = 0; t < TT; t++)
+                        s[t] = _mm256_add_epi32(s[t], _mm256_add_epi32(_mm256_madd_epi16(lo, pair8(xg + t * K + 4 * c)),
+                                                                       _mm256_madd_epi16(hi, pair8(xg + t * K + 4 * c + 2))));
+                }
+            }
+            const __m256 dv = _mm256_loadu_ps(dt + (n16 * G + g) * TILE + 8 * half);
+            for (int t = 0; t < TT; t++)
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(dv, _mm256_set1_ps(sx[(t0 + t) * G + g])),
+                                         acc[t]);
+            if (!is_q8) {
+                const __m256 mv = _mm256_loadu_ps(mt + (n16 * G + g) * TILE + 8 * half);
+                for (int t = 0; t < TT; t++) acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[(t0 + t) * G + g]), acc[t]);
+            }
+        }
+        for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + (t0 + t) * N + n16 * TILE + 8 * half, acc[t]);
+    }
+}
+#define TILED_ROWS_MAX 4
+#else
 /* 16 output rows (tile n16) times TT activation rows t0..; out[t, 16 * n16 ..] written. */
 AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *xsum, int64_t K, int64_t t0,
                    const uint8_t *qt, const float *dt, const float *mt, int64_t n16, int64_t N, float *out,
@@ -120,10 +172,17 @@ AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *
     for (int t = 0; t < TT; t++) f16_store(out + (t0 + t) * N + n16 * TILE, acc[t]);
 }
 
+#define TILED_ROWS_MAX 8
+#endif
+
 AI void tiled_tile(int is_q8, const int16_t *x16, const float *sx, const float *xsum, int64_t T, int64_t K,
                    const uint8_t *qt, const float *dt, const float *mt, int64_t n16, int64_t N, float *out) {
     int64_t t = 0;
+#if TILED_ROWS_MAX == 8
     for (; t + 8 <= T; t += 8) tiled_rows(is_q8, x16, sx, xsum, K, t, qt, dt, mt, n16, N, out, 8);
+#else
+    for (; t + 4 <= T; t += 4) tiled_rows(is_q8, x16, sx, xsum, K, t, qt, dt, mt, n16, N, out, 4);
+#endif
     if (t + 4 <= T) {
         tiled_rows(is_q8, x16, sx, xsum, K, t, qt, dt, mt, n16, N, out, 4);
         t += 4;
