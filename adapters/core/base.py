@@ -149,6 +149,11 @@ class GenerationRequest:
     # answer is the most tokens it may generate (None: no bound), which it enforces, or an error
     # (429/503) it raises as the request's. The gateway admits a request itself, with an upper bound
     # of its prompt, before starting a backend without ``admits``.
+    # Prefill/decode disaggregation (``routing/disagg.py``): the one id both legs carry (vLLM's
+    # ``X-Request-Id``), and the fields the orchestrator adds to an OpenAI-compatible body (vLLM's
+    # ``kv_transfer_params``, SGLang's ``bootstrap_host``/``bootstrap_port``/``bootstrap_room``).
+    request_id: str | None = None
+    disagg_fields: dict[str, Any] | None = None
     caller: Any = field(default=None, repr=False, compare=False)
     key_name: str | None = None
     admit: Callable[[int, int | None, str | None], Awaitable[int | None]] | None = field(
@@ -249,6 +254,13 @@ class Done:
     attempts: int = 1
     slo_missed: tuple[str, ...] | None = None
     expected_cached_tokens: int | None = None  # the prompt tokens the route's prefix index expected cached there
+    # Disaggregated (``routing/disagg.py``): the worker that prefilled the prompt (``served_by`` decoded
+    # it) and the prefill leg's seconds.
+    prefill_by: str | None = None
+    prefill_s: float | None = None
+    # A prefill leg's answer (the native engine's ``kv_transfer_params``: where its KV blocks are), which
+    # the OpenAI API returns as vLLM does.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 StreamEvent = Chunk | Done

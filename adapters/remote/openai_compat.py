@@ -76,6 +76,8 @@ class OpenAICompatBackend(RemoteBackend):
             body["response_format"] = response_format(request.format)
         if request.think is not None and request.is_chat:
             body.update(self.think_fields(request.think))
+        if request.disagg_fields:
+            body.update(request.disagg_fields)
         return path, body
 
     def think_fields(self, think: bool | str) -> dict[str, Any]:
@@ -98,7 +100,7 @@ class OpenAICompatBackend(RemoteBackend):
     async def generate(self, request: GenerationRequest, turn: Turn) -> AsyncIterator[Chunk]:
         path, body = self.body(request, request.stream)
         if not request.stream:
-            reply = await self.post_json(path, body)
+            reply = await self.post_json(path, body, request.request_id)
             text = self.read_event(reply, turn, delta=False)
             thinking = turn.take_thinking()
             calls = [from_wire_call(c) for c in _message_calls(reply)]
@@ -106,7 +108,8 @@ class OpenAICompatBackend(RemoteBackend):
                 yield Chunk(text=text, tool_calls=calls, thinking=thinking)
             return
         deltas = CallDeltas()
-        async with self.post_stream(path, body) as response, aclosing(sse_batches(response)) as batches:
+        async with self.post_stream(path, body, request_id=request.request_id) as response, \
+                aclosing(sse_batches(response)) as batches:
             async for batch in batches:
                 for data in batch:
                     if data.strip() == "[DONE]":
