@@ -111,6 +111,8 @@ class _Sampling(_Request):
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    # vLLM's P/D field (routing/disagg.py): a prefill or decode leg for the native engine (kv_transfer.py)
+    kv_transfer_params: dict[str, Any] | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -127,6 +129,10 @@ class _Sampling(_Request):
             raise APIError(400, "'stop' accepts at most 4 sequences", param="stop")
         if self.stream_options is not None and not self.stream:
             raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+
+    @property
+    def disagg_fields(self) -> dict[str, Any] | None:
+        return {"kv_transfer_params": self.kv_transfer_params} if self.kv_transfer_params else None
 
     def options(self, num_predict: int | None, index: int) -> dict[str, Any]:
         """Ollama option overrides for generation ``index`` (seed + index when a seed is given)."""
@@ -165,7 +171,8 @@ class ChatCompletionRequest(_Sampling):
                                   think=think_of_effort(self.reasoning_effort),
                                   engine=self.engine, format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
                                   strict_max_tokens=True, client=client, tools=tools, tool_choice=choice,
-                                  parallel_tool_calls=self.parallel_tool_calls is not False)
+                                  parallel_tool_calls=self.parallel_tool_calls is not False,
+                                  disagg_fields=self.disagg_fields)
                 for i in range(self.n or 1)]
 
     def _tools(self) -> tuple[list[dict] | None, str | dict | None]:
@@ -198,7 +205,8 @@ class CompletionRequest(_Sampling):
                                       prompt_tokens=None if isinstance(text, str) else text, suffix=self.suffix,
                                       options=self.options(self.max_tokens, i), engine=self.engine,
                                       logprobs=self.logprobs is not None,
-                                      top_logprobs=self.logprobs or 0, strict_max_tokens=True, client=client))
+                                      top_logprobs=self.logprobs or 0, strict_max_tokens=True, client=client,
+                                      disagg_fields=self.disagg_fields))
                 for p, text in enumerate(self.prompts()) for i in range(n)]
 
 

@@ -303,6 +303,7 @@ def sampling_params(options: Options, request: GenerationRequest, room: int):
         max_tokens=max(1, min(wanted, room)), stop=list(options.stop), ignore_eos=options.ignore_eos,
         logprobs=request.top_logprobs if request.logprobs else None,
         structured_outputs=structured_outputs(request.format), speculative=speculative_switch(options.speculative),
+        kv_transfer_params=(request.disagg_fields or {}).get("kv_transfer_params"),
     )
 
 
@@ -347,7 +348,8 @@ def _done(out, prompt: list[int], output: list[int], timings: Timings, request: 
     timings.total = time.perf_counter() - request.arrival
     usage = Usage(input_tokens=len(prompt), output_tokens=len(output), cached_input_tokens=cached)
     return Done(finish_reason=reason or "stop", usage=usage, timings=timings, prompt_tokens=prompt,
-                output_tokens=output, truncated_messages=dropped)
+                output_tokens=output, truncated_messages=dropped,
+                kv_transfer_params=out.kv_transfer_params if out is not None else None)
 
 
 __all__ = ["NativeBackend"]
