@@ -22,8 +22,8 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # a few blocks of
 
 @pytest.fixture(scope="module")
 def workers(tiny_store, tmp_path_factory):
-    started = [start_server(tmp_path_factory.mktemp(f"native-{role}"), tiny_store.root, INFER_ENGINE="native")
-               for role in ("prefill", "decode")]
+    started = [start_server(tmp_path_factory.mktemp(f"native-{role}"), tiny_store.root, INFER_ENGINE="native",
+                            INFER_KV_ROLE=role) for role in ("prefill", "decode")]
     try:
         yield started
     finally:
@@ -50,6 +50,14 @@ def test_a_native_prefill_leg_answers_with_kv_transfer_params_and_a_decode_leg_u
     assert answer["choices"][0]["text"] == expected["choices"][0]["text"]
     assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == params["remote_num_tokens"]
     assert colocated
+
+
+def test_a_worker_refuses_the_leg_its_role_does_not_take(workers):
+    prefill, decode = workers
+    for server, params in ((prefill, {"do_remote_prefill": True}), (decode, {"do_remote_decode": True})):
+        reply = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1,
+                                                                  "kv_transfer_params": params}, timeout=60)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "kv_transfer_params"
 
 
 def test_a_route_over_native_workers_answers_as_one_worker_does(workers):
