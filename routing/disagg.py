@@ -93,11 +93,17 @@ class Disaggregation:
         if prefill and decode:
             d = max(decode, key=lambda m: (cached.get(m.name, 0), -m.in_flight))
             if self._worth_it(d, prompt_tokens, cached.get(d.name, 0), slo):
-                p = min(prefill, key=lambda m: (m.latency.predict(prompt_tokens, cached.get(m.name, 0)).ttft_s,
-                                                m.in_flight))
-                pair = (p, d)
+                pair = (self._prefill_worker(prefill, prompt_tokens, cached), d)
         self.counts["disaggregated" if pair else "colocated"] += 1
         return pair
+
+    @staticmethod
+    def _prefill_worker(prefill: list[Member], prompt_tokens: int, cached: dict[str, int]) -> Member:
+        """The prefill worker predicted to answer first (one alone needs no prediction: a refit costs)."""
+        if len(prefill) == 1:
+            return prefill[0]
+        return min(prefill, key=lambda m: (m.latency.predict(prompt_tokens, cached.get(m.name, 0)).ttft_s,
+                                           m.in_flight))
 
     def _worth_it(self, decode: Member, prompt_tokens: int, cached: int, slo: SLO) -> bool:
         when = self.policy.when
@@ -136,7 +142,8 @@ class Disaggregation:
 
     async def _vllm(self, request: GenerationRequest, leg: "_PrefillLeg", decode: Member,
                     decode_leg: DecodeLeg) -> AsyncIterator[StreamEvent]:
-        reply = await leg.run(request, _vllm_prefill(leg.member, request))
+        warm = lambda: decode.latency.predict(leg.prompt_tokens, leg.prompt_tokens)  # noqa: E731
+        reply = await leg.run(request, _vllm_prefill(leg.member, request), warm)
         if reply is None:  # the client left during the prefill
             yield leg.cancelled_done(request)
             return
@@ -189,20 +196,26 @@ class _PrefillLeg:
         self.prompt_tokens, self.cached = prompt_tokens, cached
         self.took: float | None = None
 
-    async def run(self, request: GenerationRequest, call: Awaitable[Any]) -> Any:
-        """The leg's answer; None when the client left; PrefillFailed on an error or the timeout."""
+    async def run(self, request: GenerationRequest, call: Awaitable[Any], warm: Callable[[], Any] | None = None) -> Any:
+        """The leg's answer; None when the client left; PrefillFailed on an error or the timeout. The
+        bookkeeping runs once the leg is on the wire (a predictor's refit costs a few tenths of a ms), and so
+        does ``warm`` (the decode worker's refit, before its leg needs it)."""
         latency, key = self.member.latency, id(self)
-        features, _ = latency.started(key, self.prompt_tokens, 1, self.cached)
-        self.member.breaker.attempt()
+        t0 = time.perf_counter()
         task = asyncio.ensure_future(call)
         request.cancel.on_cancel(task.cancel)
-        t0 = time.perf_counter()
         try:
+            await asyncio.sleep(0)  # the request goes out
+            features, _ = latency.started(key, self.prompt_tokens, 1, self.cached)
+            self.member.breaker.attempt()
+            if warm is not None:
+                warm()
             async with asyncio.timeout(self.timeout_s):
                 answer = await task
         except asyncio.CancelledError:
             latency.finished(key)
             if not request.cancel.cancelled:
+                task.cancel()
                 raise
             return None
         except (TimeoutError, BackendError) as exc:
