@@ -21,16 +21,17 @@ would push the decode worker's predicted TPOT past the route's TPOT SLO
   ``stream: false``, no ``stream_options`` / ``min_tokens`` / ``min_completion_tokens``, and
   ``kv_transfer_params: {do_remote_decode: true, do_remote_prefill: false, remote_*: null}``; the
   decode leg is the client's body plus the ``kv_transfer_params`` the prefill answered; both carry
-  the same ``X-Request-Id``;
+  the same ``X-Request-Id``; a prefill answer without ``kv_transfer_params`` (a connector that moves
+  the KV by other means, such as the shared-storage ``ExampleConnector``) sends the decode leg the
+  client's body as it is;
 - ``sglang`` (``sglang_router/mini_lb.py``): both legs get the client's body plus ``bootstrap_host``
   (the prefill server's host), ``bootstrap_port`` and a random 63-bit ``bootstrap_room``, at once;
   the client gets decode's answer.
 
 **One request**: both legs share one request id and one cancel token (the client leaving, a leg
 failing or a timeout stops both); the prefill leg has ``prefill_timeout_ms``, the decode leg its
-backend's timeouts. A prefill leg that fails (an error, a timeout, a reply without
-``kv_transfer_params``) before decode sent anything raises :class:`PrefillFailed`, and the route
-serves the request co-located. Usage is counted once, from the decode leg (which reports the
+backend's timeouts. A prefill leg that fails (an error, a timeout) before decode sent anything
+raises :class:`PrefillFailed`, and the route serves the request co-located. Usage is counted once, from the decode leg (which reports the
 prompt too); its cached prompt tokens are those the prefill worker reported, since the prompt was
 computed there. The final Done names both workers (``served_by``, ``prefill_by``) and the prefill
 leg's time (``prefill_s``); the ledger prices the prompt at the prefill worker's rates and the
@@ -148,11 +149,9 @@ class Disaggregation:
             yield leg.cancelled_done(request)
             return
         params = reply.get("kv_transfer_params") if isinstance(reply, dict) else None
-        if not isinstance(params, dict):
-            leg.failed(f"{leg.member.name} answered the prefill leg without kv_transfer_params (is it started "
-                       "with a --kv-transfer-config?)")
         leg.member.breaker.succeeded()
-        async for event in decode_leg(decode, replace(request, disagg_fields={"kv_transfer_params": params})):
+        fields = {"kv_transfer_params": params} if isinstance(params, dict) else None  # the toy proxy's rule
+        async for event in decode_leg(decode, replace(request, disagg_fields=fields)):
             if isinstance(event, Done):
                 _annotate(event, leg, _reported_cached(reply))
             yield event

@@ -119,6 +119,17 @@ def test_a_failed_prefill_leg_is_served_colocated_by_the_decode_worker(servers):
     assert route.members[0].name == "d"  # no plain backends: the decode pool serves co-located
 
 
+def test_a_prefill_answer_without_kv_transfer_params_sends_decode_the_body_as_it_is(servers):
+    plain = start_server("vllm", Behaviour())  # a server without a KV connector (or one that moves KV otherwise)
+    d = servers("vllm", "both")
+    try:
+        text, done = run(route_over({"p": plain, "d": d}, **VLLM_POOLS), request())
+    finally:
+        plain.stop()
+    assert "kv_transfer_params" not in generations(d)[0] and d.pd.prefilled == [40]
+    assert text == FakeEngine.expected_text(LONG, 5) and (done.served_by, done.prefill_by) == ("d", "p")
+
+
 def test_a_prefill_leg_past_its_timeout_is_cancelled_and_served_colocated(servers):
     p, d = servers("vllm", "prefill"), servers("vllm", "both")
     p.behaviour.first_byte_delay = 2.0
