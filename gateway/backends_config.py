@@ -433,7 +433,8 @@ def _check_routes(config: GatewayConfig) -> None:
 
 def _check_pools(config: GatewayConfig, i: int, route: RouteEntry) -> None:
     """A route serves something (backends, or both pools); the pools come in pairs, speak one protocol,
-    and a pool's remote backend speaks the OpenAI API (the legs are OpenAI bodies plus the P/D fields)."""
+    and a pool's members are remote backends speaking the OpenAI API (the legs are OpenAI bodies plus
+    the P/D fields)."""
     if (route.prefill is None) != (route.decode is None):
         missing = "decode" if route.decode is None else "prefill"
         raise ConfigError(config.where(("routes", i)) + f"a prefill pool needs a decode pool and back: add {missing}:")
@@ -448,9 +449,11 @@ def _check_pools(config: GatewayConfig, i: int, route: RouteEntry) -> None:
     types = {entry.name: entry.type for entry in config.backends}
     for pool in ("prefill", "decode"):
         for j, name in enumerate(getattr(route, pool).backends):
-            if name in types and types[name] not in OPENAI_TYPES:
-                raise ConfigError(config.where(("routes", i, pool, "backends", j)) + f"'{name}' is a {types[name]} "
-                                  f"backend; a P/D pool takes OpenAI-compatible servers ({', '.join(sorted(OPENAI_TYPES))})")
+            kind = f"a {types[name]} backend" if name in types else "not a backend of this file"
+            if types.get(name) not in OPENAI_TYPES:
+                raise ConfigError(config.where(("routes", i, pool, "backends", j)) + f"'{name}' is {kind}; a P/D "
+                                  f"pool takes OpenAI-compatible servers ({', '.join(sorted(OPENAI_TYPES))}) of "
+                                  "backends: (a native worker is an infer serve --role prefill|decode)")
 
 
 def _reason(err: dict[str, Any]) -> str:

@@ -163,6 +163,10 @@ ERRORS = {
         ENTRY + "  - name: t\n    type: tgi\n    base_url: http://h:2\n    model: m\nroutes:\n  - name: r\n"
                 "    prefill: {protocol: vllm, backends: [t]}\n    decode: {protocol: vllm, backends: [a]}\n",
         "backends.yaml:12: routes[0].prefill.backends[0]: 't' is a tgi backend; a P/D pool takes OpenAI-compatible"),
+    "a pool member that is a model of the store": (
+        ENTRY + "routes:\n  - name: r\n    prefill: {protocol: vllm, backends: [tiny]}\n"
+                "    decode: {protocol: vllm, backends: [a]}\n",
+        "backends.yaml:8: routes[0].prefill.backends[0]: 'tiny' is not a backend of this file; a P/D pool takes"),
     "unknown disagg policy": (
         ENTRY + "routes:\n  - name: r\n    backends: [a]\n    disagg: {when: sometimes}\n",
         "backends.yaml:9: routes[0].disagg.when: Input should be 'always', 'long' or 'slo'"),
