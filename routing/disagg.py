@@ -58,15 +58,13 @@ from .slo import SLO
 from .strategies import Member
 
 log = logging.getLogger(__name__)
-PROTOCOLS = ("vllm", "sglang")
-WHEN = ("always", "long", "slo")
 UNSUPPORTED_BY_PREFILL = ("stream_options", "min_tokens", "min_completion_tokens")
 
 
 @dataclass(frozen=True)
 class DisaggPolicy:
-    protocol: str = "vllm"
-    when: str = "slo"
+    protocol: str = "vllm"  # or "sglang"
+    when: str = "slo"       # "always" | "long" | "slo"
     threshold_tokens: int = 512
     prefill_timeout_s: float = 30.0
     bootstrap_port: int = 8998  # sglang: the prefill servers' --disaggregation-bootstrap-port
