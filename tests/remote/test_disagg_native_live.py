@@ -17,6 +17,8 @@ from gateway.backends_config import RouteEntry
 from routing.build import build_routes
 from tests.gateway.conftest import start_server, stop_server
 
+pytestmark = pytest.mark.slow  # two infer serve processes with the native engine: about 20 s
+
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # a few blocks of the tiny model's tokens
 
 
