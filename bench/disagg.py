@@ -9,9 +9,10 @@ thread; their engines move KV blocks over ``/dev/shm`` (``native_engine/kv_trans
 adapters (type ``vllm``), exactly what ``infer serve --config`` runs per request, so the figures hold
 the route's own work and nothing of a third HTTP hop.
 
-**Workload** (the same seeded token ids for every side): 8 decoding streams (32-token prompts, 200 greedy
-tokens with ``ignore_eos``; a finished stream is replaced at once) while a 2,000-token prompt (16 output
-tokens) arrives every 2 s, for ``--seconds``.
+**Workload** (seeded token ids, other ids for each side and run: the workers' prefix caches would
+otherwise serve a side the prompts of the one before): 8 decoding streams (32-token prompts, 200 greedy
+tokens with ``ignore_eos``; a finished stream is replaced at once) while a ``--long-prompt``-token prompt
+(2,000 by default; 16 output tokens) arrives every ``--every`` s (2 by default), for ``--seconds``.
 
 **Sides**: ``colocated`` (backends [w0, w1], least_inflight), ``pd`` (prefill [w0], decode [w1],
 ``when: always``), ``selective`` (backends [w0, w1] with ``strategy: slo``, prefill [w0], decode [w1],
@@ -22,7 +23,8 @@ tokens) arrives every 2 s, for ``--seconds``.
 token after it, per second. Goals (issue 43): pd vs colocated P99 ITL <= 0.3x, mean TTFT <= 1.5x, goodput
 >= 1.2x; selective goodput >= both.
 
-**Orchestration cost** (``--overhead``, fake P/D servers from ``fakes/pd.py`` that answer at once): per
+**Orchestration cost** (fake P/D servers from ``fakes/pd.py`` that answer at once, in a process of their
+own): per
 request, the TTFT through the route minus the TTFT of the same two legs sent by hand with the same
 adapters (prefill POST, then the decode stream), alternated, medians. Goal <= 1 ms.
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import statistics
@@ -151,7 +154,7 @@ async def one(route, prompt: list[int], max_tokens: int, kind: str, outcomes: li
             out.tokens, out.end = event.usage.output_tokens, time.perf_counter()
 
 
-async def run_side(route, seconds: float, seed: int) -> list[Outcome]:
+async def run_side(route, seconds: float, seed: int, long_prompt: int, every_s: float) -> list[Outcome]:
     rng = random.Random(seed)
     ids = lambda n: [rng.randrange(100, 40000) for _ in range(n)]  # noqa: E731
     outcomes: list[Outcome] = []
@@ -164,8 +167,8 @@ async def run_side(route, seconds: float, seed: int) -> list[Outcome]:
     async def arrivals() -> None:
         tasks = []
         while time.perf_counter() < end:
-            tasks.append(asyncio.create_task(one(route, ids(LONG_PROMPT), LONG_TOKENS, "long", outcomes)))
-            await asyncio.sleep(LONG_EVERY_S)
+            tasks.append(asyncio.create_task(one(route, ids(long_prompt), LONG_TOKENS, "long", outcomes)))
+            await asyncio.sleep(every_s)
         await asyncio.gather(*tasks)
 
     await asyncio.gather(*(stream_slot() for _ in range(STREAMS)), arrivals())
@@ -190,13 +193,23 @@ def _good(o: Outcome, slo: dict) -> bool:
 
 # -- orchestration cost -----------------------------------------------------------------------------------
 
-async def overhead(n: int) -> dict:
-    from fakes.pd import start_pd_server
+FAKES = """
+import json, sys
+from fakes.pd import start_pd_server
+p, d = start_pd_server("vllm", "prefill"), start_pd_server("vllm", "decode")
+print(json.dumps([p.url, d.url, p.behaviour.models[0]]), flush=True)
+sys.stdin.read()
+"""
 
-    p, d = start_pd_server("vllm", "prefill"), start_pd_server("vllm", "decode")
+
+async def overhead(n: int) -> dict:
+    """The fakes run in a process of their own, as real servers do: work the route does while a leg is
+    on the wire overlaps the server's, as it would in production, instead of taking its GIL."""
+    fakes = subprocess.Popen([sys.executable, "-c", FAKES], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
+                             text=True)
     try:
-        model = p.behaviour.models[0]
-        route, remotes = route_for("pd", {"w0": p.url, "w1": d.url}, model, {"ttft_ms": 10_000, "tpot_ms": 10_000})
+        p_url, d_url, model = json.loads(fakes.stdout.readline())
+        route, remotes = route_for("pd", {"w0": p_url, "w1": d_url}, model, {"ttft_ms": 10_000, "tpot_ms": 10_000})
         prompt = " ".join(f"w{i}" for i in range(64))
         routed, direct = [], []
         for i in range(n):
@@ -207,8 +220,8 @@ async def overhead(n: int) -> dict:
         r, h = statistics.median(routed[5:]), statistics.median(direct[5:])
         return {"route_ttft_ms": r * 1000, "by_hand_ttft_ms": h * 1000, "overhead_ms": (r - h) * 1000}
     finally:
-        p.stop()
-        d.stop()
+        fakes.stdin.close()
+        fakes.wait(timeout=30)
 
 
 async def _through_route(route, prompt: str) -> float:
@@ -243,6 +256,8 @@ async def _by_hand(remotes: dict, prompt: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--long-prompt", type=int, default=LONG_PROMPT, help="tokens of the long prompts")
+    parser.add_argument("--every", type=float, default=LONG_EVERY_S, help="seconds between long prompts")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--ttft-ms", type=float, default=5000.0)
     parser.add_argument("--tpot-ms", type=float, default=150.0)
@@ -273,7 +288,8 @@ async def _sides(workers, args, slo: dict) -> dict[str, list[dict]]:
     for run in range(args.runs):
         for side in order[run % len(order):] + order[:run % len(order)]:
             route, remotes = route_for(side, urls, "smol", slo)
-            outcomes = await run_side(route, args.seconds, seed=run)
+            seed = 1000 * run + list(SIDES).index(side)
+            outcomes = await run_side(route, args.seconds, seed, args.long_prompt, args.every)
             results[side].append(figures(outcomes, args.seconds, slo))
             print(side, run, results[side][-1], getattr(route.disagg, "counts", None), flush=True)
             for backend in remotes.values():
@@ -289,10 +305,11 @@ def _report(results: dict[str, list[dict]]) -> None:
         print(f"{side:10s} P99 ITL {m['p99_itl_ms']:8.1f} ms  mean TTFT (2k prompts) {m['mean_ttft_long_ms']:8.1f} ms  "
               f"goodput {m['goodput_rps']:.3f} req/s")
     c, p, s = med["colocated"], med["pd"], med["selective"]
-    print(f"pd / colocated: P99 ITL {p['p99_itl_ms'] / c['p99_itl_ms']:.2f}x (goal <= 0.3), mean TTFT "
-          f"{p['mean_ttft_long_ms'] / c['mean_ttft_long_ms']:.2f}x (goal <= 1.5), goodput "
-          f"{p['goodput_rps'] / c['goodput_rps']:.2f}x (goal >= 1.2)")
-    print(f"selective goodput / best fixed: {s['goodput_rps'] / max(p['goodput_rps'], c['goodput_rps']):.2f}x "
+    ratio = lambda a, b: f"{a / b:.2f}x" if b else "n/a (0 below)"  # noqa: E731
+    print(f"pd / colocated: P99 ITL {ratio(p['p99_itl_ms'], c['p99_itl_ms'])} (goal <= 0.3), mean TTFT "
+          f"{ratio(p['mean_ttft_long_ms'], c['mean_ttft_long_ms'])} (goal <= 1.5), goodput "
+          f"{ratio(p['goodput_rps'], c['goodput_rps'])} (goal >= 1.2)")
+    print(f"selective goodput / best fixed: {ratio(s['goodput_rps'], max(p['goodput_rps'], c['goodput_rps']))} "
           "(goal >= 1.0)")
 
 
