@@ -302,7 +302,7 @@ def _report(results: dict[str, list[dict]]) -> None:
     med = {side: {k: statistics.median(r[k] for r in runs if r[k] is not None)
                   for k in ("p99_itl_ms", "mean_ttft_long_ms", "goodput_rps")} for side, runs in results.items()}
     for side, m in med.items():
-        print(f"{side:10s} P99 ITL {m['p99_itl_ms']:8.1f} ms  mean TTFT (2k prompts) {m['mean_ttft_long_ms']:8.1f} ms  "
+        print(f"{side:10s} P99 ITL {m['p99_itl_ms']:8.1f} ms  mean TTFT (long prompts) {m['mean_ttft_long_ms']:8.1f} ms  "
               f"goodput {m['goodput_rps']:.3f} req/s")
     c, p, s = med["colocated"], med["pd"], med["selective"]
     ratio = lambda a, b: f"{a / b:.2f}x" if b else "n/a (0 below)"  # noqa: E731
