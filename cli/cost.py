@@ -63,7 +63,7 @@ def compare_cmd(since: str = SINCE, config: Path = CONFIG, db: str = DB) -> None
         raise SettingsError("no routes to compare: give --config (or INFER_CONFIG) with a 'routes:' list")
     for route in routes:
         rows = [["backend", "requests", "$/Mtok in", "$/Mtok out", "total $"]]
-        for name in route.backends:
+        for name in route.members:
             g = report.get(name)
             rows.append([name, str(g["requests"]) if g else "0", _usd(g and g["usd_per_mtok_input"]),
                          _usd(g and g["usd_per_mtok_output"]), _usd(g and g["total_cost_usd"])])

@@ -38,6 +38,8 @@ def serve(
     tensor_parallel: int = typer.Option(None, "--tensor-parallel", min=1, help="Processes each native-engine model "
                                         "is split over (tensor parallelism; INFER_TENSOR_PARALLEL); a Modelfile's "
                                         "PARAMETER tensor_parallel overrides it."),
+    role: str = typer.Option(None, "--role", help="The native engine's part in prefill/decode disaggregation: "
+                             "prefill, decode or both (INFER_KV_ROLE; vLLM's kv_role); see routes' prefill:/decode:."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
 ) -> None:
     """Start the API server (Ollama /api/* and OpenAI /v1/*).
@@ -50,7 +52,7 @@ def serve(
 
     overrides = {"database_url": db, "num_parallel": num_parallel, "context_length": context_length,
                  "engine": engine, "config": config, "redis_url": redis_url, "speculative": speculative,
-                 "tensor_parallel": tensor_parallel}
+                 "tensor_parallel": tensor_parallel, "kv_role": role}
     try:
         if host:
             overrides["host"], overrides["port"] = parse_host(host)

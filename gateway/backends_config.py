@@ -238,13 +238,42 @@ class PrefixEntry(BaseModel):
                              "counts as none.")
 
 
+class PoolEntry(BaseModel):
+    """A route's prefill or decode pool (``routing/disagg.py``): backends speaking one P/D protocol."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    protocol: Literal["vllm", "sglang"] = Field(description="vllm: kv_transfer_params (NIXL and the other KV "
+                                                "connectors); sglang: bootstrap_host/port/room.")
+    backends: list[str] = Field(min_length=1)
+    bootstrap_port: int = Field(default=8998, ge=1, le=65535, description="sglang prefill servers' "
+                                "--disaggregation-bootstrap-port.")
+
+
+class DisaggEntry(BaseModel):
+    """When a route with P/D pools disaggregates a request (``routing/disagg.py``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    when: Literal["always", "long", "slo"] = Field(default="slo", description="always; long: the uncached "
+                                                   "prompt is over threshold_tokens; slo: that, and the decode "
+                                                   "worker's TPOT would break the SLO otherwise.")
+    threshold_tokens: int = Field(default=512, ge=0, description="Uncached prompt tokens a request needs to be "
+                                  "prefilled elsewhere.")
+    prefill_timeout_ms: PositiveFloat = Field(default=30_000, description="The prefill leg's deadline; past it "
+                                              "the request is served co-located.")
+
+
 class RouteEntry(BaseModel):
     """A public model name in front of several backends, with a latency SLO (``routing/``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    backends: list[str] = Field(min_length=1)
+    backends: list[str] = Field(default_factory=list)  # co-located; may be empty with prefill and decode pools
+    prefill: PoolEntry | None = None
+    decode: PoolEntry | None = None
+    disagg: DisaggEntry = Field(default_factory=DisaggEntry)
     strategy: Literal["slo", "least_inflight", "round_robin", "weighted", "prefix"] = "slo"
     slo: SLOEntry | None = None
     prefix: PrefixEntry = Field(default_factory=PrefixEntry)
@@ -255,6 +284,12 @@ class RouteEntry(BaseModel):
     weights: dict[str, PositiveFloat] = Field(default_factory=dict)
 
     _name = field_validator("name")(classmethod(lambda cls, value: plain_name(value)))
+
+    @property
+    def members(self) -> list[str]:
+        """Every backend the route names: co-located, prefill and decode, once each."""
+        pools = [*(self.prefill.backends if self.prefill else []), *(self.decode.backends if self.decode else [])]
+        return list(dict.fromkeys([*self.backends, *pools]))
 
 
 class AuthEntry(BaseModel):
@@ -299,7 +334,7 @@ class GatewayConfig(BaseModel):
     def local_models(self) -> list[str]:
         """Route members that are not backends of this file: models of the local store."""
         backends = {entry.name for entry in self.backends}
-        return list(dict.fromkeys(n for route in self.routes for n in route.backends if n not in backends))
+        return list(dict.fromkeys(n for route in self.routes for n in route.members if n not in backends))
 
     _source: str | None = PrivateAttr(default=None)
     _root: yaml.Node | None = PrivateAttr(default=None)
@@ -393,6 +428,32 @@ def _check_routes(config: GatewayConfig) -> None:
             if name not in route.backends:
                 raise ConfigError(config.where(("routes", i, "weights", name))
                                   + f"'{name}' is not one of this route's backends")
+        _check_pools(config, i, route)
+
+
+def _check_pools(config: GatewayConfig, i: int, route: RouteEntry) -> None:
+    """A route serves something (backends, or both pools); the pools come in pairs, speak one protocol,
+    and a pool's members are remote backends speaking the OpenAI API (the legs are OpenAI bodies plus
+    the P/D fields)."""
+    if (route.prefill is None) != (route.decode is None):
+        missing = "decode" if route.decode is None else "prefill"
+        raise ConfigError(config.where(("routes", i)) + f"a prefill pool needs a decode pool and back: add {missing}:")
+    if route.prefill is None or route.decode is None:
+        if not route.backends:
+            raise ConfigError(config.where(("routes", i, "backends")) + "the list is empty; add at least one "
+                              "backend, or prefill: and decode: pools")
+        return
+    if route.prefill.protocol != route.decode.protocol:
+        raise ConfigError(config.where(("routes", i, "decode", "protocol")) + f"'{route.decode.protocol}' differs "
+                          f"from the prefill pool's '{route.prefill.protocol}'; both legs speak one protocol")
+    types = {entry.name: entry.type for entry in config.backends}
+    for pool in ("prefill", "decode"):
+        for j, name in enumerate(getattr(route, pool).backends):
+            kind = f"a {types[name]} backend" if name in types else "not a backend of this file"
+            if types.get(name) not in OPENAI_TYPES:
+                raise ConfigError(config.where(("routes", i, pool, "backends", j)) + f"'{name}' is {kind}; a P/D "
+                                  f"pool takes OpenAI-compatible servers ({', '.join(sorted(OPENAI_TYPES))}) of "
+                                  "backends: (a native worker is an infer serve --role prefill|decode)")
 
 
 def _reason(err: dict[str, Any]) -> str:
@@ -404,6 +465,7 @@ def _reason(err: dict[str, Any]) -> str:
     if kind == "extra_forbidden":
         known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields,
                  *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields,
+                 *PoolEntry.model_fields, *DisaggEntry.model_fields,
                  *PrefixEntry.model_fields,
                  *AuthEntry.model_fields]
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)

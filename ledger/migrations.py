@@ -146,9 +146,17 @@ def m010_response_owners(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE responses ADD COLUMN key_name VARCHAR(255)"))
 
 
+def m011_disagg(conn: Connection) -> None:
+    """Prefill/decode disaggregation: the worker that prefilled (``backend`` decoded), the prefill leg's
+    time, and the cost split by leg (NULL: served co-located)."""
+    for column in ("prefill_backend VARCHAR(255)", "prefill_ms FLOAT", "prefill_cost_usd FLOAT",
+                   "decode_cost_usd FLOAT"):
+        conn.execute(sa.text(f"ALTER TABLE requests ADD COLUMN {column}"))
+
+
 MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs, m005_api_keys,
                                m006_expected_cached, m007_reasoning, m008_responses, m009_key_roles_and_holds,
-                               m010_response_owners]
+                               m010_response_owners, m011_disagg]
 
 
 def migrate(engine: Engine) -> list[str]:

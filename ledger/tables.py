@@ -57,6 +57,13 @@ class UsageRecord(SQLModel):
                                                "expected cached on the backend that served (prefix and slo routes).")
     pricing_version: str | None = Field(default=None, description="Hash of the pricing entry used; hour-priced "
                                         "backends' costs are provisional until `infer cost` settles them.")
+    prefill_backend: str | None = Field(default=None, description="Disaggregated: the worker that prefilled the "
+                                        "prompt (backend decoded it); NULL when served co-located.")
+    prefill_ms: float | None = Field(default=None, description="Disaggregated: the prefill leg's time.")
+    prefill_cost_usd: float | None = Field(default=None, description="Disaggregated: the prompt's cost at the "
+                                           "prefill worker's prices (input and cached input).")
+    decode_cost_usd: float | None = Field(default=None, description="Disaggregated: the output's cost at the "
+                                          "decode worker's prices.")
 
 
 class RequestLog(UsageRecord, table=True):

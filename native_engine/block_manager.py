@@ -111,6 +111,47 @@ class BlockManager:
             prefix_hash = block.hash = compute_hash(block.token_ids, prefix_hash)
             self.hash_to_block_id.setdefault(prefix_hash, block.block_id)
 
+    # ---- KV transfer between engines (kv_transfer.py)
+    def find_prefix(self, token_ids: list[int], num_blocks: int) -> list[int]:
+        """The cached blocks holding the first ``num_blocks`` full blocks of ``token_ids``, as far as all are."""
+        found: list[int] = []
+        prefix_hash = -1
+        for i in range(num_blocks if self.enable_prefix_caching else 0):
+            block_tokens = token_ids[i * self.block_size:(i + 1) * self.block_size]
+            prefix_hash = compute_hash(block_tokens, prefix_hash)
+            block_id = self.hash_to_block_id.get(prefix_hash)
+            if block_id is None or self.blocks[block_id].token_ids != block_tokens:
+                return []
+            found.append(block_id)
+        return found
+
+    def import_prefix(self, token_ids: list[int], num_blocks: int) -> list[tuple[int, int]]:
+        """Register the first ``num_blocks`` full blocks of ``token_ids`` as cached, free blocks (most recently
+        used); returns (block index, block id) of those not cached already, whose KV the caller writes now.
+        [] when prefix caching is off or too few blocks are free (the prompt is then recomputed)."""
+        if not self.enable_prefix_caching:
+            return []
+        wanted, kept, prefix_hash = [], 0, -1
+        for i in range(num_blocks):
+            block_tokens = token_ids[i * self.block_size:(i + 1) * self.block_size]
+            prefix_hash = compute_hash(block_tokens, prefix_hash)
+            block_id = self.hash_to_block_id.get(prefix_hash)
+            if block_id is None or self.blocks[block_id].token_ids != block_tokens:
+                wanted.append((i, prefix_hash, block_tokens))
+            elif block_id in self.free_block_ids:  # held already: kept from eviction by the imports below
+                self.free_block_ids.move_to_end(block_id)
+                kept += 1
+        if len(wanted) > self.num_free_blocks - kept:
+            return []
+        targets = []
+        for i, block_hash, block_tokens in wanted:
+            block = self.blocks[self._pop_free_block()]
+            block.ref_count, block.hash, block.token_ids = 0, block_hash, block_tokens
+            self.hash_to_block_id[block_hash] = block.block_id
+            self.free_block_ids[block.block_id] = None  # free and cached, evicted last
+            targets.append((i, block.block_id))
+        return targets
+
     # ---- allocation
     def can_allocate(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] | None = None) -> bool:
         return self._num_required_blocks(seq, num_new_tokens, computed_blocks) <= self.num_free_blocks

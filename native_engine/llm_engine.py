@@ -17,6 +17,7 @@ import torch
 
 from . import platform
 from .block_manager import BlockManager
+from .kv_transfer import KVTransfer
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .distributed.parallel_state import default_threads, start_engine_group, stop_engine_group
@@ -78,6 +79,7 @@ class LLMEngine:
                                                                self.device)
         blocks = BlockManager(self.model_runner.num_kvcache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, blocks, self.model_config.eos_token_ids, max_model_len=self.max_model_len)
+        self.kv_transfer = KVTransfer(config.block_size)
         self.requests: dict[str, _Request] = {}
         # scheduling ahead feeds a step's input ids from the device; a group's other ranks take them from the plan
         ahead = self.device.type == "cuda" if config.async_scheduling is None else config.async_scheduling
@@ -115,6 +117,7 @@ class LLMEngine:
         self.model_runner.structured.validate(params)
         if params.speculative:
             self.enable_speculation()
+        self._load_remote_kv(token_ids, params.kv_transfer_params)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
         seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority,
                        block_size=self.config.block_size)
@@ -122,6 +125,11 @@ class LLMEngine:
         request = _Request(request_id, token_ids, params, RequestMetrics(arrival))
         self.requests[request_id] = request
         self._detokenizer(request, seq)
+
+    def _load_remote_kv(self, token_ids: list[int], kv_params: dict | None) -> None:
+        """A decode leg: the prefill engine's blocks become prefix-cache blocks of this prompt (kv_transfer.py)."""
+        if kv_params and kv_params.get("do_remote_prefill") and self.tp is None:
+            self.kv_transfer.load(self.model_runner.kv_cache, self.scheduler.block_manager, token_ids, kv_params)
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -292,11 +300,21 @@ class LLMEngine:
     def _request_output(self, request_id: str, completions: list[CompletionOutput]) -> RequestOutput:
         request = self.requests[request_id]
         done = len(request.finished) == request.params.n
+        kv_params = None
         if done:
             request.metrics.finished_time = time.perf_counter()
             del self.requests[request_id]
+            kv_params = self._save_kv(request)
         return RequestOutput(request_id, request.prompt_token_ids, completions, done, request.num_cached_tokens,
-                             request.metrics)
+                             request.metrics, kv_params)
+
+    def _save_kv(self, request: _Request) -> dict | None:
+        """A prefill leg's prompt blocks, saved for the decode engine; its ``kv_transfer_params`` answer."""
+        asked = request.params.kv_transfer_params
+        if not asked or not asked.get("do_remote_decode") or self.tp is not None:
+            return None
+        return self.kv_transfer.save(self.model_runner.kv_cache, self.scheduler.block_manager, request.request_id,
+                                     request.prompt_token_ids)
 
     # -- offline use ----------------------------------------------------------------------------
 

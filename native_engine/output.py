@@ -43,3 +43,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int
     metrics: RequestMetrics
+    kv_transfer_params: dict | None = None  # a prefill leg's answer: where its KV blocks are (kv_transfer.py)

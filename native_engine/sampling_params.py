@@ -58,6 +58,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     speculative: bool | None = None  # speculative decoding for this request: None = the engine's setting
+    # Prefill/decode disaggregation (kv_transfer.py): vLLM's ``kv_transfer_params`` of the request.
+    kv_transfer_params: dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -23,6 +23,12 @@
 7. accounting: the final Done names the route, the backend that served, the attempts and the SLO
    parts missed; the route's window and the backend's latency model learn from it.
 
+A route with ``prefill:`` and ``decode:`` pools first decides whether to disaggregate the request
+(``disagg.py``: a long uncached prompt whose co-located prefill would break the decode worker's TPOT);
+if so it prefills on one worker and decodes on another, the decode leg being an attempt like any
+other; a failed prefill leg, and every request not worth disaggregating, takes the steps above
+(co-located members: the route's ``backends``, else the decode pool).
+
 A route asks its backends for a stream even when the client wants one reply (the gateway joins the
 chunks), so TTFT is the backend's first token for every request, as vLLM's own metrics count it.
 """
@@ -44,6 +50,7 @@ from adapters.core.errors import BackendError, InvalidRequest, RouteShed, RouteU
 from adapters.prompting.token_count import TokenCounter, load_counter
 
 from . import dispatch
+from .disagg import DisaggPolicy, Disaggregation, PrefillFailed
 from .dispatch import Dispatcher, Waiter
 from .kv_events import KVEventSource, prompt_token_ids
 from .predictor import Prediction, median
@@ -55,6 +62,7 @@ from .strategies import Member, Orderer
 log = logging.getLogger(__name__)
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
 HEALTH_POLL_S = 2.0  # how fresh a route needs its members' health
+LOAD_STRATEGIES = ("slo", "prefix")  # the strategies whose choice reads the members' queue figures
 LOAD_READ_WAIT_S = 0.25  # the longest a decision waits for a member's queue figures (fresh_load)
 _keys = itertools.count()
 
@@ -68,6 +76,7 @@ class RoutePolicy:
     retries: int = 1
     fallbacks: tuple[str, ...] = ()
     prefix: PrefixPolicy = field(default_factory=PrefixPolicy)
+    disagg: DisaggPolicy = field(default_factory=DisaggPolicy)
 
 
 class Route:
@@ -76,8 +85,13 @@ class Route:
 
     def __init__(self, name: str, members: list[Member], policy: RoutePolicy,
                  resolve_route: Callable[[str], "Route | None"] = lambda name: None,
-                 counter: TokenCounter | None = None, kv_sources: dict[str, KVEventSource] | None = None) -> None:
-        self.name, self.members, self.policy = name, members, policy
+                 counter: TokenCounter | None = None, kv_sources: dict[str, KVEventSource] | None = None,
+                 prefill: list[Member] | None = None, decode: list[Member] | None = None) -> None:
+        # ``members`` serve co-located (the decode pool when the route lists no plain backends);
+        # ``prefill`` and ``decode`` are its P/D pools (``disagg.py``), members shared by name.
+        self.name, self.members, self.policy = name, members or list(decode or []), policy
+        self.disagg = Disaggregation(prefill, decode, policy.disagg) if prefill and decode else None
+        self.all_members = list({id(m): m for m in [*self.members, *(prefill or []), *(decode or [])]}.values())
         self.orderer = Orderer(policy.strategy)
         self.dispatcher = Dispatcher(policy.shed)
         self._held: dict[int, asyncio.Event] = {}  # held requests' wake-ups, by waiter key
@@ -87,14 +101,14 @@ class Route:
         self.on_outcome: list[Callable[[str, Outcome], None]] = []  # metrics hooks
         self._reported_at: dict[str, float] = {}  # per member: when its last load figures told were read
         self.recent_prompts: deque[int] = deque(maxlen=200)  # prompt tokens of the latest requests
-        self.prefixes = (RoutePrefixes(name, [m.name for m in members], policy.prefix)
+        self.prefixes = (RoutePrefixes(name, [m.name for m in self.all_members], policy.prefix)
                          if policy.strategy in ("slo", "prefix") else None)
         self.kv_sources = kv_sources if self.prefixes is not None and kv_sources else {}  # precise members
 
     @property
     def admits(self) -> bool:
         """A keyed request is admitted by the member that serves it (each counts its own prompt)."""
-        return all(getattr(m.backend, "admits", False) for m in self.members)
+        return all(getattr(m.backend, "admits", False) for m in self.all_members)
 
     # -- the Backend protocol -------------------------------------------------------------------
 
@@ -104,11 +118,20 @@ class Route:
         self.recent_prompts.append(prompt_tokens)
         max_tokens = int(request.options.get("num_predict") or 256)
         members = [m for m in self.members if m.breaker.allows()]
-        await self._read_loads(members)
+        if self.policy.strategy in LOAD_STRATEGIES:  # the others never read a member's queue: no wait for them
+            await self._read_loads(members)
         lookup = self.prefixes.lookup(request, prompt_tokens) if self.prefixes is not None else None
         if lookup is not None and self.kv_sources:
             await self._precise(request, lookup, prompt_tokens)
         cached = lookup.cached if lookup is not None else {}
+        pair = self.disagg.plan(prompt_tokens, cached, slo) if self.disagg is not None else None
+        if pair is not None:
+            try:
+                async for event in self._disaggregated(request, pair, prompt_tokens, slo, max_tokens, lookup):
+                    yield event
+                return
+            except PrefillFailed:
+                pass  # served co-located below
         bound: Waiter | None = None
         if self.policy.strategy == "slo" and slo.is_set and members:
             bound = await self._hold(Waiter(prompt_tokens, max_tokens, time.monotonic(), slo, request.priority,
@@ -162,6 +185,19 @@ class Route:
         self._reported_at[member.name] = read_at
         if load:
             member.latency.reported(load.get("requests_running"), load.get("requests_waiting"))
+
+    def _disaggregated(self, request: GenerationRequest, pair: tuple[Member, Member], prompt_tokens: int, slo: SLO,
+                       max_tokens: int, lookup: Lookup | None) -> AsyncIterator[StreamEvent]:
+        """Prefill on ``pair[0]``, decode on ``pair[1]``; the decode leg is an attempt like any other,
+        whose prefill work is none (the KV arrives), and both workers hold the prefix afterwards."""
+        if lookup is not None:
+            self.prefixes.sent(pair[0].name, lookup)
+
+        def decode_leg(member: Member, leg: GenerationRequest) -> AsyncIterator[StreamEvent]:
+            attempt = _Attempt(self, member, leg, prompt_tokens, slo, max_tokens, None, lookup, cached=prompt_tokens)
+            return attempt.run(1)
+        cached = lookup.cached if lookup is not None else {}
+        return self.disagg.stream(request, pair, prompt_tokens, cached, decode_leg)
 
     async def _precise(self, request: GenerationRequest, lookup: Lookup, prompt_tokens: int) -> None:
         """The members that publish their KV cache: what they hold of this prompt, in its tokens (rendered
@@ -289,7 +325,7 @@ class Route:
         """The last health check of the member ``name`` (None: it failed or did not answer in time), with
         its backend's own queue figures (vLLM/TGI/TRT-LLM /metrics). The gateway's backend monitor polls
         every backend once, every ``HEALTH_POLL_S`` while there are routes, and tells each route."""
-        for member in self.members:
+        for member in self.all_members:
             if member.name != name:
                 continue
             member.up = health is not None and health.ok
@@ -310,7 +346,7 @@ class Route:
         slo = self.policy.slo
         prompt_tokens = median(list(self.recent_prompts)) or 256
         backends = []
-        for m in self.members:
+        for m in self.all_members:
             prediction = m.latency.predict(prompt_tokens)
             backends.append({
                 "name": m.name, "model": m.model, "up": m.up, "breaker": m.breaker.state,
@@ -331,6 +367,10 @@ class Route:
                 "predicted_for_prompt_tokens": prompt_tokens,
                 "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms, "target": slo.target,
                         "window_s": slo.window_s},
+                **({"disagg": {"protocol": self.policy.disagg.protocol, "when": self.policy.disagg.when,
+                               "prefill": [m.name for m in self.disagg.prefill],
+                               "decode": [m.name for m in self.disagg.decode], **self.disagg.counts}}
+                   if self.disagg is not None else {}),
                 "prediction_error": median([e for m in self.members for e in m.latency.errors]),
                 "tpot_prediction_error": median([e for m in self.members for e in m.latency.tpot_errors]),
                 **self.window.summary(), "backends": backends}
@@ -350,9 +390,11 @@ class _Attempt:
     first-token deadline, and the bookkeeping of the backend's latency model and the route's window."""
 
     def __init__(self, route: Route, member: Member, request: GenerationRequest, prompt_tokens: int, slo: SLO,
-                 max_tokens: int, bound: Waiter | None = None, lookup: Lookup | None = None):
+                 max_tokens: int, bound: Waiter | None = None, lookup: Lookup | None = None,
+                 cached: int | None = None):
+        """``cached``: the prompt tokens the backend need not prefill (default: the prefix index's guess)."""
         self.route, self.member, self.slo, self.lookup = route, member, slo, lookup
-        self.cached = lookup.cached.get(member.name, 0) if lookup is not None else 0
+        self.cached = cached if cached is not None else lookup.cached.get(member.name, 0) if lookup is not None else 0
         # Always a stream from the backend, also for a client that wants one reply (the gateway joins the
         # chunks for it): the route times the backend's first token for the SLO, the predictor and the
         # first-token deadline, which a one-reply call would put at its last token.

@@ -160,6 +160,11 @@ class GenerationRequest:
     # answer is the most tokens it may generate (None: no bound), which it enforces, or an error
     # (429/503) it raises as the request's. The gateway admits a request itself, with an upper bound
     # of its prompt, before starting a backend without ``admits``.
+    # Prefill/decode disaggregation (``routing/disagg.py``): the one id both legs carry (vLLM's
+    # ``X-Request-Id``), and the fields the orchestrator adds to an OpenAI-compatible body (vLLM's
+    # ``kv_transfer_params``, SGLang's ``bootstrap_host``/``bootstrap_port``/``bootstrap_room``).
+    request_id: str | None = None
+    disagg_fields: dict[str, Any] | None = None
     caller: Any = field(default=None, repr=False, compare=False)
     key_name: str | None = None
     admit: Callable[[int, int | None, str | None], Awaitable[int | None]] | None = field(
@@ -264,6 +269,13 @@ class Done:
     # Fields of the backend's choice the gateway does not build itself (vLLM's prompt_logprobs with a
     # request's ``extra``), for the OpenAI routes to return as they came.
     choice_fields: dict[str, Any] = field(default_factory=dict)
+    # Disaggregated (``routing/disagg.py``): the worker that prefilled the prompt (``served_by`` decoded
+    # it) and the prefill leg's seconds.
+    prefill_by: str | None = None
+    prefill_s: float | None = None
+    # A prefill leg's answer (the native engine's ``kv_transfer_params``: where its KV blocks are), which
+    # the OpenAI API returns as vLLM does.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 StreamEvent = Chunk | Done

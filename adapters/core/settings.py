@@ -19,6 +19,7 @@ means "auto" to Ollama, so it keeps the default here (``INFER_MAX_LOADED_MODELS=
 | ``INFER_TEST_ENGINE`` | ``test_engine`` | off: ``1`` offers the ``scripted`` engine (tests, benches) |
 | ``INFER_SPECULATIVE`` | ``speculative`` | off (``ngram:k=4``, ``draft:MODEL:k=4``; native engine) |
 | ``INFER_TENSOR_PARALLEL`` | ``tensor_parallel`` | ``1``: ranks a native model is split over |
+| ``INFER_KV_ROLE`` (``infer serve --role``) | ``kv_role`` | ``both``: prefill and decode legs (``prefill``, ``decode``) |
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class LocalSettings(BaseSettings):
                                  description="Ranks each native model is split over (tensor parallelism); a "
                                  "Modelfile's PARAMETER tensor_parallel or a request's option overrides it.")
     native: NativeSettings = Field(default_factory=NativeSettings)
+    kv_role: Literal["prefill", "decode", "both"] = Field(
+        default="both", description="The native engine's part in prefill/decode disaggregation (vLLM's kv_role): "
+        "prefill refuses decode legs, decode refuses prefill legs, both takes either; plain requests always.")
     speculative: str | None = Field(
         default=None, description="Speculative decoding in the native engine: ngram[:k=4], draft:MODEL[:k=4] or "
         "off; a model's Modelfile 'PARAMETER speculative' overrides it, a request's 'speculative' turns it off/on.")
@@ -103,9 +107,9 @@ class LocalSettings(BaseSettings):
         values: dict[str, Any] = {}
         variables: dict[str, str] = {}
         for name in ("engine", "keep_alive", "num_parallel", "max_queue", "max_loaded_models", "context_length",
-                     "load_timeout", "hang_timeout", "test_engine", "speculative", "tensor_parallel"):
+                     "load_timeout", "hang_timeout", "test_engine", "speculative", "tensor_parallel", "kv_role"):
             found = env_setting(env, name.upper(), ollama=name not in ("engine", "hang_timeout", "test_engine",
-                                                                      "speculative", "tensor_parallel"))
+                                                                      "speculative", "tensor_parallel", "kv_role"))
             if found and found != ("OLLAMA_MAX_LOADED_MODELS", "0"):  # Ollama's 0 = auto: our default
                 variables[name], values[name] = found
         values.update({k: v for k, v in overrides.items() if v is not None})

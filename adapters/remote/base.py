@@ -230,7 +230,7 @@ class RemoteBackend:
             raise InvalidRequest(f"the {self.type} backend takes prompts as text, not token ids; send the prompt "
                                  "as text", param="prompt")
         if request.admit is not None:
-            await self._admit(request)
+            await self.admit_request(request)
         turn = Turn(request, self.counter, time.perf_counter())
         deadline = request.arrival + self.settings.timeouts.total
         first_byte = request.arrival + self.settings.timeouts.first_byte
@@ -260,7 +260,7 @@ class RemoteBackend:
                 await events.aclose()  # closes the HTTP response: the backend sees the disconnect
             yield turn.done("cancelled" if request.cancel.cancelled else None)
 
-    async def _admit(self, request: GenerationRequest) -> None:
+    async def admit_request(self, request: GenerationRequest) -> None:
         """A keyed request's admission before anything is sent: the prompt's upper bound (its tokenizer's
         count, else its bytes, plus template overhead) and the configured context; the answer caps the
         output the backend is asked for."""
@@ -354,17 +354,21 @@ class RemoteBackend:
 
     # -- helpers for subclasses ---------------------------------------------------------------------
 
-    def headers(self) -> dict[str, str]:
-        """Every request's headers: the key, and the current trace context when tracing is on."""
+    def headers(self, request_id: str | None = None) -> dict[str, str]:
+        """Every request's headers: the key, the current trace context when tracing is on, and the
+        request's id (``X-Request-Id``) when the gateway gave it one."""
         headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        if request_id is not None:
+            headers["X-Request-Id"] = request_id
         if self.inject is not None:
             self.inject(headers)
         return headers
 
     @asynccontextmanager
-    async def post_stream(self, path: str, body: dict[str, Any], accept: str = "text/event-stream"):
+    async def post_stream(self, path: str, body: dict[str, Any], accept: str = "text/event-stream",
+                          request_id: str | None = None):
         """POST ``body`` and yield the streaming response once its status is known to be a success."""
-        headers = {**self.headers(), "Accept": accept}
+        headers = {**self.headers(request_id), "Accept": accept}
         if self._direct is not None:  # aiohttp without httpx's layer; an injected httpx client keeps httpx
             reply = await self._direct.post(path, body, headers, self.to_error)
         else:
@@ -377,9 +381,9 @@ class RemoteBackend:
         finally:
             await reply.aclose()
 
-    async def post_json(self, path: str, body: dict[str, Any]) -> Any:
+    async def post_json(self, path: str, body: dict[str, Any], request_id: str | None = None) -> Any:
         if self._direct is not None:
-            reply = await self._direct.post(path, body, self.headers(), self.to_error)
+            reply = await self._direct.post(path, body, self.headers(request_id), self.to_error)
             try:
                 content = await reply.aread()
             finally:
@@ -387,14 +391,14 @@ class RemoteBackend:
             if reply.status_code >= 400:
                 raise self.error_from_response(reply.status_code, content, reply.headers)
             return parse_json(content)
-        return await self._call("POST", path, body)
+        return await self._call("POST", path, body, request_id)
 
     async def get_json(self, path: str) -> Any:
         return await self._call("GET", path, None)
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None, request_id: str | None = None) -> Any:
         try:
-            response = await self.client.request(method, path, json=body, headers=self.headers())
+            response = await self.client.request(method, path, json=body, headers=self.headers(request_id))
         except Exception as exc:
             raise self.to_error(exc) from exc
         return self._json(response)

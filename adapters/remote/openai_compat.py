@@ -83,6 +83,8 @@ class OpenAICompatBackend(RemoteBackend):
             body.update(self.think_fields(request.think))
         if self.passes_fields:
             body.update(request.extra)
+        if request.disagg_fields:
+            body.update(request.disagg_fields)
         return path, body
 
     @staticmethod
@@ -119,7 +121,7 @@ class OpenAICompatBackend(RemoteBackend):
         stream = request.stream or request.timed  # per-token timings need the tokens as they come
         path, body = self.body(request, stream)
         if not stream:
-            reply = await self.post_json(path, body)
+            reply = await self.post_json(path, body, request.request_id)
             text = self.read_event(reply, turn, delta=False)
             thinking, logprobs = turn.take_thinking(), turn.take_logprobs()
             calls = [from_wire_call(c) for c in _message_calls(reply)]
@@ -127,7 +129,8 @@ class OpenAICompatBackend(RemoteBackend):
                 yield Chunk(text=text, tool_calls=calls, thinking=thinking, logprobs=logprobs)
             return
         deltas, early = CallDeltas(), request.early_usage
-        async with self.post_stream(path, body) as response, aclosing(sse_batches(response)) as batches:
+        async with self.post_stream(path, body, request_id=request.request_id) as response, \
+                aclosing(sse_batches(response)) as batches:
             async for batch in batches:
                 for data in batch:
                     if data.strip() == "[DONE]":

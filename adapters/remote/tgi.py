@@ -159,8 +159,8 @@ class MessagesAPI(OpenAICompatBackend):
         super().__init__(tgi.settings, client=tgi.client, counter=tgi.counter)
         self.tgi = tgi
 
-    def headers(self) -> dict[str, str]:
-        return self.tgi.headers()  # the TGI backend's, trace context included
+    def headers(self, request_id: str | None = None) -> dict[str, str]:
+        return self.tgi.headers(request_id)  # the TGI backend's, trace context included
 
     def body(self, request: GenerationRequest, stream: bool) -> tuple[str, dict[str, Any]]:
         path, body = super().body(request, stream)

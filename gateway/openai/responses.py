@@ -136,7 +136,7 @@ def chat_completion(meta: ResponseMeta, results: Sequence[Result], *, logprobs: 
                         "finish_reason": finish_reason(done, called=bool(calls)), **backend_fields(done)})
     body = meta.envelope(choices, stream=False)
     body["usage"] = usage([done for _, _, done in results])
-    return body
+    return with_kv_transfer(body, results)
 
 
 def text_completion(meta: ResponseMeta, results: Sequence[Result], prompt_of: Sequence[int], *,
@@ -147,4 +147,12 @@ def text_completion(meta: ResponseMeta, results: Sequence[Result], prompt_of: Se
                for i, (text, chunks, done) in enumerate(results)]
     body = meta.envelope(choices, stream=False)
     body["usage"] = usage([done for _, _, done in results], prompt_of)
+    return with_kv_transfer(body, results)
+
+
+def with_kv_transfer(body: dict, results: Sequence[Result]) -> dict:
+    """A prefill leg's reply carries its ``kv_transfer_params`` at the top level, as vLLM's does."""
+    params = next((done.kv_transfer_params for _, _, done in results if done.kv_transfer_params), None)
+    if params is not None:
+        body["kv_transfer_params"] = params
     return body

@@ -115,6 +115,8 @@ class _Sampling(_Request):
     n: int | None = Field(default=1, ge=1, le=MAX_N)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    # vLLM's P/D field (routing/disagg.py): a prefill or decode leg for the native engine (kv_transfer.py)
+    kv_transfer_params: dict[str, Any] | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -135,6 +137,10 @@ class _Sampling(_Request):
     def passed_fields(self) -> dict[str, Any]:
         """The body's fields the gateway does not act on, for a backend that takes them."""
         return dict(self.model_extra or {})
+
+    @property
+    def disagg_fields(self) -> dict[str, Any] | None:
+        return {"kv_transfer_params": self.kv_transfer_params} if self.kv_transfer_params else None
 
     def options(self, num_predict: int | None, index: int) -> dict[str, Any]:
         """Ollama option overrides for generation ``index`` (seed + index when a seed is given)."""
@@ -174,7 +180,7 @@ class ChatCompletionRequest(_Sampling):
                                   engine=self.engine, format=fmt, logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0,
                                   strict_max_tokens=True, client=client, tools=tools, tool_choice=choice,
                                   parallel_tool_calls=self.parallel_tool_calls is not False,
-                                  extra=self.passed_fields())
+                                  extra=self.passed_fields(), disagg_fields=self.disagg_fields)
                 for i in range(self.n or 1)]
 
     def _tools(self) -> tuple[list[dict] | None, str | dict | None]:
@@ -207,7 +213,7 @@ class CompletionRequest(_Sampling):
                                       options=self.options(self.max_tokens, i), engine=self.engine,
                                       logprobs=self.logprobs is not None,
                                       top_logprobs=self.logprobs or 0, strict_max_tokens=True, client=client,
-                                      extra=extra))
+                                      extra=extra, disagg_fields=self.disagg_fields))
                 for p, text in enumerate(self.prompts()) for i in range(n)]
 
     def check_echo(self, backend: Any) -> None:

@@ -28,7 +28,7 @@ from ledger.tables import UsageRecord
 from adapters.prompting.token_count import prompt_bound
 from ledger.writer import LedgerWriter
 from pricing.book import PriceBook
-from pricing.method import Tokens
+from pricing.method import Cost, Tokens
 
 from gateway.admission import Admission
 from gateway.http.errors import APIError, to_status_message
@@ -70,6 +70,8 @@ class Recorder:
             return record
         cached = record.cached_input_tokens or 0
         tokens = Tokens(max(0, record.input_tokens - cached), cached, record.output_tokens)
+        if record.prefill_backend is not None:
+            return self._priced_by_leg(record, tokens)
         key = next((k for k in (record.backend, record.model) if k in self.prices.entries), None)
         found = self.prices.cost(key, tokens) if key is not None else None
         if found is not None:
@@ -78,6 +80,24 @@ class Recorder:
             record.output_cost_usd, record.total_cost_usd, record.pricing_version = cost.output, cost.total, version
             if record.reasoning_tokens and record.output_tokens:  # reasoning is billed as output, at its rate
                 record.reasoning_cost_usd = cost.output * record.reasoning_tokens / record.output_tokens
+        return record
+
+    def _priced_by_leg(self, record: UsageRecord, tokens: Tokens) -> UsageRecord:
+        """A disaggregated request: the prompt at the prefill worker's prices, the output at the decode
+        worker's (a worker without pricing costs nothing here)."""
+        assert self.prices is not None
+        legs = [(record.prefill_backend, Tokens(tokens.input, tokens.cached_input, 0)),
+                (record.backend, Tokens(0, 0, tokens.output))]
+        found = [self.prices.cost(name, leg) if name in self.prices.entries else None for name, leg in legs]
+        if all(f is None for f in found):
+            return record
+        (prefill, prefill_version), (decode, decode_version) = [f or (Cost(), None) for f in found]
+        record.input_cost_usd, record.cached_input_cost_usd = prefill.input, prefill.cached_input
+        record.output_cost_usd, record.total_cost_usd = decode.output, prefill.total + decode.total
+        record.prefill_cost_usd, record.decode_cost_usd = prefill.total, decode.total
+        record.pricing_version = decode_version or prefill_version
+        if record.reasoning_tokens and record.output_tokens:
+            record.reasoning_cost_usd = decode.output * record.reasoning_tokens / record.output_tokens
         return record
 
     def resolve(self, router: Router, request: GenerationRequest, *, route: str, stream: bool) -> Backend:
@@ -392,6 +412,7 @@ def _record(gen: Generation, done: Done, status: str) -> UsageRecord:
         input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
         cached_input_tokens=done.usage.cached_input_tokens, usage_source=done.usage.source,
         expected_cached_tokens=done.expected_cached_tokens,
+        prefill_backend=done.prefill_by, prefill_ms=ms(done.prefill_s),
         reasoning_tokens=done.usage.reasoning_tokens,
         queue_ms=ms(t.queue), ttft_ms=ms(t.ttft),
         tpot_ms=ms(t.tpot), total_ms=ms(t.total),

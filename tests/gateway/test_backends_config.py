@@ -150,7 +150,26 @@ ERRORS = {
     "both pricing forms": (ENTRY + "    pricing: {input_per_mtok: 1, output_per_mtok: 2, gpu_hourly_usd: 2}\n",
                            "backends.yaml:6: backends[0].pricing: give list prices (input_per_mtok, output_per_mtok)"),
     "route without backends": (ENTRY + "routes:\n  - name: r\n    backends: []\n",
-                               "backends.yaml:8: routes[0].backends: List should have at least 1 item"),
+                               "backends.yaml:8: routes[0].backends: the list is empty; add at least one backend, "
+                               "or prefill: and decode: pools"),
+    "prefill pool without a decode pool": (
+        ENTRY + "routes:\n  - name: r\n    backends: [a]\n    prefill: {protocol: vllm, backends: [a]}\n",
+        "backends.yaml:7: routes[0]: a prefill pool needs a decode pool and back: add decode:"),
+    "pools of two protocols": (
+        ENTRY + "routes:\n  - name: r\n    prefill: {protocol: vllm, backends: [a]}\n"
+                "    decode: {protocol: sglang, backends: [a]}\n",
+        "backends.yaml:9: routes[0].decode.protocol: 'sglang' differs from the prefill pool's 'vllm'"),
+    "a pool member that is not OpenAI-compatible": (
+        ENTRY + "  - name: t\n    type: tgi\n    base_url: http://h:2\n    model: m\nroutes:\n  - name: r\n"
+                "    prefill: {protocol: vllm, backends: [t]}\n    decode: {protocol: vllm, backends: [a]}\n",
+        "backends.yaml:12: routes[0].prefill.backends[0]: 't' is a tgi backend; a P/D pool takes OpenAI-compatible"),
+    "a pool member that is a model of the store": (
+        ENTRY + "routes:\n  - name: r\n    prefill: {protocol: vllm, backends: [tiny]}\n"
+                "    decode: {protocol: vllm, backends: [a]}\n",
+        "backends.yaml:8: routes[0].prefill.backends[0]: 'tiny' is not a backend of this file; a P/D pool takes"),
+    "unknown disagg policy": (
+        ENTRY + "routes:\n  - name: r\n    backends: [a]\n    disagg: {when: sometimes}\n",
+        "backends.yaml:9: routes[0].disagg.when: Input should be 'always', 'long' or 'slo'"),
     "kv events without a tokenizer": (ENTRY + "    kv_events: tcp://h:5557\n",
                                       "backends.yaml:6: backends[0].kv_events: needs tokenizer: (the backend's "),
     "kv events not zmq": (ENTRY + "    kv_events: http://h:5557\n",

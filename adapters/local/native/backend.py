@@ -95,6 +95,7 @@ class NativeBackend:
         if request.admit is not None:  # a keyed request: its budget and limits, before anything runs
             room = min(room, await request.admit(len(token_ids), limit, self.name) or room)
         params = sampling_params(options, request, room=room)
+        check_kv_role(self.settings.kv_role, params.kv_transfer_params)
         output: list[int] = []
         done: Done | None = None
         outputs = _engine_outputs(entry.engine, token_ids, params, request.arrival)
@@ -303,7 +304,17 @@ def sampling_params(options: Options, request: GenerationRequest, room: int):
         max_tokens=max(1, min(wanted, room)), stop=list(options.stop), ignore_eos=options.ignore_eos,
         logprobs=request.top_logprobs if request.logprobs else None,
         structured_outputs=structured_outputs(request.format), speculative=speculative_switch(options.speculative),
+        kv_transfer_params=(request.disagg_fields or {}).get("kv_transfer_params"),
     )
+
+
+def check_kv_role(role: str, kv_params: dict | None) -> None:
+    """A prefill worker takes no decode leg, a decode worker no prefill leg (``infer serve --role``)."""
+    leg = ("decode" if kv_params.get("do_remote_prefill") else "prefill" if kv_params.get("do_remote_decode")
+           else None) if kv_params else None
+    if leg is not None and role not in ("both", leg):
+        raise InvalidRequest(f"this server's native engine is a {role} worker (--role {role}); it takes no "
+                             f"{leg} leg (kv_transfer_params)", param="kv_transfer_params")
 
 
 def structured_outputs(fmt: str | dict | None):
@@ -347,7 +358,8 @@ def _done(out, prompt: list[int], output: list[int], timings: Timings, request: 
     timings.total = time.perf_counter() - request.arrival
     usage = Usage(input_tokens=len(prompt), output_tokens=len(output), cached_input_tokens=cached)
     return Done(finish_reason=reason or "stop", usage=usage, timings=timings, prompt_tokens=prompt,
-                output_tokens=output, truncated_messages=dropped)
+                output_tokens=output, truncated_messages=dropped,
+                kv_transfer_params=out.kv_transfer_params if out is not None else None)
 
 
 __all__ = ["NativeBackend"]
