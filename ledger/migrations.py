@@ -146,9 +146,14 @@ def m010_response_owners(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE responses ADD COLUMN key_name VARCHAR(255)"))
 
 
+def m011_backend_reported_output(conn: Connection) -> None:
+    """The output a backend reported beyond the cap the gateway enforced (NULL: it kept to it)."""
+    conn.execute(sa.text("ALTER TABLE requests ADD COLUMN backend_reported_output_tokens INTEGER"))
+
+
 MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs, m005_api_keys,
                                m006_expected_cached, m007_reasoning, m008_responses, m009_key_roles_and_holds,
-                               m010_response_owners]
+                               m010_response_owners, m011_backend_reported_output]
 
 
 def migrate(engine: Engine) -> list[str]:

@@ -6,6 +6,11 @@ consumer is cancelled (Starlette cancels a streaming body when the client goes a
 waits for the first event, so request errors (unknown model, prompt over the context) surface
 before any response header is sent.
 
+The pump enforces the request's output cap (``output_cap.py``: the gateway's own limit, whatever
+the backend does) and reads at most ``AHEAD`` events ahead of a streaming consumer: a client that
+stops reading holds its backend, so one that then hangs up is charged for what was generated
+before the gateway noticed, not for a whole answer nobody read.
+
 The ledger row is written from one place, when the pump ends: from the backend's ``Done``
 (``ok``, or ``cancelled`` when the consumer went away and ``request.cancel`` stopped the backend)
 or from the error (with the tokens of ``BackendError.partial`` when it failed mid-stream).
@@ -20,7 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from adapters.core.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
+from adapters.core.base import Backend, CancelToken, Chunk, Done, GenerationRequest, StreamEvent
 from adapters.core.errors import BackendError, BackendProtocolError, RouteShed, ShuttingDown
 from adapters.core.settings import DEFAULTS
 from gateway.serving.router import Router
@@ -35,9 +40,12 @@ from gateway.http.errors import APIError, to_status_message
 from gateway.keys import KeyBook
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import BackendMonitor, backend_label
+from gateway.serving.output_cap import OutputCap, asked_limit
 from gateway.tracing import Tracer
 
 log = logging.getLogger(__name__)
+
+AHEAD = 64  # events the pump reads ahead of a streaming client before the backend waits for it
 
 
 def key_forbids(caller, model: str) -> APIError:
@@ -185,13 +193,15 @@ class _Failure:
 
 class _Channel:
     """One producer (the pump), one consumer: a deque and the consumer's wake-up future (an
-    ``asyncio.Queue`` does more bookkeeping per event than this hand-over needs)."""
+    ``asyncio.Queue`` does more bookkeeping per event than this hand-over needs). The producer may
+    wait for ``room`` while the consumer has ``AHEAD`` events still to take."""
 
-    __slots__ = ("items", "_waiter")
+    __slots__ = ("items", "_waiter", "_space")
 
     def __init__(self) -> None:
         self.items: deque = deque()
         self._waiter: asyncio.Future | None = None
+        self._space: asyncio.Future | None = None
 
     def put(self, item) -> None:
         self.items.append(item)
@@ -206,7 +216,27 @@ class _Channel:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self.items.popleft()
+        return self.take()
+
+    def take(self):
+        item = self.items.popleft()
+        if self._space is not None and len(self.items) < AHEAD:
+            self.wake()
+        return item
+
+    def wake(self) -> None:
+        """The producer stops waiting for room (the consumer took events, or it left)."""
+        space = self._space
+        if space is not None and not space.done():
+            space.set_result(None)
+
+    async def room(self, consumer_gone: CancelToken) -> None:
+        while len(self.items) >= AHEAD and not consumer_gone.cancelled:
+            self._space = asyncio.get_running_loop().create_future()
+            try:
+                await self._space
+            finally:
+                self._space = None
 
 
 class Generation:
@@ -223,9 +253,11 @@ class Generation:
         self.done: Done | None = None
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
         self.admission: Admission | None = None  # its key's limits and budget hold, for a keyed request
+        self.cap = OutputCap(request, self._cap_limit)  # the most it may generate, enforced on its events
         self._ended = False
         self._aborted: BackendError | None = None
         self._queue = _Channel()  # the pump's events, in order
+        request.cancel.on_cancel(self._queue.wake)  # a consumer that left never holds the pump
         self.finished: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def prime(self) -> None:
@@ -262,8 +294,7 @@ class Generation:
                     yield event if index is None else (index, event)
                     return
                 yield event if index is None else (index, event)
-                items = self._queue.items
-                event = items.popleft() if items else await self._queue.get()
+                event = self._queue.take() if self._queue.items else await self._queue.get()
         finally:
             if not ended:  # the consumer went away: the backend stops and reports a cancelled Done
                 self.request.cancel.cancel()
@@ -304,15 +335,25 @@ class Generation:
             tracer.detach(token)
 
     async def _run(self) -> None:
+        held: list[Chunk] | None = None if self.request.stream else []  # a reply is sent whole: cut before it goes
         try:
             async with aclosing(self.backend.stream(self.request)) as events:
                 async for event in events:
-                    if self.done is None:
-                        if isinstance(event, Done):
-                            self.done, self.record = event, self._done_record(event)
-                        elif event.tool_calls:
-                            self.called = True
-                        self._queue.put(event)
+                    if self.done is not None:
+                        continue
+                    if isinstance(event, Done):
+                        self._end(self.cap.settle(event, held), held)
+                        continue
+                    chunk = self.cap.take(event)
+                    if chunk is None:
+                        continue
+                    self.called = self.called or bool(chunk.tool_calls)
+                    if held is not None:
+                        held.append(chunk)
+                        continue
+                    self._queue.put(chunk)
+                    if len(self._queue.items) >= AHEAD:  # a slow reader: the backend waits for it
+                        await self._queue.room(self.request.cancel)
             if self.done is None:
                 raise BackendProtocolError(f"the {self.backend.name} backend ended a stream without its final record")
         except asyncio.CancelledError as exc:  # shutdown cancelled the pump itself
@@ -327,6 +368,13 @@ class Generation:
                 await asyncio.sleep(0)
             finally:
                 self._finish(self.record)
+
+    def _end(self, done: Done, held: list[Chunk] | None) -> None:
+        self.done, self.record = done, self._done_record(done)
+        self.record.backend_reported_output_tokens = self.cap.backend_reported
+        for chunk in held or ():
+            self._queue.put(chunk)
+        self._queue.put(done)
 
     def _done_record(self, done: Done) -> UsageRecord:
         if self._aborted is not None:
@@ -360,6 +408,12 @@ class Generation:
         finally:
             if not self.finished.done():
                 self.finished.set_result(record)
+
+    def _cap_limit(self) -> int | None:
+        """The admitted cap of a keyed request, else the client's own ``max_tokens``."""
+        if self.admission is not None:
+            return self.admission.cap
+        return asked_limit(self.request)
 
     @property
     def note(self) -> str | None:
@@ -414,6 +468,9 @@ def _observe(m: GatewayMetrics, r: UsageRecord, backend: str, error_type: str) -
         children.e2e.observe(r.total_ms / 1000)
     if r.queue_ms is not None and r.status != "error":
         children.queue.observe(r.queue_ms / 1000)
+    if r.backend_reported_output_tokens is not None:
+        m.overruns.labels(backend).inc()
+        m.overrun_tokens.labels(backend).inc(r.backend_reported_output_tokens - r.output_tokens)
     if r.total_cost_usd:
         route = r.route_name or r.model
         for kind, value in (("input", r.input_cost_usd), ("cached_input", r.cached_input_cost_usd),

@@ -1,0 +1,92 @@
+"""The gateway's own limit on a request's output, enforced on the one event stream every API reads.
+
+A backend is *asked* for at most ``max_tokens``; nothing makes it obey. :class:`OutputCap` holds the
+most the gateway lets a request generate (a keyed request's admission: its ``max_tokens``, the
+key's ``--max-tokens``, what is left of its budget; otherwise the client's own ``max_tokens``) and
+counts the tokens it forwards:
+
+- a piece with token ids counts its ids; a backend that names no ids counts one token a piece (a
+  streamed delta is one token, as ``adapters/remote/base.py`` counts them);
+- the piece that would pass the cap is cut to what fits, and the request is cancelled
+  (``request.cancel``: the backend closes its upstream request and ends with its ``Done``); pieces
+  still in flight are dropped;
+- the final ``Done`` is the API's ``length`` and never counts more than the cap: a backend that
+  reports more output than the cap (a whole non-streamed reply that ignored ``max_tokens``) has its
+  pieces cut to the cap's share of their text, and what it reported is kept as
+  ``backend_reported`` (the row's ``backend_reported_output_tokens``, an anomaly on ``/metrics``),
+  never charged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from adapters.core.base import Chunk, Done, GenerationRequest
+
+
+def asked_limit(request: GenerationRequest) -> int | None:
+    """The client's own ``max_tokens`` (``num_predict``), when positive."""
+    asked = request.options.get("num_predict")
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None
+
+
+@dataclass
+class OutputCap:
+    request: GenerationRequest
+    limit: Callable[[], int | None]  # read per piece: a keyed request's cap is known once it is admitted
+    forwarded: int = 0
+    stopped: bool = False  # the gateway ended the request at its cap
+    backend_reported: int | None = None  # the backend's own larger output count, when it reported one
+    _by_ids: bool = False  # the backend names its tokens' ids: pieces without any add none
+
+    def take(self, chunk: Chunk) -> Chunk | None:
+        """What of ``chunk`` the client gets (None: nothing); the piece that reaches past the cap stops the request."""
+        if self.stopped:
+            return None
+        tokens = self._tokens(chunk)
+        cap = self.limit()
+        if cap is None or self.forwarded + tokens <= cap:
+            self.forwarded += tokens
+            return chunk
+        fits = cap - self.forwarded
+        self.forwarded, self.stopped = cap, True
+        self.request.cancel.cancel()
+        return _cut(chunk, fits / tokens) if fits > 0 else None
+
+    def settle(self, done: Done, pieces: list[Chunk] | None = None) -> Done:
+        """The final record as the gateway answers it: at most the cap, ``length`` when the cap ended it.
+        ``pieces`` (a reply not yet sent) are cut in place to the cap's share of the backend's output."""
+        cap, output = self.limit(), done.usage.output_tokens
+        if self.stopped:
+            done.finish_reason = "length"
+        if cap is None or output <= cap:
+            return done
+        if done.usage.source != "estimated":
+            self.backend_reported = output
+        if pieces is not None and not self.stopped:
+            pieces[:] = [_cut(piece, cap / output) for piece in pieces]
+        done.usage = replace(done.usage, output_tokens=cap,
+                             reasoning_tokens=None if done.usage.reasoning_tokens is None
+                             else min(done.usage.reasoning_tokens, cap))
+        done.finish_reason = "length"
+        return done
+
+    def _tokens(self, chunk: Chunk) -> int:
+        if chunk.token_ids:
+            self._by_ids = True
+            return len(chunk.token_ids)
+        if self._by_ids:
+            return 0
+        return 1 if chunk.text or chunk.thinking or chunk.tool_calls else 0
+
+
+def _cut(chunk: Chunk, share: float) -> Chunk:
+    """``chunk`` with ``share`` (0-1) of its text, thinking and ids; a tool call cannot be cut, so it is dropped."""
+    def part(text: str) -> str:
+        return text[:math.floor(len(text) * share)]
+
+    ids = chunk.token_ids[:math.floor(len(chunk.token_ids) * share)]
+    logprobs = None if chunk.logprobs is None else chunk.logprobs[:len(ids)]
+    return Chunk(part(chunk.text), ids, logprobs, [], part(chunk.thinking))
