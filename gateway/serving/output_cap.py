@@ -83,9 +83,14 @@ class OutputCap:
 
 
 def _cut(chunk: Chunk, share: float) -> Chunk:
-    """``chunk`` with ``share`` (0-1) of its text, thinking and ids; a tool call cannot be cut, so it is dropped."""
+    """``chunk`` with ``share`` (0-1) of its text, thinking and ids; a tool call cannot be cut, so it is dropped.
+    Text is cut before the word the share falls in (no half word: a token ends at most there)."""
     def part(text: str) -> str:
-        return text[:math.floor(len(text) * share)]
+        end = math.floor(len(text) * share)
+        if 0 < end < len(text) and not text[end].isspace():
+            space = max(text.rfind(" ", 0, end), text.rfind("\n", 0, end))
+            end = space if space > 0 else end
+        return text[:end]
 
     ids = chunk.token_ids[:math.floor(len(chunk.token_ids) * share)]
     logprobs = None if chunk.logprobs is None else chunk.logprobs[:len(ids)]
