@@ -37,6 +37,7 @@ from gateway.http.access import AccessPolicy
 from gateway.http.bodies import JSONBodies
 from gateway.http.guards import GuardMiddleware
 from gateway.http.hot import HotRoutes
+from gateway.http.limits import RequestBounds
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import BackendMonitor
 from gateway.ollama import generate as ollama_generate, models as ollama_models
@@ -104,6 +105,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     app.add_middleware(JSONBodies)  # for FastAPI's routes: the hot routes parse any body as JSON themselves
     app.add_middleware(HotRoutes, routes={openai_generate.CHAT_ROUTE: openai_generate.hot_chat,
                                           "/api/chat": ollama_generate.hot_chat})
+    app.add_middleware(RequestBounds, max_messages=settings.max_messages, max_tools=settings.max_tools)
     app.add_middleware(GuardMiddleware, settings=settings)
     if tracer is not None:
         app.add_middleware(TraceContextMiddleware, tracer=tracer)  # added last: runs first

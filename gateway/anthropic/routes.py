@@ -20,11 +20,12 @@ from gateway.deps import CallerDep, ClientDep, RecorderDep, RouterDep, check_mod
 from gateway.http.disconnect import on_disconnect
 from gateway.http.errors import anthropic_error, to_status_message
 from gateway.http.hints import HintsDep
+from gateway.http.limits import ParsedBodyRoute, items, translated
 from gateway.http.jsonwire import JSONBytes, cost_header
 from gateway.http.streaming import event_stream_response
 from gateway.serving.prompt_tokens import prompt_tokens
 
-router = APIRouter(tags=["anthropic"])
+router = APIRouter(tags=["anthropic"], route_class=ParsedBodyRoute)
 
 MESSAGES_ROUTE = "/v1/messages"
 COUNT_ROUTE = "/v1/messages/count_tokens"
@@ -33,7 +34,7 @@ COUNT_ROUTE = "/v1/messages/count_tokens"
 @router.post(MESSAGES_ROUTE, responses=messages_responses())
 async def messages(body: MessagesRequest, backends: RouterDep, recorder: RecorderDep, client: ClientDep,
                    hints: HintsDep, http: Request) -> Response:
-    request = hints.apply(body.generation_request(client))
+    request = hints.apply(await translated(body.generation_request, client, items=items(body.messages, body.tools)))
     stream = bool(body.stream)
     backend = recorder.resolve(backends, request, route=MESSAGES_ROUTE, stream=stream)
     gen = await recorder.start(backend, request, route=MESSAGES_ROUTE, stream=stream)
@@ -51,7 +52,8 @@ async def messages(body: MessagesRequest, backends: RouterDep, recorder: Recorde
 @router.post(COUNT_ROUTE, responses=count_responses())
 async def count_tokens(body: CountTokensRequest, backends: RouterDep, client: ClientDep, who: CallerDep) -> Response:
     check_model(who, body.model)
-    return JSONBytes({"input_tokens": await prompt_tokens(backends, body.translated(client))})
+    request = await translated(body.translated, client, items=items(body.messages, body.tools))
+    return JSONBytes({"input_tokens": await prompt_tokens(backends, request)})
 
 
 def _error_event(exc: Exception) -> tuple[str, dict]:

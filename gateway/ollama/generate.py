@@ -19,6 +19,7 @@ from gateway.serving.router import Router
 from gateway.ollama import views as view
 from gateway.deps import CallerDep, ClientDep, RecorderDep, RouterDep, check_model
 from gateway.http.disconnect import Receive, on_disconnect
+from gateway.http.limits import ParsedBodyRoute, items, translated
 from gateway.http.hints import HintsDep, RequestHints
 from gateway.http.hot import hot_route
 from gateway.http.errors import APIError
@@ -30,7 +31,7 @@ from gateway.ollama.schemas import ChatRequest, EmbeddingsRequest, EmbedRequest,
 from gateway.serving.recorder import Generation, Recorder
 from gateway.http.streaming import ndjson_response
 
-router = APIRouter(tags=["ollama"])
+router = APIRouter(tags=["ollama"], route_class=ParsedBodyRoute)
 
 
 @router.post("/api/generate", responses=generate_responses())
@@ -87,7 +88,8 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONBytes(view.load_answer(body.model, reason, chat=True))
     req = GenerationRequest(
-        model=body.model, engine=body.engine, messages=body.backend_messages(),
+        model=body.model, engine=body.engine,
+        messages=await translated(body.backend_messages, items=items(body.messages, body.tools)),
         options=body.sampling_options, format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
         truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools, think=body.think)
     hints.apply(req)

@@ -22,13 +22,14 @@ from gateway.deps import ClientDep, DbDep, RecorderDep, RouterDep, SettingsDep, 
 from gateway.http.disconnect import on_disconnect
 from gateway.http.errors import APIError, to_status_message
 from gateway.http.hints import HintsDep
+from gateway.http.limits import ParsedBodyRoute, items, translated
 from gateway.http.jsonwire import JSONBytes, cost_header
 from gateway.http.streaming import event_stream_response
 from gateway.openai import responses_views as views
 from gateway.openai.responses_api import ResponsesRequest, input_messages
 from gateway.openai.wire_models import responses_responses, stored_response_responses
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], route_class=ParsedBodyRoute)
 
 RESPONSES_ROUTE = "/v1/responses"
 _LAST = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -39,7 +40,8 @@ async def create_response(body: ResponsesRequest, backends: RouterDep, recorder:
                           hints: HintsDep, db: DbDep, settings: SettingsDep, viewer: ViewerDep,
                           http: Request) -> Response:
     history = await _history(db, body.previous_response_id, viewer)
-    request = hints.apply(body.generation_request(history, client))
+    request = hints.apply(await translated(body.generation_request, history, client,
+                                           items=items(body.input, body.tools)))
     stream = bool(body.stream)
     backend = recorder.resolve(backends, request, route=RESPONSES_ROUTE, stream=stream)
     gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=stream)

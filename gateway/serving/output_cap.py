@@ -1,9 +1,9 @@
 """The gateway's own limit on a request's output, enforced on the one event stream every API reads.
 
 A backend is *asked* for at most ``max_tokens``; nothing makes it obey. :class:`OutputCap` holds the
-most the gateway lets a request generate (a keyed request's admission: its ``max_tokens``, the
-key's ``--max-tokens``, what is left of its budget; otherwise the client's own ``max_tokens``) and
-counts the tokens it forwards:
+most the gateway lets a request generate, the cap a keyed request's admission computed
+(``gateway/admission.py``: the least of its ``max_tokens``, the context left, the key's
+``--max-tokens`` and what is left of its budget), and counts the tokens it forwards:
 
 - a piece with token ids counts its ids; a backend that names no ids counts one token a piece (a
   streamed delta is one token, as ``adapters/remote/base.py`` counts them);
@@ -11,10 +11,10 @@ counts the tokens it forwards:
   (``request.cancel``: the backend closes its upstream request and ends with its ``Done``); pieces
   still in flight are dropped;
 - the final ``Done`` is the API's ``length`` and never counts more than the cap: a backend that
-  reports more output than the cap (a whole non-streamed reply that ignored ``max_tokens``) has its
-  pieces cut to the cap's share of their text, and what it reported is kept as
-  ``backend_reported`` (the row's ``backend_reported_output_tokens``, an anomaly on ``/metrics``),
-  never charged.
+  reports more output than the cap (a whole non-streamed reply that ignored ``max_tokens``) has that
+  reply cut to the cap's share of its text (``trim``, when the reply is collected), and what it
+  reported is kept as ``backend_reported`` (the row's ``backend_reported_output_tokens``, an anomaly
+  on ``/metrics``), never charged.
 """
 
 from __future__ import annotations
@@ -26,12 +26,6 @@ from dataclasses import dataclass, replace
 from adapters.core.base import Chunk, Done, GenerationRequest
 
 
-def asked_limit(request: GenerationRequest) -> int | None:
-    """The client's own ``max_tokens`` (``num_predict``), when positive."""
-    asked = request.options.get("num_predict")
-    return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None
-
-
 @dataclass
 class OutputCap:
     request: GenerationRequest
@@ -39,6 +33,7 @@ class OutputCap:
     forwarded: int = 0
     stopped: bool = False  # the gateway ended the request at its cap
     backend_reported: int | None = None  # the backend's own larger output count, when it reported one
+    share: float = 1.0  # of the pieces forwarded, what a reply sent whole keeps (the cap over what was reported)
     _by_ids: bool = False  # the backend names its tokens' ids: pieces without any add none
 
     def take(self, chunk: Chunk) -> Chunk | None:
@@ -55,9 +50,8 @@ class OutputCap:
         self.request.cancel.cancel()
         return _cut(chunk, fits / tokens) if fits > 0 else None
 
-    def settle(self, done: Done, pieces: list[Chunk] | None = None) -> Done:
-        """The final record as the gateway answers it: at most the cap, ``length`` when the cap ended it.
-        ``pieces`` (a reply not yet sent) are cut in place to the cap's share of the backend's output."""
+    def settle(self, done: Done) -> Done:
+        """The final record as the gateway answers it: at most the cap, ``length`` when the cap ended it."""
         cap, output = self.limit(), done.usage.output_tokens
         if self.stopped:
             done.finish_reason = "length"
@@ -65,13 +59,17 @@ class OutputCap:
             return done
         if done.usage.source != "estimated":
             self.backend_reported = output
-        if pieces is not None and not self.stopped:
-            pieces[:] = [_cut(piece, cap / output) for piece in pieces]
+        if not self.stopped:
+            self.share = cap / output
         done.usage = replace(done.usage, output_tokens=cap,
                              reasoning_tokens=None if done.usage.reasoning_tokens is None
                              else min(done.usage.reasoning_tokens, cap))
         done.finish_reason = "length"
         return done
+
+    def trim(self, pieces: list[Chunk]) -> list[Chunk]:
+        """A reply sent whole (not streamed), cut to the cap's share of what the backend reported."""
+        return pieces if self.share >= 1.0 else [_cut(piece, self.share) for piece in pieces]
 
     def _tokens(self, chunk: Chunk) -> int:
         if chunk.token_ids:

@@ -40,7 +40,7 @@ from gateway.http.errors import APIError, to_status_message
 from gateway.keys import KeyBook
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import BackendMonitor, backend_label
-from gateway.serving.output_cap import OutputCap, asked_limit
+from gateway.serving.output_cap import OutputCap
 from gateway.tracing import Tracer
 
 log = logging.getLogger(__name__)
@@ -319,7 +319,7 @@ class Generation:
 
     async def collect(self) -> tuple[str, list[Chunk], Done]:
         """Non-streaming: the whole text, the chunks and the final record."""
-        chunks = [e async for e in self if isinstance(e, Chunk)]
+        chunks = self.cap.trim([e async for e in self if isinstance(e, Chunk)])
         assert self.done is not None
         return "".join(c.text for c in chunks), chunks, self.done
 
@@ -335,24 +335,20 @@ class Generation:
             tracer.detach(token)
 
     async def _run(self) -> None:
-        held: list[Chunk] | None = None if self.request.stream else []  # a reply is sent whole: cut before it goes
         try:
             async with aclosing(self.backend.stream(self.request)) as events:
                 async for event in events:
                     if self.done is not None:
                         continue
                     if isinstance(event, Done):
-                        self._end(self.cap.settle(event, held), held)
+                        self._end(self.cap.settle(event))
                         continue
                     chunk = self.cap.take(event)
                     if chunk is None:
                         continue
                     self.called = self.called or bool(chunk.tool_calls)
-                    if held is not None:
-                        held.append(chunk)
-                        continue
                     self._queue.put(chunk)
-                    if len(self._queue.items) >= AHEAD:  # a slow reader: the backend waits for it
+                    if self.request.stream and len(self._queue.items) >= AHEAD:  # a slow reader: the backend waits
                         await self._queue.room(self.request.cancel)
             if self.done is None:
                 raise BackendProtocolError(f"the {self.backend.name} backend ended a stream without its final record")
@@ -369,11 +365,9 @@ class Generation:
             finally:
                 self._finish(self.record)
 
-    def _end(self, done: Done, held: list[Chunk] | None) -> None:
+    def _end(self, done: Done) -> None:
         self.done, self.record = done, self._done_record(done)
         self.record.backend_reported_output_tokens = self.cap.backend_reported
-        for chunk in held or ():
-            self._queue.put(chunk)
         self._queue.put(done)
 
     def _done_record(self, done: Done) -> UsageRecord:
@@ -410,10 +404,8 @@ class Generation:
                 self.finished.set_result(record)
 
     def _cap_limit(self) -> int | None:
-        """The admitted cap of a keyed request, else the client's own ``max_tokens``."""
-        if self.admission is not None:
-            return self.admission.cap
-        return asked_limit(self.request)
+        """The cap the gateway computed for a keyed request (its admission); None: the gateway set none."""
+        return None if self.admission is None else self.admission.cap
 
     @property
     def note(self) -> str | None:
