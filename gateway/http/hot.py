@@ -26,7 +26,7 @@ from gateway.deps import client_from
 from gateway.http.bodies import PARSED_STRICTLY
 from gateway.http.errors import KNOWN, APIError, known_error_response
 from gateway.http.hints import hints_from
-from gateway.http.limits import PARSED, parse_object, read_body, replay
+from gateway.http.limits import PARSED, STRICT, parse_object, read_body, replay
 
 Handler = Callable[[dict, Callable, dict], Awaitable[Response | None]]
 
@@ -35,8 +35,9 @@ def hot_route(model: type[BaseModel], serve: Callable[..., Awaitable[Response]])
     """A hot handler: ``data`` validated as ``model``, then ``serve(body, router, recorder, client, hints,
     receive)``; None (the request goes to FastAPI) when the body or a hint header does not validate."""
     async def handler(scope: dict, receive: Callable, data: dict) -> Response | None:
+        strict = scope.get(STRICT, True) if PARSED in scope else True  # parsed here: by orjson
         try:
-            body = model.model_validate(data, context=PARSED_STRICTLY)
+            body = model.model_validate(data, context=PARSED_STRICTLY if strict else None)
             headers = Headers(scope=scope)
             hints = hints_from(headers, scope)
         except (ValidationError, APIError):

@@ -3,11 +3,15 @@
 The gateway serves every client from one event loop: a request whose parsing, validation or
 rendering holds it for seconds delays every other answer (``/health`` included). For the routes
 that take a prompt (:data:`PROMPT_ROUTES`), :class:`RequestBounds` (an ASGI middleware inside the
-guards, which already refused bodies over ``max_body_bytes`` with 413):
+guards, which already refused a body over ``max_prompt_bytes``, 8 MiB, with 413: orjson takes about
+4 ms a MB, all of it holding the loop):
 
-- parses the body once, with orjson (about 10x the standard library's speed; the hot routes and the
-  FastAPI routes reuse the object, ``scope[PARSED]``, and skip the surrogate walk orjson makes
-  needless);
+- parses the body once (the hot routes and the FastAPI routes reuse the object, ``scope[PARSED]``):
+  with orjson on the loop (about 10x the standard library's speed, and it refuses lone surrogates,
+  so the models' surrogate walk is skipped) when the body holds at most ``ON_LOOP_OBJECTS`` JSON
+  objects; a body with more (orjson's time grows with the objects: 10,000 tools take 200 ms) is
+  parsed on a worker thread by the standard library's Python scanner, which gives the loop the GIL
+  every few milliseconds;
 - refuses, before any validation, a body with more than ``max_messages`` messages (``messages``, or
   the Responses API's ``input`` items) or more than ``max_tools`` tools: 413 in the API's error
   shape, naming the limit and the setting that raises it.
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
+from json.scanner import py_make_scanner
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -32,7 +38,9 @@ from gateway.http.errors import error_body
 
 PROMPT_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                            "/v1/messages/count_tokens", "/api/chat", "/api/generate"})
-PARSED = "infer.parsed_body"  # scope key: the request's body as orjson parsed it
+PARSED = "infer.parsed_body"  # scope key: the request's body, parsed
+STRICT = "infer.parsed_strictly"  # scope key: True when orjson parsed it (no lone surrogates got through)
+ON_LOOP_OBJECTS = 20_000  # JSON objects a body may hold to be parsed on the loop (orjson: well under 50 ms)
 OFF_LOOP_ITEMS = 64  # a body with more messages or tools than this is translated on a worker thread
 
 # Set while a FastAPI route validates a body orjson parsed: orjson already refused lone surrogates,
@@ -51,12 +59,17 @@ class RequestBounds:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in PROMPT_ROUTES:
             return await self.app(scope, receive, send)
         messages, body = await read_body(receive)
-        data = parse_object(body) if messages[-1]["type"] == "http.request" else None
+        data, strict = None, True
+        if messages[-1]["type"] == "http.request":
+            if num_objects(body) <= ON_LOOP_OBJECTS:
+                data = parse_object(body)
+            else:
+                data, strict = await asyncio.to_thread(parse_in_python, body)
         if data is not None:
             refusal = self.refusal(data)
             if refusal is not None:
                 return await _refuse(send, scope["path"], refusal)
-            scope = {**scope, PARSED: data}
+            scope = {**scope, PARSED: data, STRICT: strict}
         await self.app(scope, replay(messages, receive), send)
 
     def refusal(self, data: dict[str, Any]) -> str | None:
@@ -98,7 +111,7 @@ class ParsedBodyRoute(APIRoute):
             if data is None:
                 return await handler(request)
             request._json = data
-            token = strictly_parsed.set(True)
+            token = strictly_parsed.set(request.scope.get(STRICT, False))
             try:
                 return await handler(request)
             finally:
@@ -117,6 +130,32 @@ async def read_body(receive) -> tuple[list[dict], bytes]:
         parts.append(message.get("body", b""))
         if not message.get("more_body"):
             return messages, b"".join(parts)
+
+
+def num_objects(body: bytes) -> int:
+    """About how many JSON objects ``body`` holds, at C speed: ``{`` followed by a key's quote (inside a
+    string that quote would be escaped, so only a string ending in ``{`` is miscounted)."""
+    return body.count(b'{"') + body.count(b'{ "') + body.count(b"{\n")
+
+
+def parse_in_python(body: bytes) -> tuple[dict[str, Any] | None, bool]:
+    """``body`` parsed by the standard library's pure-Python scanner (for a worker thread), and whether
+    it is free of lone surrogates (as orjson would have made sure; else the models' walk refuses it)."""
+    from gateway.http.bodies import check_text
+
+    decoder = json.JSONDecoder()
+    decoder.scan_once = py_make_scanner(decoder)
+    try:
+        data = decoder.decode(body.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None, False
+    if not isinstance(data, dict):
+        return None, False
+    try:
+        check_text(data)
+    except ValueError:
+        return data, False
+    return data, True
 
 
 def parse_object(body: bytes) -> dict[str, Any] | None:
