@@ -275,8 +275,9 @@ def object_payload(obj: object) -> np.ndarray:
 
 def worker_command(rank: int, world_size: int, init_method: str, device: torch.device,
                    log_level: str = "WARNING", parent: int | None = None) -> list[str]:
-    """How to start rank ``rank`` (> 0): it joins the group and executes what rank 0 sends."""
-    return [sys.executable, "-m", "native_engine.distributed.worker", "--rank", str(rank), "--world-size",
+    """How to start rank ``rank`` (> 0): it joins the group and executes what rank 0 sends. ``-P``: the
+    working directory is not on its import path (only the project and its packages are imported)."""
+    return [sys.executable, "-P", "-m", "native_engine.distributed.worker", "--rank", str(rank), "--world-size",
             str(world_size), "--init-method", init_method, "--device", str(device), "--log-level", log_level,
             "--parent", str(os.getpid() if parent is None else parent)]
 
