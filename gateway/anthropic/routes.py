@@ -37,13 +37,14 @@ async def messages(body: MessagesRequest, backends: RouterDep, recorder: Recorde
     request = hints.apply(await translated(body.generation_request, client, items=items(body.messages, body.tools)))
     stream = bool(body.stream)
     backend = recorder.resolve(backends, request, route=MESSAGES_ROUTE, stream=stream)
-    gen = await recorder.start(backend, request, route=MESSAGES_ROUTE, stream=stream)
     msg_id = views.message_id()
     if stream:
+        gen = await recorder.start(backend, request, route=MESSAGES_ROUTE, stream=True)
         events = views.stream_events(msg_id, body.model, gen.__aiter__(), body.stop_sequences)
         return event_stream_response(events, error=_error_event, last=frozenset({"message_stop"}),
                                      more_ready=gen.more_ready)
-    async with on_disconnect(http.receive, request.cancel.cancel):
+    async with on_disconnect(http.receive, request.cancel.cancel):  # from the start: a reply may take long to come
+        gen = await recorder.start(backend, request, route=MESSAGES_ROUTE, stream=False)
         _, chunks, done = await gen.collect()
     answer = views.message(msg_id, body.model, chunks, done, body.stop_sequences)
     return JSONBytes(answer, headers=cost_header(gen.cost_usd))

@@ -51,10 +51,11 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
         keep_alive=keep_alive, client=client, think=body.think)
     hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
-    gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
     if body.streaming:
+        gen = await recorder.start(backend, req, route="/api/generate", stream=True)
         return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready, headers=note_header([gen]))
-    async with on_disconnect(http.receive, req.cancel.cancel):
+    async with on_disconnect(http.receive, req.cancel.cancel):  # from the start: a reply may take long to come
+        gen = await recorder.start(backend, req, route="/api/generate", stream=False)
         text, chunks, done = await gen.collect()
     final = with_cost(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks),
                                           thinking=_thinking(chunks)), gen)
@@ -94,10 +95,11 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
         truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools, think=body.think)
     hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
-    gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
+        gen = await recorder.start(backend, req, route="/api/chat", stream=True)
         return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready, headers=note_header([gen]))
-    async with on_disconnect(receive, req.cancel.cancel):
+    async with on_disconnect(receive, req.cancel.cancel):  # from the start: a reply may take long to come
+        gen = await recorder.start(backend, req, route="/api/chat", stream=False)
         text, chunks, done = await gen.collect()
     calls = [call for chunk in chunks for call in chunk.tool_calls]
     final = view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks), tool_calls=calls,

@@ -44,14 +44,15 @@ async def create_response(body: ResponsesRequest, backends: RouterDep, recorder:
                                            items=items(body.input, body.tools)))
     stream = bool(body.stream)
     backend = recorder.resolve(backends, request, route=RESPONSES_ROUTE, stream=stream)
-    gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=stream)
     meta = views.ResponseMeta(body.model, views.settings_of(body))
     keep = _keeper(db, body, history, settings.responses_retention, getattr(hints.caller, "name", None))
     if stream:
+        gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=True)
         events = views.stream_events(meta, gen.__aiter__(), keep, _failure)
         return event_stream_response(events, error=lambda exc: ("error", _error_event(exc)), last=_LAST,
                                      more_ready=gen.more_ready)
-    async with on_disconnect(http.receive, request.cancel.cancel):
+    async with on_disconnect(http.receive, request.cancel.cancel):  # from the start: a reply may take long to come
+        gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=False)
         _, chunks, done = await gen.collect()
     answer = meta.snapshot(views.status_of(done), views.output_items(chunks), done)
     await keep(answer)
