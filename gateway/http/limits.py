@@ -11,7 +11,8 @@ guards, which already refused a body over ``max_prompt_bytes``, 8 MiB, with 413:
   so the models' surrogate walk is skipped) when the body holds at most ``ON_LOOP_OBJECTS`` JSON
   objects; a body with more (orjson's time grows with the objects: 10,000 tools take 200 ms) is
   parsed on a worker thread by the standard library's Python scanner, which gives the loop the GIL
-  every few milliseconds;
+  every few milliseconds (``gateway/app.py`` freezes the startup heap out of Python's full garbage
+  collections, each of which would otherwise hold the loop about 70 ms amid so many new objects);
 - refuses, before any validation, a body with more than ``max_messages`` messages (``messages``, or
   the Responses API's ``input`` items) or more than ``max_tools`` tools: 413 in the API's error
   shape, naming the limit and the setting that raises it.
@@ -27,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-from json.scanner import py_make_scanner
 from collections.abc import Callable
+from json.scanner import py_make_scanner
 from typing import Any, TypeVar
 
 import orjson
@@ -39,7 +40,7 @@ from gateway.http.errors import error_body
 PROMPT_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                            "/v1/messages/count_tokens", "/api/chat", "/api/generate"})
 PARSED = "infer.parsed_body"  # scope key: the request's body, parsed
-STRICT = "infer.parsed_strictly"  # scope key: True when orjson parsed it (no lone surrogates got through)
+STRICT = "infer.parsed_strictly"  # scope key: True when no lone surrogate can be in it (orjson refuses them)
 ON_LOOP_OBJECTS = 20_000  # JSON objects a body may hold to be parsed on the loop (orjson: well under 50 ms)
 OFF_LOOP_ITEMS = 64  # a body with more messages or tools than this is translated on a worker thread
 
