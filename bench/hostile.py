@@ -18,8 +18,10 @@ Measured:
 - RSS of the server after a small warm-up request (the tiny vocabulary cached) and 3 s after the last
   hostile request (MB);
 - spend: a key with ``--budget-usd 10`` sends 20 concurrent requests (streaming and not, OpenAI chat,
-  Ollama chat and generate, Anthropic messages, Responses) with no output limit: spent vs budget; a
-  key with ``--max-tokens 10``: the most tokens one answer carried (usage as each API reports it);
+  Ollama chat and generate, Anthropic messages, Responses), each asking for 100 tokens (so all 20 are
+  admitted: a hold of about $0.25 each) and getting ``--ignored``: spent vs budget; a key with
+  ``--max-tokens 10`` and no limit in the requests: the most tokens one answer carried (usage as each
+  API reports it);
 - slow consumers: 10 clients stream a ``--ignored``-token answer, read 30 events and hang up: their
   rows' statuses and median output tokens.
 """
@@ -179,6 +181,15 @@ CALLS = [("/v1/chat/completions", {"model": "priced", "messages": CHAT}),
          ("/api/generate", {"model": "priced", "prompt": "once upon a time"})]
 
 
+def asking(path: str, body: dict, n: int) -> dict:
+    """``body`` asking for at most ``n`` tokens, in its API's words."""
+    if path == "/v1/responses":
+        return {**body, "max_output_tokens": n}
+    if path.startswith("/api/"):
+        return {**body, "options": {"num_predict": n}}
+    return {**body, "max_tokens": n}
+
+
 def output_tokens(path: str, response: httpx.Response, stream: bool) -> int:
     """The answer's output tokens as the API reports them (the last usage seen on a stream)."""
     objects = [response.json()] if not stream else [
@@ -202,7 +213,7 @@ def spend(url: str, env: dict, db: str) -> dict:
         async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=len(jobs))) as client:
             return await asyncio.gather(*(client.post(url + p, json=b, headers={"Authorization": f"Bearer {key}"})
                                           for p, b in jobs))
-    jobs = (calls * 2)[:20]
+    jobs = [(path, asking(path, body, 100)) for path, body in (calls * 2)[:20]]
     answers = asyncio.run(burst(key, jobs))
     tens = asyncio.run(burst(ten, calls))
     time.sleep(2)
