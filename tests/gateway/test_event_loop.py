@@ -146,3 +146,14 @@ def test_memory_returns_after_a_7_mb_body(server):
     assert answer.status_code == 200, answer.text
     time.sleep(1.0)
     assert rss_mb(server.process.pid) - before <= 50.0, (before, rss_mb(server.process.pid))
+
+
+def test_counting_in_pieces_gives_the_count_of_one_encode(tiny_store):
+    from gateway.serving.prompt_tokens import PIECE_CHARS, count_in_pieces
+    from gguf_io.tokenizer import Tokenizer
+
+    vocab = Tokenizer.from_gguf(str(tiny_store.root.parent / "tiny-qwen2.gguf"))
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}\n  indented {i}\n<|im_end|>\n"
+                   for i, m in enumerate(history(400, 200)))
+    assert len(text) > 4 * PIECE_CHARS
+    assert count_in_pieces(vocab, text) == len(vocab.encode(text))
