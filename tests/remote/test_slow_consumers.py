@@ -5,7 +5,7 @@ until the gateway noticed its client had gone; its row says ``cancelled``. The g
 events ahead of what a streaming client has taken, so a client that stops reading holds its backend, and
 one that then hangs up is not charged for an answer nobody read.
 
-A fake vLLM streams 3,000 tokens (priced $0.001 an output token) in about 1.5 s; each client reads about
+A fake vLLM streams 3,000 tokens (priced $0.001 an output token) in about 6 s; each client reads about
 1 % of the stream (30 events) and hangs up: what had been generated when the gateway noticed is charged
 (those 30, what the socket buffers and the 64 events ahead held), not the 3,000. A non-streamed
 request whose reply takes 2 s is left after 0.3 s: nothing had arrived, nothing is charged.
@@ -92,7 +92,7 @@ def ask_and_hang_up(server, path: str, body: dict, agent: str) -> None:
 def test_a_streaming_client_that_reads_1_percent_and_hangs_up_is_cancelled_and_charged_what_was_generated(
         fake, server, path):
     agent = f"slow-stream{path.replace('/', '-')}"
-    fake.behaviour.token_delay = 0.0005  # 3,000 tokens take 1.5 s or more
+    fake.behaviour.token_delay = 0.002  # 3,000 tokens take 6 s or more (a shorter sleep is no sleep at all)
     try:
         read_a_little_and_hang_up(server, path, CALLS[path], agent)
         assert wait_for(lambda: len(rows(server, agent)) == 1, timeout=20)
