@@ -8,6 +8,8 @@ Tests mutate one :class:`Behaviour` between requests (the server thread reads it
 Faults, in the order a request meets them:
 - ``fail_status``: the next ``fail_times`` generation requests get this status in the backend's own
   error body for that class (see each server's ``error_body``), then it clears itself;
+- ``ignore_max_tokens`` = N: every request generates N tokens whatever its ``max_tokens`` says (and
+  reports them in its usage), as a misbehaving server does (vLLM's fake);
 - ``first_byte_delay``: seconds before the status line (nothing at all is sent meanwhile);
 - ``token_delay``: seconds before each token event;
 - ``fail_after`` / ``drop_after`` / ``malformed_after`` = N: after N token events (or after all of them
@@ -37,6 +39,7 @@ class Behaviour:
     first_byte_delay: float = 0.0
     token_delay: float = 0.0
     report_usage: bool = True                # False: no usage chunk / details / num_*_tokens outputs
+    ignore_max_tokens: int | None = None     # a backend that ignores max_tokens: generates this many tokens
     healthy: bool = True
     models: list[str] = field(default_factory=list)   # served model names; start_server fills it
     running: int = 0                         # load figures for /metrics

@@ -85,9 +85,10 @@ def max_tokens(body: dict[str, Any]) -> int | None:
     return body.get("max_completion_tokens", body.get("max_tokens"))
 
 
-def run(body: dict[str, Any], chat: bool) -> Generation:
+def run(body: dict[str, Any], chat: bool, b: Behaviour | None = None) -> Generation:
     prompt = body["messages"] if chat else str(body["prompt"])
-    return FakeEngine.run(prompt, max_tokens(body), body.get("stop"))
+    ignored = b.ignore_max_tokens if b is not None else None
+    return FakeEngine.run(prompt, ignored or max_tokens(body), body.get("stop"))
 
 
 def mid_stream_error(style: Style):
@@ -122,7 +123,7 @@ def completions(b: Behaviour, chat: bool):
         found = problem(body, chat, b)
         if found:
             return error_reply(b, *found)
-        gen = run(body, chat)
+        gen = run(body, chat, b)
         style = Style(chat, body.get("model") or b.models[0], body=body)
         return stream_reply(b, style, gen, body) if body.get("stream") else whole_reply(b, style, gen)
 

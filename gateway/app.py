@@ -12,6 +12,7 @@ response → one ledger row through the writer thread.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from contextlib import asynccontextmanager
 
@@ -37,6 +38,7 @@ from gateway.http.access import AccessPolicy
 from gateway.http.bodies import JSONBodies
 from gateway.http.guards import GuardMiddleware
 from gateway.http.hot import HotRoutes
+from gateway.http.limits import RequestBounds
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import BackendMonitor
 from gateway.ollama import generate as ollama_generate, models as ollama_models
@@ -83,6 +85,8 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
             app.state.metrics.routes = RouteMetrics(app.state.metrics.registry, routes)
             for route in routes:
                 route.on_outcome.append(app.state.metrics.routes.outcome)
+        gc.collect()
+        gc.freeze()  # the startup heap (modules, settings) out of every full collection: one would hold the loop ~70 ms
         try:
             yield
         finally:
@@ -104,6 +108,7 @@ def create_app(settings: ServerSettings, backend: Backend | Router | None = None
     app.add_middleware(JSONBodies)  # for FastAPI's routes: the hot routes parse any body as JSON themselves
     app.add_middleware(HotRoutes, routes={openai_generate.CHAT_ROUTE: openai_generate.hot_chat,
                                           "/api/chat": ollama_generate.hot_chat})
+    app.add_middleware(RequestBounds, max_messages=settings.max_messages, max_tools=settings.max_tools)
     app.add_middleware(GuardMiddleware, settings=settings)
     if tracer is not None:
         app.add_middleware(TraceContextMiddleware, tracer=tracer)  # added last: runs first

@@ -78,6 +78,11 @@ class GatewayMetrics:
                                     registry=r)
         self.cost = Counter("infer_cost_usd", "What requests cost, by token kind (provisional for hour-priced "
                             "backends).", ["route", "backend", "kind"], registry=r)
+        self.overruns = Counter("infer_backend_output_overruns", "Requests whose backend reported more output than "
+                                "the cap the gateway enforced (it ignored max_tokens); the excess is never charged.",
+                                ["backend"], registry=r)
+        self.overrun_tokens = Counter("infer_backend_output_overrun_tokens", "Output tokens backends reported beyond "
+                                      "the gateway's cap (not forwarded, not charged).", ["backend"], registry=r)
         self.in_flight = Gauge("infer_requests_in_flight", "Requests being served now.", ["model"], registry=r)
         self._outcomes: dict[tuple, Counter] = {}
         self._latency: dict[tuple, _Latency] = {}

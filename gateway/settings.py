@@ -53,6 +53,12 @@ class ServerSettings(BaseModel):
     local: LocalSettings = Field(default_factory=lambda: DEFAULTS, description="The in-process engines.")
     config: Path | None = Field(default=None, description="Remote backends file (INFER_CONFIG / --config).")
     max_body_bytes: int = Field(default=32 << 20, ge=1024, description="Largest accepted request body.")
+    max_prompt_bytes: int = Field(default=8 << 20, ge=1024, description="Largest body a prompt route takes "
+                                  "(INFER_MAX_PROMPT_BYTES): parsing it holds the event loop about 4 ms a MB.")
+    max_messages: int = Field(default=10_000, ge=1, description="Most messages (or Responses input items) one "
+                              "request may send (INFER_MAX_MESSAGES); more is a 413 before any work.")
+    max_tools: int = Field(default=512, ge=1, description="Most tools one request may send (INFER_MAX_TOOLS); "
+                           "more is a 413 before any work.")
     max_blob_bytes: int = Field(default=256 << 30, ge=1, description="Largest model file /api/blobs accepts "
                                 "(INFER_MAX_BLOB_BYTES); free disk space less a GiB caps it too.")
     redis_url: str | None = Field(default=None, description="Redis for per-key rate limits shared by replicas "
@@ -161,6 +167,9 @@ def _from_env(env: dict[str, str]) -> dict[str, Any]:
         out["redis_url"] = env["INFER_REDIS_URL"].strip()
     if env.get("INFER_HOLD_TTL_S"):
         out["hold_ttl_s"] = env["INFER_HOLD_TTL_S"].strip()
+    for name in ("max_prompt_bytes", "max_messages", "max_tools"):
+        if env.get(f"INFER_{name.upper()}"):
+            out[name] = env[f"INFER_{name.upper()}"].strip()
     if env.get("INFER_MAX_BLOB_BYTES"):
         out["max_blob_bytes"] = env["INFER_MAX_BLOB_BYTES"].strip()
     if env.get("INFER_RESPONSES_RETENTION"):

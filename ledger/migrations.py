@@ -154,9 +154,14 @@ def m011_disagg(conn: Connection) -> None:
         conn.execute(sa.text(f"ALTER TABLE requests ADD COLUMN {column}"))
 
 
+def m012_backend_reported_output(conn: Connection) -> None:
+    """The output a backend reported beyond the cap the gateway enforced (NULL: it kept to it)."""
+    conn.execute(sa.text("ALTER TABLE requests ADD COLUMN backend_reported_output_tokens INTEGER"))
+
+
 MIGRATIONS: list[Migration] = [m001_requests, m002_usage_source, m003_routes, m004_costs, m005_api_keys,
                                m006_expected_cached, m007_reasoning, m008_responses, m009_key_roles_and_holds,
-                               m010_response_owners, m011_disagg]
+                               m010_response_owners, m011_disagg, m012_backend_reported_output]
 
 
 def migrate(engine: Engine) -> list[str]:

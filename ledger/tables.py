@@ -35,6 +35,9 @@ class UsageRecord(SQLModel):
                                             "KV cache, as it reported them (NULL: not reported).")
     reasoning_tokens: int | None = Field(default=None, description="Of output_tokens, those spent thinking "
                                          "(NULL: no thinking reported or generated).")
+    backend_reported_output_tokens: int | None = Field(
+        default=None, description="A backend's own output count when it exceeded the cap the gateway enforced "
+        "(it ignored max_tokens): an anomaly, never charged; output_tokens is what was forwarded (NULL: none).")
     usage_source: str | None = Field(default=None, description="Who counted the tokens: engine (in-process), "
                                      "backend (a remote server's report) or estimated (our tokenizer).")
     queue_ms: float | None = None

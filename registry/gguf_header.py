@@ -20,6 +20,8 @@ from pathlib import Path
 # GGUF value types -> struct format (scalars); 8 = string, 9 = array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+VERSIONS = (2, 3)  # the GGUF versions with 64-bit counts, as llama.cpp reads them (1 had 32-bit ones)
+_SMALLEST_ITEM = {_STRING: 8, _ARRAY: 12}  # bytes an element takes at least: a length; a type and a count
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class _Cursor:
 
     def array(self, max_array: int) -> list:
         kind, count = self.scalar("I"), self.scalar("Q")
+        smallest = struct.calcsize(_SCALARS[kind]) if kind in _SCALARS else _SMALLEST_ITEM.get(kind, 1)
+        left = len(self.buf) - self.pos
+        if count * smallest > left:
+            raise ValueError(f"an array of {count} elements cannot fit in the {left} bytes left in the file")
         if count <= max_array:
             return [self.value(kind, max_array) for _ in range(count)]
         if kind in _SCALARS:
@@ -86,18 +92,26 @@ class _Cursor:
 
 
 def read_header(path: Path, *, max_array: int = 32) -> GGUFHeader:
-    """Parse the header; raises ``ValueError`` (bad magic, truncated file, unknown type)."""
+    """Parse the header; raises ``ValueError`` (bad magic, an unknown version, truncated file, unknown
+    type, an array longer than the bytes left could hold), naming the field."""
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != b"GGUF":
             raise ValueError("bad magic")
         cur = _Cursor(buf)
         cur.pos = 4
         try:
-            version, n_tensors, n_kv = cur.scalar("I"), cur.scalar("Q"), cur.scalar("Q")
+            version = cur.scalar("I")
+            if version not in VERSIONS:
+                raise ValueError(f"field 'version': GGUF version {version} is not one this reader knows "
+                                 f"({', '.join(map(str, VERSIONS))})")
+            n_tensors, n_kv = cur.scalar("Q"), cur.scalar("Q")
             metadata = {}
             for _ in range(n_kv):
                 key = cur.string()
-                metadata[key] = cur.value(cur.scalar("I"), max_array)
+                try:
+                    metadata[key] = cur.value(cur.scalar("I"), max_array)
+                except ValueError as exc:
+                    raise ValueError(f"metadata field {key!r}: {exc}") from None
             tensors = [_tensor(cur) for _ in range(n_tensors)]
         except struct.error as exc:
             raise ValueError(f"truncated header: {exc}") from None

@@ -19,6 +19,11 @@ the native engine's workers, ``python -m native_engine.distributed.worker``, whi
 ``torch.distributed``). The death of any member fails the group: the others are killed, every request
 in flight ends with :class:`~adapters.core.errors.RunnerStopped`, and the scheduler starts a fresh group
 on the next request.
+
+A runner imports only the project and its installed packages, never the server's working directory:
+each process starts as ``python -P -m …`` (no current directory on ``sys.path``) with the project's
+root first on ``PYTHONPATH`` (``isolated``), so a ``gguf.py`` or ``torch.py`` lying where
+``infer serve`` was started is not what a runner runs.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ import sys
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from adapters.core.base import Chunk, Done, EmbedResult, GenerationRequest, StreamEvent, Timings, Usage
@@ -50,6 +56,21 @@ STOPPED = ("model runner has unexpectedly stopped ({why}); this may be due to re
            "internal error, check the infer serve log for details")
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding adapters/, native_engine/, …
+
+
+def isolated(module: str, *args: str) -> list[str]:
+    """``python -P -m module args``: the current directory is not put on the child's ``sys.path``."""
+    return [sys.executable, "-P", "-m", module, *args]
+
+
+def isolated_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` with the project's root first on ``PYTHONPATH``, and no relative entries (they would
+    name the working directory again)."""
+    kept = [entry for entry in base.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(entry)]
+    return {**base, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), *kept])}
+
+
 @dataclass
 class Launch:
     """How to start a runner's processes: one command per rank; ``{fd}`` in rank 0's is the channel's
@@ -63,18 +84,19 @@ class Launch:
     def single(cls, engine: str, *, log_level: str = "warning") -> "Launch":
         """One runner process; a llama.cpp one with the library the installer found it needs preloaded
         (``adapters/local/llamacpp/markers.py``), if any."""
-        env = markers.preload_env(os.environ) if engine == "llamacpp" else None
-        return cls(engine, [[sys.executable, "-m", "adapters.runner", "--engine", engine, "--fd", "{fd}",
-                             "--parent", str(os.getpid()), "--log-level", log_level]], env)
+        preload = markers.preload_env(os.environ) if engine == "llamacpp" else None
+        env = isolated_env(preload or os.environ)
+        return cls(engine, [isolated("adapters.runner", "--engine", engine, "--fd", "{fd}",
+                                     "--parent", str(os.getpid()), "--log-level", log_level)], env)
 
     @classmethod
     def group(cls, engine: str, world_size: int, init_method: str, *, device: str = "auto",
               log_level: str = "warning") -> "Launch":
         """A tensor-parallel group: the runner as rank 0, then a native-engine worker per rank, all meeting at
         ``init_method`` (the runner's engine is told the same place through its settings)."""
-        workers = [[sys.executable, "-m", "native_engine.distributed.worker", "--rank", str(rank), "--world-size",
-                    str(world_size), "--init-method", init_method, "--device", device, "--parent", str(os.getpid()),
-                    "--log-level", log_level] for rank in range(1, world_size)]
+        workers = [isolated("native_engine.distributed.worker", "--rank", str(rank), "--world-size",
+                            str(world_size), "--init-method", init_method, "--device", device,
+                            "--parent", str(os.getpid()), "--log-level", log_level) for rank in range(1, world_size)]
         return cls(engine, [cls.single(engine, log_level=log_level).commands[0], *workers])
 
 

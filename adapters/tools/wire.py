@@ -18,6 +18,7 @@ them as JSON text. A generated call is an :class:`adapters.core.base.ToolCall` (
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -77,11 +78,21 @@ def _check_tool(i: int, tool: Any) -> None:
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
         raise InvalidRequest(f"{where}.function.parameters must be a JSON Schema of type 'object'",
                              param=f"{where}.function.parameters")
+    problem = _schema_problem(json.dumps(parameters, sort_keys=True))
+    if problem is not None:
+        raise InvalidRequest(f"{where}.function.parameters is not a valid JSON Schema: {problem}",
+                             param=f"{where}.function.parameters")
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_problem(schema: str) -> str | None:
+    """Why a JSON Schema (as sorted JSON text) is invalid, or None; about a millisecond a schema, so an agent's
+    tools, sent again with every request, are checked once."""
     try:
-        Draft202012Validator.check_schema(parameters)
+        Draft202012Validator.check_schema(json.loads(schema))
     except SchemaError as exc:
-        raise InvalidRequest(f"{where}.function.parameters is not a valid JSON Schema: {exc.message}",
-                             param=f"{where}.function.parameters") from None
+        return exc.message
+    return None
 
 
 def tool_names(tools: list[dict] | None) -> list[str]:

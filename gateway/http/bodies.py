@@ -44,8 +44,13 @@ PARSED_STRICTLY = {"strict_json": True}  # validation context: orjson parsed it,
 
 def checked_text(cls, value: Any, info: ValidationInfo) -> Any:
     """The request models' before-validator: :func:`check_text`, unless the body was parsed by orjson
-    (the hot routes), which already refuses what it refuses."""
-    return value if info.context and info.context.get("strict_json") else check_text(value)
+    (the hot routes, and the prompt routes ``gateway/http/limits.py`` parsed), which already refuses what
+    it refuses."""
+    from gateway.http.limits import strictly_parsed
+
+    if (info.context and info.context.get("strict_json")) or strictly_parsed.get():
+        return value
+    return check_text(value)
 
 
 def check_text(value: Any) -> Any:

@@ -10,7 +10,8 @@
   ledger database cannot be asked about a key). Who the key names goes on in ``scope["state"]
   ["principal"]`` for the route (budgets, limits, a key's models, whose rows a view shows).
 - Bodies larger than ``max_body_bytes`` get ``413`` before the route sees them (except blob
-  uploads, ``/api/blobs/*``, which are streamed to disk and verified by digest).
+  uploads, ``/api/blobs/*``, which are streamed to disk and verified by digest); a prompt route's
+  (``gateway/http/limits.py``) larger than ``max_prompt_bytes``, as parsing it holds the event loop.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import socket
 
 from gateway.http.access import LEDGER_PREFIX, PUBLIC, AccessPolicy, Principal, credential_of
 from gateway.http.errors import error_body
+from gateway.http.limits import PROMPT_ROUTES
 from gateway.http.outage import Unavailable
 from gateway.settings import ServerSettings
 
@@ -58,7 +60,7 @@ class GuardMiddleware:
             body = json.dumps(error_body(scope["path"], status, message)).encode()
             return await _send(send, status, body, [(b"content-type", b"application/json"), *extra])
         limited = not scope["path"].startswith("/api/blobs/")  # model uploads are streamed to disk
-        if limited and _content_length(headers) > self.settings.max_body_bytes:
+        if limited and _content_length(headers) > self._limit(scope):
             return await self._too_large(scope, send)
         send = self._with_cors(send, origin)
         if not limited or "content-length" in headers:  # a declared length was checked above: nothing to count
@@ -131,7 +133,7 @@ class GuardMiddleware:
         """Count the body as it arrives (chunked bodies have no Content-Length): past the limit, answer
         413 at once and tell the app the client is gone, so it stops reading and answers nothing."""
         seen = 0
-        limit = self.settings.max_body_bytes
+        limit = self._limit(scope)
 
         async def wrapped():
             nonlocal seen
@@ -147,9 +149,16 @@ class GuardMiddleware:
             return message
         return wrapped
 
+    def _limit(self, scope) -> int:
+        """The largest body the route takes: a prompt route's is ``max_prompt_bytes`` (parsing holds the loop)."""
+        if scope["path"] in PROMPT_ROUTES:
+            return min(self.settings.max_body_bytes, self.settings.max_prompt_bytes)
+        return self.settings.max_body_bytes
+
     async def _too_large(self, scope, send) -> None:
-        limit_mib = self.settings.max_body_bytes / (1 << 20)
-        body = error_body(scope["path"], 413, f"request body too large (limit {limit_mib:g} MiB)")
+        limit_mib = self._limit(scope) / (1 << 20)
+        variable = "INFER_MAX_PROMPT_BYTES" if scope["path"] in PROMPT_ROUTES else "the server's body limit"
+        body = error_body(scope["path"], 413, f"request body too large (limit {limit_mib:g} MiB, {variable})")
         await _send(send, 413, json.dumps(body).encode(), [(b"content-type", b"application/json")])
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.responses import Response
@@ -27,6 +26,7 @@ from gateway.deps import client_from
 from gateway.http.bodies import PARSED_STRICTLY
 from gateway.http.errors import KNOWN, APIError, known_error_response
 from gateway.http.hints import hints_from
+from gateway.http.limits import PARSED, STRICT, parse_object, read_body, replay
 
 Handler = Callable[[dict, Callable, dict], Awaitable[Response | None]]
 
@@ -35,8 +35,9 @@ def hot_route(model: type[BaseModel], serve: Callable[..., Awaitable[Response]])
     """A hot handler: ``data`` validated as ``model``, then ``serve(body, router, recorder, client, hints,
     receive)``; None (the request goes to FastAPI) when the body or a hint header does not validate."""
     async def handler(scope: dict, receive: Callable, data: dict) -> Response | None:
+        strict = scope.get(STRICT, True) if PARSED in scope else True  # parsed here: by orjson
         try:
-            body = model.model_validate(data, context=PARSED_STRICTLY)
+            body = model.model_validate(data, context=PARSED_STRICTLY if strict else None)
             headers = Headers(scope=scope)
             hints = hints_from(headers, scope)
         except (ValidationError, APIError):
@@ -55,8 +56,10 @@ class HotRoutes:
         handler = self.routes.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if handler is None or not _has_length(scope["headers"]):
             return await self.app(scope, receive, send)
-        messages, body = await _read(receive)
-        data = _object(body) if messages[-1]["type"] == "http.request" else None
+        messages, body = await read_body(receive)
+        data = scope.get(PARSED)  # RequestBounds parsed it
+        if data is None:
+            data = parse_object(body) if messages[-1]["type"] == "http.request" else None
         response = None
         if data is not None:
             try:
@@ -64,37 +67,9 @@ class HotRoutes:
             except KNOWN as exc:
                 response = known_error_response(scope["path"], exc)
         if response is None:
-            return await self.app(scope, _replay(messages, receive), send)
+            return await self.app(scope, replay(messages, receive), send)
         await response(scope, receive, send)
 
 
 def _has_length(headers: list[tuple[bytes, bytes]]) -> bool:
     return any(k == b"content-length" for k, _ in headers)
-
-
-async def _read(receive) -> tuple[list[dict], bytes]:
-    messages, parts = [], []
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            return messages, b""
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return messages, b"".join(parts)
-
-
-def _object(body: bytes) -> dict[str, Any] | None:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _replay(messages: list[dict], receive):
-    pending = list(messages)
-
-    async def replayed() -> dict:
-        return pending.pop(0) if pending else await receive()
-    return replayed

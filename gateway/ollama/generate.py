@@ -19,6 +19,7 @@ from gateway.serving.router import Router
 from gateway.ollama import views as view
 from gateway.deps import CallerDep, ClientDep, RecorderDep, RouterDep, check_model
 from gateway.http.disconnect import Receive, on_disconnect
+from gateway.http.limits import ParsedBodyRoute, items, translated
 from gateway.http.hints import HintsDep, RequestHints
 from gateway.http.hot import hot_route
 from gateway.http.errors import APIError
@@ -30,7 +31,7 @@ from gateway.ollama.schemas import ChatRequest, EmbeddingsRequest, EmbedRequest,
 from gateway.serving.recorder import Generation, Recorder
 from gateway.http.streaming import ndjson_response
 
-router = APIRouter(tags=["ollama"])
+router = APIRouter(tags=["ollama"], route_class=ParsedBodyRoute)
 
 
 @router.post("/api/generate", responses=generate_responses())
@@ -50,10 +51,11 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
         keep_alive=keep_alive, client=client, think=body.think, templated=True, timed=True)
     hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
-    gen = await recorder.start(backend, req, route="/api/generate", stream=body.streaming)
     if body.streaming:
+        gen = await recorder.start(backend, req, route="/api/generate", stream=True)
         return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready, headers=note_header([gen]))
-    async with on_disconnect(http.receive, req.cancel.cancel):
+    async with on_disconnect(http.receive, req.cancel.cancel):  # from the start: a reply may take long to come
+        gen = await recorder.start(backend, req, route="/api/generate", stream=False)
         text, chunks, done = await gen.collect()
     final = with_cost(view.generate_final(body.model, done, text=text, raw=body.raw, logprobs=_logprobs(chunks),
                                           thinking=_thinking(chunks)), gen)
@@ -87,16 +89,18 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
         reason = await load_or_unload(backends, body.model, keep_alive, body.sampling_options, engine=body.engine)
         return JSONBytes(view.load_answer(body.model, reason, chat=True))
     req = GenerationRequest(
-        model=body.model, engine=body.engine, messages=body.backend_messages(),
+        model=body.model, engine=body.engine,
+        messages=await translated(body.backend_messages, items=items(body.messages, body.tools)),
         options=body.sampling_options, format=body.format, logprobs=body.logprobs, top_logprobs=body.top_logprobs,
         truncate=bool(body.truncate), keep_alive=keep_alive, client=client, tools=body.tools, think=body.think,
         timed=True)
     hints.apply(req)
     backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
-    gen = await recorder.start(backend, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
+        gen = await recorder.start(backend, req, route="/api/chat", stream=True)
         return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready, headers=note_header([gen]))
-    async with on_disconnect(receive, req.cancel.cancel):
+    async with on_disconnect(receive, req.cancel.cancel):  # from the start: a reply may take long to come
+        gen = await recorder.start(backend, req, route="/api/chat", stream=False)
         text, chunks, done = await gen.collect()
     calls = [call for chunk in chunks for call in chunk.tool_calls]
     final = view.chat_final(body.model, done, text=text, logprobs=_logprobs(chunks), tool_calls=calls,

@@ -14,6 +14,7 @@ from gateway.serving.router import Router
 
 from gateway.deps import ClientDep, RecorderDep, RouterDep
 from gateway.http.disconnect import Receive, on_disconnect
+from gateway.http.limits import ParsedBodyRoute, items, translated
 from gateway.http.hints import HintsDep, RequestHints
 from gateway.http.hot import hot_route
 from gateway.serving.recorder import Recorder
@@ -24,7 +25,7 @@ from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.openai.stream import chat_chunks, completion_chunks, run_all, start_stream, total_cost
 from gateway.openai.wire_models import chat_responses, completion_responses
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], route_class=ParsedBodyRoute)
 
 CHAT_ROUTE = "/v1/chat/completions"
 COMPLETIONS_ROUTE = "/v1/completions"
@@ -38,7 +39,8 @@ async def chat_completions(body: ChatCompletionRequest, backends: RouterDep, rec
 
 async def serve_chat(body: ChatCompletionRequest, backends: Router, recorder: Recorder, client: str | None,
                      hints: RequestHints, receive: Receive) -> Response:
-    requests = [hints.apply(r) for r in body.generation_requests(client)]
+    translated_requests = await translated(body.generation_requests, client, items=items(body.messages, body.tools))
+    requests = [hints.apply(r) for r in translated_requests]
     backend = recorder.resolve(backends, requests[0], route=CHAT_ROUTE, stream=bool(body.stream))
     meta = ResponseMeta("chat.completion", body.model)
     logprobs = bool(body.logprobs)

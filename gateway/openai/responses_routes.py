@@ -22,13 +22,14 @@ from gateway.deps import ClientDep, DbDep, RecorderDep, RouterDep, SettingsDep, 
 from gateway.http.disconnect import on_disconnect
 from gateway.http.errors import APIError, to_status_message
 from gateway.http.hints import HintsDep
+from gateway.http.limits import ParsedBodyRoute, items, translated
 from gateway.http.jsonwire import JSONBytes, cost_header
 from gateway.http.streaming import event_stream_response
 from gateway.openai import responses_views as views
 from gateway.openai.responses_api import ResponsesRequest, input_messages
 from gateway.openai.wire_models import responses_responses, stored_response_responses
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], route_class=ParsedBodyRoute)
 
 RESPONSES_ROUTE = "/v1/responses"
 _LAST = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -39,17 +40,19 @@ async def create_response(body: ResponsesRequest, backends: RouterDep, recorder:
                           hints: HintsDep, db: DbDep, settings: SettingsDep, viewer: ViewerDep,
                           http: Request) -> Response:
     history = await _history(db, body.previous_response_id, viewer)
-    request = hints.apply(body.generation_request(history, client))
+    request = hints.apply(await translated(body.generation_request, history, client,
+                                           items=items(body.input, body.tools)))
     stream = bool(body.stream)
     backend = recorder.resolve(backends, request, route=RESPONSES_ROUTE, stream=stream)
-    gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=stream)
     meta = views.ResponseMeta(body.model, views.settings_of(body))
     keep = _keeper(db, body, history, settings.responses_retention, getattr(hints.caller, "name", None))
     if stream:
+        gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=True)
         events = views.stream_events(meta, gen.__aiter__(), keep, _failure)
         return event_stream_response(events, error=lambda exc: ("error", _error_event(exc)), last=_LAST,
                                      more_ready=gen.more_ready)
-    async with on_disconnect(http.receive, request.cancel.cancel):
+    async with on_disconnect(http.receive, request.cancel.cancel):  # from the start: a reply may take long to come
+        gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=False)
         _, chunks, done = await gen.collect()
     answer = meta.snapshot(views.status_of(done), views.output_items(chunks), done)
     await keep(answer)

@@ -6,6 +6,11 @@ consumer is cancelled (Starlette cancels a streaming body when the client goes a
 waits for the first event, so request errors (unknown model, prompt over the context) surface
 before any response header is sent.
 
+The pump enforces the request's output cap (``output_cap.py``: the gateway's own limit, whatever
+the backend does) and reads at most ``AHEAD`` events ahead of a streaming consumer: a client that
+stops reading holds its backend, so one that then hangs up is charged for what was generated
+before the gateway noticed, not for a whole answer nobody read.
+
 The ledger row is written from one place, when the pump ends: from the backend's ``Done``
 (``ok``, or ``cancelled`` when the consumer went away and ``request.cancel`` stopped the backend)
 or from the error (with the tokens of ``BackendError.partial`` when it failed mid-stream).
@@ -20,7 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from adapters.core.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
+from adapters.core.base import Backend, CancelToken, Chunk, Done, GenerationRequest, StreamEvent
 from adapters.core.errors import BackendError, BackendProtocolError, RouteShed, ShuttingDown
 from adapters.core.settings import DEFAULTS
 from gateway.serving.router import Router
@@ -35,9 +40,12 @@ from gateway.http.errors import APIError, to_status_message
 from gateway.keys import KeyBook
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import BackendMonitor, backend_label
+from gateway.serving.output_cap import OutputCap
 from gateway.tracing import Tracer
 
 log = logging.getLogger(__name__)
+
+AHEAD = 64  # events the pump reads ahead of a streaming client before the backend waits for it
 
 
 def key_forbids(caller, model: str) -> APIError:
@@ -205,13 +213,15 @@ class _Failure:
 
 class _Channel:
     """One producer (the pump), one consumer: a deque and the consumer's wake-up future (an
-    ``asyncio.Queue`` does more bookkeeping per event than this hand-over needs)."""
+    ``asyncio.Queue`` does more bookkeeping per event than this hand-over needs). The producer may
+    wait for ``room`` while the consumer has ``AHEAD`` events still to take."""
 
-    __slots__ = ("items", "_waiter")
+    __slots__ = ("items", "_waiter", "_space")
 
     def __init__(self) -> None:
         self.items: deque = deque()
         self._waiter: asyncio.Future | None = None
+        self._space: asyncio.Future | None = None
 
     def put(self, item) -> None:
         self.items.append(item)
@@ -226,7 +236,27 @@ class _Channel:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self.items.popleft()
+        return self.take()
+
+    def take(self):
+        item = self.items.popleft()
+        if self._space is not None and len(self.items) < AHEAD:
+            self.wake()
+        return item
+
+    def wake(self) -> None:
+        """The producer stops waiting for room (the consumer took events, or it left)."""
+        space = self._space
+        if space is not None and not space.done():
+            space.set_result(None)
+
+    async def room(self, consumer_gone: CancelToken) -> None:
+        while len(self.items) >= AHEAD and not consumer_gone.cancelled:
+            self._space = asyncio.get_running_loop().create_future()
+            try:
+                await self._space
+            finally:
+                self._space = None
 
 
 class Generation:
@@ -243,9 +273,11 @@ class Generation:
         self.done: Done | None = None
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
         self.admission: Admission | None = None  # its key's limits and budget hold, for a keyed request
+        self.cap = OutputCap(request, self._cap_limit)  # the most it may generate, enforced on its events
         self._ended = False
         self._aborted: BackendError | None = None
         self._queue = _Channel()  # the pump's events, in order
+        request.cancel.on_cancel(self._queue.wake)  # a consumer that left never holds the pump
         self.finished: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def prime(self) -> None:
@@ -282,8 +314,7 @@ class Generation:
                     yield event if index is None else (index, event)
                     return
                 yield event if index is None else (index, event)
-                items = self._queue.items
-                event = items.popleft() if items else await self._queue.get()
+                event = self._queue.take() if self._queue.items else await self._queue.get()
         finally:
             if not ended:  # the consumer went away: the backend stops and reports a cancelled Done
                 self.request.cancel.cancel()
@@ -308,7 +339,7 @@ class Generation:
 
     async def collect(self) -> tuple[str, list[Chunk], Done]:
         """Non-streaming: the whole text, the chunks and the final record."""
-        chunks = [e async for e in self if isinstance(e, Chunk)]
+        chunks = self.cap.trim([e async for e in self if isinstance(e, Chunk)])
         assert self.done is not None
         return "".join(c.text for c in chunks), chunks, self.done
 
@@ -327,12 +358,18 @@ class Generation:
         try:
             async with aclosing(self.backend.stream(self.request)) as events:
                 async for event in events:
-                    if self.done is None:
-                        if isinstance(event, Done):
-                            self.done, self.record = event, self._done_record(event)
-                        elif event.tool_calls:
-                            self.called = True
-                        self._queue.put(event)
+                    if self.done is not None:
+                        continue
+                    if isinstance(event, Done):
+                        self._end(self.cap.settle(event))
+                        continue
+                    chunk = self.cap.take(event)
+                    if chunk is None:
+                        continue
+                    self.called = self.called or bool(chunk.tool_calls)
+                    self._queue.put(chunk)
+                    if self.request.stream and len(self._queue.items) >= AHEAD:  # a slow reader: the backend waits
+                        await self._queue.room(self.request.cancel)
             if self.done is None:
                 raise BackendProtocolError(f"the {self.backend.name} backend ended a stream without its final record")
         except asyncio.CancelledError as exc:  # shutdown cancelled the pump itself
@@ -347,6 +384,11 @@ class Generation:
                 await asyncio.sleep(0)
             finally:
                 self._finish(self.record)
+
+    def _end(self, done: Done) -> None:
+        self.done, self.record = done, self._done_record(done)
+        self.record.backend_reported_output_tokens = self.cap.backend_reported
+        self._queue.put(done)
 
     def _done_record(self, done: Done) -> UsageRecord:
         if self._aborted is not None:
@@ -380,6 +422,10 @@ class Generation:
         finally:
             if not self.finished.done():
                 self.finished.set_result(record)
+
+    def _cap_limit(self) -> int | None:
+        """The cap the gateway computed for a keyed request (its admission); None: the gateway set none."""
+        return None if self.admission is None else self.admission.cap
 
     @property
     def note(self) -> str | None:
@@ -435,6 +481,9 @@ def _observe(m: GatewayMetrics, r: UsageRecord, backend: str, error_type: str) -
         children.e2e.observe(r.total_ms / 1000)
     if r.queue_ms is not None and r.status != "error":
         children.queue.observe(r.queue_ms / 1000)
+    if r.backend_reported_output_tokens is not None:
+        m.overruns.labels(backend).inc()
+        m.overrun_tokens.labels(backend).inc(r.backend_reported_output_tokens - r.output_tokens)
     if r.total_cost_usd:
         route = r.route_name or r.model
         for kind, value in (("input", r.input_cost_usd), ("cached_input", r.cached_input_cost_usd),

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
@@ -134,7 +135,7 @@ class TensorParallelGroup:
         """Rank 0 here, ranks 1..N-1 as worker processes (they exit with this process)."""
         init_method = new_init_method()
         workers = [subprocess.Popen(worker_command(rank, world_size, init_method, device, log_level),
-                                    stdin=subprocess.DEVNULL) for rank in range(1, world_size)]
+                                    stdin=subprocess.DEVNULL, env=_worker_env()) for rank in range(1, world_size)]
         try:
             group = cls.join(0, world_size, init_method, device)
         except BaseException:
@@ -275,10 +276,19 @@ def object_payload(obj: object) -> np.ndarray:
 
 def worker_command(rank: int, world_size: int, init_method: str, device: torch.device,
                    log_level: str = "WARNING", parent: int | None = None) -> list[str]:
-    """How to start rank ``rank`` (> 0): it joins the group and executes what rank 0 sends."""
-    return [sys.executable, "-m", "native_engine.distributed.worker", "--rank", str(rank), "--world-size",
+    """How to start rank ``rank`` (> 0): it joins the group and executes what rank 0 sends. ``-P``: the
+    working directory is not on its import path (only the project and its packages are imported)."""
+    return [sys.executable, "-P", "-m", "native_engine.distributed.worker", "--rank", str(rank), "--world-size",
             str(world_size), "--init-method", init_method, "--device", str(device), "--log-level", log_level,
             "--parent", str(os.getpid() if parent is None else parent)]
+
+
+def _worker_env() -> dict[str, str]:
+    """This environment with the project's root first on ``PYTHONPATH``: a ``-P`` worker imports this
+    tree's ``native_engine``, never the working directory's modules."""
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(os.path.isabs, os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep))])}
 
 
 def _store(init_method: str, rank: int, world_size: int) -> dist.Store:

@@ -82,7 +82,7 @@ def test_llama_cpp_runners_start_with_the_recorded_preload(monkeypatch, tmp_path
     lib = _installer().shared_libstdcxx()
     _records_in(tmp_path, monkeypatch)
     (tmp_path / ".infer-ld-preload").write_text(lib + "\n")
-    assert Launch.single("native").env is None  # only llama.cpp's runners
+    assert Launch.single("native").env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD")  # only llama.cpp's runners
 
     async def environ_of_a_runner() -> dict[str, str]:
         runner = RunnerClient(Launch.single("llamacpp"), hang_timeout=30)

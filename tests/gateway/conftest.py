@@ -58,15 +58,20 @@ def _die_with_pytest() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 
 
-def start_server(tmp: Path, models: Path, **extra_env: str) -> LiveServer:
+def start_server(tmp: Path, models: Path, cwd: Path | None = None, **extra_env: str) -> LiveServer:
+    """``infer serve`` as a subprocess; with ``cwd``, started from that directory as the ``infer`` console
+    script starts it (the directory is not on its import path; this checkout is)."""
     port = free_port()
     home = tmp / "server-home"
     log_path = tmp / "server.log"
     env = server_env(home, models, port, **extra_env)
+    command = [sys.executable, "-m", "cli", "serve", "--log-level", "warning"]
+    if cwd is not None:
+        command.insert(1, "-P")
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     main_thread = threading.current_thread() is threading.main_thread()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_pytest if main_thread else None)
     db_url = extra_env.get("INFER_DATABASE_URL") or f"sqlite:///{home / 'usage.db'}"
     server = LiveServer(f"http://127.0.0.1:{port}", port, home, db_url, proc, log_path,

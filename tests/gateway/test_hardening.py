@@ -125,7 +125,7 @@ def test_create_refuses_a_template_that_cannot_render(http):
 # -- 5. one huge prompt must not stall a model --------------------------------------------------
 
 def test_a_huge_prompt_is_refused_at_once_and_others_are_not_held_up(http):
-    prompt = "hello " * (5 << 20)  # 30 MiB, under the 32 MiB body limit
+    prompt = "hello " * (1300 << 10)  # 7.6 MiB, under the 8 MiB prompt body limit (INFER_MAX_PROMPT_BYTES)
     t0 = time.monotonic()
     resp = http.post("/api/generate", json={"model": "tiny", "prompt": prompt, "stream": False})
     assert resp.status_code == 400 and "context window" in resp.json()["error"]
@@ -167,7 +167,8 @@ def test_a_client_that_hangs_up_on_a_non_streaming_request_frees_the_backend(htt
         if found:
             break
         time.sleep(0.2)
-    assert found and found[-1].status == "cancelled" and 0 < found[-1].output_tokens < 3000
+    # the disconnect is watched from the start: one noticed while the model loads is charged nothing
+    assert found and found[-1].status == "cancelled" and 0 <= found[-1].output_tokens < 3000
 
 
 def test_blob_uploads_have_a_size_limit(store, tmp_path):

@@ -24,9 +24,10 @@ COLUMNS = ["id", "datetime_utc", "source", "client", "route", "model", "backend"
            "tpot_ms", "total_ms", "error", "usage_source", "route_name", "attempts", "slo_met", "slo_missed",
            "input_cost_usd", "cached_input_cost_usd", "output_cost_usd", "total_cost_usd", "pricing_version",
            "key_name", "expected_cached_tokens", "reasoning_tokens", "reasoning_cost_usd",
-           "prefill_backend", "prefill_ms", "prefill_cost_usd", "decode_cost_usd"]
+           "prefill_backend", "prefill_ms", "prefill_cost_usd", "decode_cost_usd", "backend_reported_output_tokens"]
 APPLIED = ["m001_requests", "m002_usage_source", "m003_routes", "m004_costs", "m005_api_keys", "m006_expected_cached",
-           "m007_reasoning", "m008_responses", "m009_key_roles_and_holds", "m010_response_owners", "m011_disagg"]
+           "m007_reasoning", "m008_responses", "m009_key_roles_and_holds", "m010_response_owners", "m011_disagg",
+           "m012_backend_reported_output"]
 
 
 @pytest.fixture

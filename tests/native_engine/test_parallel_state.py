@@ -30,7 +30,7 @@ def test_rank_r_takes_the_rth_gpu_after_the_configured_one():
 def test_a_worker_command_runs_the_worker_module_with_its_rank():
     init = new_init_method()
     command = worker_command(2, 4, init, torch.device("cpu"), parent=123)
-    assert command[:3] == [sys.executable, "-m", "native_engine.distributed.worker"]
+    assert command[:4] == [sys.executable, "-P", "-m", "native_engine.distributed.worker"]  # -P: not the cwd
     assert command[command.index("--rank") + 1] == "2" and command[command.index("--world-size") + 1] == "4"
     assert command[command.index("--init-method") + 1] == init and init.startswith("file:///")
     assert command[command.index("--parent") + 1] == "123"
