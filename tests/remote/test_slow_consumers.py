@@ -100,7 +100,9 @@ def test_a_streaming_client_that_reads_1_percent_and_hangs_up_is_cancelled_and_c
         fake.behaviour.token_delay = 0.0
     (_, stream, status, tokens, cost), = rows(server, agent)
     assert stream and status == "cancelled", (status, tokens)
-    assert 30 <= tokens < TOKENS // 2 and cost == pytest.approx(tokens * 0.001)
+    # at least the tokens the client read: 30 events, of which up to 4 are framing (Anthropic's message_start,
+    # content_block_start, ping; the role chunk elsewhere)
+    assert 26 <= tokens < TOKENS // 2 and cost == pytest.approx(tokens * 0.001)
 
 
 @pytest.mark.parametrize("path", list(CALLS))
