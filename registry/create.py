@@ -62,7 +62,7 @@ def create_model(store: Store, name: ModelName, mf: Modelfile, base_dir: Path,
     inherited, info = _add_weights(store, b, mf.from_, base_dir)
     _add_adapters(b, mf.adapters, base_dir, info)
     _add_text_layers(b, mf, inherited)
-    config = _config_blob(info, [lay.digest for lay in b.layers])
+    config = _config_blob(info, [lay.digest for lay in b.layers], inherited.get("parent_model", ""))
     b.add_bytes(CONFIG_MEDIA_TYPE, config)
     config_layer = b.layers.pop()
     manifest = Manifest(config=config_layer, layers=b.layers)
@@ -85,7 +85,7 @@ def _add_weights(store: Store, b: _Builder, source: str, base_dir: Path):
     for lay in b.layers:
         b.emit(ProgressEvent(f"using existing layer {lay.digest}"))
     inherited = {"template": base.template, "system": base.system, "licenses": base.licenses,
-                 "parameters": base.parameters, "messages": base.messages}
+                 "parameters": base.parameters, "messages": base.messages, "parent_model": base.name.display}
     return inherited, base.gguf
 
 
@@ -197,7 +197,7 @@ def check_template(source: str) -> None:
         raise ModelfileError(f"TEMPLATE cannot render a conversation: {exc or type(exc).__name__}") from None
 
 
-def _config_blob(info: GGUFInfo | None, diff_ids: list[str]) -> bytes:
+def _config_blob(info: GGUFInfo | None, diff_ids: list[str], parent: str = "") -> bytes:
     config = {
         "model_format": "gguf",
         "model_family": info.architecture if info else "",
@@ -208,4 +208,6 @@ def _config_blob(info: GGUFInfo | None, diff_ids: list[str]) -> bytes:
         "os": platform.system().lower(),
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }
+    if parent:  # FROM a local model (Ollama's details.parent_model; /v1/models' parent of an adapter model)
+        config["parent_model"] = parent
     return json.dumps(config, separators=(",", ":")).encode() + b"\n"

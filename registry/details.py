@@ -36,6 +36,14 @@ class ModelDetails:
     adapter_path: Path | None = None  # the LoRA adapter layer's blob (a GGUF LoRA), if the model has one
 
     @property
+    def parent(self) -> str | None:
+        """The base model of an adapter model (the FROM model it was created from), as vLLM's /v1/models
+        ``parent``; None for a model without an adapter."""
+        if self.adapter_path is None:
+            return None
+        return self.config.get("parent_model") or None
+
+    @property
     def base_digest(self) -> str:
         """The weights' identity: models that differ only by adapter, template or parameters share it."""
         layer = self.manifest.layer(MEDIA_MODEL)
