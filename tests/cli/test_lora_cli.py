@@ -140,6 +140,7 @@ def _run(model: str, engine: str, home) -> str:
     return result.stdout
 
 
+@pytest.mark.slow  # three `infer run` processes: about 15 s each engine
 @pytest.mark.parametrize("engine", ["native", "llamacpp"])
 def test_adapter_model_through_create_push_pull_run(tmp_path, files, monkeypatch, engine):
     greedy = "PARAMETER temperature 0\nPARAMETER num_predict 12\nPARAMETER num_ctx 256\n"
