@@ -157,3 +157,16 @@ def test_gguf_adapter_gives_llama_cpp_tokens(model, adapters, prompts):
             assert token_ids(engine.generate([prompt], greedy(12), lora_request=lora)) == [theirs]
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("method", ["ngram:k=3", "draft"])
+def test_speculative_decoding_through_an_adapter_keeps_its_tokens(model, adapters, prompts, method):
+    """The target verifies with its adapter; a draft model proposes without one (it is another model)."""
+    speculative = f"draft:{model.gguf}:k=3" if method == "draft" else method
+    engine = new_engine(model, max_loras=1, speculative=speculative)
+    lora = LoRARequest("a1", str(adapters["a1"][0]))
+    for prompt in prompts([12, 33], seed=8):
+        ours = token_ids(engine.generate([prompt], greedy(12), lora_request=lora))
+        assert ours == token_ids(_merged(model, adapters["a1"][2]).generate([prompt], greedy(12)))
+    if method == "draft":
+        assert engine.speculator.proposer.runner.lora is None
