@@ -118,6 +118,8 @@ class LLMEngine:
         if lora_request is not None and self.config.lora_slots == 0:
             raise ValueError(f"LoRA adapter {lora_request.lora_name!r} asked of an engine without LoRA slots "
                              "(max_loras=0, or split over ranks)")
+        if lora_request is not None:
+            self.model_runner.lora.check(lora_request)  # read on first use; a bad adapter fails this request only
         self.model_runner.structured.validate(params)
         if params.speculative:
             self.enable_speculation()

@@ -103,7 +103,8 @@ class ModelRunner:
         self.int4_weight_bytes = self._finish_loading(device.type == "cpu" and dtype == torch.float32
                                                       and config.cpu_int4_matmul)
         slots = config.lora_slots
-        self.lora = LoRAManager(self.model, model_config, slots, device, dtype) if slots else None
+        self.lora = (LoRAManager(self.model, model_config, slots, device, dtype, config.max_lora_rank)
+                     if slots else None)
         self.num_kv_heads = self.model.shard.kv_heads.size  # this rank's
         self.block_bytes = config.block_size * bytes_per_token(model_config, dtype, self.num_kv_heads)
         self.num_kvcache_blocks = 0

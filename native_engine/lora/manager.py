@@ -1,6 +1,10 @@
 """Resident adapters: `max_loras` slots filled on first use, the least recently used one given up when
 a new adapter needs a slot (never one the step uses: the scheduler keeps at most `max_loras` adapters
-among the running requests)."""
+among the running requests).
+
+An adapter is read and checked against the model when a request first names it (`check`, from
+`add_request`, so a bad adapter fails its request alone), and kept on the host, grouped per layer, for the
+`2 x max_loras` most recently named adapters, so a slot is refilled without reading the file again."""
 
 from __future__ import annotations
 
@@ -20,18 +24,32 @@ LORA_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 class LoRAManager:
     def __init__(self, model: nn.Module, model_config, max_loras: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, max_rank: int) -> None:
         self.model_config, self.max_loras, self.device, self.dtype = model_config, max_loras, device, dtype
+        self.max_rank = max_rank
         self.punica = PunicaWrapper()
         self.packed = getattr(model, "packed_modules_mapping", {})
         self.linears: dict[str, Linear] = {}
         for name, module in model.named_modules():
             if isinstance(module, Linear) and name.rsplit(".", 1)[-1] in LORA_MODULES:
                 shards = getattr(module, "shard_offsets", None) or {None: (0, None)}
-                module.lora = LoRALayer(self.punica, shards, max_loras)
+                module.lora = LoRALayer(self.punica, shards, max_loras, max_rank)
                 self.linears[name] = module
         self.slots: OrderedDict[str, int] = OrderedDict()  # adapter name -> slot, least recently used first
-        self.num_loads = 0
+        self.host: OrderedDict[str, tuple[float, dict]] = OrderedDict()  # name -> (scale, per-linear pairs)
+        self.max_host = 2 * max_loras
+        self.num_loads = 0  # adapters put into a slot
+        self.num_reads = 0  # adapter files read
+
+    def check(self, request: LoRARequest) -> None:
+        """Read the adapter (once; then from the host cache) and check it fits the model; ValueError if not."""
+        if request.lora_name in self.host:
+            self.host.move_to_end(request.lora_name)
+            return
+        self.host[request.lora_name] = self._read(request)
+        self.num_reads += 1
+        while len(self.host) > self.max_host:
+            self.host.popitem(last=False)
 
     def activate(self, requests: list[LoRARequest]) -> dict[str, int]:
         """A slot for each adapter of the step (loading those not resident); name -> slot."""
@@ -71,6 +89,15 @@ class LoRAManager:
         return self.slots.pop(victim)
 
     def _load(self, request: LoRARequest, slot: int) -> None:
+        self.check(request)
+        scale, by_module = self.host[request.lora_name]
+        for name, linear in self.linears.items():
+            pairs = {shard: by_module[name][shard] for shard in linear.lora.shards if shard in by_module[name]}
+            linear.lora.set_slot(slot, pairs, scale, self._out_features(linear, pairs), self.dtype, self.device)
+        self.slots[request.lora_name] = slot
+        self.num_loads += 1
+
+    def _read(self, request: LoRARequest) -> tuple[float, dict]:
         lora = load_lora(request.lora_name, request.lora_path, self.model_config)
         by_module: dict[str, dict] = {name: {} for name in self.linears}
         for base, pair in lora.weights.items():
@@ -82,11 +109,10 @@ class LoRAManager:
                 raise ValueError(f"LoRA adapter {request.lora_name!r}: {base} takes {pair[0].shape[1]} inputs, "
                                  f"the model's {self.linears[module].weight.shape[1]}: made for another model")
             by_module[module][shard] = pair
-        for name, linear in self.linears.items():
-            pairs = {shard: by_module[name][shard] for shard in linear.lora.shards if shard in by_module[name]}
-            linear.lora.set_slot(slot, pairs, lora.scale, self._out_features(linear, pairs), self.dtype, self.device)
-        self.slots[request.lora_name] = slot
-        self.num_loads += 1
+        if lora.rank > self.max_rank:
+            raise ValueError(f"LoRA adapter {request.lora_name!r} has rank {lora.rank}, more than max_lora_rank "
+                             f"{self.max_rank}")
+        return lora.scale, by_module
 
     def _target(self, base: str) -> tuple[str, object]:
         stem = base.removesuffix(".weight")

@@ -5,9 +5,11 @@ so that the rows of one adapter are adjacent (`model_runner.decode_first`): a ru
 decode rows and one among the prefill chunks. Every LoRA layer of a model reads the same `PunicaWrapper`
 (the runner's own, set before a forward and cleared after), so `Linear.forward` keeps its signature.
 
-A `LoRALayer` holds one linear's resident adapters, per slot: A [s·r, in] (the A of each shard it targets,
-stacked) and B [out, s·r] (block diagonal over the packed shards, alpha / r folded in), so a run costs two
-matmuls whatever the packing: `out[run] += (x[run] · Aᵀ) · Bᵀ`.
+A `LoRALayer` holds one linear's resident adapters, stacked over slots (vLLM's `lora_a_stacked`): per slot
+A [s·r, in] (the A of each shard it targets) and B [out, s·r] (block diagonal over the packed shards,
+alpha / r folded in), zero-padded to `max_lora_rank` x the shards, so a run costs two matmuls whatever
+the packing: `out[run] += (x[run] · Aᵀ) · Bᵀ` (`kernels/sgmv.py`: the torch loop on CPU, two Triton
+launches for all runs on CUDA).
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels._triton import use_triton
+from ..kernels.sgmv import sgmv_ref, sgmv_triton
+
 
 @dataclass(slots=True)
 class LoRAMapping:
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # (first row, end row, slot)
+    _on_device: torch.Tensor | None = None  # [3, S] int32 (first row, rows, slot): the SGMV kernels' form
 
     @classmethod
     def build(cls, row_slots: list[tuple[int, int]]) -> LoRAMapping | None:
@@ -33,6 +39,18 @@ class LoRAMapping:
             start += count
         return cls(segments) if segments else None
 
+    def on_device(self, device: torch.device) -> torch.Tensor:
+        """The segments for the kernels, copied to the device once per step."""
+        if self._on_device is None:
+            rows = [[s for s, _, _ in self.segments], [e - s for s, e, _ in self.segments],
+                    [slot for _, _, slot in self.segments]]
+            self._on_device = torch.tensor(rows, dtype=torch.int32).to(device, non_blocking=True)
+        return self._on_device
+
+    @property
+    def max_len(self) -> int:
+        return max(e - s for s, e, _ in self.segments)
+
 
 @dataclass(slots=True)
 class PunicaWrapper:
@@ -40,33 +58,50 @@ class PunicaWrapper:
 
 
 class LoRALayer:
-    def __init__(self, punica: PunicaWrapper, shards: dict[object, tuple[int, int | None]], max_loras: int) -> None:
+    def __init__(self, punica: PunicaWrapper, shards: dict[object, tuple[int, int | None]], max_loras: int,
+                 max_rank: int) -> None:
         self.punica = punica
         self.shards = shards  # shard id -> (first output row, rows or None: the whole output)
-        self.a: list[torch.Tensor | None] = [None] * max_loras
-        self.b: list[torch.Tensor | None] = [None] * max_loras
+        self.max_loras, self.rank_cap = max_loras, max_rank * len(shards)
+        self.a: torch.Tensor | None = None  # [max_loras, rank_cap, in], allocated with the first adapter
+        self.b: torch.Tensor | None = None  # [max_loras, out, rank_cap]
+        self.ranks = [0] * max_loras  # columns of each slot in use (its rank x the shards it targets)
+        self.ranks_on_device: torch.Tensor | None = None
 
     def set_slot(self, slot: int, pairs: dict[object, tuple[torch.Tensor, torch.Tensor]], scale: float,
                  out_features: int, dtype: torch.dtype, device: torch.device) -> None:
         """Slot `slot` gets these shards' (A [r, in], B [rows, r]); no pairs empties it."""
-        if not pairs:
-            self.a[slot] = self.b[slot] = None
-            return
-        rank = next(iter(pairs.values()))[0].shape[0]
-        b = torch.zeros(out_features, rank * len(pairs), dtype=torch.float32)
-        for j, (shard, (_, shard_b)) in enumerate(pairs.items()):
-            offset, rows = self.shards[shard]
-            assert shard_b.shape[0] == (rows or out_features), f"shard {shard!r}: B has {shard_b.shape[0]} rows"
-            b[offset : offset + shard_b.shape[0], j * rank : (j + 1) * rank] = shard_b * scale
-        a = torch.cat([shard_a for shard_a, _ in pairs.values()])
-        self.a[slot], self.b[slot] = a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous()
+        self.ranks[slot] = 0
+        if pairs:
+            a, b = _stack(pairs, self.shards, scale, out_features)
+            if a.shape[0] > self.rank_cap:
+                raise ValueError(f"rank {a.shape[0] // len(pairs)} is more than max_lora_rank "
+                                 f"{self.rank_cap // len(self.shards)}")
+            if self.a is None:
+                self.a = torch.zeros(self.max_loras, self.rank_cap, a.shape[1], dtype=dtype, device=device)
+                self.b = torch.zeros(self.max_loras, b.shape[0], self.rank_cap, dtype=dtype, device=device)
+            self.a[slot, : a.shape[0]] = a
+            self.b[slot, :, : a.shape[0]] = b
+            self.ranks[slot] = a.shape[0]
+        if self.a is not None:
+            self.ranks_on_device = torch.tensor(self.ranks, dtype=torch.int32).to(self.a.device)
 
     def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:  # x: [T, in], out: [T, out]
         mapping = self.punica.mapping
-        if mapping is None:
+        if mapping is None or self.a is None:
             return out
-        for start, end, slot in mapping.segments:
-            a = self.a[slot]
-            if a is not None:
-                out[start:end].addmm_(x[start:end] @ a.T, self.b[slot].T)
-        return out
+        if use_triton(x):
+            return sgmv_triton(x, out, self.a, self.b, self.ranks_on_device, mapping.on_device(x.device),
+                               mapping.max_len)
+        return sgmv_ref(x, out, self.a, self.b, self.ranks, [s for s in mapping.segments if self.ranks[s[2]]])
+
+
+def _stack(pairs: dict, shards: dict, scale: float, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shards' A stacked [s·r, in], and B [out, s·r] block diagonal with the scale folded in (float32)."""
+    rank = next(iter(pairs.values()))[0].shape[0]
+    b = torch.zeros(out_features, rank * len(pairs), dtype=torch.float32)
+    for j, (shard, (_, shard_b)) in enumerate(pairs.items()):
+        offset, rows = shards[shard]
+        assert shard_b.shape[0] == (rows or out_features), f"shard {shard!r}: B has {shard_b.shape[0]} rows"
+        b[offset : offset + shard_b.shape[0], j * rank : (j + 1) * rank] = shard_b * scale
+    return torch.cat([shard_a for shard_a, _ in pairs.values()]), b

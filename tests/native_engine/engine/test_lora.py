@@ -114,7 +114,7 @@ def test_adapters_leave_their_slot_least_recently_used_first(model, adapters, pr
     for lora in (a1, a2, a1, a3, a1, a2):  # a3 evicts a2 (a1 was used after it); a2 comes back in a3's slot
         engine.generate(prompt, greedy(2), lora_request=lora)
     manager = engine.model_runner.lora
-    assert manager.num_loads == 4
+    assert manager.num_loads == 4 and manager.num_reads == 3  # a2 came back from the host cache
     assert list(manager.slots) == ["a1", "a2"]
 
 
@@ -139,9 +139,12 @@ def test_engine_without_slots_refuses_an_adapter(model, adapters):
 def test_adapter_for_another_model_is_refused(model, adapters, models_root, prompts):
     other = model.spec.with_(hidden_size=32, num_heads=2, num_kv_heads=1, name="other")
     wrong = build_lora(models_root / f"{model.name}-wrong.gguf", other, LoraSpec(rank=2))
-    engine = new_engine(model, max_loras=1)
+    engine = new_engine(model, max_loras=1, max_lora_rank=4)
     with pytest.raises(ValueError, match="made for another model"):
         engine.generate(prompts([4]), greedy(2), lora_request=LoRARequest("wrong", str(wrong)))
+    with pytest.raises(ValueError, match="rank 8, more than max_lora_rank 4"):
+        engine.generate(prompts([4]), greedy(2), lora_request=LoRARequest("a1", str(adapters["a1"][0])))
+    assert token_ids(engine.generate(prompts([4]), greedy(2)))  # the engine goes on
 
 
 def test_gguf_adapter_gives_llama_cpp_tokens(model, adapters, prompts):
@@ -170,3 +173,22 @@ def test_speculative_decoding_through_an_adapter_keeps_its_tokens(model, adapter
         assert ours == token_ids(_merged(model, adapters["a1"][2]).generate([prompt], greedy(12)))
     if method == "draft":
         assert engine.speculator.proposer.runner.lora is None
+
+
+def test_the_sgmv_kernels_give_the_merged_models_tokens(model, adapters, prompts, monkeypatch):
+    """The CUDA path's Triton kernels (in the interpreter on the CPU) in place of the torch loop."""
+    pytest.importorskip("triton")
+    from native_engine.kernels._triton import triton_available
+    from native_engine.lora import punica
+
+    if not triton_available():
+        pytest.skip("triton was imported without TRITON_INTERPRET")
+    monkeypatch.setattr(punica, "use_triton", lambda x: True)
+    engine = new_engine(model, max_loras=2)
+    batch = prompts([7, 20, 3], seed=12)
+    names = ["a1", None, "a2"]
+    requests = [None if n is None else LoRARequest(n, str(adapters[n][0])) for n in names]
+    got = token_ids(engine.generate(batch, greedy(6), lora_request=requests))
+    for prompt, name, tokens in zip(batch, names, got, strict=True):
+        reference = new_engine(model) if name is None else _merged(model, adapters[name][2])
+        assert [tokens] == token_ids(reference.generate([prompt], greedy(6))), name

@@ -1,0 +1,95 @@
+"""Punica's SGMV (segmented gather matrix-vector) for LoRA: every adapter's rows of a step in one launch each
+for the shrink (`xa = x · Aᵀ`) and the expand (`out += xa · Bᵀ`).
+
+The step's rows come as segments (first row, rows, adapter slot: `lora/punica.py`'s `LoRAMapping`); the
+adapters' weights are stacked over slots, A [L, R, K] and B [L, N, R], R the largest rank (times the packed
+shards), each slot's own rank in `ranks` (columns past it are never read). One program computes a
+BLOCK_M x BLOCK_R (shrink) or BLOCK_M x BLOCK_N (expand) tile of one segment, in float32 (`tl.dot` with
+"ieee" precision: the interpreter's dot of bf16 multiplies raw bits, and LoRA is a small share of a step).
+The torch reference is the segmented matmul `sgmv_ref`.
+"""
+
+import torch
+
+from native_engine.kernels._triton import assert_last_dim_contiguous, tl, triton
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, xa_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr, rank_ptr, K,
+                   x_stride, a_stride_l, a_stride_r, xa_stride,
+                   BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    seg = tl.program_id(0)
+    start, length, slot = tl.load(seg_start_ptr + seg), tl.load(seg_len_ptr + seg), tl.load(seg_slot_ptr + seg)
+    rank = tl.load(rank_ptr + slot)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask, col_mask = rows < length, cols < rank
+    acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + (start + rows).to(tl.int64)[:, None] * x_stride + ks[None, :],
+                    mask=row_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+        a = tl.load(a_ptr + slot.to(tl.int64) * a_stride_l + cols[:, None] * a_stride_r + ks[None, :],
+                    mask=col_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+        acc += tl.dot(x, tl.trans(a), input_precision="ieee")
+    tl.store(xa_ptr + (start + rows).to(tl.int64)[:, None] * xa_stride + cols[None, :], acc,
+             mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _expand_kernel(xa_ptr, b_ptr, out_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr, rank_ptr, N,
+                   xa_stride, b_stride_l, b_stride_n, out_stride,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    seg = tl.program_id(0)
+    start, length, slot = tl.load(seg_start_ptr + seg), tl.load(seg_len_ptr + seg), tl.load(seg_slot_ptr + seg)
+    rank = tl.load(rank_ptr + slot)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask, col_mask = rows < length, cols < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for r0 in range(0, rank, BLOCK_R):
+        rs = r0 + tl.arange(0, BLOCK_R)
+        xa = tl.load(xa_ptr + (start + rows).to(tl.int64)[:, None] * xa_stride + rs[None, :],
+                     mask=row_mask[:, None] & (rs < rank)[None, :], other=0.0)
+        b = tl.load(b_ptr + slot.to(tl.int64) * b_stride_l + cols[:, None] * b_stride_n + rs[None, :],
+                    mask=col_mask[:, None] & (rs < rank)[None, :], other=0.0).to(tl.float32)
+        acc += tl.dot(xa, tl.trans(b), input_precision="ieee")
+    where = out_ptr + (start + rows).to(tl.int64)[:, None] * out_stride + cols[None, :]
+    mask = row_mask[:, None] & col_mask[None, :]
+    out = tl.load(where, mask=mask, other=0.0).to(tl.float32)
+    tl.store(where, (out + acc).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def sgmv_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ranks: torch.Tensor,
+                segments: torch.Tensor, max_len: int, block_m: int = 16) -> torch.Tensor:
+    """out[rows of each segment] += (x · A[slot]ᵀ) · B[slot]ᵀ in place; returns out.
+    x [T, K], out [T, N], a [L, R, K], b [L, N, R], ranks [L] int32, segments [3, S] int32 (first row, rows,
+    slot), max_len: the longest segment."""
+    assert x.dim() == 2 and out.dim() == 2 and a.dim() == 3 and b.dim() == 3, (x.shape, out.shape, a.shape, b.shape)
+    assert a.shape[2] == x.shape[1] and b.shape[1] == out.shape[1] and a.shape[1] == b.shape[2], (a.shape, b.shape)
+    assert segments.dim() == 2 and segments.shape[0] == 3 and segments.dtype == torch.int32, segments.shape
+    assert_last_dim_contiguous(x, out, a, b)
+    num_segments, rank_cap, (num_tokens, n), k = segments.shape[1], a.shape[1], out.shape, x.shape[1]
+    xa = torch.zeros(num_tokens, rank_cap, dtype=torch.float32, device=x.device)
+    if num_segments == 0 or max_len == 0:
+        return out
+    starts, lens, slots = segments
+    block_r = max(16, min(triton.next_power_of_2(rank_cap), 64))
+    _shrink_kernel[(num_segments, triton.cdiv(max_len, block_m), triton.cdiv(rank_cap, block_r))](
+        x, a, xa, starts, lens, slots, ranks, k, x.stride(0), a.stride(0), a.stride(1), xa.stride(0),
+        BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=64)
+    block_n = 64
+    _expand_kernel[(num_segments, triton.cdiv(max_len, block_m), triton.cdiv(n, block_n))](
+        xa, b, out, starts, lens, slots, ranks, n, xa.stride(0), b.stride(0), b.stride(1), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r)
+    return out
+
+
+def sgmv_ref(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ranks: list[int],
+             segments: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The segmented matmul in torch: (first row, end row, slot) segments, each slot's first `ranks[slot]`
+    columns of A's rows and B's columns."""
+    for start, end, slot in segments:
+        r = ranks[slot]
+        out[start:end].addmm_(x[start:end] @ a[slot, :r].T, b[slot, :, :r].T)
+    return out
