@@ -63,14 +63,16 @@ def bytes_per_token(model_config, dtype: torch.dtype, num_kv_heads: int | None =
     return 2 * model_config.num_layers * heads * model_config.head_dim * element
 
 
-def decode_first(scheduled: list) -> list:
+def decode_first(scheduled: list, lora_slots: dict[str, int] | None = None) -> list:
     """The batch layout `Attention` expects: decode rows (one token, or a verify row's 1 + k), then prefill
-    chunks; within each, the rows of one LoRA adapter next to each other (one run per adapter, lora/punica.py)."""
-    return sorted(scheduled, key=lambda s: (s.num_new_tokens - s.num_spec_tokens > 1, _lora_name(s.seq)))
+    chunks; within each, the rows of the LoRA adapters by slot (one run per adapter, lora/punica.py)."""
+    if not lora_slots:
+        return sorted(scheduled, key=lambda s: s.num_new_tokens - s.num_spec_tokens > 1)
+    return sorted(scheduled, key=lambda s: (s.num_new_tokens - s.num_spec_tokens > 1, _slot(s.seq, lora_slots)))
 
 
-def _lora_name(seq) -> str:
-    return "" if seq.lora_request is None else seq.lora_request.lora_name
+def _slot(seq, lora_slots: dict[str, int]) -> int:
+    return -1 if seq.lora_request is None else lora_slots[seq.lora_request.lora_name]
 
 
 @dataclass(slots=True)
@@ -223,12 +225,13 @@ class ModelRunner:
                       prev: LaunchedStep | None = None) -> tuple[list, torch.Tensor | None]:
         """The forward: (the rows in batch order, the logits of their sampled positions, or None). In a
         tensor-parallel group the plan goes to the other ranks first."""
-        ordered = decode_first(scheduled)
+        lora_slots = self.lora.activate(scheduled) if self.lora is not None else {}
+        ordered = decode_first(scheduled, lora_slots)
         plan = self.inputs.plan(ordered, self._graph_bucket(ordered))
         if self.tp is not None:
             self.send_step(plan, blocks_to_copy)
         placeholders = None if prev is None else self._placeholder_ids(ordered, prev)
-        lora = self.lora.prepare(ordered) if self.lora is not None else None
+        lora = self.lora.mapping(ordered, lora_slots) if lora_slots else None
         return ordered, self.execute(plan, blocks_to_copy, placeholders, lora)  # launched; host work overlaps it on GPU
 
     def sample_tokens(self, ordered: list, logits: torch.Tensor) -> LaunchedStep:
@@ -304,7 +307,7 @@ class ModelRunner:
         """Every rank's share of a step: block copies, inputs, forward, logits of the sampled rows (rank 0:
         the whole vocabulary's; the other ranks: None; no rank computes them when no row samples).
         `placeholders`: the first input ids, still on the device (a step scheduled ahead; never in a group).
-        `lora`: the step's rows per adapter slot (`LoRAManager.prepare`), None when no row has one."""
+        `lora`: the step's rows per adapter slot (`LoRAManager.mapping`), None when no row has one."""
         self.copy_blocks(list(blocks_to_copy))
         step = self.inputs.build(plan, None if plan.graph_bs is None else self.graphs.inputs)
         step.ctx.lora = lora

@@ -6,7 +6,9 @@ adapters' weights are stacked over slots, A [L, R, K] and B [L, N, R], R the lar
 shards), each slot's own rank in `ranks` (columns past it are never read). One program computes a
 BLOCK_M x BLOCK_R (shrink) or BLOCK_M x BLOCK_N (expand) tile of one segment, in float32 (`tl.dot` with
 "ieee" precision: the interpreter's dot of bf16 multiplies raw bits, and LoRA is a small share of a step).
-The torch reference is the segmented matmul `sgmv_ref`.
+The torch reference is the segmented matmul `sgmv_ref`. On the CPU, `sgmv_torch` runs consecutive runs of
+equal length on consecutive slots (16 decode rows over 8 adapters, ordered by slot: one batch) as one
+batched matmul on views, so its cost does not grow with the number of adapters.
 """
 
 import torch
@@ -92,4 +94,37 @@ def sgmv_ref(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tenso
     for start, end, slot in segments:
         r = ranks[slot]
         out[start:end].addmm_(x[start:end] @ a[slot, :r].T, b[slot, :, :r].T)
+    return out
+
+
+def batches(segments: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """(first row, runs, rows each, first slot): consecutive (first row, end row, slot) runs of one length on
+    consecutive rows and slots, merged."""
+    out: list[tuple[int, int, int, int]] = []
+    for start, end, slot in segments:
+        if out:
+            first, count, length, slot0 = out[-1]
+            if end - start == length and start == first + count * length and slot == slot0 + count:
+                out[-1] = (first, count + 1, length, slot0)
+                continue
+        out.append((start, 1, end - start, slot))
+    return out
+
+
+def sgmv_torch(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ranks: list[int],
+               runs: list[tuple[int, int, int, int]]) -> torch.Tensor:
+    """`sgmv_ref` over `batches(segments)`: a batch of runs as one bmm of views (columns past a slot's rank are
+    zeros in `a` and `b`, so the batch's widest rank serves all)."""
+    for start, count, length, slot in runs:
+        r = max(ranks[slot : slot + count])
+        if r == 0:
+            continue
+        end = start + count * length
+        if count == 1 or not (x.is_contiguous() and out.is_contiguous()):
+            for i in range(count):
+                rows = slice(start + i * length, start + (i + 1) * length)
+                out[rows].addmm_(x[rows] @ a[slot + i, :r].T, b[slot + i, :, :r].T)
+            continue
+        xa = torch.bmm(x[start:end].view(count, length, -1), a[slot : slot + count, :r].transpose(1, 2))
+        out[start:end].view(count, length, -1).baddbmm_(xa, b[slot : slot + count, :, :r].transpose(1, 2))
     return out

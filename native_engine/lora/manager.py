@@ -51,8 +51,9 @@ class LoRAManager:
         while len(self.host) > self.max_host:
             self.host.popitem(last=False)
 
-    def activate(self, requests: list[LoRARequest]) -> dict[str, int]:
-        """A slot for each adapter of the step (loading those not resident); name -> slot."""
+    def activate(self, scheduled: list) -> dict[str, int]:
+        """A slot for each adapter of the step's rows (loading those not resident); name -> slot."""
+        requests = [s.seq.lora_request for s in scheduled if s.seq.lora_request is not None]
         names = {r.lora_name for r in requests}
         assert len(names) <= self.max_loras, f"{len(names)} adapters in one step, max_loras is {self.max_loras}"
         for request in {r.lora_name: r for r in requests}.values():
@@ -62,12 +63,9 @@ class LoRAManager:
                 self._load(request, self._free_slot(names))
         return {name: self.slots[name] for name in names}
 
-    def prepare(self, ordered: list) -> LoRAMapping | None:
-        """The step's mapping (rows in batch order), its adapters made resident."""
-        requests = [s.seq.lora_request for s in ordered if s.seq.lora_request is not None]
-        if not requests:
-            return None
-        slots = self.activate(requests)
+    @staticmethod
+    def mapping(ordered: list, slots: dict[str, int]) -> LoRAMapping | None:
+        """The step's rows per slot, in batch order (`activate` gave the slots)."""
         return LoRAMapping.build([(s.num_new_tokens, -1 if s.seq.lora_request is None
                                    else slots[s.seq.lora_request.lora_name]) for s in ordered])
 

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 import torch
 
 from ..kernels._triton import use_triton
-from ..kernels.sgmv import sgmv_ref, sgmv_triton
+from ..kernels.sgmv import batches, sgmv_torch, sgmv_triton
 
 
 @dataclass(slots=True)
 class LoRAMapping:
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # (first row, end row, slot)
     _on_device: torch.Tensor | None = None  # [3, S] int32 (first row, rows, slot): the SGMV kernels' form
+    batches: list[tuple[int, int, int, int]] = field(default_factory=list)  # the CPU's batched runs (sgmv.py)
 
     @classmethod
     def build(cls, row_slots: list[tuple[int, int]]) -> LoRAMapping | None:
@@ -37,7 +38,7 @@ class LoRAMapping:
             elif slot >= 0:
                 segments.append((start, start + count, slot))
             start += count
-        return cls(segments) if segments else None
+        return cls(segments, batches=batches(segments)) if segments else None
 
     def on_device(self, device: torch.device) -> torch.Tensor:
         """The segments for the kernels, copied to the device once per step."""
@@ -72,6 +73,9 @@ class LoRALayer:
                  out_features: int, dtype: torch.dtype, device: torch.device) -> None:
         """Slot `slot` gets these shards' (A [r, in], B [rows, r]); no pairs empties it."""
         self.ranks[slot] = 0
+        if self.a is not None:  # columns past the new rank must be zeros (a batch computes the widest rank)
+            self.a[slot].zero_()
+            self.b[slot].zero_()
         if pairs:
             a, b = _stack(pairs, self.shards, scale, out_features)
             if a.shape[0] > self.rank_cap:
@@ -93,7 +97,7 @@ class LoRALayer:
         if use_triton(x):
             return sgmv_triton(x, out, self.a, self.b, self.ranks_on_device, mapping.on_device(x.device),
                                mapping.max_len)
-        return sgmv_ref(x, out, self.a, self.b, self.ranks, [s for s in mapping.segments if self.ranks[s[2]]])
+        return sgmv_torch(x, out, self.a, self.b, self.ranks, mapping.batches)
 
 
 def _stack(pairs: dict, shards: dict, scale: float, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,3 +24,19 @@ def test_sgmv_equals_the_segmented_matmul(device, dtype, k, n, rank_cap, ranks):
     tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.25, "rtol": 2e-2}
     torch.testing.assert_close(got.float(), expected, **tol)
     torch.testing.assert_close(got[6:9].float(), out[6:9].float(), atol=0, rtol=0)  # base rows untouched
+
+
+@pytest.mark.parametrize("segments", [[(0, 2, 0), (2, 4, 1), (4, 6, 2)], [(0, 2, 1), (2, 4, 2), (5, 6, 0), (6, 7, 1)],
+                                      [(1, 4, 0), (4, 7, 1), (7, 20, 2)]])
+def test_batched_runs_equal_the_segmented_matmul(segments):
+    from native_engine.kernels.sgmv import batches, sgmv_torch
+
+    ranks = [8, 3, 0]
+    a, b = randn(3, 8, 40, seed=3), randn(3, 24, 8, seed=4)
+    for slot, r in enumerate(ranks):  # past a slot's rank: zeros, as LoRALayer keeps them
+        a[slot, r:], b[slot, :, r:] = 0, 0
+    x, out = randn(20, 40, seed=1), randn(20, 24, seed=2)
+    expected = sgmv_ref(x, out.clone(), a, b, ranks, segments)
+    runs = batches(segments)
+    assert len(runs) < len(segments) or segments[0][0] == 1
+    torch.testing.assert_close(sgmv_torch(x, out.clone(), a, b, ranks, runs), expected, atol=1e-5, rtol=1e-5)
