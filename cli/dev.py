@@ -83,7 +83,7 @@ def fetch_model(
 @app.command("make-lora")
 def make_lora(
     preset: str = typer.Option("tiny-qwen2", "--preset", help="Shape of the base model (a make-model preset)."),
-    base: Path | None = typer.Option(None, "--base", help="A GGUF model to make the adapter for (instead of --preset)."),
+    base: Path | None = typer.Option(None, "--base", help="A GGUF model to make it for (instead of --preset)."),
     rank: int = typer.Option(8, "--rank", "-r", min=1, help="LoRA rank r."),
     alpha: float | None = typer.Option(None, "--alpha", help="lora_alpha (default: r, a scale of 1)."),
     targets: str | None = typer.Option(None, "--targets", help="Comma-separated target modules (default: "
@@ -100,8 +100,8 @@ def make_lora(
     _check_choice(fmt, ("gguf", "peft"), "--format")
     try:
         spec = spec_from_gguf(base) if base is not None else PRESETS[_check_choice(preset, tuple(PRESETS), "--preset")]
-        lora = LoraSpec(rank=rank, alpha=float(alpha or rank), targets=tuple(targets.split(",")) if targets else TARGETS,
-                        seed=seed)
+        modules = tuple(targets.split(",")) if targets else TARGETS
+        lora = LoraSpec(rank=rank, alpha=float(alpha or rank), targets=modules, seed=seed)
         target = out or Path(f"{spec.name}-lora-r{rank}" + (".gguf" if fmt == "gguf" else ""))
         path = build_lora(target, spec, lora, fmt=fmt)
     except (OSError, ValueError, KeyError, RegistryError) as exc:

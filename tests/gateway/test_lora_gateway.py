@@ -75,5 +75,6 @@ def test_each_api_runs_the_adapter_as_the_merged_model(server, api):
     expected = {n: _answer(server.url, api, f"{n}-merged") for n in ("a1", "a2")}
     assert answers[0] == answers[3] == expected["a1"] and answers[1] == answers[4] == expected["a2"]
     assert answers[2] == answers[5] and len({answers[0], answers[1], answers[2]}) == 3
-    runners = [m for m in httpx.get(server.url + "/api/ps").json()["models"] if m["name"] in ("a1:latest", "a2:latest", "base:latest")]
+    ours = ("a1:latest", "a2:latest", "base:latest")
+    runners = [m for m in httpx.get(server.url + "/api/ps").json()["models"] if m["name"] in ours]
     assert len(runners) == 1  # the base and both adapters: one runner, one engine

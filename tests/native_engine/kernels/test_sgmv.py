@@ -15,7 +15,8 @@ def test_sgmv_equals_the_segmented_matmul(device, dtype, k, n, rank_cap, ranks):
     on_gpu_only_if(device, k == 64 or dtype == torch.float32)
     segments = [(0, 5, 1), (5, 6, 0), (9, 30, 2), (30, 31, 1)]  # rows 6..8 and 31..33: no adapter
     x, out = randn(34, k, dtype=dtype, device=device, seed=1), randn(34, n, dtype=dtype, device=device, seed=2)
-    a, b = randn(3, rank_cap, k, dtype=dtype, device=device, seed=3), randn(3, n, rank_cap, dtype=dtype, device=device, seed=4)
+    a = randn(3, rank_cap, k, dtype=dtype, device=device, seed=3)
+    b = randn(3, n, rank_cap, dtype=dtype, device=device, seed=4)
     expected = sgmv_ref(x.float(), out.float().clone(), a.float(), b.float(), ranks, segments)
     table = torch.tensor([[s for s, _, _ in segments], [e - s for s, e, _ in segments],
                           [slot for _, _, slot in segments]], dtype=torch.int32, device=device)
