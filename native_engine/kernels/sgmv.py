@@ -2,8 +2,9 @@
 for the shrink (`xa = x · Aᵀ`) and the expand (`out += xa · Bᵀ`).
 
 The step's rows come as segments (first row, rows, adapter slot: `lora/punica.py`'s `LoRAMapping`); the
-adapters' weights are stacked over slots, A [L, R, K] and B [L, N, R], R the largest rank (times the packed
-shards), each slot's own rank in `ranks` (columns past it are never read). One program computes a
+adapters' weights are stacked over slots, A [L, R, K] and B transposed, Bᵀ [L, R, N] (so a slot's first r
+rows are a row-major [r, N] view, which a batched matmul takes without a copy), R the largest rank (times the
+packed shards), each slot's own rank in `ranks` (columns past it are never read). One program computes a
 BLOCK_M x BLOCK_R (shrink) or BLOCK_M x BLOCK_N (expand) tile of one segment, in float32 (`tl.dot` with
 "ieee" precision: the interpreter's dot of bf16 multiplies raw bits, and LoRA is a small share of a step).
 The torch reference is the segmented matmul `sgmv_ref`. On the CPU, `sgmv_torch` runs consecutive runs of
@@ -40,7 +41,7 @@ def _shrink_kernel(x_ptr, a_ptr, xa_ptr, seg_start_ptr, seg_len_ptr, seg_slot_pt
 
 @triton.jit
 def _expand_kernel(xa_ptr, b_ptr, out_ptr, seg_start_ptr, seg_len_ptr, seg_slot_ptr, rank_ptr, N,
-                   xa_stride, b_stride_l, b_stride_n, out_stride,
+                   xa_stride, b_stride_l, b_stride_r, out_stride,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     seg = tl.program_id(0)
     start, length, slot = tl.load(seg_start_ptr + seg), tl.load(seg_len_ptr + seg), tl.load(seg_slot_ptr + seg)
@@ -53,22 +54,23 @@ def _expand_kernel(xa_ptr, b_ptr, out_ptr, seg_start_ptr, seg_len_ptr, seg_slot_
         rs = r0 + tl.arange(0, BLOCK_R)
         xa = tl.load(xa_ptr + (start + rows).to(tl.int64)[:, None] * xa_stride + rs[None, :],
                      mask=row_mask[:, None] & (rs < rank)[None, :], other=0.0)
-        b = tl.load(b_ptr + slot.to(tl.int64) * b_stride_l + cols[:, None] * b_stride_n + rs[None, :],
-                    mask=col_mask[:, None] & (rs < rank)[None, :], other=0.0).to(tl.float32)
-        acc += tl.dot(xa, tl.trans(b), input_precision="ieee")
+        b = tl.load(b_ptr + slot.to(tl.int64) * b_stride_l + rs[:, None] * b_stride_r + cols[None, :],
+                    mask=(rs < rank)[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+        acc += tl.dot(xa, b, input_precision="ieee")
     where = out_ptr + (start + rows).to(tl.int64)[:, None] * out_stride + cols[None, :]
     mask = row_mask[:, None] & col_mask[None, :]
     out = tl.load(where, mask=mask, other=0.0).to(tl.float32)
     tl.store(where, (out + acc).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def sgmv_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ranks: torch.Tensor,
+def sgmv_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, ranks: torch.Tensor,
                 segments: torch.Tensor, max_len: int, block_m: int = 16) -> torch.Tensor:
-    """out[rows of each segment] += (x · A[slot]ᵀ) · B[slot]ᵀ in place; returns out.
-    x [T, K], out [T, N], a [L, R, K], b [L, N, R], ranks [L] int32, segments [3, S] int32 (first row, rows,
+    """out[rows of each segment] += (x · A[slot]ᵀ) · Bᵀ[slot] in place; returns out.
+    x [T, K], out [T, N], a [L, R, K], bt [L, R, N], ranks [L] int32, segments [3, S] int32 (first row, rows,
     slot), max_len: the longest segment."""
+    b = bt
     assert x.dim() == 2 and out.dim() == 2 and a.dim() == 3 and b.dim() == 3, (x.shape, out.shape, a.shape, b.shape)
-    assert a.shape[2] == x.shape[1] and b.shape[1] == out.shape[1] and a.shape[1] == b.shape[2], (a.shape, b.shape)
+    assert a.shape[2] == x.shape[1] and b.shape[2] == out.shape[1] and a.shape[1] == b.shape[1], (a.shape, b.shape)
     assert segments.dim() == 2 and segments.shape[0] == 3 and segments.dtype == torch.int32, segments.shape
     assert_last_dim_contiguous(x, out, a, b)
     num_segments, rank_cap, (num_tokens, n), k = segments.shape[1], a.shape[1], out.shape, x.shape[1]
@@ -87,13 +89,13 @@ def sgmv_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Te
     return out
 
 
-def sgmv_ref(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ranks: list[int],
+def sgmv_ref(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, ranks: list[int],
              segments: list[tuple[int, int, int]]) -> torch.Tensor:
     """The segmented matmul in torch: (first row, end row, slot) segments, each slot's first `ranks[slot]`
-    columns of A's rows and B's columns."""
+    rows of A and of Bᵀ."""
     for start, end, slot in segments:
         r = ranks[slot]
-        out[start:end].addmm_(x[start:end] @ a[slot, :r].T, b[slot, :, :r].T)
+        out[start:end].addmm_(x[start:end] @ a[slot, :r].T, bt[slot, :r])
     return out
 
 
@@ -111,10 +113,10 @@ def batches(segments: list[tuple[int, int, int]]) -> list[tuple[int, int, int, i
     return out
 
 
-def sgmv_torch(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ranks: list[int],
+def sgmv_torch(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, ranks: list[int],
                runs: list[tuple[int, int, int, int]]) -> torch.Tensor:
-    """`sgmv_ref` over `batches(segments)`: a batch of runs as one bmm of views (columns past a slot's rank are
-    zeros in `a` and `b`, so the batch's widest rank serves all)."""
+    """`sgmv_ref` over `batches(segments)`: a batch of runs as one bmm of views (rows past a slot's rank are
+    zeros in `a` and `bt`, so the batch's widest rank serves all)."""
     for start, count, length, slot in runs:
         r = max(ranks[slot : slot + count])
         if r == 0:
@@ -123,8 +125,8 @@ def sgmv_torch(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Ten
         if count == 1 or not (x.is_contiguous() and out.is_contiguous()):
             for i in range(count):
                 rows = slice(start + i * length, start + (i + 1) * length)
-                out[rows].addmm_(x[rows] @ a[slot + i, :r].T, b[slot + i, :, :r].T)
+                out[rows].addmm_(x[rows] @ a[slot + i, :r].T, bt[slot + i, :r])
             continue
         xa = torch.bmm(x[start:end].view(count, length, -1), a[slot : slot + count, :r].transpose(1, 2))
-        out[start:end].view(count, length, -1).baddbmm_(xa, b[slot : slot + count, :, :r].transpose(1, 2))
+        out[start:end].view(count, length, -1).baddbmm_(xa, bt[slot : slot + count, :r])
     return out

@@ -7,7 +7,7 @@ decode rows and one among the prefill chunks. Every LoRA layer of a model reads 
 
 A `LoRALayer` holds one linear's resident adapters, stacked over slots (vLLM's `lora_a_stacked`): per slot
 A [s·r, in] (the A of each shard it targets) and B [out, s·r] (block diagonal over the packed shards,
-alpha / r folded in), zero-padded to `max_lora_rank` x the shards, so a run costs two matmuls whatever
+alpha / r folded in; kept transposed), zero-padded to `max_lora_rank` x the shards, so a run costs two matmuls whatever
 the packing: `out[run] += (x[run] · Aᵀ) · Bᵀ` (`kernels/sgmv.py`: the torch loop on CPU, two Triton
 launches for all runs on CUDA).
 """
@@ -65,7 +65,7 @@ class LoRALayer:
         self.shards = shards  # shard id -> (first output row, rows or None: the whole output)
         self.max_loras, self.rank_cap = max_loras, max_rank * len(shards)
         self.a: torch.Tensor | None = None  # [max_loras, rank_cap, in], allocated with the first adapter
-        self.b: torch.Tensor | None = None  # [max_loras, out, rank_cap]
+        self.bt: torch.Tensor | None = None  # [max_loras, rank_cap, out]: B transposed
         self.ranks = [0] * max_loras  # columns of each slot in use (its rank x the shards it targets)
         self.ranks_on_device: torch.Tensor | None = None
 
@@ -75,7 +75,7 @@ class LoRALayer:
         self.ranks[slot] = 0
         if self.a is not None:  # columns past the new rank must be zeros (a batch computes the widest rank)
             self.a[slot].zero_()
-            self.b[slot].zero_()
+            self.bt[slot].zero_()
         if pairs:
             a, b = _stack(pairs, self.shards, scale, out_features)
             if a.shape[0] > self.rank_cap:
@@ -83,9 +83,9 @@ class LoRALayer:
                                  f"{self.rank_cap // len(self.shards)}")
             if self.a is None:
                 self.a = torch.zeros(self.max_loras, self.rank_cap, a.shape[1], dtype=dtype, device=device)
-                self.b = torch.zeros(self.max_loras, b.shape[0], self.rank_cap, dtype=dtype, device=device)
+                self.bt = torch.zeros(self.max_loras, self.rank_cap, b.shape[0], dtype=dtype, device=device)
             self.a[slot, : a.shape[0]] = a
-            self.b[slot, :, : a.shape[0]] = b
+            self.bt[slot, : a.shape[0]] = b.T
             self.ranks[slot] = a.shape[0]
         if self.a is not None:
             self.ranks_on_device = torch.tensor(self.ranks, dtype=torch.int32).to(self.a.device)
@@ -95,9 +95,9 @@ class LoRALayer:
         if mapping is None or self.a is None:
             return out
         if use_triton(x):
-            return sgmv_triton(x, out, self.a, self.b, self.ranks_on_device, mapping.on_device(x.device),
+            return sgmv_triton(x, out, self.a, self.bt, self.ranks_on_device, mapping.on_device(x.device),
                                mapping.max_len)
-        return sgmv_torch(x, out, self.a, self.b, self.ranks, mapping.batches)
+        return sgmv_torch(x, out, self.a, self.bt, self.ranks, mapping.batches)
 
 
 def _stack(pairs: dict, shards: dict, scale: float, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:

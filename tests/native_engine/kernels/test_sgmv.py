@@ -16,7 +16,7 @@ def test_sgmv_equals_the_segmented_matmul(device, dtype, k, n, rank_cap, ranks):
     segments = [(0, 5, 1), (5, 6, 0), (9, 30, 2), (30, 31, 1)]  # rows 6..8 and 31..33: no adapter
     x, out = randn(34, k, dtype=dtype, device=device, seed=1), randn(34, n, dtype=dtype, device=device, seed=2)
     a = randn(3, rank_cap, k, dtype=dtype, device=device, seed=3)
-    b = randn(3, n, rank_cap, dtype=dtype, device=device, seed=4)
+    b = randn(3, rank_cap, n, dtype=dtype, device=device, seed=4)  # Bᵀ
     expected = sgmv_ref(x.float(), out.float().clone(), a.float(), b.float(), ranks, segments)
     table = torch.tensor([[s for s, _, _ in segments], [e - s for s, e, _ in segments],
                           [slot for _, _, slot in segments]], dtype=torch.int32, device=device)
@@ -33,9 +33,9 @@ def test_batched_runs_equal_the_segmented_matmul(segments):
     from native_engine.kernels.sgmv import batches, sgmv_torch
 
     ranks = [8, 3, 0]
-    a, b = randn(3, 8, 40, seed=3), randn(3, 24, 8, seed=4)
+    a, b = randn(3, 8, 40, seed=3), randn(3, 8, 24, seed=4)  # A, Bᵀ
     for slot, r in enumerate(ranks):  # past a slot's rank: zeros, as LoRALayer keeps them
-        a[slot, r:], b[slot, :, r:] = 0, 0
+        a[slot, r:], b[slot, r:] = 0, 0
     x, out = randn(20, 40, seed=1), randn(20, 24, seed=2)
     expected = sgmv_ref(x, out.clone(), a, b, ranks, segments)
     runs = batches(segments)
