@@ -78,3 +78,34 @@ def fetch_model(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{path}  {_human(path.stat().st_size)}")
+
+
+@app.command("make-lora")
+def make_lora(
+    preset: str = typer.Option("tiny-qwen2", "--preset", help="Shape of the base model (a make-model preset)."),
+    base: Path | None = typer.Option(None, "--base", help="A GGUF model to make it for (instead of --preset)."),
+    rank: int = typer.Option(8, "--rank", "-r", min=1, help="LoRA rank r."),
+    alpha: float | None = typer.Option(None, "--alpha", help="lora_alpha (default: r, a scale of 1)."),
+    targets: str | None = typer.Option(None, "--targets", help="Comma-separated target modules (default: "
+                                       "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)."),
+    fmt: str = typer.Option("gguf", "--format", help="gguf (llama.cpp) or peft (adapter_config.json + safetensors)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Weight seed; same seed, same bytes."),
+    out: Path | None = typer.Option(None, "--out", help="Output file (gguf) or directory (peft)."),
+) -> None:
+    """Write a random rank-r LoRA adapter for a test model (or any llama/qwen2 GGUF with --base)."""
+    from registry.errors import RegistryError
+    from registry.modelbuilder import PRESETS, LoraSpec, build_lora, spec_from_gguf
+    from registry.modelbuilder.lora_out import TARGETS
+
+    _check_choice(fmt, ("gguf", "peft"), "--format")
+    try:
+        spec = spec_from_gguf(base) if base is not None else PRESETS[_check_choice(preset, tuple(PRESETS), "--preset")]
+        modules = tuple(targets.split(",")) if targets else TARGETS
+        lora = LoraSpec(rank=rank, alpha=float(alpha or rank), targets=modules, seed=seed)
+        target = out or Path(f"{spec.name}-lora-r{rank}" + (".gguf" if fmt == "gguf" else ""))
+        path = build_lora(target, spec, lora, fmt=fmt)
+    except (OSError, ValueError, KeyError, RegistryError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for f in _written_files(path):
+        typer.echo(f"{f}  {_human(f.stat().st_size)}")

@@ -67,12 +67,25 @@ def render_show(d: ModelDetails) -> str:
              ("embedding length", str(info.embedding_length or "") if info else ""),
              ("quantization", info.file_type if info else d.config.get("file_type", ""))]
     out += [f"    {k:<20}{v}" for k, v in facts if v]
+    out += _section("Adapter", _adapter_lines(d))
     out += _section("Chat template", (d.chat_template or "").splitlines()[:6])
     out += _section("Parameters", _parameter_lines(d.parameters).splitlines())
     out += _section("System", (d.system or "").splitlines()[:4])
     license_lines = "\n".join(d.licenses).strip().splitlines()[:2]
     out += _section("License", license_lines)
     return "\n".join(out) + "\n"
+
+
+def _adapter_lines(d: ModelDetails) -> list[str]:
+    """The LoRA adapter layer: its type, alpha, size and digest."""
+    if d.adapter_path is None:
+        return []
+    from registry.gguf_info import read_gguf_info
+
+    meta = read_gguf_info(d.adapter_path).metadata
+    facts = [("type", meta.get("adapter.type", "")), ("alpha", f"{meta.get('adapter.lora.alpha', 0):g}"),
+             ("size", human_bytes(d.adapter_path.stat().st_size)), ("digest", d.adapter_path.name[:19])]
+    return [f"{k:<20}{v}" for k, v in facts]
 
 
 def _section(title: str, lines: list[str]) -> list[str]:

@@ -42,6 +42,7 @@ class Behaviour:
     ignore_max_tokens: int | None = None     # a backend that ignores max_tokens: generates this many tokens
     healthy: bool = True
     models: list[str] = field(default_factory=list)   # served model names; start_server fills it
+    parents: dict[str, str] = field(default_factory=dict)  # a LoRA adapter's name -> its base (vLLM's parent)
     running: int = 0                         # load figures for /metrics
     waiting: int = 0
     kv_usage: float = 0.0                    # 0..1
@@ -49,11 +50,11 @@ class Behaviour:
     disconnects: int = 0                     # clients that left before a response was finished
 
     def reset(self) -> None:
-        """Every field back to its default except ``models``."""
-        models = self.models
+        """Every field back to its default except ``models`` and ``parents``."""
+        models, parents = self.models, self.parents
         for f in fields(self):
             setattr(self, f.name, f.default_factory() if callable(f.default_factory) else f.default)
-        self.models = models
+        self.models, self.parents = models, parents
 
     def wait_for(self, predicate: Callable[[Behaviour], bool], timeout: float = 2.0) -> bool:
         """Poll until ``predicate(self)`` holds (the server notices a disconnect asynchronously)."""

@@ -144,7 +144,7 @@ def metrics_text(b: Behaviour) -> str:
 
 def make_app(b: Behaviour) -> Starlette:
     async def models(_: Request) -> Reply:
-        cards = [{"id": m, "object": "model", "created": 0, "owned_by": "vllm", "root": m, "parent": None,
+        cards = [{"id": m, "object": "model", "created": 0, "owned_by": "vllm", "root": m, "parent": b.parents.get(m),
                   "max_model_len": MAX_MODEL_LEN, "permission": []} for m in b.models]
         return json_reply(b, {"object": "list", "data": cards})
 

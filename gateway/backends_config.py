@@ -9,6 +9,7 @@ keys (the router's issue); they are accepted and ignored here. Any other unknown
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -111,6 +112,19 @@ class LocalEntry(BaseModel):
     pricing: PricingEntry | None = None
 
 
+class LoraModuleEntry(BaseModel):
+    """A LoRA adapter the backend serves (vLLM's ``--lora-modules name=path``): a model name of its own,
+    sent to the backend as the request's ``model``, listed with the backend as its ``parent``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    model: str | None = None  # the backend's name for the adapter; default: name
+    pricing: PricingEntry | None = None  # default: the backend's (one bill for the base and its adapters)
+
+    _name = field_validator("name")(classmethod(lambda cls, value: plain_name(value)))
+
+
 class BackendEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -127,8 +141,18 @@ class BackendEntry(BaseModel):
     pricing: PricingEntry | None = None
     kv_events: str | None = None       # the backend's KV cache event stream (vLLM --kv-events-config): precise routing
     kv_events_topic: str = ""
+    lora_modules: list[LoraModuleEntry] = Field(default_factory=list)
 
     _name = field_validator("name")(classmethod(lambda cls, value: plain_name(value)))
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _lora_modules(cls, value: list[LoraModuleEntry], info: ValidationInfo) -> list[LoraModuleEntry]:
+        kind = info.data.get("type")
+        if value and kind is not None and kind not in OPENAI_TYPES:
+            raise ValueError(f"LoRA adapters are passed through to OpenAI-compatible servers "
+                             f"({', '.join(sorted(OPENAI_TYPES))}), not {kind}")
+        return value
 
     @field_validator("type")
     @classmethod
@@ -318,8 +342,11 @@ class GatewayConfig(BaseModel):
         """Each pricing entry with the ledger's backend names it prices and its output weight
         (``measured``: from the latest ``infer bench`` run under ``home``). ``local`` prices the
         in-process engines and the route members that are models of the local store, as one bill."""
-        out = [Priced.of(e.name, e.pricing, home=home, address=(e.base_url, e.model or ""))
+        out = [Priced.of(e.name, e.pricing, (e.name, *(m.name for m in e.lora_modules if m.pricing is None)),
+                         home=home, address=(e.base_url, e.model or ""))
                for e in self.backends if e.pricing is not None]
+        out += [Priced.of(m.name, m.pricing, home=home, address=(e.base_url, m.model or m.name))
+                for e in self.backends for m in e.lora_modules if m.pricing is not None]
         if self.local is not None and self.local.pricing is not None:
             out.append(Priced.of(LOCAL, self.local.pricing, (*ENGINES, *self.local_models()), home=home))
         return out
@@ -333,14 +360,22 @@ class GatewayConfig(BaseModel):
 
     def local_models(self) -> list[str]:
         """Route members that are not backends of this file: models of the local store."""
-        backends = {entry.name for entry in self.backends}
+        backends = {entry.name for entry in self.backends} | {m.name for e in self.backends for m in e.lora_modules}
         return list(dict.fromkeys(n for route in self.routes for n in route.members if n not in backends))
 
     _source: str | None = PrivateAttr(default=None)
     _root: yaml.Node | None = PrivateAttr(default=None)
 
     def remote_settings(self, env: Mapping[str, str] = os.environ) -> list[RemoteSettings]:
-        return [self._settings(i, entry, env) for i, entry in enumerate(self.backends)]
+        """Each backend, then each of its LoRA adapters as a backend of its own (the same server; the
+        adapter's name as the model; the backend as its parent)."""
+        out = []
+        for i, entry in enumerate(self.backends):
+            base = self._settings(i, entry, env)
+            out.append(base)
+            out += [dataclasses.replace(base, name=m.name, model=m.model or m.name, parent=entry.name)
+                    for m in entry.lora_modules]
+        return out
 
     def _settings(self, index: int, entry: BackendEntry, env: Mapping[str, str]) -> RemoteSettings:
         api_key = None
@@ -400,12 +435,15 @@ def _parse(source: str, text: str) -> tuple[yaml.Node | None, Any]:
 
 
 def _check_unique_names(config: GatewayConfig) -> None:
-    seen: dict[str, int] = {}
+    seen: dict[str, str] = {}
     for i, entry in enumerate(config.backends):
-        if entry.name in seen:
-            raise ConfigError(config.where(("backends", i, "name"))
-                              + f"duplicate name '{entry.name}' (backends[{seen[entry.name]}] has it too)")
-        seen[entry.name] = i
+        named = [(("backends", i, "name"), entry.name, f"backends[{i}]")]
+        named += [(("backends", i, "lora_modules", j, "name"), m.name, f"backends[{i}].lora_modules[{j}]")
+                  for j, m in enumerate(entry.lora_modules)]
+        for loc, name, where in named:
+            if name in seen:
+                raise ConfigError(config.where(loc) + f"duplicate name '{name}' ({seen[name]} has it too)")
+            seen[name] = where
 
 
 def _check_routes(config: GatewayConfig) -> None:
@@ -413,7 +451,7 @@ def _check_routes(config: GatewayConfig) -> None:
     A backend name that is not in ``backends:`` is taken as a model of the local store."""
     if not config.backends and not config.routes:
         raise ConfigError(f"{config._source}: the file needs a 'backends:' or a 'routes:' list")
-    backends = {entry.name for entry in config.backends}
+    backends = {entry.name for entry in config.backends} | {m.name for e in config.backends for m in e.lora_modules}
     routes = {route.name: i for i, route in enumerate(config.routes)}
     for i, route in enumerate(config.routes):
         if route.name in backends:
@@ -466,7 +504,7 @@ def _reason(err: dict[str, Any]) -> str:
         known = [*GatewayConfig.model_fields, *BackendEntry.model_fields, *TimeoutMap.model_fields,
                  *RouteEntry.model_fields, *SLOEntry.model_fields, *PricingEntry.model_fields,
                  *PoolEntry.model_fields, *DisaggEntry.model_fields,
-                 *PrefixEntry.model_fields,
+                 *PrefixEntry.model_fields, *LoraModuleEntry.model_fields,
                  *AuthEntry.model_fields]
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         return "unknown key" + (f" (did you mean '{close[0]}'?)" if close else "")

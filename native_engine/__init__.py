@@ -15,6 +15,7 @@ _EXPORTS = {
     "CompletionOutput": ".output",
     "EngineConfig": ".config",
     "LLMEngine": ".llm_engine",
+    "LoRARequest": ".lora.request",
     "RequestOutput": ".output",
     "SamplingParams": ".sampling_params",
     "StructuredOutputsParams": ".sampling_params",
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from .async_engine import AsyncLLMEngine
     from .config import EngineConfig
     from .llm_engine import LLMEngine
+    from .lora.request import LoRARequest
     from .output import CompletionOutput, RequestOutput
     from .sampling_params import SamplingParams, StructuredOutputsParams
 

@@ -37,13 +37,14 @@ class AsyncLLMEngine:
         self._thread.start()
 
     async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                       priority: int = 0, arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, arrival_time: float | None = None,
+                       lora_request=None) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as the engine produces them; closing the iterator aborts it."""
         if self._stopped:
             raise RuntimeError("the engine has been shut down")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
-        self._submit(("add", request_id, prompt, params, priority, arrival_time))
+        self._submit(("add", request_id, prompt, params, priority, arrival_time, lora_request))
         finished = False
         try:
             while not finished:

@@ -5,6 +5,8 @@ A verify step of speculative decoding schedules draft tokens that may be rejecte
 the blocks past the computed tokens (their KV belongs to rejected tokens; they were never hashed, since
 only full blocks of computed tokens are).
 Free blocks sit in one LRU-ordered dict: cached (hashed) blocks stay findable until they are popped for reuse.
+The chain of a sequence run through a LoRA adapter starts from the adapter's name (vLLM's extra hash keys), so
+the same prompt through two adapters, or through an adapter and the base, never shares KV.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from native_engine.sequence import Sequence
 def compute_hash(token_ids: Iterable[int], prefix_hash: int = -1) -> int:
     """Chained hash of one full block; prefix_hash is the previous block's hash (-1 for the first)."""
     return hash((prefix_hash, tuple(token_ids)))
+
+
+def root_hash(seq: Sequence) -> int:
+    """The prefix hash before a sequence's first block: -1, or its adapter's."""
+    return -1 if seq.lora_request is None else hash(("lora", seq.lora_request.lora_name))
 
 
 @dataclass(slots=True)
@@ -86,7 +93,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         hits: list[int] = []
-        prefix_hash = -1
+        prefix_hash = root_hash(seq)
         for i in range((seq.num_tokens - 1) // self.block_size):
             token_ids = self._block_tokens(seq, i)
             prefix_hash = compute_hash(token_ids, prefix_hash)
@@ -104,7 +111,7 @@ class BlockManager:
         start = end
         while start > 0 and self.blocks[table[start - 1]].hash == -1:
             start -= 1
-        prefix_hash = self.blocks[table[start - 1]].hash if start else -1
+        prefix_hash = self.blocks[table[start - 1]].hash if start else root_hash(seq)
         for i in range(start, end):
             block = self.blocks[table[i]]
             block.token_ids = self._block_tokens(seq, i)

@@ -9,6 +9,7 @@ from .spec_decode.config import SpeculativeConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")
+DEFAULT_MAX_LORAS = 4
 
 
 def _check(ok: bool, message: str) -> None:
@@ -56,9 +57,19 @@ class EngineConfig:
     # from a CUDA graph (cuda_graph.MixedGraphs) unless enforce_eager; off until a GPU run shows it faster
     # (bench/native_gpu.py --unified measures each)
     speculative: str | None = None  # "ngram:k=4", "draft:MODEL:k=4" (spec_decode/config.py); None = off
+    max_loras: int | None = None  # LoRA adapters resident at once (lora/); None: DEFAULT_MAX_LORAS on one rank,
+    # 0 when split over ranks; 0: requests cannot name an adapter
+    max_lora_rank: int = 64  # the largest adapter rank the slots hold (vLLM's --max-lora-rank)
     tensor_parallel_size: int = 1  # ranks the model is split over (Megatron-LM): gloo on CPU, NCCL on CUDA
     distributed_init_method: str | None = None  # file://PATH or tcp://HOST:PORT where ranks started by
     # someone else (the gateway) meet; None: the engine starts ranks 1..N-1 itself
+
+    @property
+    def lora_slots(self) -> int:
+        """The adapters resident at once: `max_loras`, else the default for the ranks."""
+        if self.max_loras is not None:
+            return self.max_loras
+        return DEFAULT_MAX_LORAS if self.tensor_parallel_size == 1 else 0
 
     @property
     def speculative_config(self) -> SpeculativeConfig | None:
@@ -77,6 +88,10 @@ class EngineConfig:
         _check_int("num_threads", self.num_threads, 1, optional=True)
         _check_int("seed", self.seed, 0)
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        _check_int("max_loras", self.max_loras, 0, optional=True)
+        _check_int("max_lora_rank", self.max_lora_rank, 1)
+        _check(not self.max_loras or self.tensor_parallel_size == 1,
+               "LoRA adapters run without tensor parallelism for now: max_loras > 0 needs tensor_parallel_size 1")
         init = self.distributed_init_method
         _check(init is None or str(init).startswith(("file://", "tcp://")),
                f"distributed_init_method must be file://PATH or tcp://HOST:PORT, got {self.distributed_init_method!r}")

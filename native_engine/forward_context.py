@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .lora.punica import LoRAMapping
+
 
 @dataclass(slots=True)
 class PrefillChunk:
@@ -37,3 +39,5 @@ class Context:
     seq_lens: torch.Tensor | None = None  # [rows] keys each row's sequence has after this step
     row_tables: torch.Tensor | None = None  # [rows, max_blocks] int32, -1 padded: every row's block table
     max_query_len: int = 0
+    lora: LoRAMapping | None = None  # the step's rows per adapter (lora/punica.py); None: no row has one, and
+    # the whole-model paths (the C decode step, the fused kernels, CUDA graphs) may run

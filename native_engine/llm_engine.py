@@ -24,6 +24,7 @@ from .distributed.parallel_state import default_threads, start_engine_group, sto
 from .model_loading import build_runner, read_checkpoint
 from .model_runner import bytes_per_token
 from .output import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from .lora.request import LoRARequest
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .model_runner import LaunchedStep
@@ -106,7 +107,9 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    priority: int = 0, arrival_time: float | None = None) -> None:
+                    priority: int = 0, arrival_time: float | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
+        """`lora_request`: the adapter the request runs through (the engine needs `max_loras` > 0)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
         if self.tp is not None:
@@ -114,13 +117,18 @@ class LLMEngine:
         params = params or SamplingParams()
         token_ids = self._encode(prompt)
         self._check_prompt(token_ids, params)
+        if lora_request is not None and self.config.lora_slots == 0:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} asked of an engine without LoRA slots "
+                             "(max_loras=0, or split over ranks)")
+        if lora_request is not None:
+            self.model_runner.lora.check(lora_request)  # read on first use; a bad adapter fails this request only
         self.model_runner.structured.validate(params)
         if params.speculative:
             self.enable_speculation()
         self._load_remote_kv(token_ids, params.kv_transfer_params)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
         seq = Sequence(token_ids, params, request_id=request_id, arrival_time=arrival, priority=priority,
-                       block_size=self.config.block_size)
+                       block_size=self.config.block_size, lora_request=lora_request)
         self.scheduler.add(seq)
         request = _Request(request_id, token_ids, params, RequestMetrics(arrival))
         self.requests[request_id] = request
@@ -318,14 +326,16 @@ class LLMEngine:
 
     # -- offline use ----------------------------------------------------------------------------
 
-    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
-        """Run prompts to completion; returns one cumulative output per prompt, in order."""
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Run prompts to completion; returns one cumulative output per prompt, in order. `lora_request`: one
+        adapter for every prompt, or one (or None) per prompt."""
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
         ids = [f"generate-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
         try:
-            for request_id, prompt, p in zip(ids, prompts, params_list, strict=True):
-                self.add_request(request_id, prompt, p)
+            for request_id, prompt, p, lora in zip(ids, prompts, params_list, loras, strict=True):
+                self.add_request(request_id, prompt, p, lora_request=lora)
         except Exception:
             for request_id in ids:
                 self.abort(request_id)

@@ -33,6 +33,8 @@ from .structured_output import StructuredOutputManager
 from .models import model_class
 from .spec_decode.rejection_sampler import RejectionSampler, VerifyRows
 from .forward_context import Context, PrefillChunk
+from .lora.manager import LoRAManager
+from .lora.punica import LoRAMapping
 from .utils.loader import dummy_weights, load_weights
 
 
@@ -61,10 +63,16 @@ def bytes_per_token(model_config, dtype: torch.dtype, num_kv_heads: int | None =
     return 2 * model_config.num_layers * heads * model_config.head_dim * element
 
 
-def decode_first(scheduled: list) -> list:
+def decode_first(scheduled: list, lora_slots: dict[str, int] | None = None) -> list:
     """The batch layout `Attention` expects: decode rows (one token, or a verify row's 1 + k), then prefill
-    chunks."""
-    return sorted(scheduled, key=lambda s: s.num_new_tokens - s.num_spec_tokens > 1)
+    chunks; within each, the rows of the LoRA adapters by slot (one run per adapter, lora/punica.py)."""
+    if not lora_slots:
+        return sorted(scheduled, key=lambda s: s.num_new_tokens - s.num_spec_tokens > 1)
+    return sorted(scheduled, key=lambda s: (s.num_new_tokens - s.num_spec_tokens > 1, _slot(s.seq, lora_slots)))
+
+
+def _slot(seq, lora_slots: dict[str, int]) -> int:
+    return -1 if seq.lora_request is None else lora_slots[seq.lora_request.lora_name]
 
 
 @dataclass(slots=True)
@@ -96,6 +104,9 @@ class ModelRunner:
             self.extra_weight_bytes = use_small_batch_weights(self.model)
         self.int4_weight_bytes = self._finish_loading(device.type == "cpu" and dtype == torch.float32
                                                       and config.cpu_int4_matmul)
+        slots = config.lora_slots
+        self.lora = (LoRAManager(self.model, model_config, slots, device, dtype, config.max_lora_rank)
+                     if slots else None)
         self.num_kv_heads = self.model.shard.kv_heads.size  # this rank's
         self.block_bytes = config.block_size * bytes_per_token(model_config, dtype, self.num_kv_heads)
         self.num_kvcache_blocks = 0
@@ -184,7 +195,7 @@ class ModelRunner:
 
     def _graph_bucket(self, ordered: list) -> int | None:
         if self.graphs is None or any(s.num_new_tokens - s.num_spec_tokens != 1 or not s.should_sample
-                                      for s in ordered):
+                                      or s.seq.lora_request is not None for s in ordered):
             return None
         num_queries = sum(s.num_new_tokens for s in ordered)  # a verify row's tokens are decode queries
         return self.graphs.bucket(num_queries, max(len(s.seq.block_table) for s in ordered))
@@ -214,12 +225,14 @@ class ModelRunner:
                       prev: LaunchedStep | None = None) -> tuple[list, torch.Tensor | None]:
         """The forward: (the rows in batch order, the logits of their sampled positions, or None). In a
         tensor-parallel group the plan goes to the other ranks first."""
-        ordered = decode_first(scheduled)
+        lora_slots = self.lora.activate(scheduled) if self.lora is not None else {}
+        ordered = decode_first(scheduled, lora_slots)
         plan = self.inputs.plan(ordered, self._graph_bucket(ordered))
         if self.tp is not None:
             self.send_step(plan, blocks_to_copy)
         placeholders = None if prev is None else self._placeholder_ids(ordered, prev)
-        return ordered, self.execute(plan, blocks_to_copy, placeholders)  # launched; host work overlaps it on GPU
+        lora = self.lora.mapping(ordered, lora_slots) if lora_slots else None
+        return ordered, self.execute(plan, blocks_to_copy, placeholders, lora)  # launched; host work overlaps it on GPU
 
     def sample_tokens(self, ordered: list, logits: torch.Tensor) -> LaunchedStep:
         rows = [(s.seq, i) for s in ordered if s.should_sample for i in range(s.num_samples)]
@@ -289,19 +302,24 @@ class ModelRunner:
         return StepPlan.from_array(payload[1 + 2 * num_copies :]), [tuple(p) for p in pairs]
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan, blocks_to_copy=(), placeholders: torch.Tensor | None = None
-                ) -> torch.Tensor | None:
+    def execute(self, plan: StepPlan, blocks_to_copy=(), placeholders: torch.Tensor | None = None,
+                lora: LoRAMapping | None = None) -> torch.Tensor | None:
         """Every rank's share of a step: block copies, inputs, forward, logits of the sampled rows (rank 0:
         the whole vocabulary's; the other ranks: None; no rank computes them when no row samples).
-        `placeholders`: the first input ids, still on the device (a step scheduled ahead; never in a group)."""
+        `placeholders`: the first input ids, still on the device (a step scheduled ahead; never in a group).
+        `lora`: the step's rows per adapter slot (`LoRAManager.mapping`), None when no row has one."""
         self.copy_blocks(list(blocks_to_copy))
         step = self.inputs.build(plan, None if plan.graph_bs is None else self.graphs.inputs)
+        step.ctx.lora = lora
         if placeholders is not None:
             step.input_ids[: len(placeholders)].copy_(placeholders)
         if step.graph_bs is not None:
             hidden = self.graphs.run(step.graph_bs, step.ctx)
         elif (bucket := self._mixed_bucket(step)) is not None:
             hidden = self.mixed_graphs.run(bucket, step.input_ids, step.positions, step.ctx)
+        elif lora is not None:
+            with self.lora.step(lora):
+                hidden = self.model(step.input_ids, step.positions, step.ctx)
         else:
             hidden = self.model(step.input_ids, step.positions, step.ctx)
         if not plan.sampled.any():
@@ -310,7 +328,7 @@ class ModelRunner:
 
     def _mixed_bucket(self, step) -> int | None:
         """The mixed-step graph that runs this step, if any: one through the unified kernel that fits a bucket."""
-        if self.mixed_graphs is None or step.ctx.query_start is None:
+        if self.mixed_graphs is None or step.ctx.query_start is None or step.ctx.lora is not None:
             return None
         return self.mixed_graphs.bucket(len(step.input_ids), *step.ctx.row_tables.shape)
 

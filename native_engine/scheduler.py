@@ -11,6 +11,9 @@ place. A sequence that N finishes (EOS, a stop token or string, an abort) rides 
 row is computed and dropped (`postprocess` skips it). Its ghost row writes one KV slot past its computed tokens,
 in a block that is never in the prefix cache (only full computed blocks are hashed), so nothing can read it.
 
+LoRA: a waiting sequence whose adapter would be one more than `max_loras` among the running ones waits (it
+is never refused), and so does everything behind it (FCFS).
+
 Speculative decoding: a decode row whose sequence plans `num_spec_tokens` draft tokens is scheduled as a
 verify row of 1 + k tokens (its last token and the k drafts, filled in by the proposer after `schedule`),
 when the budget, the blocks (never by preempting), max_model_len and max_tokens leave room. `postprocess`
@@ -32,6 +35,7 @@ from native_engine.sequence import PLACEHOLDER, Sequence, SequenceStatus
 class SchedulerConfig(Protocol):  # EngineConfig satisfies it
     max_num_batched_tokens: int
     max_num_seqs: int
+    lora_slots: int
 
 
 @dataclass(slots=True)
@@ -113,6 +117,7 @@ class Scheduler:
     ) -> None:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
+        self.max_loras = getattr(config, "lora_slots", 0)
         self.block_manager = block_manager
         self.eos_token_ids = frozenset(eos_token_ids)
         capacity = block_manager.num_total_blocks * block_manager.block_size
@@ -214,6 +219,8 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs:
             budget = self._budget(output)
             seq = self.waiting[0]
+            if not self._lora_fits(seq):
+                break  # its adapter waits for a slot: one of the running adapters' requests must end first
             hits = block_manager.get_computed_blocks(seq)
             num_new_tokens = min(seq.num_tokens - len(hits) * block_manager.block_size, budget)
             if num_new_tokens == 0 or not block_manager.can_allocate(seq, num_new_tokens, hits):
@@ -223,6 +230,13 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             output.add(ScheduledSequence(seq, num_new_tokens))
+
+    def _lora_fits(self, seq: Sequence) -> bool:
+        """At most `max_loras` adapters among the running sequences (the model runner's slots)."""
+        if seq.lora_request is None:
+            return True
+        active = {s.lora_request.lora_name for s in self.running if s.lora_request is not None}
+        return seq.lora_request.lora_name in active or len(active) < self.max_loras
 
     # ---- schedule ahead (see the module docstring)
     def schedule_ahead(self, prev: SchedulerOutput) -> SchedulerOutput | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import ClassVar
 
+from native_engine.lora.request import LoRARequest
 from native_engine.sampling_params import SamplingParams
 
 
@@ -37,6 +38,7 @@ class Sequence:
     priority: int = 0  # lower = sooner
     sample_index: int = 0  # which of the request's n samples; forked children get 1..n-1
     block_size: int = 16  # the engine's KV block size (per engine: two engines may differ)
+    lora_request: LoRARequest | None = None  # the adapter the request runs through (None: the base model)
     seq_id: int = field(init=False)
     status: SequenceStatus = field(init=False, default=SequenceStatus.WAITING)
     num_prompt_tokens: int = field(init=False)
@@ -110,7 +112,7 @@ class Sequence:
         """A value copy with a new seq_id; BlockManager.fork must then take references on the blocks."""
         child = Sequence(
             self.token_ids, self.sampling_params, self.request_id, self.arrival_time, self.priority, sample_index,
-            self.block_size,
+            self.block_size, self.lora_request,
         )
         child.num_prompt_tokens = self.num_prompt_tokens
         child.status = self.status

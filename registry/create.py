@@ -2,14 +2,18 @@
 
 FROM a local GGUF file (copied into the store, verified as GGUF) or an existing model
 (its weights reused, its template/system/params/license/messages inherited unless the
-Modelfile overrides them). Layers use Ollama's media types, so the result pushes and pulls
-like any registry model.
+Modelfile overrides them). ADAPTER adds a LoRA adapter layer (Ollama's
+``application/vnd.ollama.image.adapter``): a GGUF LoRA as llama.cpp writes it, or a PEFT
+directory (``adapter_config.json`` + ``adapter_model.safetensors``), converted to a GGUF LoRA
+first as Ollama does. Layers use Ollama's media types, so the result pushes and pulls like any
+registry model.
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import tempfile
 from pathlib import Path
 
 from .details import load_details
@@ -53,13 +57,12 @@ class _Builder:
 
 def create_model(store: Store, name: ModelName, mf: Modelfile, base_dir: Path,
                  on_progress: ProgressCallback = ignore) -> Manifest:
-    if mf.adapters:
-        raise ModelfileError("ADAPTER (LoRA) is not supported yet; merge the adapter into the GGUF first")
     on_progress(ProgressEvent("gathering model components"))
     b = _Builder(store, on_progress)
     inherited, info = _add_weights(store, b, mf.from_, base_dir)
+    _add_adapters(b, mf.adapters, base_dir, info)
     _add_text_layers(b, mf, inherited)
-    config = _config_blob(info, [lay.digest for lay in b.layers])
+    config = _config_blob(info, [lay.digest for lay in b.layers], inherited.get("parent_model", ""))
     b.add_bytes(CONFIG_MEDIA_TYPE, config)
     config_layer = b.layers.pop()
     manifest = Manifest(config=config_layer, layers=b.layers)
@@ -82,7 +85,7 @@ def _add_weights(store: Store, b: _Builder, source: str, base_dir: Path):
     for lay in b.layers:
         b.emit(ProgressEvent(f"using existing layer {lay.digest}"))
     inherited = {"template": base.template, "system": base.system, "licenses": base.licenses,
-                 "parameters": base.parameters, "messages": base.messages}
+                 "parameters": base.parameters, "messages": base.messages, "parent_model": base.name.display}
     return inherited, base.gguf
 
 
@@ -109,6 +112,54 @@ def _add_gguf(b: _Builder, path: Path) -> GGUFInfo:
         raise ModelfileError(str(exc)) from None
     b.add_file(MEDIA_MODEL, path)
     return info
+
+
+def _add_adapters(b: _Builder, sources: list[str], base_dir: Path, base: GGUFInfo | None) -> None:
+    inherited = sum(lay.media_type == MEDIA_ADAPTER for lay in b.layers)
+    if len(sources) + inherited > 1:
+        raise ModelfileError("one ADAPTER per model: the engines run a request through one LoRA adapter")
+    for source in sources:
+        path = (base_dir / Path(source).expanduser()).resolve()
+        if path.is_dir():
+            _add_peft(b, path, base)
+        elif path.is_file():
+            _add_gguf_lora(b, path, base)
+        else:
+            raise ModelfileError(f"ADAPTER {source}: no file or directory at {path}")
+
+
+def _add_gguf_lora(b: _Builder, path: Path, base: GGUFInfo | None) -> None:
+    if not is_gguf(path):
+        raise ModelfileError(f"ADAPTER {path}: not a GGUF file; give a GGUF LoRA or a PEFT directory")
+    try:
+        meta = read_gguf_info(path, check_data=True).metadata
+    except RegistryError as exc:
+        raise ModelfileError(str(exc)) from None
+    if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
+        raise ModelfileError(f"ADAPTER {path}: a GGUF model, not a LoRA adapter (general.type "
+                             f"{meta.get('general.type')!r}; want 'adapter' with adapter.type 'lora')")
+    arch = meta.get("general.architecture")
+    if base is not None and arch != base.architecture:
+        raise ModelfileError(f"ADAPTER {path}: made for a {arch} model, FROM is {base.architecture}")
+    b.add_file(MEDIA_ADAPTER, path)
+
+
+def _add_peft(b: _Builder, path: Path, base: GGUFInfo | None) -> None:
+    from .modelbuilder.lora_out import PEFT_CONFIG, PEFT_WEIGHTS, peft_to_gguf, spec_from_metadata
+
+    missing = [name for name in (PEFT_CONFIG, PEFT_WEIGHTS) if not (path / name).is_file()]
+    if missing:
+        raise ModelfileError(f"ADAPTER {path}: a PEFT adapter directory needs {' and '.join(missing)}")
+    if base is None:
+        raise ModelfileError(f"ADAPTER {path}: converting a PEFT adapter needs a GGUF base model")
+    b.emit(ProgressEvent("converting adapter"))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "adapter.gguf"
+        try:
+            peft_to_gguf(path, out, spec_from_metadata(base.metadata))
+        except (KeyError, ValueError, OSError) as exc:
+            raise ModelfileError(f"ADAPTER {path}: cannot convert the PEFT adapter: {exc}") from None
+        b.add_file(MEDIA_ADAPTER, out)
 
 
 def _add_text_layers(b: _Builder, mf: Modelfile, inherited: dict) -> None:
@@ -146,7 +197,7 @@ def check_template(source: str) -> None:
         raise ModelfileError(f"TEMPLATE cannot render a conversation: {exc or type(exc).__name__}") from None
 
 
-def _config_blob(info: GGUFInfo | None, diff_ids: list[str]) -> bytes:
+def _config_blob(info: GGUFInfo | None, diff_ids: list[str], parent: str = "") -> bytes:
     config = {
         "model_format": "gguf",
         "model_family": info.architecture if info else "",
@@ -157,4 +208,6 @@ def _config_blob(info: GGUFInfo | None, diff_ids: list[str]) -> bytes:
         "os": platform.system().lower(),
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }
+    if parent:  # FROM a local model (Ollama's details.parent_model; /v1/models' parent of an adapter model)
+        config["parent_model"] = parent
     return json.dumps(config, separators=(",", ":")).encode() + b"\n"

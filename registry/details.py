@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .gguf_info import GGUFInfo, is_gguf, read_gguf_info
-from .manifest import (MEDIA_LICENSE, MEDIA_MESSAGES, MEDIA_MODEL, MEDIA_PARAMS, MEDIA_PROMPT,
+from .manifest import (MEDIA_ADAPTER, MEDIA_LICENSE, MEDIA_MESSAGES, MEDIA_MODEL, MEDIA_PARAMS, MEDIA_PROMPT,
                        MEDIA_SYSTEM, MEDIA_TEMPLATE, Layer, Manifest)
 from .modelfile import render_modelfile
 from .names import ModelName
@@ -33,6 +33,21 @@ class ModelDetails:
     licenses: list[str] = field(default_factory=list)
     parameters: dict = field(default_factory=dict)
     messages: list[dict] = field(default_factory=list)
+    adapter_path: Path | None = None  # the LoRA adapter layer's blob (a GGUF LoRA), if the model has one
+
+    @property
+    def parent(self) -> str | None:
+        """The base model of an adapter model (the FROM model it was created from), as vLLM's /v1/models
+        ``parent``; None for a model without an adapter."""
+        if self.adapter_path is None:
+            return None
+        return self.config.get("parent_model") or None
+
+    @property
+    def base_digest(self) -> str:
+        """The weights' identity: models that differ only by adapter, template or parameters share it."""
+        layer = self.manifest.layer(MEDIA_MODEL)
+        return layer.digest if layer else self.digest
 
     @property
     def chat_template(self) -> str | None:
@@ -44,7 +59,8 @@ class ModelDetails:
                   f"replace FROM with:\n# FROM {self.name.display}\n")
         return render_modelfile(from_=str(self.model_path or self.name.display), template=self.template,
                                 system=self.system, parameters=self.parameters, licenses=self.licenses,
-                                messages=self.messages, header=header)
+                                messages=self.messages, header=header,
+                                adapters=[str(self.adapter_path)] if self.adapter_path else [])
 
 
 def load_details(store: Store, name: ModelName, *, verbose: bool = False) -> ModelDetails:
@@ -75,6 +91,8 @@ def _read_layer(store: Store, layer: Layer, details: ModelDetails) -> None:
         details.parameters = _json_blob(store, layer) or {}
     elif kind == MEDIA_MESSAGES:
         details.messages = _json_blob(store, layer) or []
+    elif kind == MEDIA_ADAPTER:
+        details.adapter_path = store.blob_path(layer.digest)
 
 
 def _is_gguf(path: Path) -> bool:

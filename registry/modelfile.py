@@ -131,9 +131,10 @@ def _unquote(value: str) -> str:
 
 
 def render_modelfile(*, from_: str, template: str | None, system: str | None, parameters: dict,
-                     licenses: list[str], messages: list[dict], header: str = "") -> str:
+                     licenses: list[str], messages: list[dict], header: str = "", adapters: list[str] = ()) -> str:
     out = [header] if header else []
     out.append(f"FROM {from_}")
+    out.extend(f"ADAPTER {path}" for path in adapters)
     if template:
         out.append(f'TEMPLATE """{template}"""')
     if system:

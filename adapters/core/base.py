@@ -293,6 +293,7 @@ class ModelInfo:
     quantization_level: str = ""
     context_length: int | None = None
     owned_by: str | None = None  # a remote backend's type; None = the local store (namespace)
+    parent: str | None = None  # a LoRA adapter's base model (vLLM's /v1/models `parent`); None: not an adapter
 
 
 @dataclass

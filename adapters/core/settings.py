@@ -51,6 +51,8 @@ class NativeSettings(BaseModel):
     dtype: str | None = None
     device: str | None = None
     enable_prefix_caching: bool | None = None
+    max_loras: int | None = Field(default=None, ge=0, description="LoRA adapters resident at once in one model's "
+                                  "engine (requests for more wait); 0: adapter models cannot run natively.")
     # Where the ranks of a tensor-parallel group meet, when the gateway started them (the runner starter
     # sets it for the group it launches; None: an engine starts its own ranks).
     distributed_init_method: str | None = None

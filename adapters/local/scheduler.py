@@ -19,6 +19,10 @@ few MiB, a new process seconds). The scheduler owns every rule about a runner's 
   finished request in between doubles a back-off (1 s after the second, up to 60 s) during which
   requests for that model get a 503 that says why, as ``/api/ps`` (``failures``) and the log do.
 
+A native runner serves every model made of its weights: a model that adds a LoRA adapter (``ADAPTER``)
+to a loaded base, or two adapters on one base, run in the same runner and the same batches
+(``SHARED_WEIGHTS_ENGINES``; llama.cpp applies an adapter per context, so each model has its runner).
+
 The scheduler does no I/O of its own: ``start(engine, details, options)`` starts and loads a runner
 (``adapters/runner/backend.py``), ``available_memory()`` reads /proc/meminfo.
 """
@@ -38,6 +42,7 @@ from adapters.core.errors import QueueFull, RunnerBackoff, RunnerStopped
 from adapters.core.options import Options
 from adapters.core.settings import LocalSettings
 
+SHARED_WEIGHTS_ENGINES = ("native",)  # engines whose one runner serves every model of the same weights
 log = logging.getLogger(__name__)
 
 BACKOFF_MAX_S = 60.0
@@ -120,7 +125,7 @@ class Scheduler:
     async def acquire(self, engine: str, details: ModelDetails, options: Options) -> tuple[Loaded, float]:
         """A loaded runner for the request, counted busy until :meth:`release`; seconds spent loading."""
         self._check_backoff(engine, details)
-        key = (engine, details.digest)
+        key = (engine, details.base_digest if engine in SHARED_WEIGHTS_ENGINES else details.digest)
         t0 = time.perf_counter()
         async with self._room:
             entry = self._loaded.get(key)
@@ -233,7 +238,7 @@ class Scheduler:
 
     async def unload(self, digest: str, engine: str | None = None) -> bool:
         """Stop the runners of a model now, or when their requests in flight end."""
-        found = [e for e in self._loaded.values() if e.digest == digest and engine in (None, e.engine)]
+        found = [e for e in self._loaded.values() if digest in (e.digest, e.key[1]) and engine in (None, e.engine)]
         async with self._room:
             for entry in found:
                 if entry.active:

@@ -21,8 +21,15 @@ def model_details(store: Store, model: str) -> ModelDetails:
 
 
 def store_models(store: Store, backend: str) -> list[ModelInfo]:
-    return [ModelInfo(name=m.name.display, backend=backend, size=m.size, digest=m.digest, modified=m.modified)
-            for m in store.list_models()]
+    return [ModelInfo(name=m.name.display, backend=backend, size=m.size, digest=m.digest, modified=m.modified,
+                      parent=_parent(store, m.name)) for m in store.list_models()]
+
+
+def _parent(store: Store, name) -> str | None:
+    try:
+        return details_cache.get(store, name).parent
+    except Exception:  # noqa: BLE001 - a listing shows what it can; the model's own requests say what is wrong
+        return None
 
 
 def gguf_path(details: ModelDetails, engine: str) -> Path:

@@ -71,6 +71,7 @@ class RemoteSettings:
     tokenizer: str | None = None   # tokenizer.json or .gguf, for usage the backend does not report
     mode: str | None = None        # tgi: "generate" (native, default) or "messages"
     context_length: int | None = None
+    parent: str | None = None      # a LoRA adapter's: the backend serving its base (the request's model is the adapter)
 
 
 def make_client(settings: RemoteSettings, transport: AiohttpTransport | None = None) -> httpx.AsyncClient:
@@ -337,7 +338,8 @@ class RemoteBackend:
 
     async def list_models(self) -> list[ModelInfo]:
         return [ModelInfo(name=self.settings.name, backend=self.type, family=self.type,
-                          context_length=self.settings.context_length, owned_by=self.settings.type)]
+                          context_length=self.settings.context_length, owned_by=self.settings.type,
+                          parent=self.settings.parent)]
 
     async def loaded_models(self) -> list[LoadedModel]:
         return []

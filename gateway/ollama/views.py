@@ -133,7 +133,8 @@ def details_wire(d: ModelDetails | None) -> dict[str, Any]:
     cfg, g = d.config, d.gguf
     family = (g.architecture if g else "") or cfg.get("model_family", "")
     families = cfg.get("model_families") or ([family] if family else None)
-    return {"parent_model": "", "format": "gguf" if g else cfg.get("model_format", ""), "family": family,
+    return {"parent_model": cfg.get("parent_model", ""), "format": "gguf" if g else cfg.get("model_format", ""),
+            "family": family,
             "families": families, "parameter_size": (g.parameter_size if g else "") or cfg.get("model_type", ""),
             "quantization_level": (g.file_type if g else "") or cfg.get("file_type", "")}
 
@@ -146,7 +147,7 @@ def tag_entry(m: LocalModel, d: ModelDetails | None) -> dict[str, Any]:
 
 def remote_details(m: ModelInfo) -> dict[str, Any]:
     """``details`` of a model served by a remote backend: its type stands in for the format."""
-    return {"parent_model": "", "format": m.owned_by or m.backend, "family": m.family, "families": None,
+    return {"parent_model": m.parent or "", "format": m.owned_by or m.backend, "family": m.family, "families": None,
             "parameter_size": "", "quantization_level": ""}
 
 

@@ -34,14 +34,15 @@ def _canonical(text: str) -> str:
 
 
 def _model_object(info: ModelInfo) -> dict:
-    name = info.name
-    if info.owned_by:
-        return {"id": name, "object": "model", "created": int(info.modified), "owned_by": info.owned_by}
-    try:
-        owner = parse_name(name, insecure=True).namespace
-    except RegistryError:
-        owner = info.backend
-    return {"id": name, "object": "model", "created": int(info.modified), "owned_by": owner}
+    """A LoRA adapter's object also names its base model (``parent``), as vLLM's does."""
+    name, owner = info.name, info.owned_by
+    if not owner:
+        try:
+            owner = parse_name(name, insecure=True).namespace
+        except RegistryError:
+            owner = info.backend
+    card = {"id": name, "object": "model", "created": int(info.modified), "owned_by": owner}
+    return card if info.parent is None else {**card, "parent": info.parent}
 
 
 @router.get("/v1/models", responses=models_responses(), response_model=None)

@@ -185,6 +185,7 @@ class Model(BaseModel):
     object: Literal["model"]
     created: int = Field(description="the manifest's mtime (Unix seconds)")
     owned_by: str = Field(description="the model's namespace (library for tiny:latest) or its backend")
+    parent: str | None = Field(default=None, description="a LoRA adapter's base model (absent for other models)")
 
 
 class ModelList(BaseModel):

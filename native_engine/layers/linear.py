@@ -53,6 +53,7 @@ class Linear(nn.Module):
         self.int4: Int4Weight | BlockWeight | None = None  # set by `use_int4`; the dense weight is then dropped
         self.blocks: Q4Blocks | None = None  # Q4_1 rows as loaded (`load_gguf(keep_q4_1=True)`)
         self.block_ranges: list[tuple[int, int]] = []
+        self.lora = None  # a `lora.punica.LoRALayer` when the engine serves adapters
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         loaded = materialize(loaded)
@@ -99,6 +100,10 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(0, self.weight.shape[1]), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in]
+        out = self.base_forward(x)
+        return out if self.lora is None else self.lora.apply(x, out)
+
+    def base_forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in]
         if self.int4 is not None:
             out = self.int4.matmul(x)
             return out if self.bias is None else out.add_(self.bias)

@@ -40,7 +40,9 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:  # [T, H]
         if use_triton(hidden):
-            return self.o_proj(self.attend(positions, F.linear(hidden, self.qkv_proj.weight), ctx))
+            qkv = F.linear(hidden, self.qkv_proj.weight)
+            qkv = qkv if self.qkv_proj.lora is None else self.qkv_proj.lora.apply(hidden, qkv)
+            return self.o_proj(self.attend(positions, qkv, ctx))
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, ctx))
@@ -123,9 +125,9 @@ class LlamaModel(nn.Module):
         return self.fused_decode
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
-        if self.cpu_decode is not None and self.cpu_decode.can_run(len(input_ids), ctx):
+        if ctx.lora is None and self.cpu_decode is not None and self.cpu_decode.can_run(len(input_ids), ctx):
             return self.cpu_decode(self.embed_tokens(input_ids), positions, ctx)
-        if self.fused_decode and len(input_ids) <= FUSED_MAX_ROWS:
+        if ctx.lora is None and self.fused_decode and len(input_ids) <= FUSED_MAX_ROWS:
             hidden = self.embed_tokens(input_ids)
             for layer in self.layers:
                 hidden = layer.forward_fused(positions, hidden, ctx)

@@ -79,7 +79,8 @@ class DraftModelProposer:
         if model_config.vocab_size != target_vocab_size:
             raise ValueError(f"the draft model {model} has a vocabulary of {model_config.vocab_size} tokens, the "
                              f"target {target_vocab_size}: a draft must share the target's tokenizer")
-        return cls(ModelRunner(engine_config, model_config, weights, device, dtype), target_vocab_size)
+        draft_config = replace(engine_config, max_loras=0)  # a request's adapter is the target's, not the draft's
+        return cls(ModelRunner(draft_config, model_config, weights, device, dtype), target_vocab_size)
 
     @property
     def block_bytes(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .gguf_out import build_gguf
 from .hf_out import build_hf
+from .lora_out import LoraSpec, build_lora, spec_from_gguf
 from .spec import PRESETS, ModelSpec
 from .tokenizer import CHATML_TEMPLATE, SPECIAL_TOKENS, train_tokenizer
 
@@ -17,8 +18,11 @@ __all__ = [
     "CHATML_TEMPLATE",
     "PRESETS",
     "SPECIAL_TOKENS",
+    "LoraSpec",
     "ModelSpec",
     "build_gguf",
     "build_hf",
+    "build_lora",
+    "spec_from_gguf",
     "train_tokenizer",
 ]

@@ -192,11 +192,14 @@ def _write(path: Path, spec: ModelSpec, dtype: str, produce: Callable[[TensorSpe
         w.close()
 
 
-def build_gguf(out_path: str | os.PathLike[str], spec: ModelSpec, *, dtype: str = "f32", seed: int = 0) -> Path:
+def build_gguf(out_path: str | os.PathLike[str], spec: ModelSpec, *, dtype: str = "f32", seed: int = 0,
+               produce: Callable[[TensorSpec], np.ndarray] | None = None) -> Path:
     """Write ``spec`` with random weights from ``seed`` as a GGUF file; returns its path.
 
     ``dtype`` is ``"f32"``, ``"f16"``, ``"q8_0"`` or ``"q4_0"`` (matrices only; norms and
-    biases stay F32). The file is written to a temporary name and renamed.
+    biases stay F32). ``produce`` gives each tensor's values instead (HF layout; a model with a
+    LoRA adapter merged in: ``lora_out.build_merged_gguf``). The file is written to a temporary
+    name and renamed.
     """
     if dtype not in FILE_TYPES:
         raise ValueError(f"unsupported dtype {dtype!r} for gguf output; choose from {', '.join(FILE_TYPES)}")
@@ -208,7 +211,7 @@ def build_gguf(out_path: str | os.PathLike[str], spec: ModelSpec, *, dtype: str 
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        _write(tmp, spec, dtype, lambda ts: make_tensor(spec, ts, seed))
+        _write(tmp, spec, dtype, produce or (lambda ts: make_tensor(spec, ts, seed)))
         tmp.chmod(0o644)
         os.replace(tmp, out)
     except BaseException:

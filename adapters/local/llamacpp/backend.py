@@ -63,7 +63,7 @@ class LlamaCppBackend:
         options = resolve_options(details.parameters, request.options, defaults=self.defaults)
         t_queue = time.perf_counter()
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
-                                                       details.digest, options)
+                                                       details.digest, options, lora_path=details.adapter_path)
         timings = Timings(queue=time.perf_counter() - t_queue - load_s, load=load_s)
         job = GenerationJob(request, options, _prompt_spec(details, slot), timings=timings,
                             admit=_admission(request, self.name))
@@ -116,7 +116,7 @@ class LlamaCppBackend:
         details = self.details(model)
         resolved = resolve_options(details.parameters, options, defaults=self.defaults)
         entry, slot, _ = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
-                                                  details.digest, resolved)
+                                                  details.digest, resolved, lora_path=details.adapter_path)
         await self._pool.release(entry, slot, keep_alive)
 
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
@@ -127,7 +127,8 @@ class LlamaCppBackend:
         details = self.details(model)
         options = resolve_options(details.parameters, defaults=self.defaults)
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
-                                                       details.digest, options, embedding=True)
+                                                       details.digest, options, embedding=True,
+                                                       lora_path=details.adapter_path)
         try:
             loop = asyncio.get_running_loop()
             vectors, count = await loop.run_in_executor(self._pool.thread_of(slot), _embed, slot, inputs, truncate)

@@ -41,6 +41,7 @@ class LoadedEntry:
     digest: str
     options: Options
     embedding: bool
+    lora_path: Path | None  # a GGUF LoRA adapter applied to every context of the model (Ollama's ADAPTER)
     slots: list[llama_cpp.Llama] = field(default_factory=list)
     free: list[llama_cpp.Llama] = field(default_factory=list)
     waiters: int = 0  # requests queued for a slot
@@ -70,14 +71,14 @@ class ModelPool:
     def entries(self) -> list[LoadedEntry]:
         return [e for e in self._entries.values() if e.slots]
 
-    async def acquire(self, name: str, path: Path, digest: str, options: Options, *,
-                      embedding: bool = False) -> tuple[LoadedEntry, llama_cpp.Llama, float]:
+    async def acquire(self, name: str, path: Path, digest: str, options: Options, *, embedding: bool = False,
+                      lora_path: Path | None = None) -> tuple[LoadedEntry, llama_cpp.Llama, float]:
         """Return (entry, slot, seconds spent loading) for a request; waits for a slot if needed."""
         key = (name, digest, options.load_key(), embedding)
         async with self._lock:
             entry = self._entries.get(key)
             if entry is None:
-                entry = self._entries[key] = LoadedEntry(name, path, digest, options, embedding)
+                entry = self._entries[key] = LoadedEntry(name, path, digest, options, embedding, lora_path)
             entry.reserved += 1  # keeps the entry from expiring until this request holds a slot
             entry.unload_when_idle = False  # a new request wins over an earlier unload
             _cancel_timer(entry)
@@ -114,7 +115,8 @@ class ModelPool:
         try:
             thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llamacpp-slot")
             try:
-                slot = await loop.run_in_executor(thread, _load, entry.path, entry.options, entry.embedding)
+                slot = await loop.run_in_executor(thread, _load, entry.path, entry.options, entry.embedding,
+                                                  entry.lora_path)
             except BaseException:
                 thread.shutdown(wait=False)
                 raise
@@ -221,7 +223,7 @@ def _cancel_timer(entry: LoadedEntry) -> None:
         entry.timer = None
 
 
-def _load(path: Path, options: Options, embedding: bool) -> llama_cpp.Llama:
+def _load(path: Path, options: Options, embedding: bool, lora_path: Path | None = None) -> llama_cpp.Llama:
     threads = options.num_thread or os.cpu_count() or 1
     try:
         return llama_cpp.Llama(
@@ -231,6 +233,7 @@ def _load(path: Path, options: Options, embedding: bool) -> llama_cpp.Llama:
             n_ubatch=options.num_ctx if embedding else min(options.num_batch, options.num_ctx),
             n_threads=threads, n_threads_batch=threads, n_gpu_layers=options.num_gpu,
             use_mmap=options.use_mmap, embedding=embedding, verbose=False,
+            lora_path=None if lora_path is None else str(lora_path),
         )
     except (ValueError, RuntimeError, OSError) as exc:
         raise BackendUnavailable(f"llama.cpp could not load {path.name}: {exc}") from None

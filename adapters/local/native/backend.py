@@ -1,7 +1,9 @@
 """The native engine (`native_engine/`, PyTorch, paged KV cache, continuous batching) as a backend.
 
-Serves the GGUF models of the local store. One `LLMEngine` per model runs on its own thread
-(`AsyncLLMEngine`); every request to that model joins its running batch. This module is the only
+Serves the GGUF models of the local store. One `LLMEngine` per base model's weights runs on its own
+thread (`AsyncLLMEngine`); every request to that model joins its running batch, and so does every
+request to a model made of the same weights plus a LoRA adapter (`ADAPTER` in its Modelfile): the engine
+runs each row through its request's adapter (`native_engine/lora/`). This module is the only
 place that imports `native_engine`, and it does so lazily so `infer serve` starts without torch.
 """
 
@@ -37,10 +39,11 @@ _ids = itertools.count()
 @dataclass
 class _Loaded:
     name: str
-    digest: str
+    digest: str  # the weights' (`ModelDetails.base_digest`): models that add an adapter share the engine
     size: int
     engine: Any  # AsyncLLMEngine
-    spec: PromptSpec
+    bos: str
+    eos: str
     active: int = 0
     expires_at: float | None = None
     timer: asyncio.TimerHandle | None = None
@@ -72,22 +75,23 @@ class NativeBackend:
         structured_outputs(request.format)  # a malformed format is a 400 before the model loads
         entry, load_s = await self._acquire(details, options)
         try:
-            async for event in self._generate(entry, request, options, Timings(load=load_s)):
+            async for event in self._generate(entry, details, request, options, Timings(load=load_s)):
                 yield event
         finally:
             self._release(entry, request.keep_alive)
 
-    async def _generate(self, entry: _Loaded, request: GenerationRequest, options: Options,
+    async def _generate(self, entry: _Loaded, details: ModelDetails, request: GenerationRequest, options: Options,
                         timings: Timings) -> AsyncIterator[StreamEvent]:
         llm = entry.engine.engine
+        spec = PromptSpec.from_details(details, bos_token=entry.bos, eos_token=entry.eos)
         limit = min(options.num_ctx, llm.max_model_len)
         longest = _max_token_bytes(entry, llm.tokenizer)
-        encode = lambda text: _encode(llm.tokenizer, entry.spec, text)  # noqa: E731
+        encode = lambda text: _encode(llm.tokenizer, spec, text)  # noqa: E731
         count = lambda text: limit + 1 if len(text) > limit * longest else len(encode(text))  # noqa: E731
         if request.prompt_tokens is not None:  # token ids from the client go to the engine as they are
             token_ids, dropped = check_token_ids(request.prompt_tokens, llm.tokenizer.vocab_size), 0
         else:
-            prompt, dropped = render_request(entry.spec, request, count, limit - 1)
+            prompt, dropped = render_request(spec, request, count, limit - 1)
             check_prompt_bytes(prompt, limit, longest)  # bounded work before tokenizing a huge prompt
             token_ids = encode(prompt)
         check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
@@ -98,7 +102,7 @@ class NativeBackend:
         check_kv_role(self.settings.kv_role, params.kv_transfer_params)
         output: list[int] = []
         done: Done | None = None
-        outputs = _engine_outputs(entry.engine, token_ids, params, request.arrival)
+        outputs = _engine_outputs(entry.engine, token_ids, params, request.arrival, lora_request(details))
         async for out in until_cancelled(outputs, request.cancel):
             completion = out.outputs[0]
             output += completion.token_ids
@@ -113,10 +117,10 @@ class NativeBackend:
     async def _acquire(self, details: ModelDetails, options: Options) -> tuple[_Loaded, float]:
         async with self._lock:
             t0 = time.perf_counter()
-            entry = self._loaded.get(details.digest)
+            entry = self._loaded.get(details.base_digest)
             if entry is None:
                 entry = await asyncio.get_running_loop().run_in_executor(None, self._load, details, options)
-                self._loaded[details.digest] = entry
+                self._loaded[details.base_digest] = entry
             entry.active += 1
             entry.unload_when_idle = False
             if entry.timer is not None:
@@ -132,15 +136,16 @@ class NativeBackend:
         try:
             config = engine_config(self.settings.native, str(model_path), context, self._speculative(details),
                                    options.tensor_parallel)
+            if details.adapter_path is not None and config.lora_slots == 0:
+                raise ValueError("the model has a LoRA adapter and max_loras is 0 (or it is split over ranks)")
             llm = LLMEngine(config)
         except (ValueError, NotImplementedError) as exc:
             raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
         tok = llm.tokenizer
         bos = tok.decode([tok.bos_token_id], skip_special_tokens=False) if tok.bos_token_id is not None else ""
         eos = tok.decode(tok.eos_token_ids[:1], skip_special_tokens=False)
-        spec = PromptSpec.from_details(details, bos_token=bos, eos_token=eos)
-        return _Loaded(details.name.display, details.digest, model_path.stat().st_size,
-                       AsyncLLMEngine(llm), spec)
+        return _Loaded(details.name.display, details.base_digest, model_path.stat().st_size,
+                       AsyncLLMEngine(llm), bos, eos)
 
     def _speculative(self, details: ModelDetails) -> str | None:
         """The model's method: its Modelfile's PARAMETER speculative, else the server's setting ("on": n-gram);
@@ -205,7 +210,7 @@ class NativeBackend:
 
     async def unload(self, model: str) -> bool:
         try:
-            digest = self.details(model).digest
+            digest = self.details(model).base_digest
         except ModelNotFound:
             return False
         async with self._lock:
@@ -258,10 +263,21 @@ def preload_engine() -> None:
             _preloading.start()
 
 
-async def _engine_outputs(engine, token_ids: list[int], params, arrival: float) -> AsyncIterator:
+def lora_request(details: ModelDetails):
+    """The engine's adapter for a model with an adapter layer (named by its blob, so models sharing an
+    adapter share its slot and their prefix cache); None for a plain model."""
+    if details.adapter_path is None:
+        return None
+    from native_engine import LoRARequest
+
+    return LoRARequest(details.adapter_path.name, str(details.adapter_path))
+
+
+async def _engine_outputs(engine, token_ids: list[int], params, arrival: float, lora=None) -> AsyncIterator:
     """The engine's outputs, its errors translated into the backend error tree."""
     try:
-        async for out in engine.generate(f"native-{next(_ids)}", token_ids, params, arrival_time=arrival):
+        async for out in engine.generate(f"native-{next(_ids)}", token_ids, params, arrival_time=arrival,
+                                         lora_request=lora):
             yield out
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None

@@ -1,0 +1,111 @@
+"""The LoRA matmuls of one step (Punica's SGMV, as a segmented matmul in torch).
+
+`LoRAMapping` lists the step's token rows as runs of one adapter slot; the model runner orders the batch
+so that the rows of one adapter are adjacent (`model_runner.decode_first`): a run per adapter among the
+decode rows and one among the prefill chunks. Every LoRA layer of a model reads the same `PunicaWrapper`
+(the runner's own, set before a forward and cleared after), so `Linear.forward` keeps its signature.
+
+A `LoRALayer` holds one linear's resident adapters, stacked over slots (vLLM's `lora_a_stacked`): per slot
+A [s·r, in] (the A of each shard it targets) and B [out, s·r] (block diagonal over the packed shards,
+alpha / r folded in; kept transposed), zero-padded to `max_lora_rank` x the shards, so a run costs two matmuls whatever
+the packing: `out[run] += (x[run] · Aᵀ) · Bᵀ` (`kernels/sgmv.py`: the torch loop on CPU, two Triton
+launches for all runs on CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..kernels._triton import use_triton
+from ..kernels.sgmv import batches, sgmv_torch, sgmv_triton
+
+
+@dataclass(slots=True)
+class LoRAMapping:
+    segments: list[tuple[int, int, int]] = field(default_factory=list)  # (first row, end row, slot)
+    _on_device: torch.Tensor | None = None  # [3, S] int32 (first row, rows, slot): the SGMV kernels' form
+    batches: list[tuple[int, int, int, int]] = field(default_factory=list)  # the CPU's batched runs (sgmv.py)
+
+    @classmethod
+    def build(cls, row_slots: list[tuple[int, int]]) -> LoRAMapping | None:
+        """From (token count, slot or -1) per scheduled row, in batch order; None when no row has an adapter."""
+        segments, start = [], 0
+        for count, slot in row_slots:
+            if slot >= 0 and segments and segments[-1][2] == slot and segments[-1][1] == start:
+                segments[-1] = (segments[-1][0], start + count, slot)
+            elif slot >= 0:
+                segments.append((start, start + count, slot))
+            start += count
+        return cls(segments, batches=batches(segments)) if segments else None
+
+    def on_device(self, device: torch.device) -> torch.Tensor:
+        """The segments for the kernels, copied to the device once per step."""
+        if self._on_device is None:
+            rows = [[s for s, _, _ in self.segments], [e - s for s, e, _ in self.segments],
+                    [slot for _, _, slot in self.segments]]
+            self._on_device = torch.tensor(rows, dtype=torch.int32).to(device, non_blocking=True)
+        return self._on_device
+
+    @property
+    def max_len(self) -> int:
+        return max(e - s for s, e, _ in self.segments)
+
+
+@dataclass(slots=True)
+class PunicaWrapper:
+    mapping: LoRAMapping | None = None
+
+
+class LoRALayer:
+    def __init__(self, punica: PunicaWrapper, shards: dict[object, tuple[int, int | None]], max_loras: int,
+                 max_rank: int) -> None:
+        self.punica = punica
+        self.shards = shards  # shard id -> (first output row, rows or None: the whole output)
+        self.max_loras, self.rank_cap = max_loras, max_rank * len(shards)
+        self.a: torch.Tensor | None = None  # [max_loras, rank_cap, in], allocated with the first adapter
+        self.bt: torch.Tensor | None = None  # [max_loras, rank_cap, out]: B transposed
+        self.ranks = [0] * max_loras  # columns of each slot in use (its rank x the shards it targets)
+        self.ranks_on_device: torch.Tensor | None = None
+
+    def set_slot(self, slot: int, pairs: dict[object, tuple[torch.Tensor, torch.Tensor]], scale: float,
+                 out_features: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Slot `slot` gets these shards' (A [r, in], B [rows, r]); no pairs empties it."""
+        self.ranks[slot] = 0
+        if self.a is not None:  # columns past the new rank must be zeros (a batch computes the widest rank)
+            self.a[slot].zero_()
+            self.bt[slot].zero_()
+        if pairs:
+            a, b = _stack(pairs, self.shards, scale, out_features)
+            if a.shape[0] > self.rank_cap:
+                raise ValueError(f"rank {a.shape[0] // len(pairs)} is more than max_lora_rank "
+                                 f"{self.rank_cap // len(self.shards)}")
+            if self.a is None:
+                self.a = torch.zeros(self.max_loras, self.rank_cap, a.shape[1], dtype=dtype, device=device)
+                self.bt = torch.zeros(self.max_loras, self.rank_cap, b.shape[0], dtype=dtype, device=device)
+            self.a[slot, : a.shape[0]] = a
+            self.bt[slot, : a.shape[0]] = b.T
+            self.ranks[slot] = a.shape[0]
+        if self.a is not None:
+            self.ranks_on_device = torch.tensor(self.ranks, dtype=torch.int32).to(self.a.device)
+
+    def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:  # x: [T, in], out: [T, out]
+        mapping = self.punica.mapping
+        if mapping is None or self.a is None:
+            return out
+        if use_triton(x):
+            return sgmv_triton(x, out, self.a, self.bt, self.ranks_on_device, mapping.on_device(x.device),
+                               mapping.max_len)
+        return sgmv_torch(x, out, self.a, self.bt, self.ranks, mapping.batches)
+
+
+def _stack(pairs: dict, shards: dict, scale: float, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shards' A stacked [s·r, in], and B [out, s·r] block diagonal with the scale folded in (float32)."""
+    rank = next(iter(pairs.values()))[0].shape[0]
+    b = torch.zeros(out_features, rank * len(pairs), dtype=torch.float32)
+    for j, (shard, (_, shard_b)) in enumerate(pairs.items()):
+        offset, rows = shards[shard]
+        assert shard_b.shape[0] == (rows or out_features), f"shard {shard!r}: B has {shard_b.shape[0]} rows"
+        b[offset : offset + shard_b.shape[0], j * rank : (j + 1) * rank] = shard_b * scale
+    return torch.cat([shard_a for shard_a, _ in pairs.values()]), b

@@ -1,0 +1,43 @@
+"""The SGMV kernels (`kernels/sgmv.py`) against the segmented matmul in torch: runs of rows of different
+adapters (gaps between them: base rows), ranks below the stacked width, odd sizes."""
+
+import pytest
+import torch
+
+from native_engine.kernels.sgmv import sgmv_ref, sgmv_triton
+from tests.native_engine.kernels.helpers import DTYPES, on_gpu_only_if, randn
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("k", "n", "rank_cap", "ranks"), [(64, 96, 16, [16, 8, 4]), (70, 33, 48, [48, 0, 24]),
+                                                          (200, 130, 24, [3, 24, 17])])
+def test_sgmv_equals_the_segmented_matmul(device, dtype, k, n, rank_cap, ranks):
+    on_gpu_only_if(device, k == 64 or dtype == torch.float32)
+    segments = [(0, 5, 1), (5, 6, 0), (9, 30, 2), (30, 31, 1)]  # rows 6..8 and 31..33: no adapter
+    x, out = randn(34, k, dtype=dtype, device=device, seed=1), randn(34, n, dtype=dtype, device=device, seed=2)
+    a = randn(3, rank_cap, k, dtype=dtype, device=device, seed=3)
+    b = randn(3, rank_cap, n, dtype=dtype, device=device, seed=4)  # Bᵀ
+    expected = sgmv_ref(x.float(), out.float().clone(), a.float(), b.float(), ranks, segments)
+    table = torch.tensor([[s for s, _, _ in segments], [e - s for s, e, _ in segments],
+                          [slot for _, _, slot in segments]], dtype=torch.int32, device=device)
+    got = sgmv_triton(x, out.clone(), a, b, torch.tensor(ranks, dtype=torch.int32, device=device), table, 21)
+    assert got.dtype == dtype
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.25, "rtol": 2e-2}
+    torch.testing.assert_close(got.float(), expected, **tol)
+    torch.testing.assert_close(got[6:9].float(), out[6:9].float(), atol=0, rtol=0)  # base rows untouched
+
+
+@pytest.mark.parametrize("segments", [[(0, 2, 0), (2, 4, 1), (4, 6, 2)], [(0, 2, 1), (2, 4, 2), (5, 6, 0), (6, 7, 1)],
+                                      [(1, 4, 0), (4, 7, 1), (7, 20, 2)]])
+def test_batched_runs_equal_the_segmented_matmul(segments):
+    from native_engine.kernels.sgmv import batches, sgmv_torch
+
+    ranks = [8, 3, 0]
+    a, b = randn(3, 8, 40, seed=3), randn(3, 8, 24, seed=4)  # A, Bᵀ
+    for slot, r in enumerate(ranks):  # past a slot's rank: zeros, as LoRALayer keeps them
+        a[slot, r:], b[slot, r:] = 0, 0
+    x, out = randn(20, 40, seed=1), randn(20, 24, seed=2)
+    expected = sgmv_ref(x, out.clone(), a, b, ranks, segments)
+    runs = batches(segments)
+    assert len(runs) < len(segments) or segments[0][0] == 1
+    torch.testing.assert_close(sgmv_torch(x, out.clone(), a, b, ranks, runs), expected, atol=1e-5, rtol=1e-5)
