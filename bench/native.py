@@ -314,6 +314,9 @@ def main() -> None:
 
 
 TIER_CAPABILITY = {"x86-64-v3": "avx2", "x86-64": "default"}  # PyTorch's kernels for each -march tier
+# ... and the BLAS under PyTorch's float32 matmuls (prefill chunks), which picks its own instructions otherwise
+TIER_BLAS = {"x86-64-v3": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+             "x86-64": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"}}
 
 
 def at_tier(march: str) -> None:
@@ -329,7 +332,7 @@ def at_tier(march: str) -> None:
         return
     if not (folder / "llama_cpp").is_dir():
         sys.exit(f"no llama.cpp build for {march}: run `.venv/bin/python scripts/install_llama_cpp.py --tier {march}`")
-    env = {**os.environ, "INFER_CPU_MARCH": march, "ATEN_CPU_CAPABILITY": TIER_CAPABILITY[march],
+    env = {**os.environ, "INFER_CPU_MARCH": march, "ATEN_CPU_CAPABILITY": TIER_CAPABILITY[march], **TIER_BLAS[march],
            "PYTHONPATH": os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))}
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
