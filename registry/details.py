@@ -45,9 +45,11 @@ class ModelDetails:
 
     @property
     def base_digest(self) -> str:
-        """The weights' identity: models that differ only by adapter, template or parameters share it."""
-        layer = self.manifest.layer(MEDIA_MODEL)
-        return layer.digest if layer else self.digest
+        """What a native runner serves: the model without its adapter. Models that differ only by their LoRA
+        adapter share it (one runner, one batch); a different template, system prompt or PARAMETER (the
+        speculative method, the context) is another runner, as another model always was."""
+        rest = sorted(layer.digest for layer in self.manifest.layers if layer.media_type != MEDIA_ADAPTER)
+        return "sha256:" + hashlib.sha256(" ".join(rest).encode()).hexdigest()
 
     @property
     def chat_template(self) -> str | None:
