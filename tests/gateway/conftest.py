@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 
 def free_port() -> int:
@@ -46,6 +47,24 @@ def server_env(home: Path, models: Path, port: int, **extra: str) -> dict[str, s
     env.update(INFER_HOME=str(home), INFER_MODELS=str(models), INFER_HOST=f"127.0.0.1:{port}")
     env.update(extra)
     return env
+
+
+def new_key(server: LiveServer, *args: str) -> str:
+    """`infer keys create ARGS` against the server's ledger; the new key."""
+    done = subprocess.run([sys.executable, "-m", "cli", "keys", "create", *args, "--db", server.db_url],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def query(server: LiveServer, sql: str, **params) -> list[tuple]:
+    """Rows of `sql` on the server's ledger."""
+    db = sa.create_engine(server.db_url)
+    try:
+        with db.connect() as conn:
+            return [tuple(r) for r in conn.execute(sa.text(sql), params)]
+    finally:
+        db.dispose()
 
 
 def _die_with_pytest() -> None:

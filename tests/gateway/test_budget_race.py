@@ -10,15 +10,12 @@ every request has one row, and no hold is left once they have ended.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 import httpx
 import pytest
-import sqlalchemy as sa
 import yaml
 
-from tests.gateway.conftest import start_server, stop_server
+from tests.gateway.conftest import start_server, stop_server, new_key, query
 from tests.servers import wait_for
 
 PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # $0.001 a token
@@ -33,22 +30,6 @@ def server(tiny_store, tmp_path_factory):
     live = start_server(tmp, tiny_store.root, INFER_CONFIG=str(config), INFER_NUM_PARALLEL="4")
     yield live
     stop_server(live)
-
-
-def new_key(server, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "cli", "keys", "create", *args, "--db", server.db_url],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
-def query(server, sql: str, **params) -> list[tuple]:
-    db = sa.create_engine(server.db_url)
-    try:
-        with db.connect() as conn:
-            return [tuple(r) for r in conn.execute(sa.text(sql), params)]
-    finally:
-        db.dispose()
 
 
 async def burst(server, key: str, n: int, body_of) -> list[httpx.Response]:

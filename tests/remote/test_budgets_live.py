@@ -15,8 +15,6 @@ again by the tests: ``tests/servers.py``).
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
 import time
 
@@ -28,6 +26,7 @@ import tests.servers
 from fakes import start_server as start_fake
 from fakes.behaviour import Behaviour
 from tests.servers import wait_for
+from tests.gateway.conftest import new_key
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}
@@ -68,13 +67,6 @@ def fake():
 def backend(fake, **extra) -> dict:
     return {"name": "priced", "type": "vllm", "base_url": fake.url, "model": fake.behaviour.models[0],
             "pricing": PRICE, "context_length": CONTEXT, **extra}
-
-
-def new_key(server, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "cli", "keys", "create", *args, "--db", server.db_url],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 def query(url: str, sql: str, **params) -> list[tuple]:

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 
 import httpx
 import pytest
-import sqlalchemy as sa
 
 from fakes import WORDS, start_server as start_fake
 from fakes.behaviour import Behaviour
 from tests.servers import wait_for
+from tests.gateway.conftest import new_key, query
 
 IGNORED = 600  # tokens the backend generates, whatever max_tokens says
 PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # $0.001 a token
@@ -40,22 +38,6 @@ def fake():
 def server(fake, gateway_for):
     return gateway_for([{"name": "priced", "type": "vllm", "base_url": fake.url, "model": fake.behaviour.models[0],
                          "pricing": PRICE}])
-
-
-def new_key(server, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "cli", "keys", "create", *args, "--db", server.db_url],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
-def query(server, sql: str, **params) -> list[tuple]:
-    db = sa.create_engine(server.db_url)
-    try:
-        with db.connect() as conn:
-            return [tuple(r) for r in conn.execute(sa.text(sql), params)]
-    finally:
-        db.dispose()
 
 
 # (path, body, stream) for every generating API; none asks for a limit, except Anthropic's required max_tokens.

@@ -10,8 +10,6 @@ numbers the JSON API answers. ``INFER_SCREENSHOTS=DIR`` saves the page as ``DIR/
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import sqlalchemy as sa
 from tests.browser import console_errors, save_screenshot
 from fakes import start_server as start_fake
 from fakes.behaviour import Behaviour
+from tests.gateway.conftest import new_key
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 OPERATOR = "operator-secret"
@@ -56,13 +55,6 @@ def live(fakes, gateway_for):
     sent = workload(server, team, ops)
     wait_rows(server, sent)
     return server, team, (team, ops)
-
-
-def new_key(server, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "cli", "keys", "create", *args, "--db", server.db_url],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 def workload(server, team: str, ops: str) -> int:

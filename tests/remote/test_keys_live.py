@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from fakes import start_server as start_fake
 from fakes.behaviour import Behaviour
 from tests.servers import wait_for
+from tests.gateway.conftest import new_key
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # a request of ~10 + 8 tokens: ~$0.018
@@ -30,13 +31,6 @@ def fake():
         yield server
     finally:
         server.stop()
-
-
-def new_key(server, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "cli", "keys", "create", *args, "--db", server.db_url],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 def post(server, key: str | None, model: str = "priced", **extra) -> httpx.Response:
