@@ -9,6 +9,7 @@ shared). ``.venv/bin/python bench/cpu_tiers.py``
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests import isa  # noqa: E402  (the tiers this CPU can run)
+from native_engine.kernels import cpu_kernels  # noqa: E402
 
 CHILD = """
 import json, time, torch
@@ -51,8 +52,9 @@ print(json.dumps(out))
 def main() -> None:
     print(f"{'march':12} {'tier':8} " + " ".join(f"{r:>3} row{'s' if r > 1 else ' '}" for r in (1, 4, 8, 16))
           + "   (GFLOP/s, one thread)")
-    for march in reversed(isa.marches()):
-        done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=isa.child_env(march, "default"),
+    for march in reversed(cpu_kernels.runnable_marches()):
+        env = {**os.environ, "INFER_CPU_MARCH": march}
+        done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=600, check=True)
         r = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"{march:12} {r['tier']:8} " + " ".join(f"{r[str(n)]:8.1f}" for n in (1, 4, 8, 16)))

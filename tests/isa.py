@@ -6,36 +6,23 @@ architecture its native build only. Each tier runs in a child process (PyTorch r
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
+from native_engine.kernels import cpu_kernels
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_flags() -> set[str]:
-    try:
-        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
-    except (OSError, StopIteration):
-        return set()
-    return set(line.split(":", 1)[1].split())
 
 
 def marches() -> list[str]:
     """INFER_CPU_MARCH values below and at this CPU's own."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return ["native"]
-    v3 = {"avx2", "fma", "f16c", "bmi2"} <= cpu_flags()
-    return ["x86-64", *(["x86-64-v3"] if v3 else []), "native"]
+    return cpu_kernels.runnable_marches()
 
 
 def capabilities() -> list[str]:
     """ATEN_CPU_CAPABILITY values this CPU can run."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return ["default"]
-    flags = cpu_flags()
-    return ["default", *(["avx2"] if "avx2" in flags else []), *(["avx512"] if "avx512f" in flags else [])]
+    return cpu_kernels.runnable_capabilities()
 
 
 def child_env(march: str, capability: str, **extra: str) -> dict[str, str]:

@@ -110,6 +110,23 @@ def tier() -> str:
     return None if lib is None else ("scalar", "avx2", "avx512")[lib.simd_tier()]
 
 
+def runnable_marches() -> list[str]:
+    """The INFER_CPU_MARCH values this CPU runs, lowest first: x86-64 and x86-64-v3 (with AVX2, FMA, F16C, BMI2)
+    below `native`; on other architectures `native` alone."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ["native"]
+    v3 = {"avx2", "fma", "f16c", "bmi2"} <= set(_cpu_flags().split())
+    return ["x86-64", *(["x86-64-v3"] if v3 else []), "native"]
+
+
+def runnable_capabilities() -> list[str]:
+    """The ATEN_CPU_CAPABILITY values (PyTorch's CPU kernels) this CPU runs, lowest first."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ["default"]
+    flags = set(_cpu_flags().split())
+    return ["default", *(["avx2"] if "avx2" in flags else []), *(["avx512"] if "avx512f" in flags else [])]
+
+
 def _cpu_flags() -> str:
     try:
         return next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
