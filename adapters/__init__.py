@@ -1,4 +1,4 @@
-"""Backends: whatever turns a :class:`~adapters.core.base.GenerationRequest` into a stream of events
+"""Backends: whatever turns a :class:`~core.base.GenerationRequest` into a stream of events
 ending in exactly one ``Done``, in-process or remote.
 
     core/        the protocol every backend implements (request, events, ``Backend``), the error
@@ -10,7 +10,7 @@ ending in exactly one ``Done``, in-process or remote.
     local/       the engines over the local store: llama.cpp and the native engine (``local/native/``
                  is the only code that imports ``native_engine``), and the scheduler of runners
     runner/      a local model in its own process: the protocol, the gateway's client and
-                 ``RunnerBackend``, the runner's loop (``python -m adapters.runner``)
+                 ``RunnerBackend``, the runner's loop (``python -m adapters.engines.runner``)
 
 Imports go one way: ``core`` <- ``tools`` <- ``prompting`` <- ``remote``, ``local`` <- ``runner``. Which backend
 serves a request is decided outside, by ``gateway/serving/router.py``.

@@ -28,7 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adapters.core.base import Chunk, GenerationRequest  # noqa: E402
+from core.base import Chunk, GenerationRequest  # noqa: E402
 from adapters.remote.base import RemoteSettings  # noqa: E402
 from adapters.remote.registry import create_remote  # noqa: E402
 from gateway.backends_config import RouteEntry  # noqa: E402

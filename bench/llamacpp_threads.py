@@ -1,4 +1,4 @@
-"""Why each llama.cpp context has its own thread (adapters/local/llamacpp/pool.py): SmolLM2-135M Q4_1's greedy
+"""Why each llama.cpp context has its own thread (adapters/engines/llamacpp/pool.py): SmolLM2-135M Q4_1's greedy
 decode tok/s in one process, called from the main thread, then from three other threads in turn, then from the
 main thread again. GNU OpenMP keeps a worker team per calling thread; once the process has more OpenMP threads
 than cores its barriers stop spinning ("throttled"), and every later call is slower, the first thread's too.

@@ -14,7 +14,7 @@ neighbour slows both; the table shows medians over ``--runs``.
    request's ``load_duration`` when it comes ``IDLE_S`` seconds after the server is up (a server
    started before it is used).
 3. The engine alone, in a fresh Python: importing it (torch / llama_cpp) and constructing it with
-   ``infer serve``'s settings (``LLMEngine`` with adapters.core.settings' native config, 2048-token
+   ``infer serve``'s settings (``LLMEngine`` with core.settings' native config, 2048-token
    context; ``llama_cpp.Llama(n_ctx=2048)``).
 
 Goal (issue 16): native ready in <= 2 s. Run it alone: ``flock /tmp/infer-heavy.lock python bench/native_load.py``.
@@ -47,7 +47,7 @@ IDLE_S = 3.0
 ENGINE_ALONE = {
     "native": """
 import time; t0 = time.perf_counter()
-from adapters.core.settings import DEFAULTS
+from core.settings import DEFAULTS
 from native_engine import EngineConfig, LLMEngine
 t1 = time.perf_counter()
 LLMEngine(EngineConfig(model={path!r}, max_model_len=2048, **DEFAULTS.native.given()))

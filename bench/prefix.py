@@ -181,7 +181,7 @@ def run_strategy(strategy: str, convs: list[Conversation]) -> dict:
 
 def decision_cost(tracked: int, decisions: int, seed: int) -> dict:
     """µs per routing decision of the prefix and slo strategies with ``tracked`` conversations indexed."""
-    from adapters.core.base import GenerationRequest
+    from core.base import GenerationRequest
     from routing.dispatch import Dispatcher, Waiter
     from routing.prefix import PrefixPolicy, RoutePrefixes
     from routing.slo import SLO as RouteSLO

@@ -3,7 +3,7 @@
 Over ~2,000 tokens of SmolLM2-135M Q4_1 text: (1) what detokenizing one token costs (llama.cpp's
 ``detokenize`` and our incremental UTF-8 and stop-string ``TextStream``, as the llama.cpp runner does;
 and ``gguf_io``'s tokenizer, which a gateway would need for the native engine), and (2) what one
-``Token`` message costs through ``adapters/runner/protocol.py`` (msgspec encode + decode) with the text
+``Token`` message costs through ``adapters/engines/runner/protocol.py`` (msgspec encode + decode) with the text
 and the token id vs with the token id alone. The runner's per-token work runs beside the gateway's
 event loop; moving detokenizing into the gateway would put (1) on that one loop for every stream of
 every model, to save the few bytes of text in (2).
@@ -16,9 +16,9 @@ from __future__ import annotations
 import statistics
 import time
 
-from adapters.core.base import Chunk
-from adapters.prompting.textstream import TextStream
-from adapters.runner import protocol as p
+from core.base import Chunk
+from frontend.textstream import TextStream
+from adapters.engines.runner import protocol as p
 
 TEXT = ("Once upon a time, in a lighthouse at the edge of the world, there lived a keeper who counted the "
         "waves. Every night he lit the lamp, wrote in his log, and listened to the sea. ") * 40

@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gateway.app  # noqa: E402
-from adapters.local.engines import in_process_engines  # noqa: E402
+from adapters.engines.local import in_process_engines  # noqa: E402
 
 
 def _in_process(store, settings, *, log_level: str = "warning"):

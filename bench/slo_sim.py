@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from adapters.core.base import GenerationRequest  # noqa: E402
+from core.base import GenerationRequest  # noqa: E402
 from benchmark.conversations import Workload, conversations  # noqa: E402
 from fakes.engine import FakeEngine  # noqa: E402
 from fakes.queueing import PrefixCache  # noqa: E402

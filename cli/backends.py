@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from adapters.core.base import Done, GenerationRequest
+from core.base import Done, GenerationRequest
 from gateway.settings import SettingsError
 
 from .common import run_async

@@ -15,13 +15,13 @@ from typing import Any, TextIO
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from adapters.core.base import Chunk, Done, GenerationRequest
-from adapters.core.errors import BackendError
-from adapters.local.engines import in_process_engines
-from adapters.core.options import Options, check_parameters, resolve_options
-from adapters.core.settings import LocalSettings
+from core.base import Chunk, Done, GenerationRequest
+from core.errors import BackendError
+from adapters.engines.local import in_process_engines
+from core.options import Options, check_parameters, resolve_options
+from core.settings import LocalSettings
 from ledger.db import open_db
-from adapters.core.durations import format_duration
+from core.durations import format_duration
 from gateway.serving.recorder import Recorder
 from gateway.settings import SettingsError
 from ledger.writer import LedgerWriter

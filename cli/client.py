@@ -3,7 +3,7 @@
 :func:`find_server` probes ``GET /api/version`` with a short timeout; a server that answers with a
 version is used by ``infer run`` (its models stay warm, its ledger gets the row, ``keep_alive`` is
 honoured), ``infer ps``, ``infer stop`` and ``infer --version``. Every failure is a
-:class:`adapters.core.errors.BackendError` whose message is the server's ``error`` (one CLI line):
+:class:`core.errors.BackendError` whose message is the server's ``error`` (one CLI line):
 a 404 is :class:`ModelNotFound`, an unreachable server :class:`BackendUnavailable`.
 ``INFER_API_KEY`` is sent as ``Authorization: Bearer`` for a server that has ``INFER_API_KEYS``.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from adapters.core.errors import BackendError, BackendUnavailable, ModelNotFound
+from core.errors import BackendError, BackendUnavailable, ModelNotFound
 from gateway.version import VERSION
 from gateway.settings import client_url
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from adapters.core.durations import parse_period
+from core.durations import parse_period
 from gateway.settings import SettingsError
 from ledger.db import database_url_from_env
 from pricing.settle import GROUPS, cost_report

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from adapters.core.durations import parse_period
+from core.durations import parse_period
 from gateway.settings import SettingsError
 from ledger.db import database_url_from_env
 from ledger.keys import create_key, list_keys, revoke_key

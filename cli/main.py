@@ -7,7 +7,7 @@ import os
 import typer
 from typer.core import TyperGroup
 
-from adapters.core.errors import BackendError
+from core.errors import BackendError
 from gateway.settings import SettingsError
 from registry.errors import RegistryError
 

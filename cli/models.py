@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from adapters.core.options import check_parameters
+from core.options import check_parameters
 from registry.create import create_model
 from registry.details import ModelDetails, load_details
 from registry.errors import ModelfileError

@@ -11,7 +11,7 @@ import time
 
 import typer
 
-from adapters.core.errors import BackendError
+from core.errors import BackendError
 from gateway.settings import client_url
 
 from .client import NotFound, ServerClient

@@ -17,8 +17,8 @@ from typing import Any, TextIO
 
 import typer
 
-from adapters.core.base import Done, Timings, Usage
-from adapters.core.errors import BackendError
+from core.base import Done, Timings, Usage
+from core.errors import BackendError
 from registry.details import ModelDetails
 from registry.gguf_info import GGUFInfo
 from registry.names import parse_name

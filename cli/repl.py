@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import typer
 
-from adapters.core.errors import BackendError, ModelNotFound
+from core.errors import BackendError, ModelNotFound
 from registry.errors import InvalidName, RegistryError
 from registry.names import parse_name
 

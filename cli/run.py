@@ -14,9 +14,9 @@ import sys
 
 import typer
 
-from adapters.local.engines import check_engine
+from adapters.engines.local import check_engine
 from ledger.db import database_url_from_env
-from adapters.core.durations import parse_duration
+from core.durations import parse_duration
 from gateway.settings import SettingsError
 from registry.errors import RegistryError
 from registry.progress import ProgressEvent

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from adapters.core.durations import parse_keep_alive
-from gateway.http.access import exposure_warnings
+from core.durations import parse_keep_alive
+from gateway.policy.access import exposure_warnings
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
 

@@ -5,7 +5,7 @@ backend, the store, the ledger database and its writer, the metrics and the reco
 pass one ``backend`` that serves every model.
 
 The request path: API route → ``Recorder.resolve`` (``Router.resolve``, once) → the backend's
-stream (Chunk…, Done; a local model's from its runner process, ``adapters/runner/``) → the
+stream (Chunk…, Done; a local model's from its runner process, ``adapters/engines/runner/``) → the
 response → one ledger row through the writer thread.
 """
 
@@ -18,9 +18,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from adapters.core.base import Backend
+from core.base import Backend
 from adapters.remote.registry import create_remote
-from adapters.runner.backend import runner_engines
+from adapters.engines.runner.backend import runner_engines
 from gateway.serving.router import Router
 from pricing.book import PriceBook
 from routing.build import build_routes
@@ -34,19 +34,19 @@ from gateway import dashboard, health, infer_api, wire_docs
 from gateway.anthropic import routes as anthropic_routes
 from gateway.backends_config import AuthEntry, GatewayConfig, load_config
 from gateway.http import errors
-from gateway.http.access import AccessPolicy
+from gateway.policy.access import AccessPolicy
 from gateway.http.bodies import JSONBodies
 from gateway.http.guards import GuardMiddleware
 from gateway.http.hot import HotRoutes
 from gateway.http.limits import RequestBounds
-from gateway.metrics import GatewayMetrics
-from gateway.monitor import BackendMonitor
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.monitor import BackendMonitor
 from gateway.ollama import generate as ollama_generate, models as ollama_models
 from gateway.openai import generate as openai_generate, models as openai_models, responses_routes
-from gateway.keys import KeyBook
+from gateway.policy.keys import KeyBook
 from gateway.serving.recorder import Recorder
 from gateway.settings import ServerSettings
-from gateway.tracing import TraceContextMiddleware, tracer_from_env
+from gateway.observability.tracing import TraceContextMiddleware, tracer_from_env
 
 log = logging.getLogger(__name__)
 

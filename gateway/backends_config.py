@@ -22,7 +22,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PositiveFloat, PrivateAttr, Tag, ValidationError,
                       ValidationInfo, field_validator)
 
-from adapters.local.engines import ENGINES
+from adapters.engines.local import ENGINES
 from adapters.remote.base import RemoteSettings, Timeouts
 from adapters.remote.registry import OPENAI_TYPES, REMOTE_TYPES
 
@@ -317,7 +317,7 @@ class RouteEntry(BaseModel):
 
 
 class AuthEntry(BaseModel):
-    """Who may call the server (``gateway/http/access.py``)."""
+    """Who may call the server (``gateway/policy/access.py``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

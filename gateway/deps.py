@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from gateway.serving.router import Router
 from registry.store import Store
 
-from gateway.http.access import Principal
+from gateway.policy.access import Principal
 from gateway.http.errors import APIError
 from gateway.http.hints import caller_of
 from gateway.serving.recorder import Recorder
@@ -72,7 +72,7 @@ async def viewer(request: Request) -> str | None:
 
 
 async def caller(request: Request) -> Principal | None:
-    """Who sent the request (``gateway/http/access.py``): None without a key on a server without auth."""
+    """Who sent the request (``gateway/policy/access.py``): None without a key on a server without auth."""
     return caller_of(request.scope)
 
 

@@ -10,11 +10,11 @@ import math
 import time
 from typing import Any
 
-from adapters.core.base import Backend, EmbedResult
+from core.base import Backend, EmbedResult
 
-from gateway.admission import Admission
+from gateway.policy.admission import Admission
 from gateway.http.errors import APIError, to_status_message
-from gateway.monitor import backend_label
+from gateway.observability.monitor import backend_label
 from gateway.serving.recorder import Recorder
 from ledger.tables import UsageRecord
 

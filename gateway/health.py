@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 
-from gateway.monitor import HEALTH_TIMEOUT_S
+from gateway.observability.monitor import HEALTH_TIMEOUT_S
 from gateway.ollama.wire_models import VersionResponse, errors
 
 from gateway.version import VERSION

@@ -1,8 +1,8 @@
 """``/infer/*``: the gateway's own views, in JSON. ``GET /infer/backends``: each backend's health,
-in flight, running, waiting and KV-cache use (``gateway/monitor.py``). ``GET /infer/routes``: per route and per backend,
+in flight, running, waiting and KV-cache use (``gateway/observability/monitor.py``). ``GET /infer/routes``: per route and per backend,
 over the route's SLO window: requests, good, shed, errors, attainment, goodput, TTFT/TPOT/e2e
 percentiles, in flight, predictions now and their error, breaker state (``routing/route.py``).
-``GET /infer/cost``: ``infer cost --json``. Who may read them: ``gateway/http/access.py`` (with auth
+``GET /infer/cost``: ``infer cost --json``. Who may read them: ``gateway/policy/access.py`` (with auth
 on, the routes and backends need a key, the cost report an operator key)."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ async def routes(backends: RouterDep) -> JSONBytes:
 
 
 class BackendView(BaseModel):
-    """One backend of ``GET /infer/backends`` (``gateway/monitor.py``)."""
+    """One backend of ``GET /infer/backends`` (``gateway/observability/monitor.py``)."""
 
     name: str
     type: str

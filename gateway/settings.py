@@ -4,13 +4,13 @@
 |---|---|---|
 | ``INFER_HOST`` (``OLLAMA_HOST``) | ``127.0.0.1:11434`` | ``[scheme://]host[:port]`` to bind (and where the CLI looks for a server) |
 | ``INFER_ORIGINS`` (``OLLAMA_ORIGINS``) | — | extra allowed CORS origins, comma-separated, ``*`` wildcards |
-| ``INFER_API_KEYS`` | — | comma-separated operator keys; when set, requests need a key (``gateway/http/access.py``) |
+| ``INFER_API_KEYS`` | — | comma-separated operator keys; when set, requests need a key (``gateway/policy/access.py``) |
 | ``INFER_CONFIG`` | — | YAML file with remote ``backends:`` (vLLM, TGI, TensorRT-LLM, Triton, Ollama, llama.cpp, OpenAI) |
 | ``INFER_DATABASE_URL`` | ``sqlite:///$INFER_HOME/usage.db`` | usage ledger (any SQLAlchemy URL) |
 
 The in-process engines' variables (``INFER_ENGINE``, ``INFER_KEEP_ALIVE``, ``INFER_NUM_PARALLEL``,
 ``INFER_MAX_QUEUE``, ``INFER_MAX_LOADED_MODELS``, ``INFER_CONTEXT_LENGTH``) are read into
-``local`` (:class:`adapters.core.settings.LocalSettings`), where their defaults live. Each ``INFER_X``
+``local`` (:class:`core.settings.LocalSettings`), where their defaults live. Each ``INFER_X``
 in parentheses falls back to Ollama's ``OLLAMA_X`` when unset (``registry.settings.env_setting``).
 """
 
@@ -21,14 +21,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adapters.core.durations import parse_duration
+from core.durations import parse_duration
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from registry.settings import RegistrySettings, env_setting
 
 from ledger.db import ENV_VAR as DB_ENV_VAR, default_database_url
-from adapters.core.settings import DEFAULTS, LocalSettings
-from gateway.http.access import hash_key
+from core.settings import DEFAULTS, LocalSettings
+from gateway.policy.access import hash_key
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 11434  # Ollama's
 DEFAULT_ORIGINS = (

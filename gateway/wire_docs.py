@@ -7,7 +7,7 @@ FastAPI only documents: nothing is validated or re-serialized at run time.
 - ``error_responses``: the error statuses a route answers, each with the API's error body, plus the
   guards' answers every route shares (401 without a valid key when keys are set, 403 with an empty
   body for a foreign Host or Origin, an error body for a key outside its routes; see
-  ``gateway/http/guards.py`` and ``gateway/keys.py``).
+  ``gateway/http/guards.py`` and ``gateway/policy/keys.py``).
 - ``sse_content`` / ``ndjson_content``: a stream, declared the OpenAPI 3.2 way (``itemSchema`` = one
   event or line; for NDJSON ``schema`` = the whole stream as an array), with the models inlined.
 - ``install(app)``: FastAPI documents a 422 for every route with parameters, but this app answers

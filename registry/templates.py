@@ -35,7 +35,7 @@ _NO_ARG = object()  # "no value piped in", distinct from nil
 @dataclass(frozen=True)
 class RenderLimits:
     """What one render of a template may do (Go templates here, Jinja chat templates in
-    ``adapters/prompting/chat_format.py``), on top of what its data asks for: a render may also loop
+    ``frontend/chat_format.py``), on top of what its data asks for: a render may also loop
     8 times per item of the lists in its data, and write twice the text in it (so a long
     conversation, or a prompt too long for any context, still renders, and is refused for its length)."""
 

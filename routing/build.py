@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from adapters.core.base import Backend
+from core.base import Backend
 
 from .disagg import DisaggPolicy
 from .kv_events import KVEventSource

@@ -50,8 +50,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from adapters.core.base import CancelToken, Done, GenerationRequest, StreamEvent, Timings, Usage
-from adapters.core.errors import BackendError
+from core.base import CancelToken, Done, GenerationRequest, StreamEvent, Timings, Usage
+from core.errors import BackendError
 
 from .dispatch import TPOT_QUANTILE
 from .slo import SLO

@@ -205,9 +205,9 @@ def prompt_token_ids(request: Any, tokenizer: str) -> list[int]:
     """The request's prompt as the backend tokenizes it: a chat rendered with the chat template that
     goes with ``tokenizer`` (its GGUF's, or the ``tokenizer_config.json`` beside a ``tokenizer.json``),
     then encoded. Runs in a worker thread (``tokenizers`` releases the GIL while it encodes)."""
-    from adapters.prompting.chat_format import render_chat
-    from adapters.prompting.prompt_text import chat_spec
-    from adapters.prompting.token_count import load_counter
+    from frontend.chat_format import render_chat
+    from frontend.prompt_text import chat_spec
+    from frontend.token_count import load_counter
 
     encoder = load_counter(tokenizer).tokenizer  # type: ignore[attr-defined]
     if request.is_chat:

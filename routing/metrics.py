@@ -3,7 +3,7 @@
 Latency histograms are labelled by route and backend and have bucket edges at every SLO value of
 the config (so "share under the SLO" is exact from the buckets); the gauges (attainment, goodput)
 are set from the routes' windows when ``/metrics`` is read; ``infer_backend_up`` of every backend,
-route members included, is ``gateway/monitor.py``'s.
+route members included, is ``gateway/observability/monitor.py``'s.
 """
 
 from __future__ import annotations

@@ -44,10 +44,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
-from adapters.core.base import CancelToken, Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
-from adapters.core.base import Timings, Usage
-from adapters.core.errors import BackendError, InvalidRequest, RouteShed, RouteUnavailable
-from adapters.prompting.token_count import TokenCounter, load_counter
+from core.base import CancelToken, Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
+from core.base import Timings, Usage
+from core.errors import BackendError, InvalidRequest, RouteShed, RouteUnavailable
+from frontend.token_count import TokenCounter, load_counter
 
 from . import dispatch
 from .disagg import DisaggPolicy, Disaggregation, PrefillFailed

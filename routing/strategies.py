@@ -27,7 +27,7 @@ class Member:
     """One backend of a route, with what the route knows about it."""
 
     name: str
-    backend: Any  # adapters.core.base.Backend
+    backend: Any  # core.base.Backend
     model: str    # the model name the backend serves this route under
     weight: float = 1.0
     latency: LatencyModel = field(default_factory=LatencyModel)

@@ -3,7 +3,7 @@
 #
 # For a machine without network whose CPU has AMX (a lent GPU box's Xeon): builds llama-cpp-python from a
 # source tarball twice, with pip's default flags (GGML_NATIVE=ON) and with the flags
-# adapters/local/llamacpp/cpu_build.py chooses for this CPU (what scripts/install_llama_cpp.py installs),
+# adapters/engines/llamacpp/cpu_build.py chooses for this CPU (what scripts/install_llama_cpp.py installs),
 # then runs the smoke test (a Q4_0 model, a prompt of several tokens) in a child process with each.
 # Both builds leave out the multimodal library (-DLLAVA_BUILD=OFF), which the smoke test does not use.
 #
@@ -36,7 +36,7 @@ grep -m1 'model name' /proc/cpuinfo | tee "$OUT/amx.txt"
 echo "cpu flags with amx: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -c '^amx')" | tee -a "$OUT/amx.txt"
 fixed=$(python3 -c "
 from pathlib import Path
-from adapters.local.llamacpp.cpu_build import cpu_flags, explicit_args
+from adapters.engines.llamacpp.cpu_build import cpu_flags, explicit_args
 print(' '.join(explicit_args(cpu_flags(Path('/proc/cpuinfo').read_text()))))")
 
 build() {  # build NAME CMAKE_ARGS: a wheel into $work/NAME, installed into $work/NAME/site
@@ -54,13 +54,13 @@ build() {  # build NAME CMAKE_ARGS: a wheel into $work/NAME, installed into $wor
 smoke() {  # smoke NAME: the smoke test in a child process with that build first on the path
   PYTHONPATH="$work/$1/site:$PYTHONPATH" python3 -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())" \
     >"$OUT/system-$1.txt" 2>&1
-  PYTHONPATH="$work/$1/site:$PYTHONPATH" timeout 120 python3 -X faulthandler -m adapters.local.llamacpp.smoke \
+  PYTHONPATH="$work/$1/site:$PYTHONPATH" timeout 120 python3 -X faulthandler -m adapters.engines.llamacpp.smoke \
     >"$OUT/smoke-$1.log" 2>&1
   local rc=$?
   echo "$1: smoke test exit status $rc ($(tail -1 "$OUT/smoke-$1.log"))" | tee -a "$OUT/amx.txt"
   if [ "$rc" != 0 ]; then  # a static C++ runtime in each library crashed every build on one GPU box at load
     local lib; lib=$(gcc -print-file-name=libstdc++.so.6)
-    LD_PRELOAD="$lib" PYTHONPATH="$work/$1/site:$PYTHONPATH" timeout 120 python3 -m adapters.local.llamacpp.smoke \
+    LD_PRELOAD="$lib" PYTHONPATH="$work/$1/site:$PYTHONPATH" timeout 120 python3 -m adapters.engines.llamacpp.smoke \
       >"$OUT/smoke-$1-preload.log" 2>&1
     echo "$1: with LD_PRELOAD=$lib: exit status $? ($(tail -1 "$OUT/smoke-$1-preload.log"))" | tee -a "$OUT/amx.txt"
     ldd "$work/$1/site/llama_cpp/lib/libllama.so" | grep -E "stdc|gomp" | tee -a "$OUT/amx.txt"

@@ -2,11 +2,11 @@
 
 1. Read the CPU's flags (/proc/cpuinfo). With AMX, pip's default build (``GGML_NATIVE=ON``) is known
    to segfault on quantized models, so go to 3.
-2. Without AMX, run the smoke test (``python -m adapters.local.llamacpp.smoke``: a Q4_0 model, a prompt
+2. Without AMX, run the smoke test (``python -m adapters.engines.llamacpp.smoke``: a Q4_0 model, a prompt
    of several tokens, in a child process). It answers: done. It crashes (a wheel built for another
    CPU, from a shared cache): go to 3 with this CPU's extensions.
 3. Build llama-cpp-python (the installed version) with ``GGML_NATIVE=OFF``, this CPU's extensions
-   named explicitly and AMX off (``adapters/local/llamacpp/cpu_build.py``), into
+   named explicitly and AMX off (``adapters/engines/llamacpp/cpu_build.py``), into
    ``~/.cache/infer/llama-cpp-wheels/<version>-<digest of the flags>/``, bypassing pip's wheel cache
    (its key does not know the flags); install it, record the flags beside the package, smoke-test it.
 
@@ -15,7 +15,7 @@ When the smoke test still crashes, it is run once more with the system's shared 
 with or without AMX, AVX-512 or llamafile, segfaulted while loading any model (in ``print_info``, before
 any compute) and answered with it preloaded; its libraries linked no shared libstdc++ (a C++ runtime linked
 statically into each of them, e.g. from ``LDFLAGS``). When that is what answers, the script records the
-library beside the package (``adapters/local/llamacpp/markers.py``): the gateway starts its llama.cpp
+library beside the package (``adapters/engines/llamacpp/markers.py``): the gateway starts its llama.cpp
 runners with it preloaded and ``make test`` runs the suite so; a later smoke test that answers without it
 removes the record.
 
@@ -34,15 +34,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from adapters.local.llamacpp import markers
-from adapters.local.llamacpp.cpu_build import TIER_FLAGS, cmake_args, cpu_flags, explicit_args, has_amx, wheel_key
+from adapters.engines.llamacpp import markers
+from adapters.engines.llamacpp.cpu_build import TIER_FLAGS, cmake_args, cpu_flags, explicit_args, has_amx, wheel_key
 
 PACKAGE = "llama-cpp-python"
 
 
 def smoke(env: dict[str, str] | None = None) -> tuple[bool, str]:
     try:
-        done = subprocess.run([sys.executable, "-m", "adapters.local.llamacpp.smoke"], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "adapters.engines.llamacpp.smoke"], capture_output=True,
                               text=True, timeout=600, env=env)
     except subprocess.TimeoutExpired:
         return False, "no answer in 600 s"

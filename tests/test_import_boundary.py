@@ -4,8 +4,11 @@ imports inside functions too.
 - ``native_engine`` imports nothing of the project but itself and ``gguf_io``;
 - ``gguf_io`` (GGUF reading, tokenizers) is a leaf: only itself, the standard library, ``gguf``,
   ``numpy`` and ``tokenizers``;
+- the request path's layers import downwards only: ``core`` (the contract) <- ``frontend`` (templates,
+  tokens, tools) <- ``adapters`` (``engines/``, ``remote/``: siblings that never import each other) <-
+  ``gateway`` <- ``cli``;
 - every other package never imports ``native_engine``, except the native bridge
-  (``adapters/local/native/``) and ``accuracy/engines.py``, which runs both engines in the CLI's own
+  (``adapters/engines/native/``) and ``accuracy/engines.py``, which runs both engines in the CLI's own
   process on purpose (``infer compare`` reads full-vocabulary logits; no server is involved).
 """
 
@@ -19,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BRIDGES = (ROOT / "adapters" / "local" / "native", ROOT / "accuracy" / "engines.py")
+BRIDGES = (ROOT / "adapters" / "engines" / "native", ROOT / "accuracy" / "engines.py")
 LEAF_THIRD_PARTY = {"gguf", "numpy", "tokenizers"}
 
 
@@ -58,7 +61,7 @@ def top_levels(path: Path) -> set[str]:
 
 
 def test_the_packages_are_all_there():
-    assert {"native_engine", "gguf_io", "adapters", "gateway", "cli", "benchmark"} <= project_packages()
+    assert {"native_engine", "gguf_io", "core", "frontend", "adapters", "gateway", "cli", "benchmark"} <= project_packages()
     assert all(modules(p) for p in project_packages() - {"bench"})
 
 
@@ -73,6 +76,30 @@ def test_gguf_io_is_a_leaf():
     allowed = {"gguf_io", "__future__"} | LEAF_THIRD_PARTY | set(sys.stdlib_module_names)
     wrong = {f"{path.relative_to(ROOT)}: {sorted(found)}" for path in modules("gguf_io")
              if (found := top_levels(path) - allowed)}
+    assert not wrong
+
+
+LAYERS = ("core", "frontend", "adapters", "gateway", "cli")
+
+
+def layer_of(name: str) -> str:
+    """``adapters.engines.x`` -> ``adapters.engines``; ``gateway.app`` -> ``gateway``."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "adapters" and len(parts) > 1 else parts[0]
+
+
+@pytest.mark.parametrize("package", LAYERS[:-1])
+def test_the_request_path_layers_import_downwards(package):
+    above = set(LAYERS[LAYERS.index(package) + 1:])
+    wrong = {f"{path.relative_to(ROOT)}: {sorted(found)}" for path in modules(package)
+             if (found := top_levels(path) & above)}
+    assert not wrong
+
+
+def test_engines_and_remote_backends_are_siblings():
+    wrong = {f"{path.relative_to(ROOT)}: {name}" for side, other in (("engines", "remote"), ("remote", "engines"))
+             for path in sorted((ROOT / "adapters" / side).rglob("*.py"))
+             for name in imports(path) if layer_of(name) == f"adapters.{other}"}
     assert not wrong
 
 

@@ -5,7 +5,7 @@ A concrete adapter (``adapters/remote/vllm.py``, ``tgi.py``, …) subclasses :cl
 writes two things: ``generate(request, turn)``, an async generator of :class:`Chunk` that speaks
 its protocol (recording reported usage and the finish reason on ``turn``), and, when its error
 bodies differ from the common shapes, ``error_from_response``. The base class wraps ``generate``
-into the :class:`~adapters.core.base.Backend` protocol:
+into the :class:`~core.base.Backend` protocol:
 
 - deadlines: ``first_byte`` from arrival to the first chunk of a stream (time queued for a slot
   included), ``total`` for the whole request, ``connect``/``read`` inside httpx;
@@ -34,12 +34,12 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 from .direct import Direct
-from adapters.core.base import (Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings,
+from core.base import (Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings,
                                 TokenLogprob, Usage)
-from adapters.core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
+from core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
 from .http_errors import error_from_status, map_transport_error
 from .metrics_scrape import scrape
-from adapters.prompting.token_count import ByteBound, TokenCounter, load_counter, prompt_bound
+from frontend.token_count import ByteBound, TokenCounter, load_counter, prompt_bound
 from .wire import parse_json
 
 LOAD_MAX_AGE_S = 0.5  # how old a backend's load figures may be when a route decides or a gauge is read
@@ -195,7 +195,7 @@ class RemoteBackend:
         self.reported_load: dict[str, float] = {}
         self.reported_at = -math.inf
         self._reading: asyncio.Future | None = None
-        # Tracing on: adds the current span's ``traceparent`` to a header dict (``gateway/tracing.py``).
+        # Tracing on: adds the current span's ``traceparent`` to a header dict (``gateway/observability/tracing.py``).
         self.inject: Callable[[dict[str, str]], None] | None = None
 
     @property

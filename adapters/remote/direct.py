@@ -25,7 +25,7 @@ import aiohttp
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
-from adapters.core.errors import BackendError
+from core.errors import BackendError
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import httpx
 
-from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
+from core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
                                   BackendUnavailable, InvalidRequest)
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from adapters.core.base import Health, Usage
+from core.base import Health, Usage
 from .openai_compat import OpenAICompatBackend
 from .base import Turn
 from .registry import register_remote

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible server's ``logprobs`` as :class:`~adapters.core.base.TokenLogprob` entries.
+"""An OpenAI-compatible server's ``logprobs`` as :class:`~core.base.TokenLogprob` entries.
 
 Two wire shapes: a chat choice's ``{"content": [{token, logprob, bytes, top_logprobs: [...]}]}`` and a
 legacy completion choice's parallel lists ``{tokens, token_logprobs, top_logprobs: [{token: logprob}],
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.core.base import TokenLogprob
+from core.base import TokenLogprob
 
 
 def wire_logprobs(value: Any) -> list[TokenLogprob]:

@@ -20,13 +20,13 @@ from typing import Any
 
 import httpx
 
-from adapters.core.base import Chunk, EmbedResult, GenerationRequest, LoadedModel, Usage
-from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendUnavailable,
+from core.base import Chunk, EmbedResult, GenerationRequest, LoadedModel, Usage
+from core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendUnavailable,
                                   InvalidRequest)
 from .http_errors import error_from_status
 from .base import RemoteBackend, Turn, error_message
 from .registry import register_remote
-from adapters.tools.wire import chosen_tools, from_wire_call, ollama_messages
+from frontend.tools.wire import chosen_tools, from_wire_call, ollama_messages
 from .wire import ndjson_objects
 
 OUR_OPTIONS = frozenset({"engine"})

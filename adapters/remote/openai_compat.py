@@ -15,7 +15,7 @@ server's chat template applies. Error events inside a 200 stream (``data: {"erro
 replies become the mapped error with the server's ``param`` and ``code``.
 
 Tools: ``tools``, ``tool_choice`` and the history's tool calls/results go out in OpenAI's form
-(``adapters/tools/wire.py``); the reply's ``tool_calls`` come back as whole calls — a stream's deltas
+(``frontend/tools/wire.py``); the reply's ``tool_calls`` come back as whole calls — a stream's deltas
 (``delta.tool_calls[i]`` with the name first, then argument pieces) are joined by index and the calls
 are emitted when the choice finishes.
 """
@@ -29,13 +29,13 @@ from typing import Any, ClassVar
 
 import orjson
 
-from adapters.core.base import Chunk, EmbedResult, GenerationRequest, ToolCall, Usage
-from adapters.core.errors import BackendError, BackendProtocolError, InvalidRequest, ModelNotFound
+from core.base import Chunk, EmbedResult, GenerationRequest, ToolCall, Usage
+from core.errors import BackendError, BackendProtocolError, InvalidRequest, ModelNotFound
 from .http_errors import error_from_status
 from .base import RemoteBackend, Turn, error_fields, error_message, message_of
 from .logprobs import wire_logprobs
 from .registry import register_remote
-from adapters.tools.wire import from_wire_call, openai_messages
+from frontend.tools.wire import from_wire_call, openai_messages
 from .wire import parse_object, sse_batches
 
 # Ollama option -> OpenAI field, for fields every OpenAI-compatible server takes.

@@ -19,12 +19,12 @@ from typing import Any
 
 import httpx
 
-from adapters.core.base import Chunk, GenerationRequest, Usage
-from adapters.core.errors import BackendError, BackendProtocolError, BackendUnavailable, InvalidRequest
+from core.base import Chunk, GenerationRequest, Usage
+from core.errors import BackendError, BackendProtocolError, BackendUnavailable, InvalidRequest
 from .http_errors import error_from_status
 from .openai_compat import OpenAICompatBackend
 from .base import RemoteBackend, Turn, error_message, message_of
-from adapters.prompting.prompt_text import chat_spec, is_greedy, render_prompt, token_budget, translate
+from frontend.prompt_text import chat_spec, is_greedy, render_prompt, token_budget, translate
 from .registry import register_remote
 from .wire import parse_json, parse_object, sse_data
 

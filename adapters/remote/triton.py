@@ -2,7 +2,7 @@
 (serving-protocols.md §3.2): ``POST /v2/models/{model}/generate_stream`` with a flat body.
 
 Translation (§3.2, §5):
-- ``text_input`` is rendered like TGI's native prompt (``adapters.prompting.prompt_text.render_prompt``: the
+- ``text_input`` is rendered like TGI's native prompt (``frontend.prompt_text.render_prompt``: the
   tokenizer's chat template, else a plain transcript);
 - ``max_tokens`` (required): ``num_predict`` when > 0, else ``context_length`` minus the prompt estimate,
   else 512;
@@ -31,13 +31,13 @@ from typing import Any
 
 import httpx
 
-from adapters.core.base import Chunk, GenerationRequest, Usage
-from adapters.core.errors import BackendError, BackendUnavailable, InvalidRequest
+from core.base import Chunk, GenerationRequest, Usage
+from core.errors import BackendError, BackendUnavailable, InvalidRequest
 from .http_errors import error_from_status
 from .base import RemoteBackend, Turn, error_message
 from .registry import register_remote
 from .tgi import EXTRAS as TGI_EXTRAS
-from adapters.prompting.prompt_text import chat_spec, is_greedy, render_prompt, token_budget, translate
+from frontend.prompt_text import chat_spec, is_greedy, render_prompt, token_budget, translate
 from .wire import parse_object, sse_data
 
 # option -> (input name, the values sent); TGI's penalties and seed rules, plus presence_penalty

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import orjson
 
-from adapters.core.errors import BackendProtocolError
+from core.errors import BackendProtocolError
 
 
 async def sse_data(response: httpx.Response) -> AsyncIterator[str]:

@@ -1,5 +1,5 @@
 """Anthropic Messages API request bodies (``POST /v1/messages``, ``/v1/messages/count_tokens``) and their
-one translation onto :class:`adapters.core.base.GenerationRequest`.
+one translation onto :class:`core.base.GenerationRequest`.
 
 Field names mirror Anthropic's wire. Unknown fields are ignored (Claude Code sends ``cache_control``,
 ``context_management``, beta fields); a known field of the wrong type is a 400 in Anthropic's error shape.
@@ -10,7 +10,7 @@ The translation, once, here:
   ``x-anthropic-billing-header`` block is dropped (it changes every request and would defeat prefix caching);
 - a user turn's ``tool_result`` blocks become ``tool`` messages (first, in order: they answer the calls of
   the turn before), its text blocks one user message; an assistant turn's ``tool_use`` blocks become its
-  ``tool_calls`` (the internal shape of ``adapters/tools/wire.py``), its ``thinking`` blocks its ``thinking``;
+  ``tool_calls`` (the internal shape of ``frontend/tools/wire.py``), its ``thinking`` blocks its ``thinking``;
 - ``tools`` (``input_schema``) become function tools; ``tool_choice`` ``auto``/``any``/``tool``/``none``
   become ``auto``/``required``/a named function/``none``, ``disable_parallel_tool_use`` one call at most;
 - ``max_tokens`` → ``num_predict`` (clamped to the model's context, not refused: agents ask for 32k),
@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adapters.core.base import GenerationRequest
-from adapters.tools.wire import check_tools, name_tool_results
+from core.base import GenerationRequest
+from frontend.tools.wire import check_tools, name_tool_results
 from gateway.http.bodies import checked_text
 from gateway.http.errors import APIError
 

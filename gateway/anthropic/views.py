@@ -25,8 +25,8 @@ import secrets
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from adapters.core.base import Chunk, Done, StreamEvent, ToolCall
-from adapters.tools.wire import arguments_object
+from core.base import Chunk, Done, StreamEvent, ToolCall
+from frontend.tools.wire import arguments_object
 
 Event = tuple[str, dict[str, Any]]
 

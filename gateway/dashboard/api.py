@@ -9,7 +9,7 @@
   its requests and spend in the ledger since ``since``.
 - ``GET /infer/dashboard``: which optional views the page can poll (``GET /infer/backends``).
 
-Who may read: ``gateway/http/access.py`` (callers). With auth on, a caller's ledger key
+Who may read: ``gateway/policy/access.py`` (callers). With auth on, a caller's ledger key
 (``sk-infer-…``) sees only its own rows and budget, an operator key sees everything.
 """
 

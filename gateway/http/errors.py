@@ -2,7 +2,7 @@
 
 Routes under ``/v1`` answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``, except
 Anthropic's Messages API (``/v1/messages…``): ``{"type": "error", "error": {"type", "message"}}``;
-every other route answers in Ollama's ``{"error": "..."}``. Statuses follow ``adapters.core.errors`` and
+every other route answers in Ollama's ``{"error": "..."}``. Statuses follow ``core.errors`` and
 the registry mapping below; nothing a client sends can produce a 500.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from adapters.core.errors import BackendError
+from core.errors import BackendError
 from registry import errors as reg
 
 if TYPE_CHECKING:  # `infer run` uses the mapping below through the recorder without the web stack

@@ -5,7 +5,7 @@
   hostname gets ``403`` with an empty body, as Ollama does.
 - CORS: allowed origins are the Ollama defaults plus ``INFER_ORIGINS``; a disallowed ``Origin`` gets
   ``403`` with an empty body; a preflight on an allowed origin gets ``204``.
-- API keys: the access policy (``gateway/http/access.py``) decides, from the route's class and the
+- API keys: the access policy (``gateway/policy/access.py``) decides, from the route's class and the
   key the request sends, whether it goes on (401, 403 otherwise; 503 with ``Retry-After`` when the
   ledger database cannot be asked about a key). Who the key names goes on in ``scope["state"]
   ["principal"]`` for the route (budgets, limits, a key's models, whose rows a view shows).
@@ -20,7 +20,7 @@ import ipaddress
 import json
 import socket
 
-from gateway.http.access import LEDGER_PREFIX, PUBLIC, AccessPolicy, Principal, credential_of
+from gateway.policy.access import LEDGER_PREFIX, PUBLIC, AccessPolicy, Principal, credential_of
 from gateway.http.errors import error_body
 from gateway.http.limits import PROMPT_ROUTES
 from gateway.http.outage import Unavailable

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from adapters.core.base import GenerationRequest
+from core.base import GenerationRequest
 
 from gateway.http.errors import APIError
 
@@ -22,7 +22,7 @@ class RequestHints:
     priority: int = 0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
-    caller: Any = field(default=None, repr=False)  # gateway.http.access.Principal, or None
+    caller: Any = field(default=None, repr=False)  # gateway.policy.access.Principal, or None
 
     def apply(self, request: GenerationRequest) -> GenerationRequest:
         request.priority, request.slo_ttft_ms, request.slo_tpot_ms = self.priority, self.slo_ttft_ms, self.slo_tpot_ms

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from adapters.core.durations import parse_period
+from core.durations import parse_period
 from gateway.http.errors import APIError
 
 

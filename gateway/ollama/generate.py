@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from adapters.core.base import Chunk, GenerationRequest, TokenLogprob
+from core.base import Chunk, GenerationRequest, TokenLogprob
 from gateway.serving.router import Router
 
 from gateway.ollama import views as view

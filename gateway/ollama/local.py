@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from adapters.core.errors import ModelNotFound
+from core.errors import ModelNotFound
 from gateway.serving.router import Router
 from registry.details import ModelDetails, details_cache
 from registry.errors import InvalidName, ModelNotFound as StoreModelNotFound

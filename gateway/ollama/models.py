@@ -11,7 +11,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from adapters.core.errors import ModelNotFound
+from core.errors import ModelNotFound
 from registry.names import parse_digest
 
 from gateway.ollama import views as view

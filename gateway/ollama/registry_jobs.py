@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from adapters.core.options import check_parameters
+from core.options import check_parameters
 from registry.client import RegistryClient
 from registry.create import create_model
 from registry.modelfile import PARAMETER_TYPES, ROLES, Modelfile, parse_parameter

@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from adapters.core.durations import parse_keep_alive
-from adapters.prompting.reasoning import LEVELS
-from adapters.tools.wire import check_tools, internal_calls, name_tool_results
+from core.durations import parse_keep_alive
+from frontend.reasoning import LEVELS
+from frontend.tools.wire import check_tools, internal_calls, name_tool_results
 from gateway.http.bodies import checked_text
 from gateway.http.errors import APIError
 
@@ -124,7 +124,7 @@ class ChatRequest(_Generation):
     tools: list[dict[str, Any]] | None = None
 
     def backend_messages(self) -> list[dict[str, Any]]:
-        """The messages in the internal shape (``adapters/tools/wire.py``); the tools checked (400 when malformed)."""
+        """The messages in the internal shape (``frontend/tools/wire.py``); the tools checked (400 when malformed)."""
         check_tools(self.tools, None)
         return name_tool_results([m.for_backend(i) for i, m in enumerate(self.messages or [])])
 

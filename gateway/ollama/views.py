@@ -10,11 +10,11 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from adapters.core.base import Done, LoadedModel, ModelInfo, TokenLogprob, ToolCall
-from adapters.local.scheduler import RunnerFailure
-from adapters.prompting.reasoning import thinks
-from adapters.tools.parser import supports_tools
-from adapters.tools.wire import ollama_call
+from core.base import Done, LoadedModel, ModelInfo, TokenLogprob, ToolCall
+from adapters.engines.scheduler import RunnerFailure
+from frontend.reasoning import thinks
+from frontend.tools.parser import supports_tools
+from frontend.tools.wire import ollama_call
 from registry.details import ModelDetails
 from registry.store import LocalModel
 

@@ -11,7 +11,7 @@ import struct
 
 from fastapi import APIRouter
 
-from adapters.core.base import ModelInfo
+from core.base import ModelInfo
 from registry.errors import RegistryError
 from registry.names import parse_name
 

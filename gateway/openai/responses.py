@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from adapters.core.base import Chunk, Done, TokenLogprob, ToolCall
-from adapters.tools.wire import openai_call
+from core.base import Chunk, Done, TokenLogprob, ToolCall
+from frontend.tools.wire import openai_call
 
 SYSTEM_FINGERPRINT = "fp_infer"
 

@@ -1,5 +1,5 @@
 """OpenAI's Responses API request (``POST /v1/responses``) and its one translation onto
-:class:`adapters.core.base.GenerationRequest`.
+:class:`core.base.GenerationRequest`.
 
 - ``input``: a string (one user message) or items: messages (``role`` user/assistant/system/developer,
   ``content`` a string or ``input_text``/``output_text`` parts), ``function_call`` items (they join the
@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from adapters.core.base import GenerationRequest
-from adapters.tools.wire import check_tools, internal_calls, name_tool_results
+from core.base import GenerationRequest
+from frontend.tools.wire import check_tools, internal_calls, name_tool_results
 
 from gateway.http.errors import APIError
 from gateway.openai.schemas import _Request, think_of_effort
@@ -99,7 +99,7 @@ class ResponsesRequest(_Request):
 
 
 def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``input`` in the internal message shape (``adapters/tools/wire.py``)."""
+    """``input`` in the internal message shape (``frontend/tools/wire.py``)."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     out: list[dict[str, Any]] = []

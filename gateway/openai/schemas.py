@@ -1,5 +1,5 @@
 """OpenAI request bodies (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``) and their
-mapping onto :class:`adapters.core.base.GenerationRequest`.
+mapping onto :class:`core.base.GenerationRequest`.
 
 Field names mirror the wire exactly. Unknown fields are ignored (clients send extras such as
 ``user`` or vLLM's ``top_k``); a known field with the wrong type is a 400 (models are
@@ -13,8 +13,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adapters.core.base import GenerationRequest
-from adapters.tools.wire import check_tools, internal_calls, name_tool_results
+from core.base import GenerationRequest
+from frontend.tools.wire import check_tools, internal_calls, name_tool_results
 
 from gateway.http.bodies import checked_text
 from gateway.http.errors import APIError

@@ -19,9 +19,9 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
-from adapters.core.base import Backend, Done, GenerationRequest, StreamEvent, TokenLogprob
+from core.base import Backend, Done, GenerationRequest, StreamEvent, TokenLogprob
 
-from adapters.tools.wire import openai_call
+from frontend.tools.wire import openai_call
 
 from gateway.openai.responses import (ResponseMeta, Result, backend_fields, chat_logprobs, finish_reason,
                                      legacy_logprobs, usage)

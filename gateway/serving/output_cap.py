@@ -2,7 +2,7 @@
 
 A backend is *asked* for at most ``max_tokens``; nothing makes it obey. :class:`OutputCap` holds the
 most the gateway lets a request generate, the cap a keyed request's admission computed
-(``gateway/admission.py``: the least of its ``max_tokens``, the context left, the key's
+(``gateway/policy/admission.py``: the least of its ``max_tokens``, the context left, the key's
 ``--max-tokens`` and what is left of its budget), and counts the tokens it forwards:
 
 - a piece with token ids counts its ids; a backend that names no ids counts one token a piece (a
@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from adapters.core.base import Chunk, Done, GenerationRequest
+from core.base import Chunk, Done, GenerationRequest
 
 
 @dataclass

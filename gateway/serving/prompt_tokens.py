@@ -1,10 +1,10 @@
 """How many tokens a request's prompt is, without generating (Anthropic's ``/v1/messages/count_tokens``).
 
-A model of the local store: its prompt rendered by its own template (``adapters/prompting/chat_format``)
+A model of the local store: its prompt rendered by its own template (``frontend/chat_format``)
 and counted with its GGUF vocabulary (``gguf_io``), as the engine will tokenize it (the BOS token
 included when the vocabulary adds one). It reads the store only: no engine loads, nothing generates.
 A remote backend or route: its configured tokenizer, else the byte estimate the ledger marks
-``estimated`` for unreported usage (``adapters/prompting/token_count``). The work runs off the event loop,
+``estimated`` for unreported usage (``frontend/token_count``). The work runs off the event loop,
 and a long prompt is encoded in pieces (:func:`count_in_pieces`): the tokenizer holds the GIL while it
 encodes, so one 10 MB call would stall the loop for seconds.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from functools import lru_cache
 
-from adapters.core.base import GenerationRequest, LocalBackend
-from adapters.prompting.chat_format import PromptSpec, render_request
-from adapters.prompting.token_count import ByteEstimate, TokenCounter
+from core.base import GenerationRequest, LocalBackend
+from frontend.chat_format import PromptSpec, render_request
+from frontend.token_count import ByteEstimate, TokenCounter
 
 from gateway.serving.router import Router
 

@@ -25,23 +25,23 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from adapters.core.base import Backend, CancelToken, Chunk, Done, GenerationRequest, StreamEvent
-from adapters.core.errors import BackendError, BackendProtocolError, RouteShed, ShuttingDown
-from adapters.core.settings import DEFAULTS
+from core.base import Backend, CancelToken, Chunk, Done, GenerationRequest, StreamEvent
+from core.errors import BackendError, BackendProtocolError, RouteShed, ShuttingDown
+from core.settings import DEFAULTS
 from gateway.serving.router import Router
 from ledger.tables import UsageRecord
-from adapters.prompting.token_count import prompt_bound
+from frontend.token_count import prompt_bound
 from ledger.writer import LedgerWriter
 from pricing.book import PriceBook
 from pricing.method import Cost, Tokens
 
-from gateway.admission import Admission
+from gateway.policy.admission import Admission
 from gateway.http.errors import APIError, to_status_message
-from gateway.keys import KeyBook
-from gateway.metrics import GatewayMetrics
-from gateway.monitor import BackendMonitor, backend_label
+from gateway.policy.keys import KeyBook
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.monitor import BackendMonitor, backend_label
 from gateway.serving.output_cap import OutputCap
-from gateway.tracing import Tracer
+from gateway.observability.tracing import Tracer
 
 log = logging.getLogger(__name__)
 

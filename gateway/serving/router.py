@@ -2,7 +2,7 @@
 
 ``infer serve --config FILE`` puts each ``backends:`` entry under its public ``name``; any other
 model name goes to the in-process engine the request names (``request.engine``) or the server's
-default (``adapters/local/engines.py``). The router also answers the model-management questions the
+default (``adapters/engines/local.py``). The router also answers the model-management questions the
 APIs ask across backends: listings, loaded models, unload, health.
 """
 
@@ -12,10 +12,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.core.base import Backend, GenerationRequest, Health, LoadedModel, LocalBackend, ModelInfo
-from adapters.local.engines import LocalEngines
-from adapters.local.scheduler import RunnerFailure
-from adapters.core.errors import ModelNotFound
+from core.base import Backend, GenerationRequest, Health, LoadedModel, LocalBackend, ModelInfo
+from adapters.engines.local import LocalEngines
+from adapters.engines.scheduler import RunnerFailure
+from core.errors import ModelNotFound
 
 
 @dataclass

@@ -14,7 +14,7 @@ one process, or a test that makes groups of several sizes in turn, never see eac
 The ranks meet through a `torch.distributed` store: `file://PATH` (a `FileStore`; every rank on this
 machine, no port to pick or collide on) or `tcp://HOST:PORT` (a `TCPStore` served by rank 0).
 `spawn` starts ranks 1..N-1 as `python -m native_engine.distributed.worker` processes for an engine made
-in this process; the gateway starts them itself, one command per rank (`adapters/runner/client.py`).
+in this process; the gateway starts them itself, one command per rank (`adapters/engines/runner/client.py`).
 
 On CPU the group times its collectives (`stats`: count, seconds, bytes) for `bench/tp.py`; on CUDA the
 calls only enqueue work, so there is nothing to time on the host.

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from adapters.prompting.chat_format import PromptSpec, TemplateError, fit_messages, render_chat, render_generate
-from adapters.core.errors import InvalidRequest
+from frontend.chat_format import PromptSpec, TemplateError, fit_messages, render_chat, render_generate
+from core.errors import InvalidRequest
 from registry.modelbuilder import CHATML_TEMPLATE
 
 from tests.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2  # noqa: E402

@@ -9,7 +9,7 @@ import aiohttp
 import httpx
 import pytest
 
-from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
+from core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
                                   BackendUnavailable, InvalidRequest)
 from adapters.remote.http_errors import error_from_status, map_transport_error
 from adapters.remote.base import RemoteSettings, Timeouts, error_message

@@ -47,7 +47,7 @@ def test_a_crash_that_preloading_does_not_fix_gets_no_hint(monkeypatch, capsys):
 
 
 def _records_in(tmp_path, monkeypatch):
-    from adapters.local.llamacpp import markers
+    from adapters.engines.llamacpp import markers
 
     monkeypatch.setattr(markers, "package_dir", lambda: tmp_path)
     return markers
@@ -77,7 +77,7 @@ def test_an_install_that_answers_only_with_the_preload_records_it_and_succeeds(m
 def test_llama_cpp_runners_start_with_the_recorded_preload(monkeypatch, tmp_path):
     import asyncio
 
-    from adapters.runner.client import Launch, RunnerClient
+    from adapters.engines.runner.client import Launch, RunnerClient
 
     lib = _installer().shared_libstdcxx()
     _records_in(tmp_path, monkeypatch)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from adapters.core.base import Chunk, Done, GenerationRequest
-from adapters.local.llamacpp.backend import LlamaCppBackend
-from adapters.core.settings import LocalSettings
+from core.base import Chunk, Done, GenerationRequest
+from adapters.engines.llamacpp.backend import LlamaCppBackend
+from core.settings import LocalSettings
 
 
 def run(coro):
@@ -93,7 +93,7 @@ def test_every_llama_cpp_call_on_a_slot_runs_on_its_one_thread(tiny_store, monke
 
     import llama_cpp
 
-    from adapters.local.llamacpp import pool as pool_module
+    from adapters.engines.llamacpp import pool as pool_module
 
     seen: list[tuple[str, int]] = []
     load, evaluate, close = pool_module._load, llama_cpp.Llama.eval, llama_cpp.Llama.close

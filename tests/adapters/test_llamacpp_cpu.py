@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.local.llamacpp.cpu_build import build_warning, cmake_args, cpu_flags, explicit_args, has_amx, wheel_key
+from adapters.engines.llamacpp.cpu_build import build_warning, cmake_args, cpu_flags, explicit_args, has_amx, wheel_key
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "cpuinfo"
 
@@ -75,13 +75,13 @@ def test_this_machine_reports_its_amx():
 
 
 def run_child(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "adapters.local.llamacpp.smoke", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "adapters.engines.llamacpp.smoke", *args], capture_output=True,
                           text=True, timeout=300)
 
 
 @pytest.mark.parametrize("dtype", ["q4_0", "q8_0"])
 def test_a_quantized_model_answers_a_prompt_of_several_tokens(tmp_path, dtype):
-    from adapters.local.llamacpp.smoke import tiny_quantized
+    from adapters.engines.llamacpp.smoke import tiny_quantized
 
     model = tiny_quantized(tmp_path, dtype)
     done = run_child(str(model))

@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-from adapters.prompting.chat_format import PromptSpec
-from adapters.local.native.backend import _encode
+from frontend.chat_format import PromptSpec
+from adapters.engines.native.backend import _encode
 
 
 @dataclass

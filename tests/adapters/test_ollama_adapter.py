@@ -9,8 +9,8 @@ from datetime import datetime
 import httpx
 import pytest
 
-from adapters.core.base import Done, GenerationRequest
-from adapters.core.errors import BackendOverloaded, BackendProtocolError, BackendUnavailable, InvalidRequest
+from core.base import Done, GenerationRequest
+from core.errors import BackendOverloaded, BackendProtocolError, BackendUnavailable, InvalidRequest
 from adapters.remote.ollama import OllamaBackend
 from adapters.remote.base import RemoteSettings
 

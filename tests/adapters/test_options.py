@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.core.errors import InvalidRequest
-from adapters.core.options import Options, resolve_options
+from core.errors import InvalidRequest
+from core.options import Options, resolve_options
 
 
 def test_defaults_are_ollamas():
@@ -44,7 +44,7 @@ def test_fixed_seed_is_used_and_random_seed_varies():
 
 def test_empty_stop_strings_are_dropped():
     """Found by the fuzz tier: an empty stop string was a 500 on the native engine (it stops everywhere)."""
-    from adapters.core.options import resolve_options
+    from core.options import resolve_options
 
     assert resolve_options({"stop": ["", "</s>"]}).stop == ("</s>",)
     assert resolve_options({"stop": ""}).stop == ()

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from adapters.core.base import Chunk, Done, Timings, Usage
-from adapters.prompting.chat_format import PromptSpec
-from adapters.prompting.reasoning import ReasoningParser, split_events, starts_thinking
+from core.base import Chunk, Done, Timings, Usage
+from frontend.chat_format import PromptSpec
+from frontend.reasoning import ReasoningParser, split_events, starts_thinking
 
 
 def split(pieces: list[str], *, thinking: bool = False) -> tuple[str, str, bool]:

@@ -1,4 +1,4 @@
-"""Bounded template renders (``registry/templates.py`` for Go, ``adapters/prompting/bounded_jinja.py`` for Jinja):
+"""Bounded template renders (``registry/templates.py`` for Go, ``frontend/bounded_jinja.py`` for Jinja):
 every way a template can make work stops at a limit with TemplateLimitExceeded, a request's 400;
 templates that do what chat templates do are unaffected, with orders of magnitude of room."""
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from adapters.prompting.chat_format import PromptSpec, render_chat, render_request
-from adapters.core.base import GenerationRequest
-from adapters.core.errors import InvalidRequest
+from frontend.chat_format import PromptSpec, render_chat, render_request
+from core.base import GenerationRequest
+from core.errors import InvalidRequest
 from registry.templates import GoTemplate, RenderLimits, TemplateLimitExceeded
 from tests.ollama_templates import QWEN2
 
@@ -59,8 +59,8 @@ def test_jinja_bombs_stop_at_a_limit(name):
 
 def test_the_time_limit_stops_slow_work_that_fits_the_other_limits():
     slow = "{% for a in range(90000) %}{{ 'x'.upper() }}{% endfor %}"
-    from adapters.prompting.bounded_jinja import render_bounded
-    from adapters.prompting.chat_format import _jinja_template
+    from frontend.bounded_jinja import render_bounded
+    from frontend.chat_format import _jinja_template
 
     with pytest.raises(TemplateLimitExceeded, match="took more than"):
         render_bounded(_jinja_template(slow), RenderLimits(max_seconds=0.001))

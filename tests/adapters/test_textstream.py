@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from adapters.prompting.textstream import TextStream
+from frontend.textstream import TextStream
 
 
 def run(pieces: list[bytes], stop=()) -> tuple[str, bool]:

@@ -9,12 +9,12 @@ import json
 import httpx
 import pytest
 
-from adapters.core.base import Chunk, Done, GenerationRequest
-from adapters.core.errors import BackendOverloaded, BackendProtocolError, BackendUnavailable, InvalidRequest
+from core.base import Chunk, Done, GenerationRequest
+from core.errors import BackendOverloaded, BackendProtocolError, BackendUnavailable, InvalidRequest
 from adapters.remote.base import RemoteSettings
 from adapters.remote.registry import create_remote
 from adapters.remote.tgi import TGIBackend
-from adapters.prompting.token_count import ByteEstimate
+from frontend.token_count import ByteEstimate
 
 INFO = {"model_id": "org/model", "max_total_tokens": 100, "max_input_tokens": 90, "max_stop_sequences": 4}
 FINAL = {"index": 2, "token": {"id": 2, "text": "</s>", "logprob": -0.1, "special": True}, "generated_text": "Hello.",

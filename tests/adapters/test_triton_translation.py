@@ -9,10 +9,10 @@ import json
 import httpx
 import pytest
 
-from adapters.core.base import Done, GenerationRequest
-from adapters.core.errors import BackendUnavailable, InvalidRequest
+from core.base import Done, GenerationRequest
+from core.errors import BackendUnavailable, InvalidRequest
 from adapters.remote.base import RemoteSettings
-from adapters.prompting.token_count import ByteEstimate
+from frontend.token_count import ByteEstimate
 from adapters.remote.triton import TritonBackend
 
 NEW_INPUTS = ["text_input", "max_tokens", "stream", "exclude_input_in_output", "return_num_input_tokens",

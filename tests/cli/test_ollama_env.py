@@ -18,7 +18,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from adapters.core.settings import LocalSettings
+from core.settings import LocalSettings
 from cli.main import app
 from gateway.settings import ServerSettings, SettingsError, client_url, host_from_env
 from registry.create import create_model

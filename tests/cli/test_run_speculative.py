@@ -34,7 +34,7 @@ def test_verbose_shows_the_drafts(tmp_path, tiny_store, infer_home, monkeypatch)
 
 def test_time_per_output_token_counts_tokens_not_chunks():
     """Through a server a chunk may carry a verify step's several tokens: TPOT is per token."""
-    from adapters.core.base import Done, Timings, Usage
+    from core.base import Done, Timings, Usage
     from cli.chat_session import stats_lines
 
     timings = Timings(eval=1.0, total=1.2, ttft=0.1, token_times=[0.1, 0.4, 0.7, 1.1], draft_tokens=8,

@@ -19,14 +19,14 @@ def imported(code: str) -> set[str]:
 
 
 def test_infer_run_local_path_leaves_the_web_stack_and_torch_alone():
-    modules = imported("import cli.main, cli.run, cli.chat_session, adapters.local.native.backend")
+    modules = imported("import cli.main, cli.run, cli.chat_session, adapters.engines.native.backend")
     assert not modules & {"fastapi", "starlette", "aiohttp", "uvicorn", "torch", "triton", "transformers"}
 
 
 def test_gguf_header_and_tokenizer_come_without_torch_or_the_engine():
     modules = imported("from gguf_io.gguf_file import GGUFFile\n"
                        "from gguf_io.tokenizer import Tokenizer\n"
-                       "import adapters.prompting.prompt_text, adapters.prompting.token_count, benchmark.tokenizer")
+                       "import frontend.prompt_text, frontend.token_count, benchmark.tokenizer")
     assert "torch" not in modules and not {m for m in modules if m.split(".")[0] == "native_engine"}
 
 

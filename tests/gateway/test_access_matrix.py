@@ -1,7 +1,7 @@
 """Every route of the app × every kind of credential × every auth configuration, as a client sees it.
 
 The routes come from the app itself (FastAPI's route table, the hot routes answered outside it
-included), so a new route without an access class (``gateway/http/access.py``) or without a probe
+included), so a new route without an access class (``gateway/policy/access.py``) or without a probe
 here fails this module. Each probe is a request the route answers when it is let through; the test
 asserts the status every credential gets:
 
@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.http.hot import HotRoutes
-from gateway.http.access import CALLER, OPERATOR, PUBLIC, ROUTES, Access, app_routes
+from gateway.policy.access import CALLER, OPERATOR, PUBLIC, ROUTES, Access, app_routes
 from gateway.settings import ServerSettings
 from ledger.db import open_db
 from ledger.keys import create_key, revoke_key
@@ -80,7 +80,7 @@ PROBES: dict[str, Probe] = {
     "POST /api/blobs/{digest}": Probe(400, content=b"not the digest's bytes", path=f"/api/blobs/{ZEROS}"),
 }
 
-# What the issue names, pinned here (the table in gateway/http/access.py must keep them so).
+# What the issue names, pinned here (the table in gateway/policy/access.py must keep them so).
 MANAGEMENT = {"POST /api/pull", "POST /api/push", "POST /api/create", "DELETE /api/delete", "POST /api/copy",
               "HEAD /api/blobs/{digest}", "POST /api/blobs/{digest}", "GET /infer/cost", "GET /metrics",
               "GET /openapi.json"}
@@ -239,7 +239,7 @@ def test_public_metrics_and_docs_when_the_config_says_so(tiny_store, tmp_path):
 
 
 def test_the_start_warning_considers_every_way_auth_is_set_up():
-    from gateway.http.access import exposure_warnings
+    from gateway.policy.access import exposure_warnings
 
     wide = {"host": "0.0.0.0", "loopback": False}
     assert "with auth off" in exposure_warnings(**wide, operator_keys=False, required=False)[0]

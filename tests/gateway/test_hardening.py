@@ -73,8 +73,8 @@ def test_a_failed_llama_cpp_call_retires_its_context_instead_of_reusing_or_freei
     freed again; the next request gets a fresh context; unload and exit do not crash."""
     script = textwrap.dedent(f"""
         import asyncio, sys
-        import adapters.local.llamacpp.backend as lc
-        from adapters.core.errors import BackendUnavailable
+        import adapters.engines.llamacpp.backend as lc
+        from core.errors import BackendUnavailable
         from registry.store import Store
 
         raw = lc._embed

@@ -1,4 +1,4 @@
-"""Budget leases (gateway/keys.py): a hold that reaches the database also takes room for the next
+"""Budget leases (gateway/policy/keys.py): a hold that reaches the database also takes room for the next
 requests, which then take theirs in memory; the room goes back to the budget when the key is idle
 and at shutdown, a lease is renewed while it is used and dropped when its hold is gone, and a budget
 is never passed."""
@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from gateway import keys
-from gateway.keys import KeyBook
+from gateway.policy.keys import KeyBook
 from ledger.db import open_db
 from ledger.keys import create_key, holds_of, list_keys, settle
 

@@ -293,7 +293,7 @@ class ScriptedBackend:
     name, can_stream, supports_embeddings = "scripted", True, False
 
     async def stream(self, request):
-        from adapters.core.base import Chunk, Done, Timings, TokenLogprob, Usage
+        from core.base import Chunk, Done, Timings, TokenLogprob, Usage
 
         def lp(token: str) -> list:
             return [TokenLogprob(token=token, logprob=-0.5, bytes=list(token.encode()))]

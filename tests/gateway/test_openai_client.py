@@ -12,7 +12,7 @@ import llama_cpp
 import openai
 import pytest
 
-from adapters.prompting.chat_format import PromptSpec, render_chat, render_generate
+from frontend.chat_format import PromptSpec, render_chat, render_generate
 from registry.details import load_details
 
 HI = [{"role": "user", "content": "hello there"}]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.core.durations import format_duration, parse_duration
-from gateway.http.access import is_operator_key
+from core.durations import format_duration, parse_duration
+from gateway.policy.access import is_operator_key
 from gateway.settings import ServerSettings, SettingsError, parse_host
 
 

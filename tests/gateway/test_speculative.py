@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from adapters.core.settings import LocalSettings
+from core.settings import LocalSettings
 from registry.create import create_model
 from registry.modelfile import parse_modelfile
 from registry.names import parse_name

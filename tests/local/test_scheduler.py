@@ -1,4 +1,4 @@
-"""The scheduler's rules (adapters/local/scheduler.py), over in-process stand-ins for runner processes:
+"""The scheduler's rules (adapters/engines/scheduler.py), over in-process stand-ins for runner processes:
 load on first use, keep-alive, max_loaded_models, memory, unload after the requests in flight, and
 the crash back-off. The processes themselves are tested in tests/runner/."""
 
@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from adapters.core.errors import InvalidRequest, QueueFull, RunnerBackoff, RunnerStopped
-from adapters.core.options import resolve_options
-from adapters.core.settings import LocalSettings
-from adapters.local.scheduler import Scheduler
-from adapters.local.store_models import model_details
+from core.errors import InvalidRequest, QueueFull, RunnerBackoff, RunnerStopped
+from core.options import resolve_options
+from core.settings import LocalSettings
+from adapters.engines.scheduler import Scheduler
+from adapters.engines.store_models import model_details
 
 _pids = itertools.count(1000)
 
@@ -230,7 +230,7 @@ def test_requests_arriving_during_a_load_share_it(models):
 def test_infer_serve_and_llm_engine_from_model_share_the_engines_defaults():
     """One settings tree: the native knobs infer serve passes are only the ones set; the rest are
     EngineConfig's own, so the two entry points cannot drift apart again."""
-    from adapters.local.native.backend import engine_config
+    from adapters.engines.native.backend import engine_config
     from native_engine.config import EngineConfig
 
     served = engine_config(LocalSettings.model_validate({}).native, "m.gguf", 2048)

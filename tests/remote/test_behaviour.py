@@ -16,8 +16,8 @@ from contextlib import aclosing
 
 import pytest
 
-from adapters.core.base import Chunk, Done, GenerationRequest
-from adapters.core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
+from core.base import Chunk, Done, GenerationRequest
+from core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
                                   BackendUnavailable, InvalidRequest)
 from adapters.remote.base import RemoteSettings, Timeouts
 from adapters.remote.registry import create_remote

@@ -10,7 +10,7 @@ import asyncio
 import httpx
 import pytest
 
-from adapters.core.base import Chunk, Done, GenerationRequest
+from core.base import Chunk, Done, GenerationRequest
 from adapters.remote.base import RemoteSettings
 from adapters.remote.registry import create_remote
 from gateway.backends_config import RouteEntry

@@ -12,8 +12,8 @@ import asyncio
 import socket
 import struct
 
-from adapters.core.base import Done, GenerationRequest
-from adapters.core.errors import BackendUnavailable
+from core.base import Done, GenerationRequest
+from core.errors import BackendUnavailable
 from adapters.remote.base import RemoteSettings
 from adapters.remote.registry import create_remote
 

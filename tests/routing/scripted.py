@@ -8,7 +8,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from adapters.core.base import Chunk, Done, GenerationRequest, Health, Timings, Usage
+from core.base import Chunk, Done, GenerationRequest, Health, Timings, Usage
 from adapters.remote.http_errors import error_from_status
 
 

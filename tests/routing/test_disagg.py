@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from adapters.core.base import Chunk, Done, GenerationRequest
+from core.base import Chunk, Done, GenerationRequest
 from adapters.remote.base import RemoteSettings
 from adapters.remote.registry import create_remote
 from fakes import FakeEngine, start_server

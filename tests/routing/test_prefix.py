@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from adapters.core.base import GenerationRequest
+from core.base import GenerationRequest
 from routing.dispatch import Dispatcher, Waiter
 from routing.predictor import LatencyModel
 from routing.prefix import PrefixIndex, PrefixPolicy, RoutePrefixes, block_keys, choose, expected_cached, prompt_text

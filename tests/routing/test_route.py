@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from adapters.core.base import Chunk, Done, GenerationRequest
-from adapters.core.errors import BackendUnavailable, InvalidRequest, RouteShed, RouteUnavailable
+from core.base import Chunk, Done, GenerationRequest
+from core.errors import BackendUnavailable, InvalidRequest, RouteShed, RouteUnavailable
 from routing.breaker import CircuitBreaker
 from routing.route import Route, RoutePolicy
 from routing.slo import SLO

@@ -1,4 +1,4 @@
-"""The runner protocol (adapters/runner/protocol.py): every message survives the wire as the same type,
+"""The runner protocol (adapters/engines/runner/protocol.py): every message survives the wire as the same type,
 a request arrives as the same request less its cancel token and credential, and a runner's error
 arrives as the same class of the error tree with its fields."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.core import errors
-from adapters.core.base import Chunk, Done, EmbedResult, GenerationRequest, Timings, TokenLogprob, ToolCall, Usage
-from adapters.runner import protocol as p
+from core import errors
+from core.base import Chunk, Done, EmbedResult, GenerationRequest, Timings, TokenLogprob, ToolCall, Usage
+from adapters.engines.runner import protocol as p
 
 DONE = Done("length", Usage(5, 3, cached_input_tokens=2), Timings(queue=0.1, ttft=0.2, token_times=[0.2, 0.3, 0.4]),
             prompt_tokens=[1, 2, 3, 4, 5], output_tokens=[6, 7, 8], truncated_messages=1)
@@ -77,7 +77,7 @@ def test_messages_sent_together_arrive_in_order_from_one_write():
     import asyncio
     import socket
 
-    from adapters.runner.channel import Channel
+    from adapters.engines.runner.channel import Channel
 
     async def run() -> tuple[list, int]:
         ours, theirs = socket.socketpair()

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from adapters.core.base import ToolCall
-from adapters.prompting.chat_format import PromptSpec, render_chat
-from adapters.core.errors import InvalidRequest
-from adapters.tools.parser import ToolCallParser, supports_tools, tag_of
-from adapters.tools.wire import check_tools, internal_calls, name_tool_results, ollama_messages, openai_messages
+from core.base import ToolCall
+from frontend.chat_format import PromptSpec, render_chat
+from core.errors import InvalidRequest
+from frontend.tools.parser import ToolCallParser, supports_tools, tag_of
+from frontend.tools.wire import check_tools, internal_calls, name_tool_results, ollama_messages, openai_messages
 from tests.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2
 from tests.tools.templates import LLAMA31, QWEN25, QWEN25_JINJA
 
@@ -155,8 +155,8 @@ def test_history_on_each_backend_wire():
 
 
 def test_prompt_only_backends_refuse_tools_instead_of_ignoring_them():
-    from adapters.core.base import GenerationRequest
-    from adapters.prompting.prompt_text import render_prompt
+    from core.base import GenerationRequest
+    from frontend.prompt_text import render_prompt
 
     request = GenerationRequest(model="m", messages=list(ASK_ONE), tools=[WEATHER])
     with pytest.raises(InvalidRequest, match="tools need a backend that returns tool calls"):

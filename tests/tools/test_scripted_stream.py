@@ -15,9 +15,9 @@ import ollama
 import openai
 import pytest
 
-from adapters.core.base import Chunk, Done, GenerationRequest, Health, Timings, Usage
-from adapters.tools.local import tool_calling
-from adapters.local.store_models import model_details
+from core.base import Chunk, Done, GenerationRequest, Health, Timings, Usage
+from frontend.tools.local import tool_calling
+from adapters.engines.store_models import model_details
 from gateway.app import create_app
 from gateway.settings import ServerSettings
 from tests.gateway.conftest import private_store, server_env

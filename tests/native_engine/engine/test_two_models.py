@@ -1,4 +1,4 @@
-"""Two native models served at once in one process (one engine thread each, as `adapters/local/native/backend.py`
+"""Two native models served at once in one process (one engine thread each, as `adapters/engines/native/backend.py`
 runs them) give exactly the tokens each gives when served alone: no forward state is shared."""
 
 from __future__ import annotations

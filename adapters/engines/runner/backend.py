@@ -1,0 +1,225 @@
+"""``RunnerBackend``: a local engine whose models run in runner processes, behind the ``Backend`` protocol.
+
+One ``RunnerBackend`` per engine name (llama.cpp, native, scripted), all sharing one
+:class:`~adapters.engines.scheduler.Scheduler`; routes, SLOs, costs and the ledger see the same
+``Chunk``…``Done`` stream as from the in-process engines. The gateway side reads the store (a
+model's details, its options) but never loads a model: that happens in the runner.
+
+:class:`RunnerStarter` is the scheduler's ``start``: it takes the engine's spare runner (started
+ahead, its engine already imported) or starts one, and loads the model into it. A spare is started
+with the server for the default engine and again a few seconds after each load (not at once: it
+would compete for the CPU with the model's first answer), so the next model of that engine skips
+``import torch``; one unused for ``keep_alive`` stops, as an idle model would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry.details import ModelDetails
+from registry.store import Store
+
+from core.base import Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
+from core.errors import ModelNotFound, RunnerStopped
+from core.options import Options, resolve_options
+from core.settings import LocalSettings
+from adapters.engines.local import ENGINES, TEST_ENGINE, LocalEngines, check_engine
+from adapters.engines.scheduler import Loaded, Scheduler
+from adapters.engines.store_models import model_details, store_models
+
+from . import protocol as p
+from .client import Launch, RunnerClient
+
+log = logging.getLogger(__name__)
+
+SPARE_AFTER_S = 5.0  # after a load, when the engine's next spare starts
+
+
+@dataclass
+class RunnerStarter:
+    store: Store
+    settings: LocalSettings
+    log_level: str = "warning"
+    spares: dict[str, RunnerClient] = field(default_factory=dict)
+    closed: bool = False
+
+    def launch(self, engine: str) -> RunnerClient:
+        return RunnerClient(Launch.single(engine, log_level=self.log_level), hang_timeout=self.settings.hang_timeout)
+
+    def prestart(self, engine: str) -> None:
+        """Start a runner for ``engine`` now, so the next model's load finds its engine imported."""
+        if engine in self.spares and self.spares[engine].alive:
+            return
+        spare = self.spares[engine] = self.launch(engine)
+        if self.settings.keep_alive >= 0:
+            loop = asyncio.get_running_loop()
+            loop.call_later(max(self.settings.keep_alive, 1.0), lambda: loop.create_task(self._retire(engine, spare)))
+
+    async def _retire(self, engine: str, spare: RunnerClient) -> None:
+        if self.spares.get(engine) is spare:
+            del self.spares[engine]
+            await spare.stop()
+
+    def launch_group(self, engine: str, world_size: int) -> tuple[RunnerClient, LocalSettings]:
+        """A tensor-parallel group (no spare: its size is the model's), and the settings that tell the
+        runner's engine where its ranks meet."""
+        init_method = f"file://{tempfile.mkdtemp(prefix='infer-tp-')}/store"
+        native = self.settings.native
+        launch = Launch.group(engine, world_size, init_method, device=native.device or "auto", log_level=self.log_level)
+        settings = self.settings.model_copy(update={"native": native.model_copy(
+            update={"distributed_init_method": init_method})})
+        return RunnerClient(launch, hang_timeout=self.settings.hang_timeout), settings
+
+    async def __call__(self, engine: str, details: ModelDetails, options: Options) -> RunnerClient:
+        settings = self.settings
+        if engine == "native" and options.tensor_parallel > 1:
+            runner, settings = self.launch_group(engine, options.tensor_parallel)
+        else:
+            runner = self.spares.pop(engine, None)
+            if runner is None or not runner.alive:
+                runner = self.launch(engine)
+        # Inside, contexts opened for other load options expire as the runner would; the first one is
+        # kept for good (the runner is stopped before it would expire).
+        inner = settings.model_copy(update={"max_loaded_models": 0})
+        spec = p.Load(engine, str(self.store.root), details.name.display, options.model_dump(), inner.model_dump())
+        try:
+            await runner.load(spec, self.settings.load_timeout)
+        except BaseException:
+            await runner.stop()
+            raise
+        loop = asyncio.get_running_loop()
+        loop.call_later(SPARE_AFTER_S, lambda: None if self.closed else self.prestart(engine))
+        return runner
+
+    async def aclose(self) -> None:
+        self.closed = True
+        spares, self.spares = list(self.spares.values()), {}
+        await asyncio.gather(*(r.stop() for r in spares), return_exceptions=True)
+
+
+@dataclass
+class RunnerBackend:
+    store: Store
+    settings: LocalSettings
+    scheduler: Scheduler
+    name: str = "llamacpp"
+    can_stream: bool = True
+    admits: bool = True  # the runner asks the gateway to admit a keyed request once it has counted the prompt
+
+    @property
+    def supports_embeddings(self) -> bool:
+        return self.name != "native"
+
+    def _options(self, details: ModelDetails, options: dict[str, Any] | None) -> Options:
+        return resolve_options(details.parameters, options, defaults=self.settings.option_defaults)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        details = self.details(request.model)
+        entry, load_s = await self.scheduler.acquire(self.name, details, self._options(details, request.options))
+        ok = True
+        try:
+            async for event in entry.runner.stream(request):
+                if isinstance(event, Done):
+                    event.timings.load += load_s
+                yield event
+        except RunnerStopped:
+            ok = False
+            raise
+        finally:
+            await self.scheduler.release(entry, request.keep_alive, ok=ok)
+
+    async def embed(self, model: str, inputs: list, *, truncate: bool = True,
+                    keep_alive: float | None = None) -> EmbedResult:
+        details = self.details(model)
+        entry, load_s = await self.scheduler.acquire(self.name, details, self._options(details, None))
+        ok = True
+        try:
+            result = await entry.runner.embed(details.name.display, inputs, truncate=truncate)
+        except RunnerStopped:
+            ok = False
+            raise
+        finally:
+            await self.scheduler.release(entry, keep_alive, ok=ok)
+        result.load += load_s
+        return result
+
+    async def load(self, model: str, options: dict[str, Any] | None = None, keep_alive: float | None = None) -> None:
+        details = self.details(model)
+        entry, _ = await self.scheduler.acquire(self.name, details, self._options(details, options))
+        await self.scheduler.release(entry, keep_alive)
+
+    def details(self, model: str) -> ModelDetails:
+        return model_details(self.store, model)
+
+    async def list_models(self) -> list[ModelInfo]:
+        return store_models(self.store, self.name)
+
+    async def loaded_models(self) -> list[LoadedModel]:
+        return [_loaded_model(e) for e in self.scheduler.runners(self.name)]
+
+    async def unload(self, model: str) -> bool:
+        try:
+            digest = self.details(model).digest
+        except ModelNotFound:
+            return False
+        return await self.scheduler.unload(digest, self.name)
+
+    async def health(self) -> Health:
+        runners = self.scheduler.runners(self.name)
+        return Health(ok=True, detail=f"{len(runners)} runner(s)")
+
+    def spec_decode_stats(self) -> dict[str, dict]:
+        """Each model's speculative decoding counters, as its runner last reported them (with each finished
+        request); read by /metrics (gateway/observability/spec_decode_metrics.py)."""
+        return {model: stats for e in self.scheduler.runners(self.name) if e.runner is not None
+                for model, stats in e.runner.spec_decode.items()}
+
+    def current_load(self) -> dict[str, float]:
+        """Requests in flight and waiting over this engine's runners (the runners' last answers to a ping)."""
+        runners = [e for e in self.scheduler.runners(self.name) if e.runner is not None]
+        stats = [e.runner.load_stats for e in runners]
+        load = {"requests_running": float(sum(e.active for e in runners)),
+                "requests_waiting": float(sum(s.get("requests_waiting", 0.0) for s in stats))}
+        usage = [s["kv_cache_usage"] for s in stats if "kv_cache_usage" in s]
+        if usage:
+            load["kv_cache_usage"] = max(usage)
+        return load
+
+    async def aclose(self) -> None:
+        await self.scheduler.aclose()
+
+
+def _loaded_model(entry: Loaded) -> LoadedModel:
+    runner = entry.runner
+    ready = runner is not None and entry.ready is not None and entry.ready.done()
+    return LoadedModel(name=entry.name, backend=entry.engine, size=entry.size, digest=entry.digest,
+                       expires_at=entry.expires_at,
+                       context_length=runner.context_length if ready else 0,
+                       pid=runner.pid if runner is not None else None,
+                       memory=runner.memory() if runner is not None else None,
+                       state=("stopping" if entry.unload_when_idle else "ready") if ready else "loading",
+                       active=entry.active, pids=runner.pids if runner is not None else [],
+                       tensor_parallel=len(runner.pids) if runner is not None else 1)
+
+
+def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "warning") -> LocalEngines:
+    """Every engine over ``store`` in runner processes, one scheduler for all; ``settings.engine`` is the default.
+
+    Called on the event loop (the server's lifespan): the default engine's spare runner starts now."""
+    starter = RunnerStarter(store, settings, log_level)
+    scheduler = Scheduler(settings, starter)
+    scheduler.closing.append(starter.aclose)
+    names = [*ENGINES, *([TEST_ENGINE] if settings.test_engine else [])]
+    engines = LocalEngines({name: _factory(store, settings, scheduler, name) for name in names},
+                           default=check_engine(settings.engine, names), scheduler=scheduler)
+    starter.prestart(engines.default)
+    return engines
+
+
+def _factory(store: Store, settings: LocalSettings, scheduler: Scheduler, name: str):
+    return lambda: RunnerBackend(store, settings, scheduler, name)

@@ -1,0 +1,239 @@
+"""The runner's side: one process, one engine, one model, a thin loop between the sockets and the engine.
+
+The gateway starts ``python -m adapters.engines.runner`` with its two socket addresses and an engine name;
+the process imports its engine at once (a spare runner is ready before a model is asked for), then
+waits for :class:`~adapters.engines.runner.protocol.Load`. Each ``Generate`` becomes a task that runs the
+engine's ``stream`` (the same in-process backend ``infer run --local`` uses, prompt rendering,
+tokenizing, detokenizing and tool-call parsing included) and sends each event as it comes. The
+runner never decides when to exit on its own: the gateway sends ``Shutdown`` or kills it; it also
+exits when the gateway is gone (its parent changes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import logging
+import os
+import signal
+from typing import Any
+
+from core.base import CancelToken, Done, LocalBackend
+from core.errors import BackendError, BackendUnavailable
+from core.settings import LocalSettings
+from registry.store import Store
+
+from . import protocol as p
+from .channel import Channel
+
+log = logging.getLogger(__name__)
+
+ENGINE_MODULES = {"llamacpp": "adapters.engines.llamacpp.backend", "native": "adapters.engines.native.backend",
+                  "scripted": "fakes.scripted_engine"}
+ENGINE_CLASSES = {"llamacpp": "LlamaCppBackend", "native": "NativeBackend", "scripted": "ScriptedBackend"}
+
+
+def make_backend(engine: str, store: Store, settings: LocalSettings) -> LocalBackend:
+    module = importlib.import_module(ENGINE_MODULES[engine])
+    return getattr(module, ENGINE_CLASSES[engine])(store=store, settings=settings)
+
+
+class Worker:
+    def __init__(self, engine: str, channel: Channel):
+        self.engine = engine
+        self.channel = channel
+        self.backend: LocalBackend | None = None
+        self.model = ""
+        self.cancels: dict[int, CancelToken] = {}
+        self.admissions: dict[int, asyncio.Future] = {}  # requests waiting for the gateway's Admitted/Refused
+        self.tasks: set[asyncio.Task] = set()
+        self.stopping = asyncio.Event()
+
+    async def send(self, *messages: Any) -> None:
+        self.channel.send(*messages)
+
+    def handle(self, message: Any) -> None:
+        match message:
+            case p.Generate():
+                self._spawn(self.generate(message))
+            case p.Admitted(id=id_, cap=cap):
+                self._answer(id_, cap)
+            case p.Refused(id=id_):
+                self._answer(id_, BackendError("the gateway refused the request (its key's budget or limits)"))
+            case p.Cancel(id=id_):
+                token = self.cancels.get(id_)
+                if token is not None:
+                    token.cancel()
+            case p.Embed():
+                self._spawn(self.embed(message))
+            case p.Ping(id=id_):
+                self._spawn(self.send(p.Pong(id_, self.current_load())))
+            case p.Load():
+                self._spawn(self.load(message))
+            case p.Shutdown():
+                self.stopping.set()
+
+    def _answer(self, id_: int, answer: Any) -> None:
+        future = self.admissions.get(id_)
+        if future is None or future.done():
+            return
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
+
+    def _admission(self, id_: int):
+        """``request.admit`` for a request of this runner: asks the gateway and waits for its answer."""
+        async def admit(prompt_tokens: int, context: int | None, served_by: str | None = None) -> int | None:
+            future = asyncio.get_running_loop().create_future()
+            self.admissions[id_] = future
+            try:
+                await self.send(p.Admit(id_, prompt_tokens, context, served_by))
+                return await future
+            finally:
+                self.admissions.pop(id_, None)
+        return admit
+
+    async def _admit_here(self, request) -> None:
+        """An engine that counts no prompt (``admits`` unset): admitted now, with an upper bound of it."""
+        from frontend.token_count import prompt_bound
+
+        cap = await request.admit(prompt_bound(request), None, self.engine)
+        request.admit = None
+        if cap is not None:
+            request.options = {**request.options, "num_predict": cap}
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def load(self, message: p.Load) -> None:
+        try:
+            settings = LocalSettings.model_validate(message.settings)
+            self.backend = make_backend(self.engine, Store(message.store), settings)
+            self.model = message.model
+            await self.backend.load(message.model, message.options, keep_alive=-1)
+            context = max((m.context_length for m in await self.backend.loaded_models()), default=0)
+        except BackendError as exc:
+            await self.send(p.Failed(-1, p.error_to_wire(exc)))
+            return
+        except Exception as exc:  # noqa: BLE001 - an engine's own failure to load: the gateway says why
+            log.exception("loading %s failed", message.model)
+            await self.send(p.Failed(-1, p.error_to_wire(BackendUnavailable(f"{self.engine} could not load "
+                                                                          f"{message.model}: {exc}"))))
+            return
+        await self.send(p.Ready(os.getpid(), context))
+
+    async def generate(self, message: p.Generate) -> None:
+        request = p.request_from_wire(message.request)
+        self.cancels[message.id] = request.cancel
+        first = True
+        try:
+            if message.admit:
+                request.admit = self._admission(message.id)
+                if not getattr(self.backend, "admits", False):
+                    await self._admit_here(request)
+            async for event in self.backend.stream(request):
+                if isinstance(event, Done):
+                    await self.send(p.Finished(message.id, event, self.current_load(), self.spec_decode_stats()))
+                    continue
+                if first:  # the load with this request running, in the same write as its first token
+                    first = False
+                    await self.send(p.Pong(0, self.current_load()), p.Token(message.id, event))
+                    continue
+                await self.send(p.Token(message.id, event))
+        except BackendError as exc:
+            await self.send(p.Failed(message.id, p.error_to_wire(exc)))
+        except Exception as exc:  # noqa: BLE001 - reported to the one request, the runner goes on
+            log.exception("generation failed")
+            await self.send(p.Failed(message.id, p.error_to_wire(BackendUnavailable(f"{self.engine} failed: {exc}"))))
+        finally:
+            self.cancels.pop(message.id, None)
+
+    async def embed(self, message: p.Embed) -> None:
+        try:
+            result = await self.backend.embed(message.model, message.inputs, truncate=message.truncate, keep_alive=-1)
+        except BackendError as exc:
+            await self.send(p.Failed(message.id, p.error_to_wire(exc)))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("embedding failed")
+            await self.send(p.Failed(message.id, p.error_to_wire(BackendUnavailable(f"{self.engine} failed: {exc}"))))
+        else:
+            await self.send(p.Embedded(message.id, result))
+
+    def spec_decode_stats(self) -> dict[str, dict]:
+        read = getattr(self.backend, "spec_decode_stats", None)
+        return read() if read is not None else {}
+
+    def current_load(self) -> dict[str, float]:
+        current = getattr(self.backend, "current_load", None)
+        return current() if current is not None else {}
+
+
+async def serve(engine: str, fd: int, parent: int) -> None:
+    import socket
+
+    channel = await Channel.open(socket.socket(fileno=fd), p.to_runner)
+    worker = Worker(engine, channel)
+    receiving = asyncio.ensure_future(_receive(channel, worker))
+    watching = asyncio.ensure_future(_watch_parent(parent, worker))
+    try:
+        await worker.stopping.wait()
+    finally:
+        receiving.cancel()
+        watching.cancel()
+        for token in list(worker.cancels.values()):
+            token.cancel()
+        if worker.backend is not None:
+            await worker.backend.aclose()
+        channel.close()
+
+
+async def _receive(channel: Channel, worker: Worker) -> None:
+    try:
+        while True:
+            worker.handle(await channel.recv())
+    except EOFError:  # the gateway closed its end (or died): nobody reads what this runner would say
+        worker.stopping.set()
+
+
+async def _watch_parent(parent: int, worker: Worker) -> None:
+    """The gateway is gone (its child reaped by init): nobody reads what this runner would say."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    log.warning("the gateway (pid %d) is gone; this runner exits", parent)
+    worker.stopping.set()
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the process that started it dies (Linux ``PR_SET_PDEATHSIG``)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def preload(engine: str) -> None:
+    """Import the engine now, before a model is asked for (torch for the native engine)."""
+    if engine == "native":
+        importlib.import_module(ENGINE_MODULES["native"]).preload_engine()
+    else:
+        importlib.import_module(ENGINE_MODULES[engine])
+    if engine == "llamacpp":
+        _warn_about_the_build()
+
+
+def _warn_about_the_build() -> None:
+    from pathlib import Path
+
+    from adapters.engines.llamacpp import markers
+    from adapters.engines.llamacpp.cpu_build import build_warning
+
+    try:
+        warning = build_warning(Path("/proc/cpuinfo").read_text(), markers.read(markers.CMAKE_ARGS))
+    except OSError:
+        return
+    if warning:
+        log.warning(warning)
