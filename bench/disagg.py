@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from core.base import Chunk, Done, GenerationRequest  # noqa: E402
 from adapters.remote.base import RemoteSettings  # noqa: E402
 from adapters.remote.registry import create_remote  # noqa: E402
+from fakes.live import free_port  # noqa: E402
 from gateway.backends_config import RouteEntry  # noqa: E402
 from routing.build import build_routes  # noqa: E402
 
@@ -95,7 +96,7 @@ def start_workers(tmp: Path) -> list[tuple[str, subprocess.Popen]]:
                  parse_modelfile(f"FROM {fetch_smollm2()}\nPARAMETER num_ctx 4096\n"), tmp)
     workers = []
     for core in (0, 1):
-        port = _free_port()
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("INFER_", "OLLAMA_"))}
         env.update(INFER_HOME=str(tmp / f"home{core}"), INFER_MODELS=str(tmp / "models"),
                    INFER_HOST=f"127.0.0.1:{port}", INFER_ENGINE="native", OMP_NUM_THREADS="1")
@@ -122,13 +123,6 @@ def _wait(url: str, proc: subprocess.Popen) -> None:
             time.sleep(0.3)
     raise RuntimeError(f"worker at {url} did not start")
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def route_for(side: str, urls: dict[str, str], model: str, slo: dict):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fakes.live import free_port  # noqa: E402
 from noise import wait_idle  # noqa: E402  (bench/ is the script's directory)
 from registry.modelbuilder import ModelSpec, build_gguf  # noqa: E402
 
@@ -51,11 +51,6 @@ def build(name: str) -> Path:
         build_gguf(path, MODELS[name], dtype="q8_0", seed=0)
     return path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(model: Path, port: int) -> subprocess.Popen:

@@ -43,7 +43,7 @@ from registry.modelbuilder import PRESETS, build_gguf  # noqa: E402
 from registry.modelfile import parse_modelfile  # noqa: E402
 from registry.names import parse_name  # noqa: E402
 from registry.store import Store  # noqa: E402
-from tests.gateway.conftest import start_server, stop_server  # noqa: E402
+from fakes.live import start_server, stop_server  # noqa: E402
 
 WORK = ROOT / ".bench" / "gateway"
 PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle. "

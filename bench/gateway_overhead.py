@@ -62,7 +62,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -80,8 +79,9 @@ except ImportError:  # pragma: no cover
     raise SystemExit("bench/gateway_overhead.py needs aiohttp (in the dev extra): .venv/bin/pip install -e '.[dev]'")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
+from fakes.live import free_port  # noqa: E402
 from noise import wait_idle  # noqa: E402  (bench/ is the script's directory)
 
 WORK = ROOT / ".bench" / "gateway_overhead"
@@ -99,11 +99,6 @@ class Side:
     pid: int | None = None
     headers: dict = field(default_factory=dict)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------- processes

@@ -46,29 +46,22 @@ sys.path.insert(0, str(REPO))
 
 from fakes import start_server as start_fake  # noqa: E402
 from fakes.behaviour import Behaviour  # noqa: E402
+from fakes.live import free_port  # noqa: E402
 
 PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}
 CHAT = [{"role": "user", "content": "tell me a story"}]
 
 
 def build_store(root: Path) -> Path:
-    """``tiny`` and ``tiny-go`` as the tests build them (tests/models.py), cached."""
+    """``tiny`` and ``tiny-go`` as the tests build them (fakes/models.py), cached."""
     models = root / "models"
     if (models / "manifests").exists():
         return models
-    sys.path.insert(0, str(REPO))
-    from tests.models import install_tiny_models
+    from fakes.models import install_tiny_models
 
     install_tiny_models(root)
     return models
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_gateway(source: Path, work: Path, models: Path, fake_url: str, fake_model: str):

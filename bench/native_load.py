@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fakes.live import free_port  # noqa: E402
+
 MODEL = "smollm2:135m"
 ENGINES = ("native", "llamacpp")
 GOAL_S = 2.0
@@ -109,7 +112,7 @@ def _verbose_seconds(text: str, label: str) -> float:
 def serve_once(engine: str, env: dict[str, str], tmp: Path, idle_s: float = 0.0, root: Path = ROOT) -> dict[str, float]:
     """`infer serve`: spawn -> HTTP up, then (``idle_s`` later) the first /api/generate's load_duration
     and its end."""
-    port = _free_port()
+    port = free_port()
     env = {**env, "INFER_HOST": f"127.0.0.1:{port}", "INFER_ENGINE": engine}
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
@@ -144,11 +147,6 @@ def _post(url: str, body: dict) -> dict:
     with urllib.request.urlopen(req, timeout=300) as resp:
         return json.loads(resp.read())
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def engine_once(engine: str, env: dict[str, str], gguf: Path) -> dict[str, float]:

@@ -18,7 +18,6 @@ import asyncio
 import hashlib
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fakes.live import free_port  # noqa: E402
 from registry.client import RegistryClient  # noqa: E402
 from registry.download import DownloadOptions  # noqa: E402
 from registry.manifest import CONFIG_MEDIA_TYPE, MEDIA_MODEL, Layer, Manifest  # noqa: E402
@@ -61,11 +61,6 @@ def make_store(size: int) -> tuple[Store, str]:
     marker.write_text(digest)
     return store, digest
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(store: Store, port: int) -> subprocess.Popen:

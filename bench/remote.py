@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from noise import wait_idle  # noqa: E402  (bench/ is the script's directory)
 from registry.modelbuilder import PRESETS, build_gguf
-from tests.gateway.conftest import free_port, server_env
+from fakes.live import free_port, server_env
 
 WORK = ROOT / ".bench" / "remote"
 PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle. "
@@ -287,7 +287,7 @@ def main() -> None:
         config = WORK / "backends.yaml"
         config.write_text(yaml.safe_dump({"backends": backends}, sort_keys=False))
         (WORK / "models").mkdir(exist_ok=True)
-        port = free_port()  # as tests/gateway/conftest.py's start_server
+        port = free_port()  # as fakes/live.py's start_server
         gateway_url = f"http://127.0.0.1:{port}"
         env = server_env(WORK / "server-home", WORK / "models", port, INFER_CONFIG=str(config))
         spawn(procs, [sys.executable, "-m", "cli", "serve", "--log-level", "warning"], WORK / "server.log",

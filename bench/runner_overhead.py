@@ -43,16 +43,15 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fakes.live import free_port  # noqa: E402
+
 MODEL = "smollm2:135m"
 ENGINES = ("native", "llamacpp")
 PROMPT = ("<|im_start|>user\nWrite a long story about a lighthouse keeper who finds a map in a bottle, "
           "and tell it slowly.<|im_end|>\n<|im_start|>assistant\n")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_store(home: Path) -> Path:

@@ -1,4 +1,5 @@
-"""Test models built with the project's own builder, installed into a store like `infer create` does."""
+"""The tiny test models, built with the project's own builder and installed into a store as `infer create` does:
+the tests' session store and bench/hostile.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from registry.store import Store
 
-from tests.ollama_templates import QWEN2 as QWEN2_GO_TEMPLATE  # Ollama's: exercises the Go-template path
+from .ollama_templates import QWEN2 as QWEN2_GO_TEMPLATE  # Ollama's: exercises the Go-template path
 
 
 def install_slow_model(root: Path, store: Store, name: str = "slow") -> None:

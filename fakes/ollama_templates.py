@@ -1,4 +1,5 @@
-"""Real Ollama model templates (Go text/template), shared by the template and chat-format tests."""
+"""Real Ollama model templates (Go text/template), shared by the template and chat-format tests
+and the tiny ``tiny-go`` model (fakes/models.py)."""
 
 QWEN2 = """{{ if .System }}<|im_start|>system
 {{ .System }}<|im_end|>

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Self
 
 import httpx
+
+from .live import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".bench" / "vllm-venv" / "bin" / "python"
@@ -33,11 +34,6 @@ START_TIMEOUT = 600.0  # seconds: 1.5-5 min on 2 cores, more beside other work
 def installed() -> bool:
     return VLLM_PYTHON.exists() and (VLLM_PYTHON.parents[1] / ".installed").exists()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VLLMServer:

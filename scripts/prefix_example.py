@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.gateway.conftest import free_port  # noqa: E402
+from fakes.live import free_port  # noqa: E402
 from fakes.queueing import QueueModel, start_queueing  # noqa: E402
 
 SUPPORT = " ".join(f"policy{i}" for i in range(800))   # an 800-token system prompt

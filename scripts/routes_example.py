@@ -20,7 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.gateway.conftest import free_port  # noqa: E402
+from fakes.live import free_port  # noqa: E402
 from fakes import start_server  # noqa: E402
 from fakes.behaviour import Behaviour  # noqa: E402
 

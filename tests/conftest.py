@@ -25,8 +25,8 @@ def infer_home(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory):
-    """A read-only store with the ``tiny`` and ``tiny-go`` models (see tests/models.py)."""
-    from tests.models import install_tiny_models
+    """A read-only store with the ``tiny`` and ``tiny-go`` models (see fakes/models.py)."""
+    from fakes.models import install_tiny_models
 
     return install_tiny_models(tmp_path_factory.mktemp("tiny-models"))
 

@@ -15,11 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fakes.live import free_port
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def postgres_bin(name: str) -> str | None:
@@ -39,7 +36,7 @@ class Postgres:
             raise FileNotFoundError("PostgreSQL server binaries not found: apt-get install postgresql")
         self.pg_ctl = pg_ctl
         self.dir = Path(tempfile.mkdtemp(prefix="infer-pg-"))
-        self.port = _free_port()
+        self.port = free_port()
         self.user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
         if os.geteuid() == 0:  # initdb refuses root: the cluster belongs to the postgres account
             shutil.chown(self.dir, self.user)
@@ -89,7 +86,7 @@ class Redis:
         if binary is None:
             raise FileNotFoundError("redis-server not found: apt-get install redis-server")
         self.binary = binary
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="infer-redis-"))
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.resume()

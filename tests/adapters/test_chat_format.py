@@ -10,7 +10,7 @@ from frontend.chat_format import PromptSpec, TemplateError, fit_messages, render
 from core.errors import InvalidRequest
 from registry.modelbuilder import CHATML_TEMPLATE
 
-from tests.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2  # noqa: E402
+from fakes.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2  # noqa: E402
 MISTRAL_LEGACY = "[INST] {{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}[/INST] {{ .Response }}"
 MISTRAL_NO_RESPONSE = "[INST] {{ if .System }}{{ .System }}\n\n{{ end }}{{ .Prompt }}[/INST] "
 MISTRAL_MESSAGES = """[INST] {{ if .System }}{{ .System }}

@@ -12,7 +12,7 @@ from frontend.chat_format import PromptSpec, render_chat, render_request
 from core.base import GenerationRequest
 from core.errors import InvalidRequest
 from registry.templates import GoTemplate, RenderLimits, TemplateLimitExceeded
-from tests.ollama_templates import QWEN2
+from fakes.ollama_templates import QWEN2
 
 GO_BOMBS = {
     "range over a huge int": "{{ range 20000000 }}{{ end }}",

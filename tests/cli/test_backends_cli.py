@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -16,6 +15,7 @@ from starlette.routing import Route
 from typer.testing import CliRunner
 
 from cli.main import app
+from fakes.live import free_port
 
 runner = CliRunner()
 
@@ -73,9 +73,7 @@ def _sse(obj: dict) -> str:
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nobody listens once the socket closes
+    return free_port()  # nobody listens once the probe socket closes
 
 
 @pytest.fixture
@@ -167,7 +165,7 @@ def test_config_from_env_and_errors_are_one_line(tmp_path, fake, monkeypatch):
 
 def test_an_ollama_model_without_a_tag_is_listed_as_latest(tmp_path, tiny_store):
     """Ollama lists ``tiny`` as ``tiny:latest``; ``model: tiny`` is that model, not "not listed"."""
-    from tests.gateway.conftest import start_server, stop_server
+    from fakes.live import start_server, stop_server
 
     server = start_server(tmp_path, tiny_store.root)
     try:

@@ -28,7 +28,8 @@ from registry.details import load_details
 from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from tests.cli.test_run import ROOT, STAT_LINES, Terminal, cli_env, stat
-from tests.gateway.conftest import free_port, private_store, start_server, stop_server
+from fakes.live import free_port, start_server, stop_server
+from tests.gateway.conftest import private_store
 
 LABELS = [label for label, _ in STAT_LINES]
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import socket
 
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from fakes.live import free_port
 from registry.modelbuilder import PRESETS, build_gguf
 from registry.names import parse_name
 from registry.server import RegistryServerThread
@@ -129,9 +129,7 @@ def test_create_refuses_what_it_cannot_store(tmp_path, gguf_path):
 
 
 def test_pull_from_unreachable_registry(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     result = invoke("pull", f"127.0.0.1:{port}/library/tiny", "--insecure")
     assert result.exit_code == 1
     assert result.output.startswith(f"pulling manifest\nError: could not reach registry 127.0.0.1:{port}")

@@ -28,7 +28,8 @@ from registry.names import parse_name
 from registry.settings import RegistrySettings
 from registry.store import Store
 from tests.cli.test_run import ROOT
-from tests.gateway.conftest import LiveServer, _wait_ready, free_port, private_store, stop_server
+from fakes.live import free_port, LiveServer, stop_server, wait_ready
+from tests.gateway.conftest import private_store
 from cli.format import parse_time
 
 OLLAMA_ENV = {"OLLAMA_KEEP_ALIVE": "1h", "OLLAMA_CONTEXT_LENGTH": "256", "OLLAMA_MAX_LOADED_MODELS": "1",
@@ -55,7 +56,7 @@ def server(store, tmp_path_factory):
         proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--log-level", "warning"], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     live = LiveServer(f"http://127.0.0.1:{port}", port, tmp / "home", "", proc, log_path)
-    _wait_ready(live)
+    wait_ready(live)
     try:
         yield live
     finally:

@@ -28,7 +28,7 @@ from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from registry.server import RegistryServerThread
 from registry.store import Store
-from tests.gateway.conftest import free_port
+from fakes.live import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DURATION = r"(\d+h)?(\d+m)?\d+(\.\d+)?(ns|µs|ms|s)"

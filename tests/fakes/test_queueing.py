@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.conftest import free_port
+from fakes.live import free_port
 
 from fakes.queueing import QueueModel, start_queueing
 

@@ -22,7 +22,8 @@ from registry.create import create_model
 from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from tests.gateway.agent_fake import agent_app
-from tests.gateway.conftest import LiveServer, private_store, start_server, stop_server
+from fakes.live import LiveServer, start_server, stop_server
+from tests.gateway.conftest import private_store
 from fakes.behaviour import Behaviour
 from fakes.runner import RunningServer
 from tests.tools.templates import QWEN25

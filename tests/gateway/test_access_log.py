@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.gateway.conftest import free_port, server_env
+from fakes.live import free_port, server_env
 from fakes import start_server as start_fake
 
 LINE = re.compile(r'INFO: +127\.0\.0\.1:\d+ - "(\w+) (\S+) HTTP/1\.1" (\d{3})')

@@ -29,7 +29,7 @@ from gateway.policy.access import CALLER, OPERATOR, PUBLIC, ROUTES, Access, app_
 from gateway.settings import ServerSettings
 from ledger.db import open_db
 from ledger.keys import create_key, revoke_key
-from tests.gateway.conftest import server_env
+from fakes.live import server_env
 
 ZEROS = "sha256:" + "0" * 64
 CHAT = [{"role": "user", "content": "hi"}]

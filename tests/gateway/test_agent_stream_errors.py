@@ -9,7 +9,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 from fakes import start_server as start_fake
 from fakes.behaviour import Behaviour
 

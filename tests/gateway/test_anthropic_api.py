@@ -174,7 +174,7 @@ def test_a_claude_code_shaped_request_runs_end_to_end(agent_gateway, model):
 
 
 def test_keys_are_read_from_x_api_key(tiny_store, tmp_path):
-    from tests.gateway.conftest import start_server, stop_server
+    from fakes.live import start_server, stop_server
 
     server = start_server(tmp_path, tiny_store.root, INFER_API_KEYS="sk-local-test")
     try:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.gateway.conftest import start_server, stop_server, new_key, query
+from fakes.live import new_key, query, start_server, stop_server
 from tests.servers import wait_for
 
 PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # $0.001 a token

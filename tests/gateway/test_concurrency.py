@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from ledger.db import open_db
 from ledger.usage import recent
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 
 
 @pytest.fixture(scope="module")

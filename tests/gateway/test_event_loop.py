@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 
 HEALTH_P99_MS = 100.0  # the goal; the machine's idle p99 is added (``allowed``)
 CHAT = [{"role": "user", "content": "hi"}]

@@ -64,7 +64,9 @@ from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from tests.gateway.conftest import free_port, private_store, start_server, stop_server
+from fakes.live import free_port, start_server, stop_server
+
+from tests.gateway.conftest import private_store
 
 pytestmark = pytest.mark.fuzz
 

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.settings import ServerSettings
-from tests.gateway.conftest import server_env
+from fakes.live import server_env
 
 
 @pytest.fixture

@@ -15,7 +15,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.gateway.conftest import private_store, start_server, stop_server
+from fakes.live import start_server, stop_server
+
+from tests.gateway.conftest import private_store
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -198,7 +200,7 @@ def test_a_busy_port_is_one_line_and_exit_code_1(server, tmp_path):
 
 
 def test_binding_every_interface_without_keys_warns_and_shows_the_real_address(tmp_path):
-    from tests.gateway.conftest import free_port
+    from fakes.live import free_port
 
     port = free_port()
     env = {"INFER_HOME": str(tmp_path), "INFER_HOST": f"0.0.0.0:{port}", "PATH": "/usr/bin:/bin"}

@@ -23,7 +23,7 @@ import yaml
 
 from ledger.db import open_db
 from ledger.usage import recent
-from tests.gateway.conftest import free_port, start_server, stop_server
+from fakes.live import free_port, start_server, stop_server
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: LiteLLM's bundled price map
 litellm = pytest.importorskip("litellm", reason="LiteLLM is in the dev extra: pip install -e '.[dev]'")

@@ -16,7 +16,7 @@ from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from registry.store import Store
 
-from .conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 
 SPEC = PRESETS["tiny-qwen2"]
 GREEDY = "PARAMETER temperature 0\nPARAMETER num_predict 10\nPARAMETER num_ctx 256\n"

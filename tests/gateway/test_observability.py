@@ -16,7 +16,7 @@ import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.conftest import free_port, start_server, stop_server
+from fakes.live import free_port, start_server, stop_server
 from fakes import Behaviour, start_server as start_fake
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -313,7 +313,7 @@ def test_empty_chunks_are_skipped_and_their_logprobs_carried(tiny_store, tmp_pat
 
     from gateway.app import create_app
     from gateway.settings import ServerSettings
-    from tests.gateway.conftest import server_env
+    from fakes.live import server_env
 
     settings = ServerSettings.from_env(server_env(tmp_path / "home", tiny_store.root, 11434))
     with TestClient(create_app(settings, backend=ScriptedBackend()), base_url="http://127.0.0.1:11434") as client:

@@ -22,7 +22,7 @@ from gateway.app import create_app
 from gateway.openai.schemas import ChatCompletionRequest
 from gateway.settings import ServerSettings
 from ledger.usage import recent
-from tests.gateway.conftest import server_env
+from fakes.live import server_env
 
 HI = [{"role": "user", "content": "hello there"}]
 

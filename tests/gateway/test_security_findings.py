@@ -10,7 +10,8 @@ from gateway.app import create_app
 from gateway.settings import ServerSettings
 from ledger.db import open_db
 from ledger.keys import create_key
-from tests.gateway.conftest import private_store, server_env
+from fakes.live import server_env
+from tests.gateway.conftest import private_store
 
 
 @pytest.fixture

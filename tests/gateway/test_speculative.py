@@ -13,7 +13,8 @@ from core.settings import LocalSettings
 from registry.create import create_model
 from registry.modelfile import parse_modelfile
 from registry.names import parse_name
-from tests.gateway.conftest import private_store, start_server, stop_server
+from fakes.live import start_server, stop_server
+from tests.gateway.conftest import private_store
 
 PROMPT = "one two three four five six one two three four five six one two three four five six one two"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 
 BOMBS = {
     "range": "{{ range 20000000 }}{{ end }}",

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from registry.details import load_details
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from registry.modelfile import parse_modelfile
 from registry.names import parse_name
 from registry.realmodels import SMOLLM2, FetchError, fetch_smollm2
 from registry.store import Store
-from tests.gateway.conftest import LiveServer, start_server, stop_server
+from fakes.live import LiveServer, start_server, stop_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 MODEL = "smollm2:135m"

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from gateway.app import create_app
 from gateway.settings import ServerSettings
 from registry.gguf_header import read_header
-from tests.gateway.conftest import private_store, server_env
+from fakes.live import server_env
+from tests.gateway.conftest import private_store
 
 UINT8, STRING, ARRAY = 0, 8, 9
 

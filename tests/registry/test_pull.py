@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import socket
 import threading
 import time
 
@@ -15,6 +14,7 @@ from starlette.applications import Starlette
 from starlette.responses import RedirectResponse
 from starlette.routing import Route
 
+from fakes.live import free_port
 from registry.client import RegistryClient
 from registry.download import DownloadOptions
 from registry.errors import DigestMismatch, ModelNotFound, RegistryError, RegistryUnreachable
@@ -146,9 +146,7 @@ def test_missing_model_and_tag_say_not_found(served, tmp_path):
 
 
 def test_unreachable_registry_says_offline(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with pytest.raises(RegistryUnreachable, match="could not reach registry 127.0.0.1:.*offline"):
         pull(Store(tmp_path / "l"), f"127.0.0.1:{port}/library/tiny")
 

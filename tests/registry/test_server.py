@@ -8,7 +8,6 @@ import http.client
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 import pytest
 
+from fakes.live import free_port
 from registry import push
 from registry.client import RegistryClient, raise_for_status
 from registry.errors import AuthError, ModelNotFound, RegistryHTTPError
@@ -417,9 +417,7 @@ def test_token_expires(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cli_serve_until_interrupted(tmp_path: Path, add_model: AddModel) -> None:
     store = Store(tmp_path / "served")
     model = add_model(store)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-c", "from cli.main import main; main()", "registry", "serve", "--root", str(store.root),
            "--port", str(port)]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:

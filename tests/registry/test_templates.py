@@ -209,7 +209,7 @@ def test_template_error_is_a_value_error():
 
 # --- real Ollama templates -----------------------------------------------------------------------
 
-from tests.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2  # noqa: E402
+from fakes.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2  # noqa: E402
 CONVERSATION = to_go([
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Hello, how are you?"},

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.gateway.conftest import LiveServer, free_port, start_server, stop_server
+from fakes.live import free_port, LiveServer, start_server, stop_server
 
 
 @dataclass

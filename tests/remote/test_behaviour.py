@@ -261,7 +261,7 @@ def test_health_and_models(remote):
 
 
 def test_unreachable_backend():
-    from tests.gateway.conftest import free_port
+    from fakes.live import free_port
 
     backend = create_remote(RemoteSettings(name="pub", type="vllm", base_url=f"http://127.0.0.1:{free_port()}",
                                            model="m"))

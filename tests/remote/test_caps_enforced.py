@@ -18,7 +18,7 @@ import pytest
 from fakes import WORDS, start_server as start_fake
 from fakes.behaviour import Behaviour
 from tests.servers import wait_for
-from tests.gateway.conftest import new_key, query
+from fakes.live import new_key, query
 
 IGNORED = 600  # tokens the backend generates, whatever max_tokens says
 PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # $0.001 a token

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from tests.accuracy.vllm_scoring import VLLMScoring
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 from tests.remote.conftest import tiny_gguf
 
 runner = CliRunner()

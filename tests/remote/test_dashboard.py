@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from tests.browser import console_errors, save_screenshot
 from fakes import start_server as start_fake
 from fakes.behaviour import Behaviour
-from tests.gateway.conftest import new_key
+from fakes.live import new_key
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 OPERATOR = "operator-secret"

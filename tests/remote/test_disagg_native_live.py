@@ -15,7 +15,7 @@ from adapters.remote.base import RemoteSettings
 from adapters.remote.registry import create_remote
 from gateway.backends_config import RouteEntry
 from routing.build import build_routes
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 
 pytestmark = pytest.mark.slow  # two infer serve processes with the native engine: about 20 s
 

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from fakes import start_server as start_fake
 from fakes.behaviour import Behaviour
 from tests.servers import wait_for
-from tests.gateway.conftest import new_key
+from fakes.live import new_key
 
 CHAT = [{"role": "user", "content": "name four letters"}]
 PRICE = {"input_per_mtok": 1000.0, "output_per_mtok": 1000.0}  # a request of ~10 + 8 tokens: ~$0.018

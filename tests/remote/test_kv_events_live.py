@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from fakes.engine import WORDS
 from fakes.queueing import QueueModel, start_queueing
-from tests.gateway.conftest import free_port
+from fakes.live import free_port
 
 SYSTEM = {"role": "system", "content": " ".join(f"rule{i}" for i in range(300))}
 OTHER = {"role": "system", "content": " ".join(f"rule{i}" for i in reversed(range(300)))}

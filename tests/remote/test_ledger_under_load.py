@@ -14,7 +14,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.gateway.conftest import stop_server
+from fakes.live import stop_server
 from fakes import start_server as start_fake
 from fakes.behaviour import Behaviour
 

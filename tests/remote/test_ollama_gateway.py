@@ -9,7 +9,7 @@ import ollama
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 from tests.remote.test_llamacpp_server import ledger_row
 
 CHAT = [{"role": "user", "content": "Tell me a story."}]

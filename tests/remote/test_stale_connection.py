@@ -78,7 +78,7 @@ def test_a_request_on_a_connection_the_backend_just_reset_is_sent_again_on_a_fre
 
 
 def test_a_refused_connection_is_not_retried():
-    from tests.gateway.conftest import free_port
+    from fakes.live import free_port
 
     async def run():
         backend = create_remote(RemoteSettings(name="pub", type="openai", base_url=f"http://127.0.0.1:{free_port()}/v1",

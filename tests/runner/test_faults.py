@@ -20,7 +20,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 
 HANG_S = 2.5  # INFER_HANG_TIMEOUT: well above a busy 2-core machine's slowest token
 STOPPED = "model runner has unexpectedly stopped"

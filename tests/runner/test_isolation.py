@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 
 HOSTILE = ("gguf", "torch", "msgspec")
 PAYLOAD = """from pathlib import Path

@@ -19,7 +19,8 @@ import pytest
 from registry.create import create_model
 from registry.modelfile import parse_modelfile
 from registry.names import parse_name
-from tests.gateway.conftest import private_store, start_server, stop_server
+from fakes.live import start_server, stop_server
+from tests.gateway.conftest import private_store
 
 from .test_faults import STOPPED, ledger, tagged, wait_rows
 

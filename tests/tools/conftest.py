@@ -17,7 +17,8 @@ import pytest
 from registry.create import create_model
 from registry.modelfile import parse_modelfile
 from registry.names import parse_name
-from tests.gateway.conftest import LiveServer, private_store, start_server, stop_server
+from fakes.live import LiveServer, start_server, stop_server
+from tests.gateway.conftest import private_store
 from tests.tools.templates import LLAMA31, QWEN25
 
 WEATHER = {"type": "function", "function": {

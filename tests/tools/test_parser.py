@@ -13,7 +13,7 @@ from frontend.chat_format import PromptSpec, render_chat
 from core.errors import InvalidRequest
 from frontend.tools.parser import ToolCallParser, supports_tools, tag_of
 from frontend.tools.wire import check_tools, internal_calls, name_tool_results, ollama_messages, openai_messages
-from tests.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2
+from fakes.ollama_templates import CHATML, LLAMA3_INSTRUCT, QWEN2
 from tests.tools.templates import LLAMA31, QWEN25, QWEN25_JINJA
 
 WEATHER = {"type": "function", "function": {

@@ -12,7 +12,7 @@ import openai
 import pytest
 import yaml
 
-from tests.gateway.conftest import start_server, stop_server
+from fakes.live import start_server, stop_server
 from fakes.behaviour import Behaviour
 from fakes.runner import RunningServer
 from tests.tools.conftest import ASK, TIME, WEATHER

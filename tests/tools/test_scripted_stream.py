@@ -20,7 +20,8 @@ from frontend.tools.local import tool_calling
 from adapters.engines.store_models import model_details
 from gateway.app import create_app
 from gateway.settings import ServerSettings
-from tests.gateway.conftest import private_store, server_env
+from fakes.live import server_env
+from tests.gateway.conftest import private_store
 from fakes.behaviour import Behaviour
 from fakes.runner import RunningServer
 from tests.tools.conftest import ASK, TIME, WEATHER, install_tool_models
