@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 
 from benchmark.cost import split_bill
 
-from .flops import decode_flops_per_token, parameter_count, prefill_flops, rule_of_thumb
+from .flops import decode_flops_per_token, prefill_flops, rule_of_thumb
 from .roofline import Deployment, Efficiency, decode_step, largest_batch_meeting, ttft_s
+from .shape import parameter_count
 
 
 @dataclass(frozen=True)

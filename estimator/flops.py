@@ -1,6 +1,7 @@
 """The FLOPs method of the source documents, as written in estimate.md §1 (dense decoder, SwiGLU, GQA).
 
-Parameters (no norms, no biases, embeddings once): ``V·h + L·(3·h·i + 2·h² + 2·h²·kv/a)``.
+Parameters (no norms, no biases, embeddings once): ``V·h + L·(3·h·i + 2·h² + 2·h²·kv/a)``
+(``shape.parameter_count``, beside the shape: its weight bytes need it).
 Prefill, whole prompt of ``p`` tokens: ``(4·(1 + kv/a)·p·h² + 4·p²·h + 6·p·h·i)·L·b``.
 Decode, per output token averaged over ``o`` steps: ``(4·(1 + kv/a)·h² + 6·h·i + 4·(p + (1+o)/2)·h)·L·b``.
 ``TTFT ≈ prefill / F`` and ``throughput ≈ F / decode-per-token`` at peak ``F``; rule of thumb ``2·b·p·P``
@@ -9,12 +10,7 @@ and ``2·b·P``.
 
 from __future__ import annotations
 
-from .shape import ModelShape
-
-
-def parameter_count(m: ModelShape) -> float:
-    h, i = m.hidden_size, m.intermediate_size
-    return m.vocab_size * h + m.num_layers * (3 * h * i + 2 * h * h + 2 * h * h * m.kv_ratio)
+from .shape import ModelShape, parameter_count
 
 
 def prefill_flops(m: ModelShape, prompt: int, batch: int = 1) -> float:

@@ -46,13 +46,16 @@ class ModelShape:
         """Bytes of weights read per decode step: the file's own size, or parameters at ``dtype``."""
         if dtype is None and self.stored_weight_bytes is not None:
             return self.stored_weight_bytes
-        from .flops import parameter_count
-
         return parameter_count(self) * BYTES_PER_PARAM[dtype or "bf16"]
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
         """``2 · L · kv · head_dim · bytes`` (estimate.md §2)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * BYTES_PER_PARAM[kv_dtype]
+
+
+def parameter_count(m: ModelShape) -> float:
+    h, i = m.hidden_size, m.intermediate_size
+    return m.vocab_size * h + m.num_layers * (3 * h * i + 2 * h * h + 2 * h * h * m.kv_ratio)
 
 
 def from_hf_config(path: Path) -> ModelShape:

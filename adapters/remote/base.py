@@ -37,25 +37,12 @@ from .direct import Direct
 from core.base import (Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings,
                                 TokenLogprob, Usage)
 from core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
-from .http_errors import error_from_status, map_transport_error
+from .http_errors import Timeouts, error_from_status, map_transport_error
 from .metrics_scrape import scrape
 from frontend.token_count import ByteBound, TokenCounter, load_counter, prompt_bound
 from .wire import parse_json
 
 LOAD_MAX_AGE_S = 0.5  # how old a backend's load figures may be when a route decides or a gauge is read
-
-@dataclass(frozen=True)
-class Timeouts:
-    """Seconds. ``first_byte`` runs from arrival to the first streamed chunk."""
-
-    connect: float = 5.0
-    first_byte: float = 120.0
-    read: float = 120.0  # a silent gap inside a reply; as long as first_byte, so a long prefill is not cut
-    total: float = 600.0
-
-    def for_httpx(self) -> httpx.Timeout:
-        return httpx.Timeout(connect=self.connect, read=self.read, write=self.read, pool=self.connect)
-
 
 @dataclass(frozen=True)
 class RemoteSettings:

@@ -6,12 +6,13 @@ it (the remote backends' connection pool, ``httpx-aiohttp``, whose own translati
 classes loses what happened: a refused connection arrives as a connect timeout), and
 :func:`error_from_status` for an error status with the backend's message. A backend's 400/422 is
 the client's fault and passes through with the backend's own words; everything else names the
-backend, so an operator can tell which server failed.
+backend, so an operator can tell which server failed. :class:`Timeouts` (a backend entry's limits)
+lives here because the timeout errors quote them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import aiohttp
 import httpx
@@ -19,11 +20,21 @@ import httpx
 from core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
                                   BackendUnavailable, InvalidRequest)
 
-if TYPE_CHECKING:
-    from .base import Timeouts
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds. ``first_byte`` runs from arrival to the first streamed chunk."""
+
+    connect: float = 5.0
+    first_byte: float = 120.0
+    read: float = 120.0  # a silent gap inside a reply; as long as first_byte, so a long prefill is not cut
+    total: float = 600.0
+
+    def for_httpx(self) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect, read=self.read, write=self.read, pool=self.connect)
 
 
-def map_transport_error(exc: BaseException, where: str, timeouts: "Timeouts | None" = None) -> BackendError:
+def map_transport_error(exc: BaseException, where: str, timeouts: Timeouts | None = None) -> BackendError:
     """An httpx exception (transport, protocol, stream misuse, bad URL) as a BackendError."""
     cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
     if isinstance(cause, aiohttp.ClientError):
@@ -57,7 +68,7 @@ def map_transport_error(exc: BaseException, where: str, timeouts: "Timeouts | No
     return BackendProtocolError(f"{where}: {type(exc).__name__}: {detail}")
 
 
-def _from_aiohttp(exc: aiohttp.ClientError, where: str, timeouts: "Timeouts | None") -> BackendError:
+def _from_aiohttp(exc: aiohttp.ClientError, where: str, timeouts: Timeouts | None) -> BackendError:
     detail = str(exc) or type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         limit = f" within {timeouts.connect:g} s" if timeouts else ""

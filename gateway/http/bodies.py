@@ -8,6 +8,7 @@ blob uploads), any Content-Type that is not already JSON becomes ``application/j
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 from pydantic import ValidationInfo
@@ -40,14 +41,15 @@ def _as_json(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
 
 
 PARSED_STRICTLY = {"strict_json": True}  # validation context: orjson parsed it, and orjson refuses lone surrogates
+# Set while a FastAPI route validates a body orjson parsed (``gateway/http/limits.py``): orjson already refused
+# lone surrogates, so the request models' text walk is skipped.
+strictly_parsed: contextvars.ContextVar[bool] = contextvars.ContextVar("strictly_parsed", default=False)
 
 
 def checked_text(cls, value: Any, info: ValidationInfo) -> Any:
     """The request models' before-validator: :func:`check_text`, unless the body was parsed by orjson
     (the hot routes, and the prompt routes ``gateway/http/limits.py`` parsed), which already refuses what
     it refuses."""
-    from gateway.http.limits import strictly_parsed
-
     if (info.context and info.context.get("strict_json")) or strictly_parsed.get():
         return value
     return check_text(value)

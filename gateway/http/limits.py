@@ -26,7 +26,6 @@ each tool's JSON Schema is checked, ~1 ms apiece), and counting a prompt's token
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 from collections.abc import Callable
 from json.scanner import py_make_scanner
@@ -35,6 +34,7 @@ from typing import Any, TypeVar
 import orjson
 from fastapi.routing import APIRoute
 
+from gateway.http.bodies import check_text, strictly_parsed
 from gateway.http.errors import error_body
 
 PROMPT_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
@@ -43,10 +43,6 @@ PARSED = "infer.parsed_body"  # scope key: the request's body, parsed
 STRICT = "infer.parsed_strictly"  # scope key: True when no lone surrogate can be in it (orjson refuses them)
 ON_LOOP_OBJECTS = 20_000  # JSON objects a body may hold to be parsed on the loop (orjson: well under 50 ms)
 OFF_LOOP_ITEMS = 64  # a body with more messages or tools than this is translated on a worker thread
-
-# Set while a FastAPI route validates a body orjson parsed: orjson already refused lone surrogates,
-# so the request models' text walk (``gateway/http/bodies.py``) is skipped.
-strictly_parsed: contextvars.ContextVar[bool] = contextvars.ContextVar("strictly_parsed", default=False)
 
 T = TypeVar("T")
 
@@ -142,8 +138,6 @@ def num_objects(body: bytes) -> int:
 def parse_in_python(body: bytes) -> tuple[dict[str, Any] | None, bool]:
     """``body`` parsed by the standard library's pure-Python scanner (for a worker thread), and whether
     it is free of lone surrogates (as orjson would have made sure; else the models' walk refuses it)."""
-    from gateway.http.bodies import check_text
-
     decoder = json.JSONDecoder()
     decoder.scan_once = py_make_scanner(decoder)
     try:

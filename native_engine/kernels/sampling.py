@@ -1,5 +1,5 @@
 """The sampler's two element-wise stretches as one kernel each (CUDA), with the torch ops they replace as
-references (`native_engine.sample.ops`):
+references (`native_engine.sample.ops`; the candidates kernel's reference, built from those ops, is in its test):
 
 - `penalties`: repetition (seen tokens: positive logits divided, negative multiplied), frequency and presence
   (output counts) over [S, V] in place: five or six launches of `penalties_dense` in one.
@@ -109,24 +109,6 @@ def sample_candidates_triton(values: torch.Tensor, ids: torch.Tensor, q: torch.T
         BLOCK_K=max(16, triton.next_power_of_2(k)),
     )
     return out
-
-
-def sample_candidates_ref(values: torch.Tensor, ids: torch.Tensor, q: torch.Tensor, temperature: torch.Tensor,
-                          top_k: torch.Tensor | None, top_p: torch.Tensor | None,
-                          min_p: torch.Tensor | None) -> torch.Tensor:
-    """The torch ops the kernel replaces (`ops.top_k_top_p` after its top-k, then `ops.exponential_race`)."""
-    from native_engine.sample import ops
-
-    values = values / temperature[:, None]
-    if top_k is not None:
-        cut = torch.arange(values.shape[1], device=values.device)[None, :] >= top_k[:, None]
-        values = values.masked_fill(cut, float("-inf"))
-    probs = values.softmax(dim=-1)
-    if top_p is not None:
-        probs = probs.masked_fill(probs.cumsum(dim=-1) - probs > top_p[:, None], 0.0)
-    if min_p is not None:
-        probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
-    return ops.exponential_race(probs, ids, q.clamp_min(_TINY))
 
 
 def fused_sampling(logits: torch.Tensor) -> bool:

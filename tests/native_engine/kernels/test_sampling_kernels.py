@@ -41,6 +41,22 @@ def _candidates(rows: int, k: int, device: str, seed: int):
     return values, ids, q
 
 
+def sample_candidates_ref(values: torch.Tensor, ids: torch.Tensor, q: torch.Tensor, temperature: torch.Tensor,
+                          top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                          min_p: torch.Tensor | None) -> torch.Tensor:
+    """The torch ops the kernel replaces (`ops.top_k_top_p` after its top-k, then `ops.exponential_race`)."""
+    values = values / temperature[:, None]
+    if top_k is not None:
+        cut = torch.arange(values.shape[1], device=values.device)[None, :] >= top_k[:, None]
+        values = values.masked_fill(cut, float("-inf"))
+    probs = values.softmax(dim=-1)
+    if top_p is not None:
+        probs = probs.masked_fill(probs.cumsum(dim=-1) - probs > top_p[:, None], 0.0)
+    if min_p is not None:
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+    return ops.exponential_race(probs, ids, q.clamp_min(sampling._TINY))
+
+
 @pytest.mark.parametrize("k", [1, 40, 50, 300])
 @pytest.mark.parametrize(("top_k", "top_p", "min_p"), [(False, False, False), (True, True, False), (False, True, True),
                                                       (True, False, True)])
@@ -51,7 +67,7 @@ def test_candidates_kernel_draws_what_the_torch_ops_draw(device, k, top_k, top_p
     temp, p, m = _columns(rows, device, 0.8, 0.9, 0.05)
     kk = torch.tensor([max(1, k - 3 * i) for i in range(rows)], device=device) if top_k else None
     args = (temp, kk, p if top_p else None, m if min_p else None)
-    expected = sampling.sample_candidates_ref(values, ids, q, *args)
+    expected = sample_candidates_ref(values, ids, q, *args)
     assert torch.equal(sampling.sample_candidates_triton(values, ids, q, *args), expected)
 
 
