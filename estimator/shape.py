@@ -77,7 +77,7 @@ def from_hf_config(path: Path) -> ModelShape:
 def from_gguf(path: Path) -> ModelShape:
     import gguf
 
-    from registry.gguf_header import read_header
+    from gguf_io.gguf_file import read_header
 
     try:
         header = read_header(path)

@@ -1,4 +1,4 @@
-"""Facts about a GGUF file, from its header (``gguf_header``); the weights are never read."""
+"""Facts about a GGUF file, from its header (``gguf_io.gguf_file.read_header``); the weights are never read."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gguf_io.gguf_file import GGUFHeader, check_layout, read_header
+
 from .errors import ModelFormatError
-from .gguf_header import GGUFHeader, check_layout, read_header
 
 GGUF_MAGIC = b"GGUF"
 _MAX_ARRAY = 32  # array values longer than this are elided unless verbose

@@ -42,7 +42,7 @@ def test_shape_and_stored_bytes_from_a_gguf(tmp_path):
     shape = load_shape(str(path))
     assert (shape.hidden_size, shape.intermediate_size, shape.num_layers) == (64, 128, 2)
     assert (shape.num_heads, shape.num_kv_heads, shape.vocab_size) == (4, 2, 1024)
-    from registry.gguf_header import read_header
+    from gguf_io.gguf_file import read_header
 
     assert shape.stored_weight_bytes == 4 * sum(math.prod(t.shape) for t in read_header(path).tensors)
     assert shape.weight_bytes(None) == shape.stored_weight_bytes

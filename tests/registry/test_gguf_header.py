@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.settings import ServerSettings
-from registry.gguf_header import read_header
+from gguf_io.gguf_file import GGUFFile, read_header
 from fakes.live import server_env
 from tests.gateway.conftest import private_store
 
@@ -46,11 +46,13 @@ ARCH = kv_string("general.architecture", "qwen2")
     (gguf(ARCH, kv_array("tokenizer.ggml.scores", UINT8, 1 << 61)), "'tokenizer.ggml.scores'"),
     (gguf(kv_array("tokenizer.ggml.tokens", STRING, 1 << 40, string("a"))), "'tokenizer.ggml.tokens'"),
 ])
-def test_read_header_refuses_what_cannot_be_in_the_file(tmp_path, data, message):
+@pytest.mark.parametrize("reader", [read_header, GGUFFile])
+def test_both_readers_refuse_what_cannot_be_in_the_file(tmp_path, data, message, reader):
+    """The registry's header read and the engine's loader are one reader (gguf_io/gguf_file.py)."""
     path = tmp_path / "m.gguf"
     path.write_bytes(data)
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        read_header(path)
+        reader(path)
 
 
 def test_a_small_array_that_fits_is_read(tmp_path):
