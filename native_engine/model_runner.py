@@ -35,7 +35,7 @@ from .spec_decode.rejection_sampler import RejectionSampler, VerifyRows
 from .forward_context import Context, PrefillChunk
 from .lora.manager import LoRAManager
 from .lora.punica import LoRAMapping
-from .utils.loader import dummy_weights, load_weights
+from .loader.weights import dummy_weights, load_weights
 
 
 @contextlib.contextmanager

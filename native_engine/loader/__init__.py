@@ -1,8 +1,10 @@
-"""Model loading: config, weights (GGUF or HF safetensors) and tokenizer.
+"""Model loading: config, weights (GGUF or HF safetensors) and tokenizer, and the copy of the weights into a
+built model (`weights.load_weights`, as vLLM's `default_weight_loader`). `model_loading.py`, beside this
+package, is the engine's start-up sequence that calls it (checkpoint, model, KV cache, CUDA graphs).
 
 The names load on first use (PEP 562). The GGUF header walker (`GGUFFile`) and the tokenizer come
 from `gguf_io` and need no torch; `load_checkpoint` and the weight loaders (`checkpoint`,
-`gguf_loader`, `hf_loader`) do."""
+`gguf_loader`, `hf_loader`, `weights`) do."""
 
 from __future__ import annotations
 
