@@ -18,7 +18,7 @@
 A failure after the first streamed event carries ``partial``: the :class:`~core.base.Done`
 of what was generated before it, so the ledger bills and counts those tokens.
 
-Adapters translate their own failures (llama.cpp exceptions, httpx errors) into this tree in one
+Adapters translate their own failures (llama.cpp exceptions, aiohttp errors) into this tree in one
 place; the gateway renders it once per API shape (``gateway/errors.py``) and the CLI prints the
 message as one line.
 """

@@ -1,4 +1,4 @@
-"""What every remote adapter shares: settings, the injected HTTP client, deadlines, the in-flight
+"""What every remote adapter shares: settings, the HTTP client (``client.py``), deadlines, the in-flight
 cap, usage accounting and the one place its failures become the project's error tree.
 
 A concrete adapter (``adapters/remote/vllm.py``, ``tgi.py``, …) subclasses :class:`RemoteBackend` and
@@ -8,7 +8,7 @@ bodies differ from the common shapes, ``error_from_response``. The base class wr
 into the :class:`~core.base.Backend` protocol:
 
 - deadlines: ``first_byte`` from arrival to the first chunk of a stream (time queued for a slot
-  included), ``total`` for the whole request, ``connect``/``read`` inside httpx;
+  included), ``total`` for the whole request, ``connect``/``read`` on every socket operation;
 - ``max_inflight``: requests beyond it wait for a slot until their first-byte deadline, then get
   :class:`BackendOverloaded` (429 with ``Retry-After``);
 - usage: the backend's figures when it reports them, else counted with the configured tokenizer
@@ -24,16 +24,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import aiohttp
-import httpx
-from httpx_aiohttp import AiohttpTransport
 
-from .direct import Direct
+from .client import HTTPClient, Response
 from core.base import (Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent, Timings,
                                 TokenLogprob, Usage)
 from core.errors import BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout, InvalidRequest
@@ -61,24 +59,12 @@ class RemoteSettings:
     parent: str | None = None      # a LoRA adapter's: the backend serving its base (the request's model is the adapter)
 
 
-def make_client(settings: RemoteSettings, transport: AiohttpTransport | None = None) -> httpx.AsyncClient:
-    """A pooled client for one backend: keep-alive connections up to ``max_inflight`` (unlimited when
-    unset), so requests never wait for a connection: past ``max_inflight`` they queue for a slot
-    until their first-byte deadline and then get 429 with Retry-After, never a pool timeout.
-
-    The httpx API over aiohttp's connection pool (``httpx-aiohttp``, the transport the OpenAI SDK
-    offers): httpcore's pool scans every connection, with a ``poll`` syscall each, on every request,
-    which costs milliseconds per request at a few dozen connections.
-    """
-    return httpx.AsyncClient(base_url=settings.base_url, timeout=settings.timeouts.for_httpx(),
-                             transport=transport or pool_transport(settings))
-
-
-def pool_transport(settings: RemoteSettings) -> AiohttpTransport:
-    # 0: no cap of its own; max_inflight (a queue, then 429) is the one limit on generations, and one
-    # connection more keeps the health check and the load reads from waiting behind them.
+def make_client(settings: RemoteSettings, where: str) -> HTTPClient:
+    """A pooled client for one backend: keep-alive connections up to ``max_inflight`` + 1 (no cap when
+    unset), so requests never wait for a connection: past ``max_inflight`` they queue for a slot until
+    their first-byte deadline and then get 429 with Retry-After, never a pool timeout."""
     size = settings.max_inflight + 1 if settings.max_inflight else 0
-    return AiohttpTransport(limits=httpx.Limits(max_connections=size, max_keepalive_connections=size or None))
+    return HTTPClient(settings.base_url, settings.timeouts, size, where)
 
 
 class Turn:
@@ -163,17 +149,11 @@ class RemoteBackend:
     admits = True  # calls request.admit (a key's budget and limits) before sending (base.GenerationRequest)
     takes_token_ids = False  # prompts and embedding inputs given as token-id lists (OpenAI-compatible servers)
 
-    def __init__(self, settings: RemoteSettings, client: httpx.AsyncClient | None = None,
+    def __init__(self, settings: RemoteSettings, client: HTTPClient | None = None,
                  counter: TokenCounter | None = None):
         self.settings = settings
         self._owns_client = client is None
-        self._direct: Direct | None = None  # post_stream/post_json straight on the pool (adapters/remote/direct.py)
-        if client is None:
-            transport = pool_transport(settings)
-            client = make_client(settings, transport)
-            t = settings.timeouts
-            self._direct = Direct(transport, settings.base_url, t.connect, t.read)
-        self.client = client
+        self.client = client if client is not None else make_client(settings, self.where)
         self.counter = counter if counter is not None else load_counter(settings.tokenizer)
         self.bound = self.counter if settings.tokenizer else ByteBound()  # a prompt's tokens at most
         self._slots = asyncio.Semaphore(settings.max_inflight) if settings.max_inflight else None
@@ -198,7 +178,7 @@ class RemoteBackend:
     def generate(self, request: GenerationRequest, turn: Turn) -> AsyncIterator[Chunk]:
         raise NotImplementedError
 
-    def error_from_response(self, status: int, body: bytes, headers: httpx.Headers) -> BackendError:
+    def error_from_response(self, status: int, body: bytes, headers: Mapping[str, str]) -> BackendError:
         """The one mapping of this backend's error replies; override for a different body shape."""
         return error_from_status(self.where, status, error_message(body), headers, **error_fields(body))
 
@@ -262,10 +242,7 @@ class RemoteBackend:
         """Any failure while talking to the backend, as the project's error."""
         if isinstance(exc, BackendError):
             return exc
-        if isinstance(exc, httpx.HTTPStatusError):
-            return self.error_from_response(exc.response.status_code, b"", exc.response.headers)
-        if isinstance(exc, (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, httpx.CookieConflict,
-                            aiohttp.ClientError)):
+        if isinstance(exc, aiohttp.ClientError):
             return map_transport_error(exc, self.where, self.settings.timeouts)
         return BackendProtocolError(f"{self.where} sent a reply we cannot read ({type(exc).__name__}: {exc})")
 
@@ -298,7 +275,7 @@ class RemoteBackend:
         """``GET path``: healthy on a 200, with the round trip's latency."""
         t0 = time.perf_counter()
         try:
-            response = await self.client.get(path, headers=self.headers())
+            response = await self.client.get(path, self.headers())
         except Exception as exc:
             return Health(ok=False, detail=self.to_error(exc).message)
         ok = response.status_code == 200
@@ -318,7 +295,7 @@ class RemoteBackend:
         """``names`` scraped from the backend's Prometheus ``/metrics``; {} when it is off or unreadable
         (load signals are advisory: a broken page must not fail the health check)."""
         try:
-            response = await self.client.get("/metrics", headers=self.headers())
+            response = await self.client.get("/metrics", self.headers())
             return scrape(response.text, names, labels, ratios) if response.status_code == 200 else {}
         except Exception:
             return {}
@@ -357,12 +334,7 @@ class RemoteBackend:
     async def post_stream(self, path: str, body: dict[str, Any], accept: str = "text/event-stream",
                           request_id: str | None = None):
         """POST ``body`` and yield the streaming response once its status is known to be a success."""
-        headers = {**self.headers(request_id), "Accept": accept}
-        if self._direct is not None:  # aiohttp without httpx's layer; an injected httpx client keeps httpx
-            reply = await self._direct.post(path, body, headers, self.to_error)
-        else:
-            reply = await self.client.send(self.client.build_request("POST", path, json=body, headers=headers),
-                                           stream=True)
+        reply = await self.client.stream(path, body, {**self.headers(request_id), "Accept": accept})
         try:
             if reply.status_code >= 400:
                 raise self.error_from_response(reply.status_code, await reply.aread(), reply.headers)
@@ -371,28 +343,12 @@ class RemoteBackend:
             await reply.aclose()
 
     async def post_json(self, path: str, body: dict[str, Any], request_id: str | None = None) -> Any:
-        if self._direct is not None:
-            reply = await self._direct.post(path, body, self.headers(request_id), self.to_error)
-            try:
-                content = await reply.aread()
-            finally:
-                await reply.aclose()
-            if reply.status_code >= 400:
-                raise self.error_from_response(reply.status_code, content, reply.headers)
-            return parse_json(content)
-        return await self._call("POST", path, body, request_id)
+        return self._json(await self.client.post(path, body, self.headers(request_id)))
 
     async def get_json(self, path: str) -> Any:
-        return await self._call("GET", path, None)
+        return self._json(await self.client.get(path, self.headers()))
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None, request_id: str | None = None) -> Any:
-        try:
-            response = await self.client.request(method, path, json=body, headers=self.headers(request_id))
-        except Exception as exc:
-            raise self.to_error(exc) from exc
-        return self._json(response)
-
-    def _json(self, response: httpx.Response) -> Any:
+    def _json(self, response: Response) -> Any:
         if response.status_code >= 400:
             raise self.error_from_response(response.status_code, response.content, response.headers)
         return parse_json(response.content)

@@ -1,10 +1,8 @@
 """HTTP failures -> the project's error tree, shared by every remote adapter.
 
-Two functions: :func:`map_transport_error` for anything httpx raises (every exception class it
-exports is covered; ``tests/adapters/test_http_errors.py`` walks them all), or aiohttp underneath
-it (the remote backends' connection pool, ``httpx-aiohttp``, whose own translation into httpx
-classes loses what happened: a refused connection arrives as a connect timeout), and
-:func:`error_from_status` for an error status with the backend's message. A backend's 400/422 is
+Two functions: :func:`map_transport_error` for anything the remote backends' HTTP client
+(aiohttp, ``adapters/remote/client.py``) raises — ``tests/adapters/test_http_errors.py`` walks its
+exception classes — and :func:`error_from_status` for an error status with the backend's message. A backend's 400/422 is
 the client's fault and passes through with the backend's own words; everything else names the
 backend, so an operator can tell which server failed. :class:`Timeouts` (a backend entry's limits)
 lives here because the timeout errors quote them.
@@ -12,10 +10,10 @@ lives here because the timeout errors quote them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
-import httpx
 
 from core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendTimeout,
                                   BackendUnavailable, InvalidRequest)
@@ -30,45 +28,9 @@ class Timeouts:
     read: float = 120.0  # a silent gap inside a reply; as long as first_byte, so a long prefill is not cut
     total: float = 600.0
 
-    def for_httpx(self) -> httpx.Timeout:
-        return httpx.Timeout(connect=self.connect, read=self.read, write=self.read, pool=self.connect)
-
 
 def map_transport_error(exc: BaseException, where: str, timeouts: Timeouts | None = None) -> BackendError:
-    """An httpx exception (transport, protocol, stream misuse, bad URL) as a BackendError."""
-    cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
-    if isinstance(cause, aiohttp.ClientError):
-        return _from_aiohttp(cause, where, timeouts)
-    detail = str(exc) or type(exc).__name__
-    if isinstance(exc, httpx.ConnectTimeout):
-        limit = f" within {timeouts.connect:g} s" if timeouts else ""
-        return BackendTimeout(f"{where} did not accept a connection{limit} (connect timeout)")
-    if isinstance(exc, httpx.ReadTimeout):
-        limit = f" for {timeouts.read:g} s" if timeouts else ""
-        return BackendTimeout(f"{where} sent nothing{limit} (read timeout)")
-    if isinstance(exc, httpx.WriteTimeout):
-        return BackendTimeout(f"{where} did not take the request body in time (write timeout)")
-    if isinstance(exc, httpx.PoolTimeout):
-        return BackendTimeout(f"{where}: no free connection in time (connection pool timeout)")
-    if isinstance(exc, httpx.TimeoutException):
-        return BackendTimeout(f"{where} timed out: {detail}")
-    if isinstance(exc, httpx.ConnectError):
-        return BackendUnavailable(f"{where} is unreachable ({detail}); is the server running?")
-    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.CloseError, httpx.NetworkError)):
-        return BackendUnavailable(f"{where} dropped the connection ({type(exc).__name__}: {detail})")
-    if isinstance(exc, httpx.ProxyError):
-        return BackendUnavailable(f"{where}: the proxy failed ({detail})")
-    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
-        return BackendUnavailable(f"{where}: invalid base_url ({detail}); use http://host:port")
-    if isinstance(exc, httpx.HTTPStatusError):
-        return error_from_status(where, exc.response.status_code, "", exc.response.headers)
-    if isinstance(exc, (httpx.ProtocolError, httpx.DecodingError, httpx.TooManyRedirects, httpx.TransportError,
-                        httpx.RequestError, httpx.StreamError, httpx.CookieConflict, httpx.HTTPError)):
-        return BackendProtocolError(f"{where} broke the HTTP protocol ({type(exc).__name__}: {detail})")
-    return BackendProtocolError(f"{where}: {type(exc).__name__}: {detail}")
-
-
-def _from_aiohttp(exc: aiohttp.ClientError, where: str, timeouts: Timeouts | None) -> BackendError:
+    """An aiohttp failure (connection, timeout, protocol, bad URL) as a BackendError."""
     detail = str(exc) or type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         limit = f" within {timeouts.connect:g} s" if timeouts else ""
@@ -76,19 +38,19 @@ def _from_aiohttp(exc: aiohttp.ClientError, where: str, timeouts: Timeouts | Non
     if isinstance(exc, aiohttp.SocketTimeoutError):
         limit = f" for {timeouts.read:g} s" if timeouts else ""
         return BackendTimeout(f"{where} sent nothing{limit} (read timeout)")
-    if isinstance(exc, aiohttp.ServerTimeoutError):
+    if isinstance(exc, TimeoutError):
         return BackendTimeout(f"{where} timed out: {detail}")
     if isinstance(exc, aiohttp.ClientConnectorError):
         return BackendUnavailable(f"{where} is unreachable ({detail}); is the server running?")
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
                         aiohttp.ClientConnectionError)):
         return BackendUnavailable(f"{where} dropped the connection ({type(exc).__name__}: {detail})")
-    if isinstance(exc, aiohttp.InvalidURL):
+    if isinstance(exc, (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError)):
         return BackendUnavailable(f"{where}: invalid base_url ({detail}); use http://host:port")
     return BackendProtocolError(f"{where} broke the HTTP protocol ({type(exc).__name__}: {detail})")
 
 
-def error_from_status(where: str, status: int, message: str, headers: httpx.Headers | None = None, *,
+def error_from_status(where: str, status: int, message: str, headers: Mapping[str, str] | None = None, *,
                       param: str | None = None, code: str | int | None = None) -> BackendError:
     """An error reply (status + the backend's message, and the ``param``/``code`` its body named) as a
     BackendError; a client error keeps the backend's ``param`` and ``code``."""
@@ -112,7 +74,7 @@ def _by_status(where: str, status: int, message: str, retry_after: float | None,
     return BackendUnavailable(f"{where} failed ({status}: {message})")
 
 
-def _retry_after(headers: httpx.Headers | None) -> float | None:
+def _retry_after(headers: Mapping[str, str] | None) -> float | None:
     value = headers.get("retry-after") if headers is not None else None
     try:
         return max(0.0, float(value)) if value is not None else None

@@ -54,7 +54,7 @@ class LlamaCppServerBackend(OpenAICompatBackend):
         the queue and KV-cache figures of ``/metrics`` (llama-server started with ``--metrics``)."""
         scraped = await self.prometheus_metrics(METRICS, ratios=frozenset({"kv_cache_usage"}))
         try:
-            response = await self.client.get("/slots", headers=self.headers())
+            response = await self.client.get("/slots", self.headers())
             slots = response.json() if response.status_code == 200 else None
         except Exception:  # advisory only; 501/404 when the endpoint is off or absent
             return scraped

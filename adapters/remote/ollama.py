@@ -14,11 +14,10 @@ is a backend failure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import aclosing
 from datetime import datetime
 from typing import Any
-
-import httpx
 
 from core.base import Chunk, EmbedResult, GenerationRequest, LoadedModel, Usage
 from core.errors import (BackendError, BackendOverloaded, BackendProtocolError, BackendUnavailable,
@@ -79,7 +78,7 @@ class OllamaBackend(RemoteBackend):
 
     # -- errors ----------------------------------------------------------------------------------
 
-    def error_from_response(self, status: int, body: bytes, headers: httpx.Headers) -> BackendError:
+    def error_from_response(self, status: int, body: bytes, headers: Mapping[str, str]) -> BackendError:
         message = error_message(body)
         if status == 404:
             return BackendUnavailable(f"{self.where} does not have model '{self.settings.model}' ({message}); "
@@ -163,7 +162,7 @@ def _epoch(stamp: Any) -> float | None:
         return None
 
 
-def _retry_after(headers: httpx.Headers | None) -> float | None:
+def _retry_after(headers: Mapping[str, str] | None) -> float | None:
     try:
         return float(headers["retry-after"]) if headers is not None and "retry-after" in headers else None
     except ValueError:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from importlib import import_module
 
-import httpx
 
 from .base import RemoteBackend, RemoteSettings
 
@@ -32,5 +31,5 @@ def remote_class(kind: str) -> type[RemoteBackend]:
     return _CLASSES[kind]
 
 
-def create_remote(settings: RemoteSettings, client: httpx.AsyncClient | None = None) -> RemoteBackend:
-    return remote_class(settings.type)(settings, client=client)
+def create_remote(settings: RemoteSettings) -> RemoteBackend:
+    return remote_class(settings.type)(settings)

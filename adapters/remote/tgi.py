@@ -14,10 +14,9 @@ ignore_eos. Messages mode sends ``model: "tgi"`` (another name selects a LoRA ad
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import aclosing
 from typing import Any
-
-import httpx
 
 from core.base import Chunk, GenerationRequest, Usage
 from core.errors import BackendError, BackendProtocolError, BackendUnavailable, InvalidRequest
@@ -65,7 +64,7 @@ class TGIBackend(RemoteBackend):
 
     async def _once(self, request: GenerationRequest, turn: Turn):
         body = await self.native_body(request)
-        response = await self.client.post("/generate", json=body, headers=self.headers())
+        response = await self.client.post("/generate", body, self.headers())
         reply = self._json(response)
         if not isinstance(reply, dict):
             raise BackendProtocolError(f"{self.where} sent a /generate reply that is not an object")
@@ -99,7 +98,7 @@ class TGIBackend(RemoteBackend):
 
     # -- errors, info, health --------------------------------------------------------------------
 
-    def error_from_response(self, status: int, body: bytes, headers: httpx.Headers) -> BackendError:
+    def error_from_response(self, status: int, body: bytes, headers: Mapping[str, str]) -> BackendError:
         try:
             value = parse_json(body) if body.strip() else None
         except BackendError:
@@ -116,7 +115,7 @@ class TGIBackend(RemoteBackend):
             return self.mapped_error(message_of(error) or str(error), error.get("error_type"), status, None)
         return self.mapped_error(str(error), event.get("error_type"), 500, None)
 
-    def mapped_error(self, message: str, kind: Any, status: int, headers: httpx.Headers | None) -> BackendError:
+    def mapped_error(self, message: str, kind: Any, status: int, headers: Mapping[str, str] | None) -> BackendError:
         """TGI's error_type (§2.6) first, its status second."""
         kind = str(kind or "")
         if kind in _REQUEST_ERRORS:
@@ -178,7 +177,7 @@ class MessagesAPI(OpenAICompatBackend):
         stop = stop_list(options.get("stop"), (self.tgi._info or {}).get("max_stop_sequences") or 4)
         return {**out, "stop": stop} if stop else out
 
-    def error_from_response(self, status: int, body: bytes, headers: httpx.Headers) -> BackendError:
+    def error_from_response(self, status: int, body: bytes, headers: Mapping[str, str]) -> BackendError:
         return self.tgi.error_from_response(status, body, headers)
 
     def stream_error(self, error: Any) -> Exception:

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from contextlib import aclosing
 from itertools import pairwise
 from typing import Any
 
-import httpx
 
 from core.base import Chunk, GenerationRequest, Usage
 from core.errors import BackendError, BackendUnavailable, InvalidRequest
 from .http_errors import error_from_status
 from .base import RemoteBackend, Turn, error_message
+from .client import Response
 from .registry import register_remote
 from .tgi import EXTRAS as TGI_EXTRAS
 from frontend.prompt_text import chat_spec, is_greedy, render_prompt, token_budget, translate
@@ -105,7 +106,7 @@ class TritonBackend(RemoteBackend):
                 return None
         return self._inputs or None
 
-    def error_from_response(self, status: int, body: bytes, headers: httpx.Headers) -> BackendError:
+    def error_from_response(self, status: int, body: bytes, headers: Mapping[str, str]) -> BackendError:
         message = error_message(body)
         if status in (400, 404) and "unknown model" in message.lower():
             return BackendUnavailable(f"{self.where} does not serve '{self.model}' ({message}); check the entry's "
@@ -118,7 +119,7 @@ class TritonBackend(RemoteBackend):
         return BackendUnavailable(f"{self.where} failed: {message}")
 
     async def models(self) -> list[str]:
-        response = await self.client.get(f"/v2/models/{self.model}/ready", headers=self.headers())
+        response = await self.client.get(f"/v2/models/{self.model}/ready", self.headers())
         if response.status_code != 200:
             raise self.error_from_response(response.status_code, response.content, response.headers)
         return [self.model]
@@ -192,7 +193,7 @@ class Counts:
         turn.finish_reason = "length" if produced >= max_tokens else "stop"
 
 
-async def _one(response: httpx.Response):
+async def _one(response: Response):
     """A non-streaming reply as one event."""
     yield (await response.aread()).decode("utf-8", errors="replace")
 

@@ -25,7 +25,7 @@ class TrtLLMBackend(OpenAICompatBackend):
 
     async def load_metrics(self) -> dict[str, float]:
         try:
-            response = await self.client.get("/metrics", headers=self.headers(), timeout=METRICS_WAIT)
+            response = await self.client.get("/metrics", self.headers(), timeout=METRICS_WAIT)
             stats = response.json() if response.status_code == 200 else []
         except Exception:  # advisory only
             return {}

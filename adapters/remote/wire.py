@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import httpx
 import orjson
 
 from core.errors import BackendProtocolError
 
+from .client import Response
 
-async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+
+async def sse_data(response: Response) -> AsyncIterator[str]:
     """The ``data`` payload of each server-sent event."""
     async with aclosing(sse_batches(response)) as batches:
         async for batch in batches:
@@ -30,7 +31,7 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
                 yield data
 
 
-async def sse_batches(response: httpx.Response) -> AsyncIterator[list[str]]:
+async def sse_batches(response: Response) -> AsyncIterator[list[str]]:
     """The ``data`` payloads of the events each block read off the socket completes (one generator
     step per block, not per event or line; lines stay bytes until an event's payload is decoded)."""
     event: list[bytes] = []
@@ -58,9 +59,9 @@ def _payload(event: list[bytes]) -> str:
     return (event[0] if len(event) == 1 else b"\n".join(event)).decode("utf-8", "replace")
 
 
-async def _line_batches(response: httpx.Response) -> AsyncIterator[list[bytes]]:
+async def _line_batches(response: Response) -> AsyncIterator[list[bytes]]:
     """The complete lines (without ``\\n``, ``\\r\\n`` or a lone ``\\r``) of each block read off the
-    socket (``aiter_bytes``: an httpx reply's, or a direct aiohttp reply's)."""
+    socket (``aiter_bytes``)."""
     held = b""
     async with aclosing(response.aiter_bytes()) as blocks:
         async for block in blocks:
@@ -81,7 +82,7 @@ def _without_cr(lines: list[bytes]) -> list[bytes]:
     return out
 
 
-async def ndjson_objects(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def ndjson_objects(response: Response) -> AsyncIterator[dict[str, Any]]:
     """One JSON object per non-empty line (Ollama's streaming format)."""
     async with aclosing(_line_batches(response)) as batches:
         async for batch in batches:

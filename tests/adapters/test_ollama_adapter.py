@@ -13,6 +13,7 @@ from core.base import Done, GenerationRequest
 from core.errors import BackendOverloaded, BackendProtocolError, BackendUnavailable, InvalidRequest
 from adapters.remote.ollama import OllamaBackend
 from adapters.remote.base import RemoteSettings
+from fakes.recorded import recorded_server
 
 FINAL = {"model": "qwen2:0.5b", "created_at": "2025-07-07T20:22:19.19314Z",
          "message": {"role": "assistant", "content": ""}, "done_reason": "stop", "done": True,
@@ -43,9 +44,8 @@ class Server:
 
 
 def backend(server, **settings) -> OllamaBackend:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(server), base_url="http://ollama.test")
-    config = RemoteSettings(name="pub", type="ollama", base_url="http://ollama.test", model="qwen2:0.5b", **settings)
-    return OllamaBackend(config, client=client)
+    url = recorded_server(server).url
+    return OllamaBackend(RemoteSettings(name="pub", type="ollama", base_url=url, model="qwen2:0.5b", **settings))
 
 
 def run(ollama: OllamaBackend, request: GenerationRequest) -> list:
@@ -141,6 +141,6 @@ def test_models_loaded_models_unload_and_embed():
 def test_loaded_models_matches_latest_tag_and_health_probe():
     ps = httpx.Response(200, json={"models": [{"name": "llama3:latest", "model": "llama3:latest", "size": 1}]})
     ollama = backend(Server(routes={"/api/ps": ps, "/": httpx.Response(200, text="Ollama is running")}))
-    ollama.settings = RemoteSettings(name="pub", type="ollama", base_url="http://ollama.test", model="llama3")
+    ollama.settings = RemoteSettings(name="pub", type="ollama", base_url=ollama.settings.base_url, model="llama3")
     assert [m.name for m in asyncio.run(ollama.loaded_models())] == ["pub"]
     assert asyncio.run(ollama.health()).ok

@@ -1,5 +1,5 @@
 """TGI adapter: request translation (serving-protocols.md §2.3, §5) and reply parsing (§2.5, §2.6, §2.9),
-against recorded bytes through httpx.MockTransport."""
+against recorded bytes on a loopback server (fakes/recorded.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from core.errors import BackendOverloaded, BackendProtocolError, BackendUnavaila
 from adapters.remote.base import RemoteSettings
 from adapters.remote.registry import create_remote
 from adapters.remote.tgi import TGIBackend
+from fakes.recorded import recorded_server
 from frontend.token_count import ByteEstimate
 
 INFO = {"model_id": "org/model", "max_total_tokens": 100, "max_input_tokens": 90, "max_stop_sequences": 4}
@@ -44,9 +45,8 @@ def sse(text: str, status: int = 200) -> httpx.Response:
 
 
 def backend(server, **settings) -> TGIBackend:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(server), base_url="http://tgi.test")
-    config = RemoteSettings(name="pub", type="tgi", base_url="http://tgi.test", model="m", **settings)
-    return TGIBackend(config, client=client, counter=ByteEstimate())
+    config = RemoteSettings(name="pub", type="tgi", base_url=recorded_server(server).url, model="m", **settings)
+    return TGIBackend(config, counter=ByteEstimate())
 
 
 def run(tgi: TGIBackend, request: GenerationRequest) -> list:

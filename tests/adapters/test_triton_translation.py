@@ -14,6 +14,7 @@ from core.errors import BackendUnavailable, InvalidRequest
 from adapters.remote.base import RemoteSettings
 from frontend.token_count import ByteEstimate
 from adapters.remote.triton import TritonBackend
+from fakes.recorded import recorded_server
 
 NEW_INPUTS = ["text_input", "max_tokens", "stream", "exclude_input_in_output", "return_num_input_tokens",
               "return_num_output_tokens", "temperature", "top_p", "top_k", "seed", "stop_words", "min_tokens",
@@ -50,10 +51,9 @@ class Server:
 
 
 def backend(server, **settings) -> TritonBackend:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(server), base_url="http://triton.test")
-    config = RemoteSettings(name="pub", type="triton", base_url="http://triton.test",
+    config = RemoteSettings(name="pub", type="triton", base_url=recorded_server(server).url,
                             model=settings.pop("model", "ensemble"), **settings)
-    return TritonBackend(config, client=client, counter=ByteEstimate())
+    return TritonBackend(config, counter=ByteEstimate())
 
 
 def run(triton: TritonBackend, request: GenerationRequest) -> list:
