@@ -17,8 +17,10 @@ gateway -> runner                        runner -> gateway
 
 ``Generate.request`` is a :class:`~core.base.GenerationRequest` without its cancel token,
 its caller and its admission hook; events carry the ``Chunk`` and ``Done`` dataclasses as they are.
-A keyed request (``Generate.admit``) is admitted by the gateway (``request.admit``: the key's budget
-and limits) once the runner has counted its prompt: the runner sends ``Admit`` and generates nothing
+A native runner's ``Generate`` carries the prompt as token ids (``prompt_tokens``), counted and admitted
+by the gateway before it is sent. A keyed request to a runner that renders its own prompt (llama.cpp,
+scripted: ``Generate.admit``) is admitted by the gateway (``request.admit``: the key's budget and
+limits) once the runner has counted its prompt: the runner sends ``Admit`` and generates nothing
 until the answer (``Admitted`` with the most tokens it may generate, or ``Refused``; the gateway
 then answers the client with its own error). A runner's error
 travels as its class name in ``core.errors`` and its fields (:func:`error_to_wire`).

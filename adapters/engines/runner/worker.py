@@ -3,8 +3,10 @@
 The gateway starts ``python -m adapters.engines.runner`` with its two socket addresses and an engine name;
 the process imports its engine at once (a spare runner is ready before a model is asked for), then
 waits for :class:`~adapters.engines.runner.protocol.Load`. Each ``Generate`` becomes a task that runs the
-engine's ``stream`` (the same in-process backend ``infer run --local`` uses, prompt rendering,
-tokenizing, detokenizing and tool-call parsing included) and sends each event as it comes. The
+engine's ``stream`` (the same in-process backend ``infer run --local`` uses) and sends each event as it
+comes. A native runner gets the prompt as token ids (the gateway rendered, tokenized and admitted it, and
+parses tools and thinking on the way back: ``runner/backend.py``); a llama.cpp or scripted runner gets
+the request as text and renders it here. The
 runner never decides when to exit on its own: the gateway sends ``Shutdown`` or kills it; it also
 exits when the gateway is gone (its parent changes).
 """
