@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from core.options import check_prompt_bytes, check_token_ids
 from frontend.chat_format import PromptSpec, render_request
 
-__all__ = ["Prompt", "count_in_pieces", "encode", "prompt_spec", "tokenize_request", "vocabulary",
-           "vocabulary_of"]
+__all__ = ["Prompt", "count_in_pieces", "encode", "prompt_spec", "same_ids_as_llama_cpp", "tokenize_request",
+           "vocabulary", "vocabulary_of"]
 
 PIECE_CHARS = 16 << 10  # text encoded per tokenizer call: a few milliseconds of holding the GIL
 
@@ -54,6 +54,18 @@ def _entry(path: str) -> tuple:
 
 _KEPT = 8
 _vocabs: dict[str, tuple] = {}  # path -> (tokenizer, longest entry in bytes)
+
+
+def same_ids_as_llama_cpp(details) -> bool:
+    """Whether this tokenizer reads the model's vocabulary (byte-level BPE, ``tokenizer.ggml.model`` "gpt2",
+    with a pre-tokenizer it knows): then its ids are llama.cpp's (``tests/native_engine/loader/
+    test_tokenizer.py``, ``scripts/check_token_ids.py``). SentencePiece vocabularies (Llama 2, Mistral,
+    Gemma) it does not read."""
+    from gguf_io.tokenizer import PRE_TOKENIZERS
+
+    meta = details.gguf.metadata if details.gguf is not None and details.model_path is not None else {}
+    pre = meta.get("tokenizer.ggml.pre")
+    return meta.get("tokenizer.ggml.model") == "gpt2" and (not pre or pre in PRE_TOKENIZERS)
 
 
 def prompt_spec(details, vocab) -> PromptSpec:

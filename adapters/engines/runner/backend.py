@@ -29,10 +29,10 @@ from registry.details import ModelDetails
 from registry.store import Store
 
 from core.base import Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
-from core.errors import ModelNotFound, RunnerStopped
+from core.errors import BackendError, ModelNotFound, RunnerStopped
 from core.options import Options, check_room, resolve_options
 from core.settings import LocalSettings
-from frontend.prompt_ids import PIECE_CHARS, tokenize_request, vocabulary_of
+from frontend.prompt_ids import PIECE_CHARS, same_ids_as_llama_cpp, tokenize_request, vocabulary_of
 from frontend.reasoning import reasoning
 from frontend.token_count import prompt_bound
 from frontend.tools.local import tool_calling
@@ -48,7 +48,9 @@ log = logging.getLogger(__name__)
 SPARE_AFTER_S = 5.0  # after a load, when the engine's next spare starts
 # Engines whose runner takes token ids: the gateway renders the template, tokenizes, admits a keyed request
 # on that count and parses tools and thinking; the runner generates from ids (vLLM's engine core does so).
-TOKENIZED_ENGINES = ("native",)
+# llama.cpp only for the vocabularies the gateway's tokenizer reads (byte-level BPE, a known pre-tokenizer):
+# SentencePiece ones (Llama 2, Mistral, Gemma) are rendered and tokenized in the runner, as before.
+TOKENIZED_ENGINES = ("native", "llamacpp")
 
 
 @dataclass
@@ -130,9 +132,20 @@ class RunnerBackend:
         return resolve_options(details.parameters, options, defaults=self.settings.option_defaults)
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
-        if self.name in TOKENIZED_ENGINES:
+        if self._takes_ids(request.model):
             return self._stream_tokenized(request)
         return self._stream(request, tokenize=False)
+
+    def _takes_ids(self, model: str) -> bool:
+        """The native engine always (its tokenizer is the gateway's); llama.cpp for a vocabulary the gateway's
+        tokenizer reads, which gives llama.cpp's ids (``scripts/check_token_ids.py``); else the runner renders."""
+        if self.name not in TOKENIZED_ENGINES:
+            return False
+        try:
+            details = self.details(model)
+        except BackendError:
+            return False  # the request fails as it would anyway (unknown model), from the runner's path
+        return self.name == "native" or same_ids_as_llama_cpp(details)
 
     @tool_calling(grammar=True)
     @reasoning
@@ -239,7 +252,7 @@ async def tokenized(request: GenerationRequest, details: ModelDetails, options: 
     """What a runner that takes token ids gets: the prompt rendered and tokenized here, once, the key's
     admission decided on that count (its cap becomes ``num_predict``); and the messages dropped to fit."""
     vocab, longest = await vocabulary_of(str(gguf_path(details, f"the {served_by} engine")))
-    limit = min(options.num_ctx, context) if context > 0 else options.num_ctx
+    limit = min(options.num_ctx, context) if served_by == "native" and context > 0 else options.num_ctx
     if prompt_bound(request) > PIECE_CHARS:  # a long prompt: tokenizing holds the GIL for milliseconds
         prompt = await asyncio.to_thread(tokenize_request, vocab, details, request, limit, longest)
     else:
