@@ -28,7 +28,7 @@ from frontend.prompt_ids import max_token_bytes, tokenize_request
 from core.errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from frontend.reasoning import reasoning
 from frontend.tools.local import tool_calling
-from core.options import Options, check_room, resolve_options
+from core.options import Options, check_room, check_token_ids, resolve_options
 from core.settings import (DEFAULTS, SPECULATIVE_SWITCHES, LocalSettings, NativeSettings,
                                     speculative_switch)
 from adapters.engines.store_models import gguf_path, model_details, store_models
@@ -67,7 +67,12 @@ class NativeBackend:
 
     @tool_calling(grammar=True)
     @reasoning
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+    def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        return self.generate(request)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """The engine core: generate from the prompt as given (a runner gets token ids from the gateway,
+        whose front end parses tools and thinking); text is rendered and tokenized here only in-process."""
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)
         structured_outputs(request.format)  # a malformed format is a 400 before the model loads
@@ -82,8 +87,11 @@ class NativeBackend:
                         timings: Timings) -> AsyncIterator[StreamEvent]:
         llm = entry.engine.engine
         limit = min(options.num_ctx, llm.max_model_len)
-        prompt = tokenize_request(llm.tokenizer, details, request, limit, _max_token_bytes(entry, llm.tokenizer))
-        token_ids, dropped = prompt.token_ids, prompt.dropped
+        if request.prompt_tokens is not None:  # the gateway's (or the client's) ids go to the engine as they are
+            token_ids, dropped = check_token_ids(request.prompt_tokens, llm.tokenizer.vocab_size), 0
+        else:
+            prompt = tokenize_request(llm.tokenizer, details, request, limit, _max_token_bytes(entry, llm.tokenizer))
+            token_ids, dropped = prompt.token_ids, prompt.dropped
         check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
         room = limit - len(token_ids)
         if request.admit is not None:  # a keyed request: its budget and limits, before anything runs

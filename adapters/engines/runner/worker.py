@@ -137,7 +137,7 @@ class Worker:
                 request.admit = self._admission(message.id)
                 if not getattr(self.backend, "admits", False):
                     await self._admit_here(request)
-            async for event in self.backend.stream(request):
+            async for event in self._events(request):
                 if isinstance(event, Done):
                     await self.send(p.Finished(message.id, event, self.current_load(), self.spec_decode_stats()))
                     continue
@@ -153,6 +153,12 @@ class Worker:
             await self.send(p.Failed(message.id, p.error_to_wire(BackendUnavailable(f"{self.engine} failed: {exc}"))))
         finally:
             self.cancels.pop(message.id, None)
+
+    def _events(self, request):
+        """Token ids from the gateway go straight to the engine core (``generate``): the gateway's front end
+        parses tools and thinking; a request as text takes the engine's whole ``stream``."""
+        core = getattr(self.backend, "generate", None)
+        return core(request) if core is not None and request.prompt_tokens is not None else self.backend.stream(request)
 
     async def embed(self, message: p.Embed) -> None:
         try:
