@@ -38,7 +38,18 @@ def vocabulary(path: str):
 
 async def vocabulary_of(path: str) -> tuple:
     """The GGUF file's tokenizer and its longest entry in bytes; read off the event loop the first time."""
-    return _vocabs.get(path) or await asyncio.to_thread(_entry, path)
+    reading = read_ahead(path)
+    return _vocabs[path] if reading is None else await asyncio.shield(reading)
+
+
+def read_ahead(path: str) -> None | asyncio.Future:
+    """Start reading the file's tokenizer on a thread unless it is read or being read (a model's runner
+    loads meanwhile); :func:`vocabulary_of` waits for it."""
+    if path in _vocabs or path in _reading:
+        return _reading.get(path)
+    future = _reading[path] = asyncio.ensure_future(asyncio.to_thread(_entry, path))
+    future.add_done_callback(lambda done: _reading.pop(path, None) and done.exception())
+    return future
 
 
 def _entry(path: str) -> tuple:
@@ -54,6 +65,7 @@ def _entry(path: str) -> tuple:
 
 _KEPT = 8
 _vocabs: dict[str, tuple] = {}  # path -> (tokenizer, longest entry in bytes)
+_reading: dict[str, asyncio.Future] = {}  # path -> its read on a thread, until it is done
 
 
 def same_ids_as_llama_cpp(details) -> bool:

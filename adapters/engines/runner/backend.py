@@ -29,10 +29,10 @@ from registry.details import ModelDetails
 from registry.store import Store
 
 from core.base import Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
-from core.errors import BackendError, ModelNotFound, RunnerStopped
+from core.errors import BackendError, BackendUnavailable, ModelNotFound, RunnerStopped
 from core.options import Options, check_room, resolve_options
 from core.settings import LocalSettings
-from frontend.prompt_ids import PIECE_CHARS, same_ids_as_llama_cpp, tokenize_request, vocabulary_of
+from frontend.prompt_ids import PIECE_CHARS, read_ahead, same_ids_as_llama_cpp, tokenize_request, vocabulary_of
 from frontend.reasoning import reasoning
 from frontend.token_count import prompt_bound
 from frontend.tools.local import tool_calling
@@ -156,6 +156,8 @@ class RunnerBackend:
     async def _stream(self, request: GenerationRequest, *, tokenize: bool) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
         options = self._options(details, request.options)
+        if tokenize:  # a model's first request: its vocabulary is read while its runner loads
+            read_ahead(str(gguf_path(details, f"the {self.name} engine")))
         entry, load_s = await self.scheduler.acquire(self.name, details, options)
         ok = True
         try:
@@ -251,7 +253,10 @@ async def tokenized(request: GenerationRequest, details: ModelDetails, options: 
                     served_by: str) -> tuple[GenerationRequest, int]:
     """What a runner that takes token ids gets: the prompt rendered and tokenized here, once, the key's
     admission decided on that count (its cap becomes ``num_predict``); and the messages dropped to fit."""
-    vocab, longest = await vocabulary_of(str(gguf_path(details, f"the {served_by} engine")))
+    try:
+        vocab, longest = await vocabulary_of(str(gguf_path(details, f"the {served_by} engine")))
+    except (ValueError, OSError) as exc:
+        raise BackendUnavailable(f"cannot read the vocabulary of {details.name.display}: {exc}") from None
     limit = min(options.num_ctx, context) if served_by == "native" and context > 0 else options.num_ctx
     if prompt_bound(request) > PIECE_CHARS:  # a long prompt: tokenizing holds the GIL for milliseconds
         prompt = await asyncio.to_thread(tokenize_request, vocab, details, request, limit, longest)
