@@ -26,7 +26,7 @@ from adapters.engines.local import ENGINES
 from adapters.remote.base import RemoteSettings, Timeouts
 from adapters.remote.registry import OPENAI_TYPES, REMOTE_TYPES
 
-from gateway.settings import SettingsError
+from core.settings import SettingsError
 from pricing.catalog import LOCAL, Priced
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

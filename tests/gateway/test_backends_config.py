@@ -8,7 +8,7 @@ import pytest
 
 from adapters.remote.base import Timeouts
 from gateway.backends_config import ConfigError, GatewayConfig, load_config
-from gateway.settings import SettingsError
+from core.settings import SettingsError
 
 VALID = """\
 backends:
