@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -116,24 +117,26 @@ class RegistrySettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    home: Path = Field(default=Path("~/.infer"), json_schema_extra=env("INFER_HOME", shown="~/.infer"),
-                       description="Root of infer's state: the usage ledger, bench runs, estimates, history.")
-    models: Path = Field(json_schema_extra=env("INFER_MODELS", "OLLAMA_MODELS",
-                                               shown="~/.ollama/models if it exists, else $INFER_HOME/models"),
-                         description="Model store: blobs/ and manifests/ (Ollama's layout).")
-    database_url: str = Field(json_schema_extra=env("INFER_DATABASE_URL", shown="sqlite:///$INFER_HOME/usage.db"),
-                              description="Usage ledger: any SQLAlchemy URL (postgresql+psycopg://… for replicas).")
-    cache_dir: Path = Field(json_schema_extra=env("INFER_CACHE_DIR", shown="$XDG_CACHE_HOME/infer, else "
-                                                  "~/.cache/infer"),
-                            description="Downloaded test models and the native engine's compiled CPU kernels.")
+    home: Path = Field(default=Path("~/.infer"), json_schema_extra=env("INFER_HOME", shown="`~/.infer`"),
+                       description="Root of infer's state")
+    models: Path = Field(json_schema_extra=env("INFER_MODELS", "OLLAMA_MODELS", shown="`~/.ollama/models` if it "
+                                               "exists (and `INFER_HOME` is unset), else `$INFER_HOME/models`"),
+                         description="The model store; the layout is Ollama's, so your Ollama models work without a "
+                                     "re-download")
+    database_url: str = Field(json_schema_extra=env("INFER_DATABASE_URL", shown="`sqlite:///$INFER_HOME/usage.db`"),
+                              description="The usage ledger: any SQLAlchemy URL (`--db`; "
+                                          "`postgresql+psycopg://…` for replicas sharing one ledger)")
+    cache_dir: Path = Field(json_schema_extra=env("INFER_CACHE_DIR", shown="`$XDG_CACHE_HOME/infer`, else "
+                                                  "`~/.cache/infer`"),
+                            description="Downloaded test models (`make demo`, `tests/realmodel/`) and the native "
+                                        "engine's compiled C kernels (`kernels/`)")
     insecure: bool = Field(default=False, json_schema_extra=env("INFER_INSECURE"),
-                           description="Allow plain-http registries (1, true or yes).")
+                           description="Allow plain-http registries everywhere (same as `--insecure`)")
     registry_auth: str | None = Field(default=None, json_schema_extra=env("INFER_REGISTRY_AUTH"),
-                                      description="user:password for registries that ask for Basic credentials in "
-                                      "their token flow.")
+                                      description="`user:password` for registries whose token endpoint asks for Basic "
+                                                  "credentials")
     registry_serve_auth: str | None = Field(default=None, json_schema_extra=env("INFER_REGISTRY_SERVE_AUTH"),
-                                            description="user:password that `infer registry serve` asks pushes for "
-                                            "(--auth).")
+                                            description="`user:password` that `infer registry serve` requires")
 
     _insecure = field_validator("insecure", mode="before")(classmethod(lambda cls, value: _flag(value)))
 
@@ -219,41 +222,58 @@ class LocalSettings(BaseSettings):
 
     engine: Literal["llamacpp", "native", "scripted"] = Field(
         default="llamacpp", json_schema_extra=env("INFER_ENGINE"),
-        description="In-process engine for store models; a request's \"engine\" option may name another.")
-    keep_alive: float = Field(default=300.0, json_schema_extra=env("INFER_KEEP_ALIVE", "OLLAMA_KEEP_ALIVE", shown="5m"),
-                              description="How long an idle model stays loaded (a duration or seconds; -1 = forever, "
-                              "0 = unload when idle).")
-    num_parallel: int = Field(default=1, ge=1, le=64, json_schema_extra=env("INFER_NUM_PARALLEL", "OLLAMA_NUM_PARALLEL"),
-                              description="Concurrent requests per llama.cpp model.")
+        description="Engine for store models: `llamacpp` or `native`; a request picks another with `\"engine\"` "
+                    "(OpenAI body) or `\"options\": {\"engine\": ...}` (Ollama)")
+    keep_alive: float = Field(default=300.0,
+                              json_schema_extra=env("INFER_KEEP_ALIVE", "OLLAMA_KEEP_ALIVE", shown="`5m`"),
+                              description="How long an idle model stays loaded (`-1` forever, `0` unload at once)")
+    num_parallel: int = Field(default=1, ge=1, le=64,
+                              json_schema_extra=env("INFER_NUM_PARALLEL", "OLLAMA_NUM_PARALLEL"),
+                              description="Concurrent requests per loaded model")
     max_queue: int = Field(default=512, ge=0, json_schema_extra=env("INFER_MAX_QUEUE", "OLLAMA_MAX_QUEUE"),
-                           description="Requests waiting per model before a 503.")
+                           description="Requests waiting per model before `503`")
     max_loaded_models: int = Field(default=3, ge=0, json_schema_extra=env("INFER_MAX_LOADED_MODELS",
                                                                          "OLLAMA_MAX_LOADED_MODELS"),
-                                   description="Models kept loaded at once (0 = no limit; Ollama's 0 = auto keeps 3).")
+                                   description="Runners (loaded models) at once: the idle one expiring first stops; "
+                                               "when all are busy a request waits for one; `0` = no limit (Ollama's "
+                                               "`0` means \"auto\": the default here)")
     context_length: int = Field(default=2048, ge=16, le=1 << 20,
                                 json_schema_extra=env("INFER_CONTEXT_LENGTH", "OLLAMA_CONTEXT_LENGTH"),
-                                description="num_ctx when neither the request nor the Modelfile sets one; a model "
-                                "runs with min(num_ctx, its trained context).")
+                                description="`num_ctx` when neither the request nor the Modelfile sets one; a model runs with "
+                                            "min(`num_ctx`, its trained context): `serve`, `run`, `compare` and "
+                                            "`LLMEngine` alike")
     load_timeout: float = Field(default=300.0, gt=0, json_schema_extra=env("INFER_LOAD_TIMEOUT", "OLLAMA_LOAD_TIMEOUT",
-                                                                          shown="5m"),
-                                description="A runner not loaded by then is killed.")
-    hang_timeout: float = Field(default=300.0, gt=0, json_schema_extra=env("INFER_HANG_TIMEOUT", shown="5m"),
+                                                                          shown="`5m`"),
+                                description="A runner that has not loaded its model by then is killed (`502`)")
+    hang_timeout: float = Field(default=300.0, gt=0, json_schema_extra=env("INFER_HANG_TIMEOUT", shown="`5m`"),
                                 description="A runner with requests in flight that sends no event for this long is "
-                                "killed.")
+                                            "killed as hung")
     test_engine: bool = Field(default=False, json_schema_extra=env("INFER_TEST_ENGINE"),
-                              description="Offer the model-less 'scripted' engine (tests, benches).")
+                              description="`1` offers the model-less `scripted` engine, whose prompts can crash or "
+                                          "hang its runner (tests, benches, fault drills)")
     tensor_parallel: int = Field(default=1, ge=1, le=64, json_schema_extra=env("INFER_TENSOR_PARALLEL"),
-                                 description="Ranks each native model is split over (tensor parallelism); a "
-                                 "Modelfile's PARAMETER tensor_parallel or a request's option overrides it.")
-    native: NativeSettings = Field(default_factory=NativeSettings)
+                                 description="Ranks each native model is split over (`--tensor-parallel`); a "
+                                 "Modelfile's `PARAMETER tensor_parallel` or a request's option overrides it")
+    native: NativeSettings = Field(default_factory=NativeSettings, json_schema_extra=env("INFER_NATIVE", shown="`{}`"),
+                                   description="The native engine's knobs as JSON, `EngineConfig` fields: "
+                                               "`max_num_seqs`, `max_num_batched_tokens`, `block_size`, "
+                                               "`kv_cache_memory_bytes`, `dtype`, `device`, `enable_prefix_caching`, "
+                                               "`max_loras` (e.g. `{\"max_loras\": 8}`); unset ones are the "
+                                               "engine's defaults")
     kv_role: Literal["prefill", "decode", "both"] = Field(
         default="both", json_schema_extra=env("INFER_KV_ROLE"),
-        description="The native engine's part in prefill/decode disaggregation (vLLM's kv_role; infer serve "
-        "--role): prefill refuses decode legs, decode refuses prefill legs, both takes either.")
+        description="The native engine's part in prefill/decode disaggregation (vLLM's `kv_role`; `infer serve "
+        "--role`): prefill refuses decode legs, decode refuses prefill legs, both takes either.")
     speculative: str | None = Field(
         default=None, json_schema_extra=env("INFER_SPECULATIVE", shown="off"),
-        description="Speculative decoding in the native engine: ngram[:k=4], draft:MODEL[:k=4] or off; a "
-        "Modelfile's PARAMETER speculative overrides it, a request's 'speculative' turns it off/on.")
+        description="Speculative decoding in the native engine: `ngram[:k=4]`, `draft:MODEL[:k=4]` or `off` "
+        "(`--speculative`); a Modelfile's `PARAMETER speculative` overrides it, a request's `speculative` turns it "
+        "off/on")
+
+    @field_validator("native", mode="before")
+    @classmethod
+    def _native(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
 
     @field_validator("speculative", mode="before")
     @classmethod
@@ -263,7 +283,8 @@ class LocalSettings(BaseSettings):
     @field_validator("keep_alive", "load_timeout", "hang_timeout", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        return parse_keep_alive(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
+        plain = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+        return parse_keep_alive(value) if plain else value
 
     @property
     def option_defaults(self) -> dict[str, Any]:
@@ -316,45 +337,53 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     host: str = Field(default=DEFAULT_HOST, json_schema_extra=env("INFER_HOST", "OLLAMA_HOST",
-                                                                   shown=f"{DEFAULT_HOST}:{DEFAULT_PORT}"),
-                      description="[scheme://]host[:port] infer serve binds, and where the CLI looks for a server.")
+                                                                   shown=f"`{DEFAULT_HOST}:{DEFAULT_PORT}`"),
+                      description="Where `infer serve` binds, and where `infer run`/`ps`/`stop`/`-v` look for it: "
+                                  "`[scheme://]host[:port]` — Ollama's forms `0.0.0.0` (port 11434), `host:port`, "
+                                  "`http://host:port`, `:port` (on 127.0.0.1 here; Ollama binds every interface for "
+                                  "it)")
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535, description="Port to bind (from INFER_HOST).")
     origins: tuple[str, ...] = Field(default=(), json_schema_extra=env("INFER_ORIGINS", "OLLAMA_ORIGINS", shown="—"),
-                                     description="Extra allowed CORS origins, comma-separated, * wildcards.")
+                                     description="Extra allowed CORS origins, comma-separated, `*` wildcards (e.g. "
+                                                 "`chrome-extension://*`)")
     api_key_hashes: frozenset[str] = Field(default=frozenset(), json_schema_extra=env("INFER_API_KEYS", shown="—"),
-                                           description="Comma-separated operator keys; when set, requests need a key "
-                                           "(only their sha256 is kept).")
+                                           description="Comma-separated operator keys; when set, auth is on: every "
+                                                       "route but the public ones needs a key (*Who may call what*)")
     local: LocalSettings = Field(default_factory=lambda: DEFAULTS, description="The in-process engines.")
     config: Path | None = Field(default=None, json_schema_extra=env("INFER_CONFIG", shown="—"),
-                                description="YAML file with remote backends:, routes:, pricing and auth (--config).")
-    max_body_bytes: int = Field(default=32 << 20, ge=1024, json_schema_extra=env("INFER_MAX_BODY_BYTES", shown="32 MiB"),
-                                description="Largest accepted request body.")
-    max_prompt_bytes: int = Field(default=8 << 20, ge=1024, json_schema_extra=env("INFER_MAX_PROMPT_BYTES", shown="8 MiB"),
-                                  description="Largest body a prompt route takes: parsing it holds the event loop "
-                                  "about 4 ms a MB.")
+                                description="Remote backends file for `infer serve` and `infer backends check` (same "
+                                            "as `--config`)")
+    max_body_bytes: int = Field(default=32 << 20, ge=1024,
+                                json_schema_extra=env("INFER_MAX_BODY_BYTES", shown="32 MiB"),
+                                description="Largest request body any route takes: 413 before it is read")
+    max_prompt_bytes: int = Field(default=8 << 20, ge=1024,
+                                  json_schema_extra=env("INFER_MAX_PROMPT_BYTES", shown="8 MiB"),
+                                  description="Largest body a prompt route takes (chat, completions, messages, "
+                                              "count_tokens, responses, generate): 413 before it is read (*Limits and "
+                                              "guarantees*)")
     max_messages: int = Field(default=10_000, ge=1, json_schema_extra=env("INFER_MAX_MESSAGES"),
-                              description="Most messages (or Responses input items) one request may send; more is a "
-                              "413 before any work.")
+                              description="Most messages (or Responses input items) in one request: 413 before any "
+                                          "work")
     max_tools: int = Field(default=512, ge=1, json_schema_extra=env("INFER_MAX_TOOLS"),
-                           description="Most tools one request may send; more is a 413 before any work.")
+                           description="Most tools in one request: 413 before any work")
     max_blob_bytes: int = Field(default=256 << 30, ge=1, json_schema_extra=env("INFER_MAX_BLOB_BYTES", shown="256 GiB"),
-                                description="Largest model file /api/blobs accepts; free disk space less a GiB caps "
-                                "it too.")
+                                description="Largest model file `/api/blobs` accepts; free disk space less 1 GiB caps "
+                                            "it too (413)")
     redis_url: str | None = Field(default=None, json_schema_extra=env("INFER_REDIS_URL", shown="—"),
-                                  description="Redis for per-key rate limits shared by replicas (--redis-url); in "
-                                  "process memory without it.")
+                                  description="Redis for per-key rate limits shared by replicas (`--redis-url`); in "
+                                  "process memory without it")
     hold_ttl_s: float = Field(default=60.0, ge=1.0, json_schema_extra=env("INFER_HOLD_TTL_S"),
-                              description="Seconds a budget hold outlives its last renewal: a replica renews its "
-                              "running requests' holds every quarter of it; one that dies or loses the database "
-                              "longer than this releases them.")
+                              description="Seconds a budget hold outlives its last renewal (a dead replica's holds go "
+                                          "back after this)")
     shutdown_grace: float = Field(default=5.0, ge=0.0, json_schema_extra=env("INFER_SHUTDOWN_GRACE"),
                                   description="Seconds running requests get to finish after SIGTERM/SIGINT; the rest "
-                                  "then end with an error event and their row.")
+                                  "then end with an error event and their ledger row")
     database_url: str = Field(description="Usage ledger URL: --db, else the registry settings' INFER_DATABASE_URL.")
     responses_retention: float = Field(default=30 * 86400.0, ge=0.0,
-                                       json_schema_extra=env("INFER_RESPONSES_RETENTION", shown="720h"),
-                                       description="How long a stored /v1/responses answer stays readable for "
-                                       "previous_response_id (a duration or seconds; 0 stores none).")
+                                       json_schema_extra=env("INFER_RESPONSES_RETENTION", shown="`720h`"),
+                                       description="How long `/v1/responses` answers stored for "
+                                                   "`previous_response_id` stay readable (a duration or seconds; `0` "
+                                                   "stores none)")
     registry: RegistrySettings
 
     @field_validator("origins", mode="before")
@@ -468,12 +497,12 @@ class ClientSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     api_key: str | None = Field(default=None, json_schema_extra=env("INFER_API_KEY", shown="—"),
-                                description="Sent as Authorization: Bearer to a server that needs a key.")
+                                description="The key `infer run`/`ps`/`stop` send to a server that has "
+                                            "`INFER_API_KEYS`")
     local: bool = Field(default=False, json_schema_extra=env("INFER_LOCAL"),
-                        description="infer run loads the model in this process even when a server answers "
-                        "(--local).")
+                        description="`1`: `infer run` always runs in its own process (same as `--local`)")
     raise_errors: bool = Field(default=False, json_schema_extra=env("INFER_RAISE_ERRORS"),
-                               description="The CLI raises errors with their traceback instead of one line.")
+                               description="Show Python tracebacks instead of one-line errors (debugging)")
 
     _flags = field_validator("local", "raise_errors", mode="before")(classmethod(lambda cls, value: _flag(value)))
 
@@ -499,21 +528,21 @@ def env_fields() -> list[tuple[str, str, Any]]:
 
 
 def shown_default(field: Any) -> str:
-    value = field.json_schema_extra.get("shown", field.default)
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if value is None:
-        return "—"
-    return f"{value:,}" if isinstance(value, int) else f"{value:g}" if isinstance(value, float) else str(value)
+    if "shown" in field.json_schema_extra:
+        return field.json_schema_extra["shown"]
+    value = field.default
+    if isinstance(value, bool) or value is None:
+        return {True: "on", False: "off", None: "—"}[value]
+    return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
 
 
 def env_table() -> str:
     """The README's table of variables: one row per environment-backed field."""
-    rows = ["| variable (Ollama's) | group | default | meaning |", "|---|---|---|---|"]
-    for group, _, field in env_fields():
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for _, _, field in env_fields():
         first, *others = variables_of(field)
         name = f"`{first}`" + (f" (`{'`, `'.join(others)}`)" if others else "")
-        rows.append(f"| {name} | {group} | {shown_default(field)} | {field.description} |")
+        rows.append(f"| {name} | {shown_default(field)} | {field.description} |")
     return "\n".join(rows)
 
 
