@@ -20,7 +20,7 @@ import pytest
 from core.options import resolve_options
 from core.settings import DEFAULTS, ClientSettings, LocalSettings, RegistrySettings, ServerSettings, SettingsError
 from core.settings import env_fields, env_table, variables_of
-from tests.test_import_boundary import modules, project_packages
+from tests.test_import_boundary import modules, project_packages, top_levels
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIABLE = re.compile(r"(INFER|OLLAMA)_[A-Z0-9_]*")
@@ -52,6 +52,13 @@ def test_no_variable_is_read_outside_the_settings_tree():
     wrong = [f"{path.relative_to(ROOT)}:{line}: {text}" for path in shipped_modules("native_engine")
              if path != ROOT / "core" / "settings.py" for line, text in variable_names(path)]
     assert not wrong, "read these through core/settings.py:\n" + "\n".join(wrong)
+
+
+def test_the_contract_imports_nothing_of_the_project():
+    """``core`` (the settings tree included) is the bottom: ``registry``, ``ledger``, ``gateway`` import it."""
+    wrong = {f"{path.relative_to(ROOT)}: {sorted(found)}" for path in modules("core")
+             if (found := top_levels(path) & project_packages() - {"core"})}
+    assert not wrong
 
 
 def test_the_engine_reads_only_its_own_few_variables():
