@@ -10,7 +10,7 @@ import asyncio
 import pytest
 import sqlalchemy as sa
 
-from gateway import keys
+from gateway.policy import keys
 from gateway.policy.keys import KeyBook
 from ledger.db import open_db
 from ledger.keys import create_key, holds_of, list_keys, settle
