@@ -9,8 +9,8 @@ imports an engine, each lazily, so re-pointing it at runner processes touches no
 Engine settings come from the target's ``?key=value`` options: for the native engine any
 ``EngineConfig`` field (``dtype=float32&cpu_int4_matmul=false`` is the exact f32 path), for llama.cpp
 ``n_ctx``, ``n_threads``, ``n_batch``. Both engines follow the context rule of ``infer serve``
-(``core/settings.py``): min(``INFER_CONTEXT_LENGTH``, the model's trained context) unless the target
-names its own (``max_model_len``, ``n_ctx``).
+(``core/settings.py``): ``INFER_CONTEXT_LENGTH`` unless the target names its own (``max_model_len``,
+``n_ctx``); the native engine stops at the model's trained context.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.options import resolve_options
 from core.settings import LocalSettings
-from registry.gguf_info import read_gguf_info
 
 from .divergence import log_softmax
 from .target import Continuation, Dist, Piece, TargetError, TargetInfo, Vocab
@@ -148,9 +146,7 @@ class LlamaCppTarget(_EngineTarget):
         import llama_cpp
 
         self.info, self._llama_cpp = info, llama_cpp
-        context = resolve_options(defaults=LocalSettings.from_env().option_defaults,
-                                  max_context=read_gguf_info(path).context_length).num_ctx
-        settings = {"n_ctx": context, "n_threads": os.cpu_count() or 1, **_typed(LLAMACPP_OPTIONS, options, info.spec)}
+        settings = {"n_ctx": LocalSettings.from_env().context_length, "n_threads": os.cpu_count() or 1, **_typed(LLAMACPP_OPTIONS, options, info.spec)}
         try:
             self.llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False,
                                        n_threads_batch=settings["n_threads"], **settings)

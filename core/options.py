@@ -84,13 +84,10 @@ class Options(BaseModel):
 KNOWN = frozenset(Options.model_fields)
 
 
-def resolve_options(*layers: dict[str, Any] | None, defaults: dict[str, Any] | None = None,
-                    max_context: int | None = None) -> Options:
+def resolve_options(*layers: dict[str, Any] | None, defaults: dict[str, Any] | None = None) -> Options:
     """Merge option dicts left to right over the built-in defaults and validate.
 
     ``defaults`` overrides the built-ins (server settings such as ``INFER_CONTEXT_LENGTH``).
-    ``max_context``: the model's trained context; ``num_ctx`` never exceeds it (the context rule,
-    ``core/settings.py``: min(num_ctx, the model's trained context)).
     Raises :class:`InvalidRequest` naming the first bad option.
     """
     merged: dict[str, Any] = dict(defaults or {})
@@ -102,13 +99,10 @@ def resolve_options(*layers: dict[str, Any] | None, defaults: dict[str, Any] | N
             if value is not None:
                 merged[key] = value
     try:
-        options = Options(**merged)
+        return Options(**merged)
     except ValidationError as exc:
         name, message = _first_error(exc, "options")
         raise InvalidRequest(f"invalid option '{name}': {message}", param=f"options.{name}") from None
-    if max_context and options.num_ctx > max_context:
-        return options.model_copy(update={"num_ctx": max_context})
-    return options
 
 
 def check_parameters(params: dict[str, Any]) -> None:

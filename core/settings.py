@@ -15,11 +15,12 @@ variable. ``python -m core.settings`` prints the README's table of variables (th
 the README holds exactly that table).
 
 **Context length, one rule** (``infer serve``, ``infer run``, ``infer compare``, ``LLMEngine``): a
-model runs with ``min(num_ctx, the model's trained context)``, where ``num_ctx`` is the request's
-option, else the Modelfile's ``PARAMETER num_ctx``, else ``INFER_CONTEXT_LENGTH`` (2048, Ollama's
-long-standing default). The native engine cannot import this module; its ``EngineConfig.max_model_len``
-defaults to the same 2048 (a test keeps the two equal); ``max_model_len=None`` asks it for the whole
-trained context (vLLM's default), on purpose only.
+model runs with ``num_ctx`` tokens of context: the request's option, else the Modelfile's ``PARAMETER
+num_ctx``, else ``INFER_CONTEXT_LENGTH`` (2048, Ollama's long-standing default). The native engine
+stops at the model's trained context (its position tables end there); llama.cpp runs past it as
+llama.cpp allows (with a warning in its log). The native engine cannot import this module: its
+``EngineConfig.max_model_len`` defaults to the same 2048 (a test keeps the two equal);
+``max_model_len=None`` asks it for the whole trained context (vLLM's default), on purpose only.
 """
 
 from __future__ import annotations
@@ -239,9 +240,9 @@ class LocalSettings(BaseSettings):
                                                "`0` means \"auto\": the default here)")
     context_length: int = Field(default=2048, ge=16, le=1 << 20,
                                 json_schema_extra=env("INFER_CONTEXT_LENGTH", "OLLAMA_CONTEXT_LENGTH"),
-                                description="`num_ctx` when neither the request nor the Modelfile sets one; a model runs with "
-                                            "min(`num_ctx`, its trained context): `serve`, `run`, `compare` and "
-                                            "`LLMEngine` alike")
+                                description="`num_ctx` when neither the request nor the Modelfile sets one: `serve`, `run`, "
+                                            "`compare` and `LLMEngine` alike (the native engine stops at the "
+                                            "model's trained context)")
     load_timeout: float = Field(default=300.0, gt=0, json_schema_extra=env("INFER_LOAD_TIMEOUT", "OLLAMA_LOAD_TIMEOUT",
                                                                           shown="`5m`"),
                                 description="A runner that has not loaded its model by then is killed (`502`)")

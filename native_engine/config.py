@@ -37,7 +37,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
-    # Clamped to the model's max_position_embeddings (model_loading.py); None = the whole trained context
+    # Capped at the model's max_position_embeddings (model_loading.py); None = the whole trained context
     # (vLLM's default), on purpose only: the default is infer's context rule (core/settings.py), whose
     # INFER_CONTEXT_LENGTH default this must equal (tests/test_settings_tree.py checks it).
     max_model_len: int | None = DEFAULT_MAX_MODEL_LEN

@@ -52,12 +52,6 @@ class ModelDetails:
         return "sha256:" + hashlib.sha256(" ".join(rest).encode()).hexdigest()
 
     @property
-    def trained_context(self) -> int | None:
-        """The context the model was trained for (the GGUF's ``context_length``); None when unknown.
-        No model runs with more (the context rule, ``core/settings.py``)."""
-        return (self.gguf.context_length or None) if self.gguf else None
-
-    @property
     def chat_template(self) -> str | None:
         """The TEMPLATE layer (Go template) if present, else the GGUF's Jinja template."""
         return self.template or (self.gguf.chat_template if self.gguf else None)

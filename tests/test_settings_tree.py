@@ -94,12 +94,25 @@ def test_the_engine_default_context_is_the_settings_one():
     assert EngineConfig(model="m").max_model_len == DEFAULTS.context_length == LocalSettings().context_length
 
 
-@pytest.mark.parametrize("asked, trained, runs", [(None, 4096, 2048), (None, 512, 512), (8192, 4096, 4096),
-                                                  (1024, 4096, 1024), (8192, None, 8192)])
-def test_one_context_rule(asked, trained, runs):
-    """min(num_ctx, the model's trained context); num_ctx: the request's, else INFER_CONTEXT_LENGTH."""
-    options = resolve_options({"num_ctx": asked}, defaults=DEFAULTS.option_defaults, max_context=trained)
+@pytest.mark.parametrize("modelfile, asked, runs", [(None, None, 4096), (1024, None, 1024), (1024, 8192, 8192)])
+def test_one_context_rule(modelfile, asked, runs):
+    """num_ctx: the request's, else the Modelfile's, else INFER_CONTEXT_LENGTH (here OLLAMA_CONTEXT_LENGTH)."""
+    settings = LocalSettings.from_env({"OLLAMA_CONTEXT_LENGTH": "4096"})
+    options = resolve_options({"num_ctx": modelfile}, {"num_ctx": asked}, defaults=settings.option_defaults)
     assert options.num_ctx == runs
+
+
+@pytest.mark.parametrize("engine", ["native", "llamacpp"])
+def test_infer_compare_runs_with_the_servers_context(engine, tiny_store, monkeypatch):
+    """``infer compare``'s in-process engines take INFER_CONTEXT_LENGTH, as ``infer serve`` does."""
+    from accuracy.targets import open_target
+
+    monkeypatch.setenv("INFER_CONTEXT_LENGTH", "256")
+    target = open_target(f"tiny@{engine}", tiny_store)
+    try:
+        assert (target.engine.max_model_len if engine == "native" else target.llm.n_ctx()) == 256
+    finally:
+        target.close()
 
 
 @pytest.mark.parametrize("policy", ["routing.route.RoutePolicy", "routing.slo.SLO", "routing.prefix.PrefixPolicy",

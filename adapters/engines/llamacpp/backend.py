@@ -60,8 +60,7 @@ class LlamaCppBackend:
     @reasoning
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
-        options = resolve_options(details.parameters, request.options, defaults=self.defaults,
-                                  max_context=details.trained_context)
+        options = resolve_options(details.parameters, request.options, defaults=self.defaults)
         t_queue = time.perf_counter()
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                        details.digest, options, lora_path=details.adapter_path)
@@ -115,8 +114,7 @@ class LlamaCppBackend:
                    keep_alive: float | None = None) -> None:
         """Load ``model`` as a request with ``options`` would, without generating (Ollama's preload)."""
         details = self.details(model)
-        resolved = resolve_options(details.parameters, options, defaults=self.defaults,
-                                   max_context=details.trained_context)
+        resolved = resolve_options(details.parameters, options, defaults=self.defaults)
         entry, slot, _ = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                   details.digest, resolved, lora_path=details.adapter_path)
         await self._pool.release(entry, slot, keep_alive)
@@ -127,7 +125,7 @@ class LlamaCppBackend:
         if not inputs or any(not item for item in inputs):
             raise InvalidRequest("'input' must not contain empty strings or token lists", param="input")
         details = self.details(model)
-        options = resolve_options(details.parameters, defaults=self.defaults, max_context=details.trained_context)
+        options = resolve_options(details.parameters, defaults=self.defaults)
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                        details.digest, options, embedding=True,
                                                        lora_path=details.adapter_path)

@@ -71,8 +71,7 @@ class NativeBackend:
     @reasoning
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
-        options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults,
-                                  max_context=details.trained_context)
+        options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)
         structured_outputs(request.format)  # a malformed format is a 400 before the model loads
         entry, load_s = await self._acquire(details, options)
         try:
@@ -133,7 +132,7 @@ class NativeBackend:
         model_path = gguf_path(details, "the native engine")
         from native_engine import AsyncLLMEngine, LLMEngine
 
-        context = options.num_ctx  # resolve_options keeps it within the trained context
+        context = min(options.num_ctx, details.gguf.context_length or options.num_ctx)
         try:
             config = engine_config(self.settings.native, str(model_path), context, self._speculative(details),
                                    options.tensor_parallel)
@@ -190,9 +189,7 @@ class NativeBackend:
 
     async def load(self, model: str, options: dict[str, Any] | None = None, keep_alive: float | None = None) -> None:
         details = self.details(model)
-        resolved = resolve_options(details.parameters, options, defaults=self.settings.option_defaults,
-                                   max_context=details.trained_context)
-        entry, _ = await self._acquire(details, resolved)
+        entry, _ = await self._acquire(details, resolve_options(details.parameters, options, defaults=self.settings.option_defaults))
         self._release(entry, keep_alive)
 
     # -- models ---------------------------------------------------------------------------------
