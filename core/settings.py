@@ -218,7 +218,8 @@ class LocalSettings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, env_prefix=ENV_PREFIX, extra="ignore")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, **sources):  # type: ignore[override]
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):  # type: ignore[override]
         return (init_settings,)
 
     engine: Literal["llamacpp", "native", "scripted"] = Field(

@@ -135,3 +135,11 @@ def test_one_mapping_gives_the_whole_tree(tmp_path):
     assert client.local and client.auth_headers == {"Authorization": "Bearer k"}
     with pytest.raises(SettingsError, match="invalid OLLAMA_CONTEXT_LENGTH"):
         LocalSettings.from_env({"OLLAMA_CONTEXT_LENGTH": "lots"})
+
+
+def test_only_from_env_reads_the_environment(monkeypatch):
+    """Constructing a settings object reads nothing: a test or a runner gets exactly what it passes."""
+    monkeypatch.setenv("INFER_ENGINE", "native")
+    monkeypatch.setenv("INFER_NATIVE", '{"max_loras": 8}')
+    assert LocalSettings().engine == "llamacpp" and LocalSettings().native.max_loras is None
+    assert LocalSettings.from_env().engine == "native" and LocalSettings.from_env().native.max_loras == 8
