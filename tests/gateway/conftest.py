@@ -133,9 +133,10 @@ def private_store(tiny_store, tmp_path_factory, label: str):
     return Store(root)
 
 
-@pytest.fixture(scope="module", params=["llamacpp", "native"])
+@pytest.fixture(scope="module", params=["llamacpp", pytest.param("native", marks=pytest.mark.slow)])
 def live_server(request, tiny_store, tmp_path_factory) -> Iterator[LiveServer]:
-    """The API tests run once per in-process engine (INFER_ENGINE)."""
+    """The API tests run once per in-process engine (INFER_ENGINE); the native engine's pass is in the slow
+    tier (the default tier keeps it through the speculative, LoRA, token-array and runner tests)."""
     server = start_server(tmp_path_factory.mktemp("live"), tiny_store.root, INFER_ENGINE=request.param)
     try:
         yield server

@@ -59,7 +59,7 @@ def sizes(model: BuiltModel) -> list[int]:
     return [2, EXTRA_SIZES[model.name]]
 
 
-@pytest.mark.parametrize("source", ["gguf", "hf"])
+@pytest.mark.parametrize("source", ["gguf", pytest.param("hf", marks=pytest.mark.slow)])
 def test_logits_match_one_rank(model, tp_engine, mixed_prompts, source):
     reference = new_engine(model, source=source)
     for world_size in sizes(model) if source == "gguf" else [2]:

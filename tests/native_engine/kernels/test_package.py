@@ -47,6 +47,7 @@ def test_package_works_without_triton():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90():
     pytest.importorskip("triton")
     script = os.path.join(os.path.dirname(__file__), "compile_for_gpu.py")
