@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from registry.gguf_header import read_header
 from tests.gateway.conftest import private_store, server_env
 
