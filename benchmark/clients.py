@@ -3,11 +3,19 @@
 Six wire formats: ``openai-chat`` (/v1/chat/completions), ``openai-completions`` (/v1/completions),
 ``ollama-chat`` (/api/chat), ``ollama-generate`` (/api/generate), ``anthropic-messages`` (/v1/messages)
 and ``openai-responses`` (/v1/responses, with ``store: false``). OpenAI chat and completion requests always
-stream with ``stream_options.include_usage``. A *content chunk* is an SSE event whose ``choices`` carry
-non-empty text, an NDJSON line with non-empty ``message.content`` / ``response``, a ``text_delta`` or a
-``response.output_text.delta`` event (thinking is not content); the first sets TTFT, each next one adds a
-gap to ITL, the last ends E2EL. The usage chunk (OpenAI), the ``done`` line (Ollama), ``message_delta``
-(Anthropic) or ``response.completed`` (Responses) sets the token counts and never moves a timestamp.
+stream with ``stream_options.include_usage``.
+
+A *token chunk* is what vLLM's benchmark times (``vllm/benchmarks/lib/endpoint_request_func.py``): an
+SSE event with non-empty ``choices``, whatever its text (vLLM sends one per engine step, with ``""``
+while the detokenizer holds back a special token or part of a UTF-8 character, and its last token's
+chunk carries the finish reason; a chat stream opens with a role chunk sent with the first token); an
+NDJSON line before the ``done`` one (or a ``done`` line carrying text); a ``content_block_delta``
+(text, thinking or tool input); a ``response.output_text.delta`` or ``response.reasoning_text.delta``.
+The first sets TTFT, each next one adds a gap to ITL, the last ends E2EL; reasoning counts as output,
+as vLLM counts it. The usage chunk (OpenAI, ``choices: []``), the ``done`` line (Ollama),
+``message_delta`` (Anthropic) or ``response.completed`` (Responses) sets the token counts and never moves
+a timestamp. On a server that sends the role or the finish reason in chunks of their own, apart from
+any token, each such chunk counts too, as it does in vLLM's benchmark (a gap of about 0 in ITL).
 
 The base URL may end in ``/v1`` (as OpenAI clients take it): it is dropped, never doubled.
 
@@ -153,21 +161,21 @@ async def _post(session: aiohttp.ClientSession, url: str, body: bytes,
 
 
 class _Timer:
-    """Stamps content chunks onto a record."""
+    """Stamps token chunks onto a record; keeps the answer's text."""
 
     def __init__(self, record: RequestRecord) -> None:
         self.record, self.last = record, 0.0
         self.chunks = 0
         self.parts: list[str] = []
 
-    def content(self, text: str) -> None:
+    def token(self, text: str | None) -> None:
         now = time.perf_counter()
         if self.chunks == 0:
             self.record.ttft = now - self.record.start_time
         else:
             self.record.itl.append(now - self.last)
         self.last, self.chunks = now, self.chunks + 1
-        self.parts.append(text)
+        self.parts.append(text or "")
 
     def usage(self, prompt_tokens: object, completion_tokens: object, cached_tokens: object = None) -> None:
         if isinstance(completion_tokens, int):
@@ -190,11 +198,8 @@ async def _read_sse(resp: aiohttp.ClientResponse, timer: _Timer, *, chat: bool) 
         event = json.loads(data)
         if "error" in event:
             raise ValueError(f"stream error: {json.dumps(event['error'])[:200]}")
-        choices = event.get("choices") or []
-        if choices:
-            text = (choices[0].get("delta") or {}).get("content") if chat else choices[0].get("text")
-            if text:
-                timer.content(text)
+        if choices := event.get("choices"):
+            timer.token((choices[0].get("delta") or {}).get("content") if chat else choices[0].get("text"))
         if usage := event.get("usage"):
             timer.usage(usage.get("prompt_tokens"), usage.get("completion_tokens"),
                         (usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
@@ -209,15 +214,15 @@ async def _read_ndjson(resp: aiohttp.ClientResponse, timer: _Timer, *, chat: boo
         if "error" in event:
             raise ValueError(f"stream error: {str(event['error'])[:200]}")
         text = (event.get("message") or {}).get("content") if chat else event.get("response")
-        if text:
-            timer.content(text)
+        if not event.get("done") or text:
+            timer.token(text)
         if event.get("done"):
             timer.usage(event.get("prompt_eval_count"), event.get("eval_count"))
             done = True
 
 
 async def _read_events(resp: aiohttp.ClientResponse, timer: _Timer, *, chat: bool) -> None:
-    """Named events (Anthropic's Messages, OpenAI's Responses): content in text deltas, usage at the end."""
+    """Named events (Anthropic's Messages, OpenAI's Responses): tokens in deltas, usage at the end."""
     async for line in iter_lines(resp):
         if not line.startswith("data:"):
             continue
@@ -225,10 +230,10 @@ async def _read_events(resp: aiohttp.ClientResponse, timer: _Timer, *, chat: boo
         kind = event.get("type")
         if kind in ("error", "response.failed"):
             raise ValueError(f"stream error: {json.dumps(event)[:200]}")
-        if kind == "content_block_delta" and event["delta"].get("type") == "text_delta" and event["delta"]["text"]:
-            timer.content(event["delta"]["text"])
-        elif kind == "response.output_text.delta" and event["delta"]:
-            timer.content(event["delta"])
+        if kind == "content_block_delta":
+            timer.token(event["delta"].get("text"))  # text_delta; thinking_delta, input_json_delta: no text
+        elif kind in _RESPONSES_TOKEN_EVENTS:
+            timer.token(event.get("delta") if kind == "response.output_text.delta" else None)
         elif kind == "message_delta":
             usage = event.get("usage") or {}
             prompt = (usage.get("input_tokens") or 0) + (usage.get("cache_read_input_tokens") or 0)
@@ -238,12 +243,13 @@ async def _read_events(resp: aiohttp.ClientResponse, timer: _Timer, *, chat: boo
             timer.usage(usage.get("input_tokens"), usage.get("output_tokens"))
 
 
+_RESPONSES_TOKEN_EVENTS = ("response.output_text.delta", "response.reasoning_text.delta")  # vLLM's
 _READERS = {"anthropic-messages": _read_events, "openai-responses": _read_events}
 
 
 def _finish(record: RequestRecord, timer: _Timer, count_tokens: Counter | None) -> RequestRecord:
     if timer.chunks == 0:
-        record.error = "no content chunk in the stream"
+        record.error = "no token chunk in the stream"
         return record
     record.generated_text = "".join(timer.parts)
     record.latency = timer.last - record.start_time

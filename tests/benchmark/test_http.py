@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from benchmark.clients import Endpoint, open_session, send_request
 from benchmark.records import BenchRequest
 
@@ -68,3 +70,28 @@ def test_a_server_that_is_down_is_a_failed_record_saying_so():
     record = asyncio.run(main())
     assert not record.success
     assert record.error.startswith("ClientConnectorError: Cannot connect to host 127.0.0.1:9")
+
+
+def _chat_run(reply: bytes):
+    async def main():
+        server = await asyncio.start_server(lambda r, w: _serve_once_per_connection(r, w, [], reply), "127.0.0.1", 0)
+        endpoint = Endpoint(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", "m", "openai-chat")
+        async with server, open_session() as session:
+            return await send_request(session, endpoint, REQUEST, "r0")
+
+    return asyncio.run(main())
+
+
+def test_every_event_with_choices_is_a_token_chunk_as_in_vllms_benchmark():
+    """vLLM's stream: a role chunk, one chunk per step, "" while its detokenizer holds a token back, the
+    last token with the finish reason, a usage chunk with no choices: 5 token chunks, 4 gaps."""
+    reply = _sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+                 {"choices": [{"index": 0, "delta": {"content": "Par"}}]},
+                 {"choices": [{"index": 0, "delta": {"content": ""}}]},
+                 {"choices": [{"index": 0, "delta": {"reasoning": "hmm"}}]},
+                 {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "length"}]},
+                 {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 4}})
+    record = _chat_run(reply)
+    assert record.success, record.error
+    assert (len(record.itl), record.generated_text, record.output_tokens) == (4, "Par", 4)
+    assert record.latency == pytest.approx(record.ttft + sum(record.itl))
