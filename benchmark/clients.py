@@ -27,9 +27,11 @@ beyond the server's own (``bench/client_overhead.py``, medians on this 2-core ma
 hand-written HTTP/1.1 client it replaced added 0.29 ms, raw asyncio streams 0.05, httpx 1.29. vLLM's
 benchmark pays the same aiohttp cost, so the two measure alike.
 
-Differences from vLLM's payloads, for servers beyond vLLM: chat sends ``max_tokens`` (every
-OpenAI-compatible server reads it; vLLM's ``max_completion_tokens`` is newer) and no ``ignore_eos``
-(pass ``--extra-body '{"ignore_eos": true}'`` to a server that has it).
+Differences from vLLM's payloads: every request is greedy (``temperature: 0``, for answers that repeat
+from run to run; vLLM's benchmark sends no temperature unless given ``--temperature 0``, leaving the
+server's default); and, for servers beyond vLLM, chat sends ``max_tokens`` (every OpenAI-compatible
+server reads it; vLLM's ``max_completion_tokens`` is newer) and no ``ignore_eos`` (pass
+``--extra-body '{"ignore_eos": true}'`` to a server that has it).
 """
 
 from __future__ import annotations
