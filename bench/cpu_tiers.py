@@ -3,15 +3,21 @@
 For each tier this CPU can run (``native``, ``x86-64-v3``: AVX2, ``x86-64``: plain C), in a child process with
 ``INFER_CPU_MARCH`` set: the 1-row block matmul (a decode row) and the tiled batch kernel at 4, 8 and 16 rows,
 on SmolLM2's gate_up shape (1536 x 576, Q4_1), the fastest of 25 timings of 50 calls each (min: the machine is
-shared). ``.venv/bin/python bench/cpu_tiers.py``
+shared). Then the ceiling under them: the peak rate of each tier's dot-product instruction on registers alone
+(``bench/isa_peak.c``: no loads, no unpacking, no scaling), and of the 8-bit one llama.cpp's AVX2 path uses, in
+the same unit (two FLOPs a multiply-add), with the tiled kernel's share of its instruction's peak.
+``.venv/bin/python bench/cpu_tiers.py``
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,15 +55,55 @@ print(json.dumps(out))
 """
 
 
+# instruction -> (function in isa_peak.c, -march that has it, multiply-adds a round, what uses it)
+PEAKS = {
+    "vpmaddwd+vpaddd ymm": ("peak_maddwd", "x86-64-v3", 8 * 16, "int16 activations: the AVX2 tier"),
+    "vpmaddubsw+vpaddw ymm": ("peak_maddubsw", "x86-64-v3", 8 * 32, "int8 activations: llama.cpp's AVX2 q4_1 x q8_1"),
+    "vpdpwssd zmm": ("peak_dpwssd", "native", 8 * 32, "int16 activations: the AVX-512 tier"),
+}
+
+
+def peak(function: str, march: str, macs: int, rounds: int = 2_000_000) -> float | None:
+    """GFLOP/s of `function` in isa_peak.c built with -march=`march`: the best of 9 timings; None where absent."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lib_path = Path(tmp) / "isa_peak.so"
+        subprocess.run(["cc", "-O3", f"-march={march}", "-shared", "-fPIC", "-o", str(lib_path),
+                        str(ROOT / "bench" / "isa_peak.c")], check=True)
+        lib = ctypes.CDLL(str(lib_path))
+        if not hasattr(lib, function):
+            return None
+        fn = getattr(lib, function)
+        fn.argtypes, fn.restype = (ctypes.c_int64,), ctypes.c_int64
+        fn(rounds)
+        best = float("inf")
+        for _ in range(9):
+            t = time.perf_counter()
+            fn(rounds)
+            best = min(best, time.perf_counter() - t)
+    return 2 * macs * rounds / best / 1e9
+
+
 def main() -> None:
     print(f"{'march':12} {'tier':8} " + " ".join(f"{r:>3} row{'s' if r > 1 else ' '}" for r in (1, 4, 8, 16))
           + "   (GFLOP/s, one thread)")
+    tiled16 = {}
     for march in reversed(cpu_kernels.runnable_marches()):
         env = {**os.environ, "INFER_CPU_MARCH": march}
         done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=600, check=True)
         r = json.loads(done.stdout.strip().splitlines()[-1])
+        tiled16[r["tier"]] = r["16"]
         print(f"{march:12} {r['tier']:8} " + " ".join(f"{r[str(n)]:8.1f}" for n in (1, 4, 8, 16)))
+    marches = cpu_kernels.runnable_marches()
+    print(f"\n{'instruction':24} {'peak':>8}  tiled at 16 rows / peak   (GFLOP/s, one thread, registers only)")
+    for name, (function, march, macs, use) in PEAKS.items():
+        rate = peak(function, march, macs) if march in marches else None
+        if rate is None:
+            print(f"{name:24} {'-':>8}  (not on this CPU)")
+            continue
+        tier = {"vpmaddwd+vpaddd ymm": "avx2", "vpdpwssd zmm": "avx512"}.get(name)
+        share = f"{tiled16[tier] / rate:6.0%}" if tier in tiled16 else "     -"
+        print(f"{name:24} {rate:8.1f}  {share}                    {use}")
 
 
 if __name__ == "__main__":
