@@ -23,7 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
 from native_engine.kernels import cpu_kernels  # noqa: E402
+from native_engine.layers import kernel_check  # noqa: E402
 
 CHILD = """
 import json, time, torch
@@ -83,6 +86,23 @@ def peak(function: str, march: str, macs: int, rounds: int = 2_000_000) -> float
     return 2 * macs * rounds / best / 1e9
 
 
+def activation_nmse(levels: int, centred: bool) -> float:
+    """The normalized squared error of the tiled kernels' scheme with activations rounded per group of 32 to
+    `levels` (32767: int16, today; 127: int8), on the load-time check's random Q4_1 blocks and inputs
+    (layers/kernel_check.py), computed exactly in float64. `centred`: the weights taken as q - 8 with 8 d moved
+    into the offset, which the float sums carry exactly."""
+    q, d, m = (t.double() for t in kernel_check.sample_blocks("q4_1"))
+    x = torch.randn(9, q.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    reference = x @ kernel_check._dequantize(q, d, m).t()
+    groups = x.view(x.shape[0], -1, 32)
+    scale = groups.abs().amax(-1) / levels
+    rounded = torch.round(groups / scale[..., None])
+    q, offset = (q - 8, m + 8 * d) if centred else (q, m)
+    sums = torch.einsum("tgj,ngj->tng", rounded, q.view(q.shape[0], -1, 32))
+    out = (sums * scale[:, None, :] * d[None]).sum(-1) + (groups.sum(-1)[:, None, :] * offset[None]).sum(-1)
+    return float(((out - reference) ** 2).sum() / (reference**2).sum())
+
+
 def main() -> None:
     print(f"{'march':12} {'tier':8} " + " ".join(f"{r:>3} row{'s' if r > 1 else ' '}" for r in (1, 4, 8, 16))
           + "   (GFLOP/s, one thread)")
@@ -104,6 +124,10 @@ def main() -> None:
         tier = {"vpmaddwd+vpaddd ymm": "avx2", "vpdpwssd zmm": "avx512"}.get(name)
         share = f"{tiled16[tier] / rate:6.0%}" if tier in tiled16 else "     -"
         print(f"{name:24} {rate:8.1f}  {share}                    {use}")
+    print("\nnormalized squared error of the activations' rounding, the load-time check's Q4_1 blocks "
+          f"(its limit for the tiled path: {kernel_check.LIMITS['tiled']:g}):")
+    for levels, name in ((32767, "int16"), (127, "int8")):
+        print(f"  {name}: {activation_nmse(levels, False):.2g}  (weights centred on 8: {activation_nmse(levels, True):.2g})")
 
 
 if __name__ == "__main__":
