@@ -421,6 +421,16 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
  * tile, silu * up fused); the attention's (row, KV head) pairs. */
 
 #define BATCH_MAX_CHUNKS 1024 /* per op: N / 16 tiles, T * nkv attention pairs (cpu_decode.py checks) */
+#define OPS_PER_LAYER 9       /* per layer: each linear's LoRA shrink and matmul, and the attention */
+
+/* One linear's resident LoRA adapters (lora/punica.py's `LoRALayer`), stacked over slots: a [slots, R, K] and
+ * bt (B transposed, alpha / r folded in) [slots, R, N] float32, each slot's rank (columns in use) in ranks;
+ * a NULL: no adapter on this linear. */
+typedef struct {
+    const float *a, *bt;
+    const int32_t *ranks;
+    int64_t R;
+} lora_t;
 
 typedef struct { /* what every thread reads */
     int64_t L, T, H, nh, nkv, D, I, W, block_size;
@@ -429,6 +439,9 @@ typedef struct { /* what every thread reads */
     const int32_t *block_tables, *context_lens;
     const float *cos_sin;
     float *qkv, *attn, *o, *gu, *act, *down; /* per layer: [T, QKV], [T, Q], [T, H], [T, 2I], [T, I], [T, H] */
+    const int32_t *lora_slots;               /* each row's adapter slot (-1: none), or NULL: no row has one */
+    const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, bt, ranks, R */
+    float *lora_u;                           /* [T, R]: the shrink of the linear being computed (x · Aᵀ) */
     int32_t *flags, gen;
     int nt;
     int64_t *progress;
@@ -442,7 +455,37 @@ typedef struct { /* one op as a thread sees it: the int16 input rows are the thr
     int64_t K, N;
     float *out;
     int64_t layer;
+    const float *x; /* the float input rows [T, K] (the LoRA shrink's) */
+    lora_t lora;
 } batch_op_t;
+
+/* LoRA shrink of row t: u[t, :rank] = A[slot] · x[t] (its slot's rank; nothing for a row without adapter). */
+static void lora_shrink_chunk(const void *arg, int64_t t) {
+    const batch_op_t *op = arg;
+    const int32_t slot = op->s->lora_slots[t];
+    if (slot < 0) return;
+    const int64_t K = op->K, R = op->lora.R;
+    const float *x = op->x + t * K, *a = op->lora.a + slot * R * K;
+    for (int64_t r = 0; r < op->lora.ranks[slot]; r++) {
+        f16v acc = f16_zero();
+        for (int64_t k = 0; k < K; k += 16) acc = f16_fmadd(f16_load(a + r * K + k), f16_load(x + k), acc);
+        op->s->lora_u[t * R + r] = f16_reduce_add(acc);
+    }
+}
+
+/* LoRA expand into tile n16 of out [T, N]: out[t, 16 n16 ..] += u[t] · Bᵀ[slot] for the rows with an adapter. */
+static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t N) {
+    if (op->lora.a == NULL) return;
+    const int64_t R = op->lora.R;
+    for (int64_t t = 0; t < op->s->T; t++) {
+        const int32_t slot = op->s->lora_slots[t];
+        if (slot < 0) continue;
+        const float *bt = op->lora.bt + slot * R * N + n16 * TILE, *u = op->s->lora_u + t * R;
+        f16v acc = f16_load(out + t * N + n16 * TILE);
+        for (int64_t r = 0; r < op->lora.ranks[slot]; r++) acc = f16_fmadd(f16_set1(u[r]), f16_load(bt + r * N), acc);
+        f16_store(out + t * N + n16 * TILE, acc);
+    }
+}
 
 /* out [T, N] (+ bias) for the 16 output rows of tile n16, every activation row. */
 static void tile_rows(const batch_op_t *op, int64_t n16, float *out, int64_t N) {
@@ -457,6 +500,7 @@ static void tile_rows(const batch_op_t *op, int64_t n16, float *out, int64_t N) 
 static void matmul_tile_chunk(const void *arg, int64_t i) {
     const batch_op_t *op = arg;
     tile_rows(op, i, op->out, op->N);
+    lora_expand_tile(op, i, op->out, op->N);
     if (op->bias)
         for (int64_t t = 0; t < op->s->T; t++)
             for (int64_t n = i * TILE; n < (i + 1) * TILE; n++) op->out[t * op->N + n] += op->bias[n];
@@ -468,6 +512,8 @@ static void gate_up_tile_chunk(const void *arg, int64_t i) {
     const int64_t I = op->N / 2, T = op->s->T;
     tile_rows(op, i, op->out, op->N);
     tile_rows(op, I / TILE + i, op->out, op->N);
+    lora_expand_tile(op, i, op->out, op->N);
+    lora_expand_tile(op, I / TILE + i, op->out, op->N);
     float *act = op->s->act + op->layer * T * I;
     for (int64_t t = 0; t < T; t++)
         f16_store(act + t * I + i * TILE,
@@ -515,30 +561,43 @@ AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn,
     step_run_op(k, s->flags + k * BATCH_MAX_CHUNKS, s->gen, chunks, fn, op, omp_get_thread_num(), s->nt, s->progress);
 }
 
-/* One thread's walk through the step; `linear(x, K, i, N, out)`: x [T, K] rounded to int16 in the thread's own
- * buffers, then op k's chunks over the tiles of linear i (pointers p[i..i+2]). */
+/* Linear j (0 qkv, 1 o, 2 gate_up, 3 down) of layer l's adapters; a NULL without rows or adapters. */
+static lora_t lora_of(const batch_step_t *s, int64_t l, int j) {
+    if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, 0};
+    const int64_t *e = s->lora_w + (l * 4 + j) * 4;
+    return (lora_t){(const float *)e[0], (const float *)e[1], (const int32_t *)e[2], e[3]};
+}
+
+/* One thread's walk through the step; `LINEAR(k, x, K, i, j, N, out)`: with adapters, op k - 1 (the shrink of
+ * every row) first; then x [T, K] rounded to int16 in the thread's own buffers, and op k's chunks over the tiles
+ * of linear i (pointers p[i..i+2]), each tile's LoRA expand added. */
 static void batch_step(const batch_step_t *s, own_t *own, float *hidden, const float *final_norm) {
     const int64_t T = s->T, H = s->H, Q = s->nh * s->D, QKV = Q + 2 * s->nkv * s->D, I = s->I;
-#define LINEAR(k, x, K_, i, N_, out_, fn, bias_)                                                                    \
+#define LINEAR(k, x, K_, i, j, N_, out_, fn, bias_)                                                                 \
     do {                                                                                                           \
+        const lora_t lora = lora_of(s, l, j);                                                                      \
+        if (lora.a != NULL) {                                                                                      \
+            const batch_op_t shrink = {s, NULL, NULL, NULL, NULL, NULL, K_, 0, NULL, l, x, lora};                  \
+            batch_run(s, (k) - 1, T, lora_shrink_chunk, &shrink);                                                  \
+        }                                                                                                          \
         for (int64_t r = 0; r < T * ((K_) / 32); r++) quantize_group16(x, r, own->x16, own->sx, own->xsum);        \
-        const batch_op_t op = {s, own->x16, own->sx, own->xsum, bias_, p + (i), K_, N_, out_, l};                  \
+        const batch_op_t op = {s, own->x16, own->sx, own->xsum, bias_, p + (i), K_, N_, out_, l, x, lora};         \
         batch_run(s, k, (N_) / TILE / ((fn) == gate_up_tile_chunk ? 2 : 1), fn, &op);                              \
     } while (0)
     memcpy(own->residual, hidden, sizeof(float) * T * H);
     for (int64_t l = 0; l < s->L; l++) {
-        const int64_t *p = s->w + l * 17;
+        const int64_t *p = s->w + l * 17, k = OPS_PER_LAYER * l;
         float *qkv = s->qkv + l * T * QKV, *attn = s->attn + l * T * Q, *o = s->o + l * T * H;
         add_rms_norm(l ? s->down + (l - 1) * T * H : own->residual, l ? own->residual : NULL, (const float *)p[13],
                      s->eps, T, H, own->h, own->residual);
-        LINEAR(5 * l, own->h, H, 0, QKV, qkv, matmul_tile_chunk, (const float *)p[3]);
+        LINEAR(k + 1, own->h, H, 0, 0, QKV, qkv, matmul_tile_chunk, (const float *)p[3]);
         write_cache(s, l);
         const batch_op_t pairs = {s, NULL, NULL, NULL, NULL, NULL, 0, 0, attn, l};
-        batch_run(s, 5 * l + 1, T * s->nkv, attention_pair_chunk, &pairs);
-        LINEAR(5 * l + 2, attn, Q, 4, H, o, matmul_tile_chunk, NULL);
+        batch_run(s, k + 2, T * s->nkv, attention_pair_chunk, &pairs);
+        LINEAR(k + 4, attn, Q, 4, 1, H, o, matmul_tile_chunk, NULL);
         add_rms_norm(o, own->residual, (const float *)p[14], s->eps, T, H, own->h, own->residual);
-        LINEAR(5 * l + 3, own->h, H, 7, 2 * I, s->gu + l * T * 2 * I, gate_up_tile_chunk, NULL);
-        LINEAR(5 * l + 4, s->act + l * T * I, I, 10, H, s->down + l * T * H, matmul_tile_chunk, NULL);
+        LINEAR(k + 6, own->h, H, 7, 2, 2 * I, s->gu + l * T * 2 * I, gate_up_tile_chunk, NULL);
+        LINEAR(k + 8, s->act + l * T * I, I, 10, 3, H, s->down + l * T * H, matmul_tile_chunk, NULL);
     }
 #undef LINEAR
     add_rms_norm(s->down + (s->L - 1) * T * H, own->residual, final_norm, s->eps, T, H, own->h, own->residual);
@@ -554,23 +613,30 @@ int decode_batch_serves(int64_t T, int64_t H, int64_t nh, int64_t nkv, int64_t D
 
 /* The decoder stack of a decode step of 4+ one-token rows (`decode_batch_serves`): the 17 pointers per layer are
  * those of llama_decode (cpu_kernels.c) with each linear's (qs, d, m) replaced by its tiled (qt, dt, mt).
- * hidden [T, H]: the token embeddings in, the final-norm output out. */
+ * hidden [T, H]: the token embeddings in, the final-norm output out. LoRA: lora_slots [T] each row's adapter
+ * slot (-1: none) and lora_w [L, 4, 4] each linear's stacked adapters (a, bt, ranks, R; `lora_t`), or both NULL. */
 void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *positions, const int64_t *slots,
                         const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
                         int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
-                        const int64_t *w, const float *final_norm, float scale, int num_threads) {
-    static __thread void *shared_buf;
-    static __thread size_t shared_cap;
-    const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L, per_layer = T * (QKV + Q + H + 2 * I + I + H);
+                        const int64_t *w, const float *final_norm, float scale, const int32_t *lora_slots,
+                        const int64_t *lora_w, int num_threads) {
+    static __thread void *shared_buf, *lora_buf;
+    static __thread size_t shared_cap, lora_cap;
+    const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = OPS_PER_LAYER * L;
+    const int64_t per_layer = T * (QKV + Q + H + 2 * I + I + H);
     float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
-    if (buf == NULL) abort();
+    int64_t R = 1;
+    for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 4 + 3] > R ? lora_w[e * 4 + 3] : R;
+    float *lora_u = step_scratch(sizeof(float) * T * R, &lora_buf, &lora_cap);
+    if (buf == NULL || lora_u == NULL) abort();
     int32_t *flags;
     int64_t *progress;
     const int32_t gen = step_begin(ops * BATCH_MAX_CHUNKS, num_threads, &flags, &progress);
     batch_step_t s = {L, T, H, nh, nkv, D, I, W, block_size, eps, scale, positions, slots, w, block_tables,
                       context_lens, cos_sin, buf, buf + L * T * QKV, buf + L * T * (QKV + Q),
                       buf + L * T * (QKV + Q + H), buf + L * T * (QKV + Q + H + 2 * I),
-                      buf + L * T * (QKV + Q + H + 3 * I), flags, gen, num_threads, progress};
+                      buf + L * T * (QKV + Q + H + 3 * I), lora_slots, lora_w, lora_u, flags, gen, num_threads,
+                      progress};
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
 #pragma omp parallel num_threads(num_threads)
     {
@@ -612,7 +678,8 @@ void silu_mul_rows(const float *x, int64_t T, int64_t I, float *out, int num_thr
 void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *positions, const int64_t *slots,
                         const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
                         int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
-                        const int64_t *w, const float *final_norm, float scale, int num_threads) {
+                        const int64_t *w, const float *final_norm, float scale, const int32_t *lora_slots,
+                        const int64_t *lora_w, int num_threads) {
     abort(); /* callers check tiled_available() first */
 }
 
