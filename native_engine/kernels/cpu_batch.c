@@ -424,12 +424,13 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
 #define OPS_PER_LAYER 9       /* per layer: each linear's LoRA shrink and matmul, and the attention */
 
 /* One linear's resident LoRA adapters (lora/punica.py's `LoRALayer`), stacked over slots: a [slots, R, K] and
- * bt (B transposed, alpha / r folded in) [slots, R, N] float32, each slot's rank (columns in use) in ranks;
- * a NULL: no adapter on this linear. */
+ * bt (B transposed, alpha / r folded in) [slots, R, N] float32, each slot's rank (columns in use) in ranks, and
+ * the non-zero blocks of its bt (one per shard of a packed linear) in blocks [slots, nb, 4]: first column,
+ * end column, first output, end output (unused: all 0); a NULL: no adapter on this linear. */
 typedef struct {
     const float *a, *bt;
-    const int32_t *ranks;
-    int64_t R;
+    const int32_t *ranks, *blocks;
+    int64_t R, nb;
 } lora_t;
 
 typedef struct { /* what every thread reads */
@@ -440,7 +441,8 @@ typedef struct { /* what every thread reads */
     const float *cos_sin;
     float *qkv, *attn, *o, *gu, *act, *down; /* per layer: [T, QKV], [T, Q], [T, H], [T, 2I], [T, I], [T, H] */
     const int32_t *lora_slots;               /* each row's adapter slot (-1: none), or NULL: no row has one */
-    const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, bt, ranks, R */
+    const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, bt, ranks, R,
+                                                blocks, nb (`lora_t`) */
     float *lora_u;                           /* [T, R]: the shrink of the linear being computed (x · Aᵀ) */
     int32_t *flags, gen;
     int nt;
@@ -473,17 +475,22 @@ static void lora_shrink_chunk(const void *arg, int64_t t) {
     }
 }
 
-/* LoRA expand into tile n16 of out [T, N]: out[t, 16 n16 ..] += u[t] · Bᵀ[slot] for the rows with an adapter. */
+/* LoRA expand into tile n16 of out [T, N]: out[t, 16 n16 ..] += u[t] · Bᵀ[slot] for the rows with an adapter,
+ * over the columns of the blocks that reach the tile (the rest of a block-diagonal Bᵀ is zeros). */
 static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t N) {
     if (op->lora.a == NULL) return;
-    const int64_t R = op->lora.R;
+    const int64_t R = op->lora.R, n0 = n16 * TILE;
     for (int64_t t = 0; t < op->s->T; t++) {
         const int32_t slot = op->s->lora_slots[t];
         if (slot < 0) continue;
-        const float *bt = op->lora.bt + slot * R * N + n16 * TILE, *u = op->s->lora_u + t * R;
-        f16v acc = f16_load(out + t * N + n16 * TILE);
-        for (int64_t r = 0; r < op->lora.ranks[slot]; r++) acc = f16_fmadd(f16_set1(u[r]), f16_load(bt + r * N), acc);
-        f16_store(out + t * N + n16 * TILE, acc);
+        const float *bt = op->lora.bt + slot * R * N + n0, *u = op->s->lora_u + t * R;
+        f16v acc = f16_load(out + t * N + n0);
+        for (int64_t b = 0; b < op->lora.nb; b++) {
+            const int32_t *blk = op->lora.blocks + (slot * op->lora.nb + b) * 4;
+            if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
+            for (int64_t r = blk[0]; r < blk[1]; r++) acc = f16_fmadd(f16_set1(u[r]), f16_load(bt + r * N), acc);
+        }
+        f16_store(out + t * N + n0, acc);
     }
 }
 
@@ -563,9 +570,9 @@ AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn,
 
 /* Linear j (0 qkv, 1 o, 2 gate_up, 3 down) of layer l's adapters; a NULL without rows or adapters. */
 static lora_t lora_of(const batch_step_t *s, int64_t l, int j) {
-    if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, 0};
-    const int64_t *e = s->lora_w + (l * 4 + j) * 4;
-    return (lora_t){(const float *)e[0], (const float *)e[1], (const int32_t *)e[2], e[3]};
+    if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, NULL, 0, 0};
+    const int64_t *e = s->lora_w + (l * 4 + j) * 6;
+    return (lora_t){(const float *)e[0], (const float *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3], e[5]};
 }
 
 /* One thread's walk through the step; `LINEAR(k, x, K, i, j, N, out)`: with adapters, op k - 1 (the shrink of
@@ -614,7 +621,8 @@ int decode_batch_serves(int64_t T, int64_t H, int64_t nh, int64_t nkv, int64_t D
 /* The decoder stack of a decode step of 4+ one-token rows (`decode_batch_serves`): the 17 pointers per layer are
  * those of llama_decode (cpu_kernels.c) with each linear's (qs, d, m) replaced by its tiled (qt, dt, mt).
  * hidden [T, H]: the token embeddings in, the final-norm output out. LoRA: lora_slots [T] each row's adapter
- * slot (-1: none) and lora_w [L, 4, 4] each linear's stacked adapters (a, bt, ranks, R; `lora_t`), or both NULL. */
+ * slot (-1: none) and lora_w [L, 4, 6] each linear's stacked adapters (a, bt, ranks, R, blocks, nb; `lora_t`), or
+ * both NULL. */
 void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *positions, const int64_t *slots,
                         const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
                         int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
@@ -626,7 +634,7 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
     const int64_t per_layer = T * (QKV + Q + H + 2 * I + I + H);
     float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
     int64_t R = 1;
-    for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 4 + 3] > R ? lora_w[e * 4 + 3] : R;
+    for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 6 + 3] > R ? lora_w[e * 6 + 3] : R;
     float *lora_u = step_scratch(sizeof(float) * T * R, &lora_buf, &lora_cap);
     if (buf == NULL || lora_u == NULL) abort();
     int32_t *flags;

@@ -70,6 +70,7 @@ class LoRALayer:
         # per slot, its shards' blocks of Bᵀ: (first column, end column, first output, end output); the rest is zeros
         self.blocks: list[list[tuple[int, int, int, int]]] = [[] for _ in range(max_loras)]
         self.ranks_on_device: torch.Tensor | None = None
+        self.blocks_on_device: torch.Tensor | None = None  # `blocks` as [max_loras, shards, 4] int32, unused: 0
 
     def set_slot(self, slot: int, pairs: dict[object, tuple[torch.Tensor, torch.Tensor]], scale: float,
                  out_features: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -92,6 +93,11 @@ class LoRALayer:
             self.blocks[slot] = _blocks(pairs, self.shards, out_features)
         if self.a is not None:
             self.ranks_on_device = torch.tensor(self.ranks, dtype=torch.int32).to(self.a.device)
+            table = torch.zeros(self.max_loras, len(self.shards), 4, dtype=torch.int32)
+            for i, blocks in enumerate(self.blocks):
+                if blocks:
+                    table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            self.blocks_on_device = table.to(self.a.device)
 
     def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:  # x: [T, in], out: [T, out]
         mapping = self.punica.mapping

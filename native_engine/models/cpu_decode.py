@@ -86,10 +86,11 @@ class CPUDecodeStack:
 
     def _lora_pointers(self) -> torch.Tensor | None:
         """llama_decode_batch's lora_w: per layer and linear (qkv, o, gate_up, down) its adapters' stacks (a, bᵀ,
-        ranks, R; zeros where none is loaded), or None when one is not float32 on the CPU. Rebuilt when a
+        ranks, R, blocks, blocks per slot; zeros where none is loaded), or None when one is not float32 on the CPU. Rebuilt when a
         stack or a ranks tensor changes (an adapter loaded into a slot)."""
         loras = [getattr(layer.get_submodule(name), "lora", None) for layer in self.model.layers for name in _LINEARS]
-        tensors = [t for lora in loras if lora is not None for t in (lora.a, lora.bt, lora.ranks_on_device)]
+        tensors = [t for lora in loras if lora is not None
+                   for t in (lora.a, lora.bt, lora.ranks_on_device, lora.blocks_on_device)]
         # the cache holds the tensors it was built from, so an id seen again is the same tensor, never a new one
         if self._lora_table is None or [id(t) for t in self._lora_table[0]] != [id(t) for t in tensors]:
             self._lora_table = (tensors, _lora_table(loras))
@@ -136,12 +137,14 @@ def _lora_table(loras: list) -> torch.Tensor | None:
     table = []
     for lora in loras:
         if lora is None or lora.a is None:
-            table += [0, 0, 0, 0]
+            table += [0] * 6
             continue
         if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
                    for t in (lora.a, lora.bt)) or lora.ranks_on_device.device.type != "cpu":
             return None
-        table += [lora.a.data_ptr(), lora.bt.data_ptr(), lora.ranks_on_device.data_ptr(), lora.a.shape[1]]
+        blocks = lora.blocks_on_device
+        table += [lora.a.data_ptr(), lora.bt.data_ptr(), lora.ranks_on_device.data_ptr(), lora.a.shape[1],
+                  blocks.data_ptr(), blocks.shape[1]]
     return torch.tensor(table, dtype=torch.int64)
 
 
