@@ -127,12 +127,13 @@ AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *
                 for (int t = 0; t < TT; t++) acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[(t0 + t) * G + g]), acc[t]);
             }
         }
-        for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + (t0 + t) * N + n16 * TILE + 8 * half, acc[t]);
+        for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + (t0 + t) * N + 8 * half, acc[t]);
     }
 }
 #define TILED_ROWS_MAX 4
 #else
-/* 16 output rows (tile n16) times TT activation rows t0..; out[t, 16 * n16 ..] written. */
+/* 16 output rows (tile n16) times TT activation rows t0..: out[t * N ..  t * N + 15] written (out: the tile's
+ * first column, N: the row stride). */
 AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *xsum, int64_t K, int64_t t0,
                    const uint8_t *qt, const float *dt, const float *mt, int64_t n16, int64_t N, float *out,
                    const int TT) {
@@ -169,7 +170,7 @@ AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *
             for (int t = 0; t < TT; t++) acc[t] = f16_fmadd(mv, f16_set1(xsum[(t0 + t) * G + g]), acc[t]);
         }
     }
-    for (int t = 0; t < TT; t++) f16_store(out + (t0 + t) * N + n16 * TILE, acc[t]);
+    for (int t = 0; t < TT; t++) f16_store(out + (t0 + t) * N, acc[t]);
 }
 
 #define TILED_ROWS_MAX 8
@@ -208,9 +209,9 @@ static void tiled_matmul_q(int is_q8, const int16_t *x16, const float *sx, const
         for (int64_t n16 = 0; n16 < tiles; n16++) {
             const int64_t t0 = b * ROW_BLOCK, rows = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
             if (is_q8)
-                tiled_tile(1, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N);
+                tiled_tile(1, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N + n16 * TILE);
             else
-                tiled_tile(0, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N);
+                tiled_tile(0, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N + n16 * TILE);
         }
 }
 
@@ -461,70 +462,106 @@ typedef struct { /* one op as a thread sees it: the int16 input rows are the thr
     lora_t lora;
 } batch_op_t;
 
-/* LoRA shrink of row t: u[t, :rank] = A[slot] · x[t] (its slot's rank; nothing for a row without adapter). */
+/* LoRA shrink of row t: u[t, :rank] = A[slot] · x[t] (its slot's rank; nothing for a row without adapter), four
+ * rows of A at a time (four independent sums, each x chunk loaded once). */
 static void lora_shrink_chunk(const void *arg, int64_t t) {
     const batch_op_t *op = arg;
     const int32_t slot = op->s->lora_slots[t];
     if (slot < 0) return;
-    const int64_t K = op->K, R = op->lora.R;
+    const int64_t K = op->K, R = op->lora.R, rank = op->lora.ranks[slot];
     const float *x = op->x + t * K, *a = op->lora.a + slot * R * K;
-    for (int64_t r = 0; r < op->lora.ranks[slot]; r++) {
+    float *u = op->s->lora_u + t * R;
+    int64_t r = 0;
+    for (; r + 4 <= rank; r += 4) {
+        f16v acc[4] = {f16_zero(), f16_zero(), f16_zero(), f16_zero()};
+        for (int64_t k = 0; k < K; k += 16) {
+            const f16v xv = f16_load(x + k);
+            for (int i = 0; i < 4; i++) acc[i] = f16_fmadd(f16_load(a + (r + i) * K + k), xv, acc[i]);
+        }
+        for (int i = 0; i < 4; i++) u[r + i] = f16_reduce_add(acc[i]);
+    }
+    for (; r < rank; r++) {
         f16v acc = f16_zero();
         for (int64_t k = 0; k < K; k += 16) acc = f16_fmadd(f16_load(a + r * K + k), f16_load(x + k), acc);
-        op->s->lora_u[t * R + r] = f16_reduce_add(acc);
+        u[r] = f16_reduce_add(acc);
     }
 }
 
-/* LoRA expand into tile n16 of out [T, N]: out[t, 16 n16 ..] += u[t] · Bᵀ[slot] for the rows with an adapter,
- * over the columns of the blocks that reach the tile (the rest of a block-diagonal Bᵀ is zeros). */
-static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t N) {
+/* LoRA expand into tile n16: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for the rows with an
+ * adapter, over the blocks of Bᵀ that reach the tile (the rest of a block-diagonal Bᵀ is zeros). Up to 4
+ * adjacent rows of one slot (the runner orders rows by slot) at a time: each Bᵀ row loaded once for them. */
+static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
     if (op->lora.a == NULL) return;
-    const int64_t R = op->lora.R, n0 = n16 * TILE;
-    for (int64_t t = 0; t < op->s->T; t++) {
-        const int32_t slot = op->s->lora_slots[t];
+    const int64_t R = op->lora.R, N = op->N, n0 = n16 * TILE, T = op->s->T;
+    const int32_t *slots = op->s->lora_slots;
+    for (int64_t t = 0, n; t < T; t += n) {
+        const int32_t slot = slots[t];
+        for (n = 1; n < 4 && t + n < T && slots[t + n] == slot;) n++;
         if (slot < 0) continue;
         const float *bt = op->lora.bt + slot * R * N + n0, *u = op->s->lora_u + t * R;
-        f16v acc = f16_load(out + t * N + n0);
+        f16v acc[4];
+        for (int j = 0; j < n; j++) acc[j] = f16_load(out + (t + j) * ld);
         for (int64_t b = 0; b < op->lora.nb; b++) {
             const int32_t *blk = op->lora.blocks + (slot * op->lora.nb + b) * 4;
             if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
-            for (int64_t r = blk[0]; r < blk[1]; r++) acc = f16_fmadd(f16_set1(u[r]), f16_load(bt + r * N), acc);
+            for (int64_t r = blk[0]; r < blk[1]; r++) {
+                const f16v w = f16_load(bt + r * N);
+                for (int j = 0; j < n; j++) acc[j] = f16_fmadd(f16_set1(u[j * R + r]), w, acc[j]);
+            }
         }
-        f16_store(out + t * N + n0, acc);
+        for (int j = 0; j < n; j++) f16_store(out + (t + j) * ld, acc[j]);
     }
 }
 
-/* out [T, N] (+ bias) for the 16 output rows of tile n16, every activation row. */
-static void tile_rows(const batch_op_t *op, int64_t n16, float *out, int64_t N) {
+/* The 16 output rows of tile n16 for every activation row into out [T, ld] (out: the tile's first column). */
+static void tile_rows(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
     const int64_t T = op->s->T, G = op->K / 32;
     for (int64_t t0 = 0; t0 < T; t0 += ROW_BLOCK) {
         const int64_t rows = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
         tiled_tile(0, op->x16 + t0 * op->K, op->sx + t0 * G, op->xsum + t0 * G, rows, op->K, (const uint8_t *)op->p[0],
-                   (const float *)op->p[1], (const float *)op->p[2], n16, N, out + t0 * N);
+                   (const float *)op->p[1], (const float *)op->p[2], n16, ld, out + t0 * ld);
     }
+}
+
+/* A thread's own [T, 32] tile buffer: a chunk computes there and writes its outputs once, so a chunk that a
+ * helper redoes while its owner still runs it (`step_run_op`) writes the same bytes, never adds twice. */
+static float *own_tiles(int64_t T) {
+    static __thread void *buf;
+    static __thread size_t cap;
+    float *tiles = step_scratch(sizeof(float) * T * 2 * TILE, &buf, &cap);
+    if (tiles == NULL) abort();
+    return tiles;
 }
 
 static void matmul_tile_chunk(const void *arg, int64_t i) {
     const batch_op_t *op = arg;
-    tile_rows(op, i, op->out, op->N);
-    lora_expand_tile(op, i, op->out, op->N);
-    if (op->bias)
-        for (int64_t t = 0; t < op->s->T; t++)
-            for (int64_t n = i * TILE; n < (i + 1) * TILE; n++) op->out[t * op->N + n] += op->bias[n];
+    const int64_t T = op->s->T;
+    if (op->lora.a == NULL && op->bias == NULL) {
+        tile_rows(op, i, op->out + i * TILE, op->N);
+        return;
+    }
+    float *tile = own_tiles(T);
+    tile_rows(op, i, tile, TILE);
+    lora_expand_tile(op, i, tile, TILE);
+    for (int64_t t = 0; t < T; t++) {
+        f16v v = f16_load(tile + t * TILE);
+        if (op->bias) v = f16_add(v, f16_load(op->bias + i * TILE));
+        f16_store(op->out + t * op->N + i * TILE, v);
+    }
 }
 
-/* gate_up tiles i (gate) and I / 16 + i (up) into gu [T, 2I], then act [T, I] columns 16 i .. 16 i + 15. */
+/* gate_up tiles i (gate) and I / 16 + i (up), then act [T, I] columns 16 i .. 16 i + 15. */
 static void gate_up_tile_chunk(const void *arg, int64_t i) {
     const batch_op_t *op = arg;
     const int64_t I = op->N / 2, T = op->s->T;
-    tile_rows(op, i, op->out, op->N);
-    tile_rows(op, I / TILE + i, op->out, op->N);
-    lora_expand_tile(op, i, op->out, op->N);
-    lora_expand_tile(op, I / TILE + i, op->out, op->N);
+    float *gate = own_tiles(T), *up = gate + T * TILE;
+    tile_rows(op, i, gate, TILE);
+    tile_rows(op, I / TILE + i, up, TILE);
+    lora_expand_tile(op, i, gate, TILE);
+    lora_expand_tile(op, I / TILE + i, up, TILE);
     float *act = op->s->act + op->layer * T * I;
     for (int64_t t = 0; t < T; t++)
-        f16_store(act + t * I + i * TILE,
-                  silu_mul16(f16_load(op->out + t * op->N + i * TILE), f16_load(op->out + t * op->N + I + i * TILE)));
+        f16_store(act + t * I + i * TILE, silu_mul16(f16_load(gate + t * TILE), f16_load(up + t * TILE)));
 }
 
 AI void rotate_head(const float *x, const float *cs, int64_t D, float *out) { /* NEOX rotary of one head */
