@@ -115,13 +115,15 @@ class CheckedBatch(ModulePath):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_batches_in_one_parallel_region_match_the_module_path(tmp_path, threads, monkeypatch):
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])  # qwen2: a bias on qkv
+def test_decode_batches_in_one_parallel_region_match_the_module_path(tmp_path, threads, preset, monkeypatch):
     from native_engine.kernels import cpu_batch
 
     if cpu_batch.library() is None:
         pytest.skip("a plain-C build (no AVX2 or AVX-512 tier): batches use the float32 kernels")
-    spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)  # head_dim 64, 2 heads a group
-    engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=96)
+    spec = PRESETS[preset].with_(hidden_size=256, num_heads=4, num_kv_heads=2)  # head_dim 64, 2 heads a group
+    engine, lm = requantized_engine(tmp_path, f"{preset}-64", spec, num_blocks=96)
+    assert (lm.model.layers[0].self_attn.qkv_proj.bias is not None) == (preset == "tiny-qwen2")
     stack = CPUDecodeStack.build(lm.model, lm.lm_head)
     assert stack is not None and stack.batch_pointers is not None
     lm.model.cpu_decode = checked = CheckedBatch(lm, stack)
