@@ -86,8 +86,8 @@ class CPUDecodeStack:
 
     def _lora_pointers(self) -> torch.Tensor | None:
         """llama_decode_batch's lora_w: per layer and linear (qkv, o, gate_up, down) its adapters' stacks (a, bᵀ,
-        ranks, R, blocks, blocks per slot; zeros where none is loaded), or None when one is not float32 on the CPU. Rebuilt when a
-        stack or a ranks tensor changes (an adapter loaded into a slot)."""
+        ranks, R, blocks, blocks per slot; zeros where none is loaded), or None when one is not float32 on the
+        CPU. Rebuilt when a stack, ranks or blocks tensor changes (an adapter loaded into a slot)."""
         loras = [getattr(layer.get_submodule(name), "lora", None) for layer in self.model.layers for name in _LINEARS]
         tensors = [t for lora in loras if lora is not None
                    for t in (lora.a, lora.bt, lora.ranks_on_device, lora.blocks_on_device)]
