@@ -127,7 +127,8 @@ def main() -> None:
     print("\nnormalized squared error of the activations' rounding, the load-time check's Q4_1 blocks "
           f"(its limit for the tiled path: {kernel_check.LIMITS['tiled']:g}):")
     for levels, name in ((32767, "int16"), (127, "int8")):
-        print(f"  {name}: {activation_nmse(levels, False):.2g}  (weights centred on 8: {activation_nmse(levels, True):.2g})")
+        plain, centred = activation_nmse(levels, False), activation_nmse(levels, True)
+        print(f"  {name}: {plain:.2g}  (weights centred on 8: {centred:.2g})")
 
 
 if __name__ == "__main__":

@@ -169,7 +169,8 @@ def main() -> None:
         report(clock, result[clock], len(Prompts(engine.tokenizer, args.quick).lengths))
     step = result["decode_step_s"]
     print(f"[step] fastest decode step of all the requests: base {step['base'] * 1e3:.2f} ms, 8 adapters "
-          f"{step['eight'] * 1e3:.2f} ms (base / it {step['eight_over_base']:.3f}x), 1 adapter {step['one'] * 1e3:.2f} ms "
+          f"{step['eight'] * 1e3:.2f} ms (base / it {step['eight_over_base']:.3f}x), "
+          f"1 adapter {step['one'] * 1e3:.2f} ms "
           f"({step['one_over_base']:.3f}x), base on the per-layer path {step['base_per_layer'] * 1e3:.2f} ms")
     print(json.dumps(result))
 
