@@ -440,7 +440,7 @@ typedef struct { /* what every thread reads */
     const int64_t *positions, *slots, *w;
     const int32_t *block_tables, *context_lens;
     const float *cos_sin;
-    float *qkv, *attn, *o, *gu, *act, *down; /* per layer: [T, QKV], [T, Q], [T, H], [T, 2I], [T, I], [T, H] */
+    float *qkv, *attn, *o, *act, *down; /* per layer: [T, QKV], [T, Q], [T, H], [T, I], [T, H] */
     const int32_t *lora_slots;               /* each row's adapter slot (-1: none), or NULL: no row has one */
     const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, bt, ranks, R,
                                                 blocks, nb (`lora_t`) */
@@ -640,7 +640,7 @@ static void batch_step(const batch_step_t *s, own_t *own, float *hidden, const f
         batch_run(s, k + 2, T * s->nkv, attention_pair_chunk, &pairs);
         LINEAR(k + 4, attn, Q, 4, 1, H, o, matmul_tile_chunk, NULL);
         add_rms_norm(o, own->residual, (const float *)p[14], s->eps, T, H, own->h, own->residual);
-        LINEAR(k + 6, own->h, H, 7, 2, 2 * I, s->gu + l * T * 2 * I, gate_up_tile_chunk, NULL);
+        LINEAR(k + 6, own->h, H, 7, 2, 2 * I, NULL, gate_up_tile_chunk, NULL); /* into act */
         LINEAR(k + 8, s->act + l * T * I, I, 10, 3, H, s->down + l * T * H, matmul_tile_chunk, NULL);
     }
 #undef LINEAR
@@ -668,7 +668,7 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
     static __thread void *shared_buf, *lora_buf;
     static __thread size_t shared_cap, lora_cap;
     const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = OPS_PER_LAYER * L;
-    const int64_t per_layer = T * (QKV + Q + H + 2 * I + I + H);
+    const int64_t per_layer = T * (QKV + Q + H + I + H);
     float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
     int64_t R = 1;
     for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 6 + 3] > R ? lora_w[e * 6 + 3] : R;
@@ -679,9 +679,8 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
     const int32_t gen = step_begin(ops * BATCH_MAX_CHUNKS, num_threads, &flags, &progress);
     batch_step_t s = {L, T, H, nh, nkv, D, I, W, block_size, eps, scale, positions, slots, w, block_tables,
                       context_lens, cos_sin, buf, buf + L * T * QKV, buf + L * T * (QKV + Q),
-                      buf + L * T * (QKV + Q + H), buf + L * T * (QKV + Q + H + 2 * I),
-                      buf + L * T * (QKV + Q + H + 3 * I), lora_slots, lora_w, lora_u, flags, gen, num_threads,
-                      progress};
+                      buf + L * T * (QKV + Q + H), buf + L * T * (QKV + Q + H + I), lora_slots, lora_w, lora_u,
+                      flags, gen, num_threads, progress};
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
 #pragma omp parallel num_threads(num_threads)
     {
