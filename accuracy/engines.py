@@ -8,7 +8,9 @@ imports an engine, each lazily, so re-pointing it at runner processes touches no
 
 Engine settings come from the target's ``?key=value`` options: for the native engine any
 ``EngineConfig`` field (``dtype=float32&cpu_int4_matmul=false`` is the exact f32 path), for llama.cpp
-``n_ctx`` (default 0: the model's own), ``n_threads``, ``n_batch``.
+``n_ctx``, ``n_threads``, ``n_batch``. Both engines follow the context rule of ``infer serve``
+(``core/settings.py``): ``INFER_CONTEXT_LENGTH`` unless the target names its own (``max_model_len``,
+``n_ctx``); the native engine stops at the model's trained context.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
+from core.settings import LocalSettings
+
 from .divergence import log_softmax
 from .target import Continuation, Dist, Piece, TargetError, TargetInfo, Vocab
 
 # Sized for a comparison (a few sequences at a time), not for serving.
-NATIVE_DEFAULTS = {"max_num_seqs": 16, "max_model_len": 2048, "kv_cache_memory_bytes": 128 << 20}
+NATIVE_DEFAULTS = {"max_num_seqs": 16, "kv_cache_memory_bytes": 128 << 20}
 LLAMACPP_OPTIONS = {"n_ctx": int, "n_threads": int, "n_batch": int}
 
 
@@ -100,7 +104,8 @@ class NativeTarget(_EngineTarget):
         from native_engine import EngineConfig, LLMEngine
 
         self.info = info
-        config = {**NATIVE_DEFAULTS, **_engine_options(EngineConfig, options, info.spec)}
+        config = {**NATIVE_DEFAULTS, "max_model_len": LocalSettings.from_env().context_length,
+                  **_engine_options(EngineConfig, options, info.spec)}
         try:
             self.engine = LLMEngine.from_model(str(path), **config)
         except (ValueError, OSError, RuntimeError) as exc:
@@ -141,7 +146,7 @@ class LlamaCppTarget(_EngineTarget):
         import llama_cpp
 
         self.info, self._llama_cpp = info, llama_cpp
-        settings = {"n_ctx": 0, "n_threads": os.cpu_count() or 1, **_typed(LLAMACPP_OPTIONS, options, info.spec)}
+        settings = {"n_ctx": LocalSettings.from_env().context_length, "n_threads": os.cpu_count() or 1, **_typed(LLAMACPP_OPTIONS, options, info.spec)}
         try:
             self.llm = llama_cpp.Llama(model_path=str(path), logits_all=True, verbose=False,
                                        n_threads_batch=settings["n_threads"], **settings)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 
 from gateway.app import create_app  # noqa: E402
-from gateway.settings import ServerSettings  # noqa: E402
+from core.settings import ServerSettings  # noqa: E402
 from ledger.db import open_db  # noqa: E402
 from ledger.tables import UsageRecord  # noqa: E402
 from ledger.usage import insert_rows, stamp  # noqa: E402

@@ -183,8 +183,9 @@ def decision_cost(tracked: int, decisions: int, seed: int) -> dict:
     """µs per routing decision of the prefix and slo strategies with ``tracked`` conversations indexed."""
     from core.base import GenerationRequest
     from routing.dispatch import Dispatcher, Waiter
-    from routing.prefix import PrefixPolicy, RoutePrefixes
-    from routing.slo import SLO as RouteSLO
+    from gateway.backends_config import PrefixEntry, SLOEntry
+    from routing.build import prefix_policy, slo_policy
+    from routing.prefix import RoutePrefixes
     from routing.strategies import Member, Orderer
 
     convs = conversations(Workload(count=tracked, systems=20, system_words=300, turns=(3, 3)), seed)
@@ -196,14 +197,14 @@ def decision_cost(tracked: int, decisions: int, seed: int) -> dict:
             messages = messages + [{"role": "user", "content": step.user},
                                    {"role": "assistant", "content": "alpha bravo charlie " * 8}]
         requests.append(GenerationRequest(model="chat", messages=messages))
-    policy = PrefixPolicy(capacity_tokens=10_000_000)  # every conversation stays tracked
+    policy = prefix_policy(PrefixEntry(capacity_tokens=10_000_000))  # every conversation stays tracked
     out = {"tracked": tracked, "decisions": decisions}
     for strategy in ("prefix", "slo"):
         prefixes = RoutePrefixes("chat", list(FLEET), policy)
         for req in requests:  # index every conversation first
             lookup = prefixes.lookup(req, 1000)
             prefixes.sent(prefixes.pick(lookup, members).name, lookup)
-        orderer, dispatcher, slo = Orderer(strategy), Dispatcher(shed=False), RouteSLO(ttft_ms=2000, tpot_ms=150)
+        orderer, dispatcher, slo = Orderer(strategy), Dispatcher(shed=False), slo_policy(SLOEntry(ttft_ms=2000, tpot_ms=150))
         times = []
         for i in range(decisions):
             req = requests[(i * 7919) % len(requests)]

@@ -15,7 +15,9 @@ both first. Then ``--rounds`` rounds, for each engine:
 - 16 streams: 16 such requests at once, one side after the other (the order flips every round);
   per-stream decode tok/s (median) and the batch's output tokens / its wall time.
 
-With ``--same-tree``, a third side runs this tree's engines inside the gateway process
+With ``--keyed``, every request carries a ledger key of its side (made by that tree's ``infer keys
+create``), so it is admitted before it generates: in a tree whose runner counts its own prompt, that is
+the ``Admit``/``Admitted`` round trip. With ``--same-tree``, a third side runs this tree's engines inside the gateway process
 (``bench/serve_in_process.py``): against it the ratio is the boundary's cost alone, the engine code held
 equal; against ``--baseline`` it also carries every engine change since. Medians over all the 1-stream
 requests of a side, and over the rounds for the 16-stream figures;
@@ -69,9 +71,8 @@ def start(tree: Path, name: str, models: Path, work: Path, launcher: list[str] |
           ) -> tuple[subprocess.Popen, str]:
     """``infer serve`` of ``tree`` (or ``launcher``'s command, run in ``tree``) on a free port; (process, URL)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFER_", "OLLAMA_"))}
-    env.update(INFER_HOME=str(work / name), INFER_MODELS=str(models), INFER_HOST=f"127.0.0.1:{port}",
-               INFER_KEEP_ALIVE="-1", PYTHONPATH=str(tree))
+    env = server_env(tree, name, models, work)
+    env["INFER_HOST"] = f"127.0.0.1:{port}"
     log = open(work / f"{name}.log", "wb")
     command = launcher or [sys.executable, "-m", "cli", "serve"]
     proc = subprocess.Popen([*command, "--log-level", "warning"], cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -87,13 +88,32 @@ def start(tree: Path, name: str, models: Path, work: Path, launcher: list[str] |
     raise RuntimeError(f"{name} did not start")
 
 
+def server_env(tree: Path, name: str, models: Path, work: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFER_", "OLLAMA_"))}
+    env.update(INFER_HOME=str(work / name), INFER_MODELS=str(models), INFER_KEEP_ALIVE="-1", PYTHONPATH=str(tree))
+    return env
+
+
+def create_key(tree: Path, name: str, models: Path, work: Path) -> str:
+    """A ledger key (``sk-infer-…``) in the side's own ledger, made by that tree's CLI: a keyed request is
+    admitted (its count and cap decided by the gateway) before it generates."""
+    (work / name).mkdir(parents=True, exist_ok=True)
+    out = subprocess.run([sys.executable, "-m", "cli", "keys", "create", "bench", "--max-tokens", "100000"],
+                         cwd=tree, env=server_env(tree, name, models, work), capture_output=True, text=True, check=True)
+    return next(word for word in out.stdout.split() if word.startswith("sk-infer-"))
+
+
+KEYS: dict[str, str] = {}  # url -> the side's ledger key (--keyed)
+
+
 async def one(session: aiohttp.ClientSession, url: str, engine: str, tokens: int) -> dict:
     body = {"model": MODEL, "prompt": PROMPT, "raw": True, "stream": True,
             "options": {"engine": engine, "num_predict": tokens, "temperature": 0, "ignore_eos": True, "seed": 1}}
+    headers = {"Authorization": f"Bearer {KEYS[url]}"} if url in KEYS else {}
     t0 = time.perf_counter()
     first = last = None
     final: dict = {}
-    async with session.post(url + "/api/generate", json=body) as resp:
+    async with session.post(url + "/api/generate", json=body, headers=headers) as resp:
         async for line in resp.content:
             item = json.loads(line)
             now = time.perf_counter()
@@ -156,6 +176,8 @@ def main() -> None:
     parser.add_argument("--same-tree", action="store_true", help="add this tree's engines in the gateway process "
                         "(bench/serve_in_process.py): the boundary's cost with the engine code held equal")
     parser.add_argument("--no-kill", action="store_true")
+    parser.add_argument("--keyed", action="store_true", help="every request with a ledger key (admitted before it "
+                        "generates: the Admit round trip to a runner that counts its own prompt)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     engines = args.engines.split(",")
@@ -164,11 +186,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="runner-overhead-") as tmp:
         work = Path(tmp)
         models = make_store(work / "store")
+        trees = {"runner": ROOT, "inproc": args.baseline.resolve() if args.baseline else None, "same": ROOT}
+        keys = {side: create_key(trees[side], side, models, work) for side in names} if args.keyed else {}
         procs = {"runner": start(ROOT, "runner", models, work)}
         if args.baseline:
             procs["inproc"] = start(args.baseline.resolve(), "inproc", models, work)
         if args.same_tree:
             procs["same"] = start(ROOT, "same", models, work, [sys.executable, str(ROOT / "bench" / "serve_in_process.py")])
+        KEYS.update({procs[side][1]: key for side, key in keys.items()})
         try:
             urls = {side: procs[side][1] for side in names}
             warm = argparse.Namespace(**{**vars(args), "requests": 1, "streams": 2})
@@ -207,7 +232,7 @@ def _paired(base: list[dict], runner: list[dict], key: str) -> float:
     return statistics.median((y - x) if key == "ttft_ms" else y / x for x, y in pairs)
 
 
-SIDES = {"inproc": "in-process engines of the --baseline tree (before runners)",
+SIDES = {"inproc": "the --baseline tree (in-process engines before runners, or an older tree with runners)",
          "same": "this tree's engines in the gateway process (--same-tree: the boundary alone)"}
 
 

@@ -43,8 +43,9 @@ from fakes.engine import FakeEngine  # noqa: E402
 from fakes.queueing import PrefixCache  # noqa: E402
 from routing.dispatch import Dispatcher, Waiter  # noqa: E402
 from routing.predictor import median  # noqa: E402
+from gateway.backends_config import PrefixEntry, SLOEntry  # noqa: E402
+from routing.build import prefix_policy, slo_policy  # noqa: E402
 from routing.prefix import RoutePrefixes  # noqa: E402
-from routing.slo import SLO as RouteSLO  # noqa: E402
 from routing.strategies import Member, Orderer  # noqa: E402
 from slo import FLEET, SLO, Call, fleet_capacity, print_system_goodput, workload  # noqa: E402
 from fakes.queueing import QueueModel  # noqa: E402
@@ -156,7 +157,7 @@ class Sim:
         fleet = fleet or FLEET
         self.engines = {name: SimEngine(name, model, self) for name, model in fleet.items()}
         self.members = [Member(name=name, backend=None, model=name) for name in fleet]
-        self.prefixes = RoutePrefixes("sim", list(fleet)) if policy in ("slo", "prefix") else None
+        self.prefixes = RoutePrefixes("sim", list(fleet), prefix_policy(PrefixEntry())) if policy in ("slo", "prefix") else None
         self.models = {m.name: m.latency for m in self.members}
         for m in self.members:
             m.latency.clock = lambda: self.now
@@ -300,7 +301,7 @@ def simulate(policy: str, loads: list[float], seconds: float, seed: int, shed: b
     """One row per load: bench/slo.py's sequence (warm-up at 0.5x, then each load with seed + its index)
     on one gateway and fleet, or with ``fresh`` a new one (and its warm-up) per load."""
     cap = fleet_capacity()["rps"]
-    slo = RouteSLO(ttft_ms=SLO["ttft_ms"], tpot_ms=SLO["tpot_ms"], e2e_ms=SLO["e2e_ms"])
+    slo = slo_policy(SLOEntry(ttft_ms=SLO["ttft_ms"], tpot_ms=SLO["tpot_ms"], e2e_ms=SLO["e2e_ms"]))
     rows, sim = [], None
     for index, load in enumerate(loads):
         if sim is None or fresh:
@@ -324,7 +325,7 @@ def simulate_conversations(policy: str, count: int, seed: int, systems: int | No
     """bench/prefix.py's sessions on its fleet, in virtual time: TTFT, shares and the cache-hit ratio."""
     from prefix import FLEET as PREFIX_FLEET, SLO as PREFIX_SLO
 
-    slo = RouteSLO(ttft_ms=PREFIX_SLO["ttft_ms"], tpot_ms=PREFIX_SLO["tpot_ms"])
+    slo = slo_policy(SLOEntry(ttft_ms=PREFIX_SLO["ttft_ms"], tpot_ms=PREFIX_SLO["tpot_ms"]))
     sim = Sim(policy, slo, shed=False, fleet=PREFIX_FLEET)
     sim.at(POLL_S, sim.poll)
     done: list[SimRequest] = []

@@ -83,12 +83,21 @@ def burst(gateway: str, count: int, output_tokens: int) -> None:
 
 
 def sample(vllm: str, gateway: str, every: float, stop: threading.Event) -> list[tuple[float, float, float]]:
+    """(time, vLLM's load, the gateway's) every ``every`` s; a read that fails or takes over 5 s is no sample."""
     out = []
     while not stop.is_set():
         t = time.monotonic()
-        out.append((t, vllm_load(vllm), gateway_load(gateway)))
+        try:
+            out.append((t, vllm_load(vllm), gateway_load(gateway)))
+        except httpx.HTTPError as exc:
+            print(f"no sample at {t:.1f}: {type(exc).__name__}", flush=True)
         time.sleep(max(0.0, every - (time.monotonic() - t)))
     return out
+
+
+def median_step(samples: list[tuple[float, float, float]]) -> float:
+    steps = [b[0] - a[0] for a, b in zip(samples, samples[1:])]
+    return statistics.median(steps) if steps else 0.0
 
 
 def lags(samples: list[tuple[float, float, float]]) -> tuple[list[float], int]:
@@ -147,7 +156,8 @@ def main() -> None:
                 all_lags += got
                 ahead += first
                 print(f"round {i + 1}: {len(got)} level changes, median lag {statistics.median(got) if got else 0:.3f} s, "
-                      f"max {max(got) if got else 0:.3f} s, {first} shown by the gateway first", flush=True)
+                      f"max {max(got) if got else 0:.3f} s, {first} shown by the gateway first; {len(found)} samples, "
+                      f"median step {median_step(found):.3f} s", flush=True)
         finally:
             process.terminate()
             process.wait(timeout=30)

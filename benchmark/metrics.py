@@ -8,6 +8,9 @@
 - goodput = good requests / duration; a request is good iff every given SLO (ms) >= its metric.
   ``slo_attainment`` = good / all requests sent (errors count as misses).
 - Statistics in ms: ``mean_*``, ``median_*``, ``std_*`` and ``p<P>_*`` (numpy linear percentiles).
+- One intended difference: ``max_concurrent_requests`` is the peak of requests in flight at one instant;
+  vLLM's counts every request active at some time in a 1-s bucket, so two requests one after the other
+  in the same second count as 2 (``infer bench`` with ``synchronous`` says 1, vLLM's up to 2).
 """
 
 from __future__ import annotations

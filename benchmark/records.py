@@ -1,8 +1,9 @@
 """What one benchmark request sends and what the client saw of it (vLLM's ``RequestFuncInput/Output``).
 
 All times are seconds on the client's monotonic clock (``time.perf_counter``). ``start_time`` is read
-just before the POST; ``ttft`` is the first chunk carrying ``choices`` (or an Ollama line with content);
-``itl`` holds the gaps between consecutive such chunks; ``latency`` ends at the last such chunk.
+just before the POST; ``ttft`` ends at the first token chunk (``benchmark/clients.py`` says which chunks
+count, as vLLM's benchmark does); ``itl`` holds the gaps between consecutive token chunks; ``latency``
+ends at the last one.
 """
 
 from __future__ import annotations

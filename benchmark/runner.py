@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import aiohttp
+
 from .arrivals import arrival_offsets, open_ended_offsets
-from .clients import Counter, Endpoint, send_request
-from .http import StreamingClient
+from .clients import Counter, Endpoint, open_session, send_request
 from .records import BenchRequest, RequestRecord
 
 
@@ -61,10 +62,10 @@ def request_id(point_index: int, i: int) -> str:
 async def run_point(endpoint: Endpoint, requests: Sequence[BenchRequest], point: LoadPoint, *,
                     time_limit: float | None = None, count_tokens: Counter | None = None,
                     on_done: OnDone | None = None, seed: int = 0, point_index: int = 0,
-                    client: StreamingClient | None = None) -> PointRun:
+                    client: aiohttp.ClientSession | None = None) -> PointRun:
     """Send ``requests`` as ``point`` says; ``client`` (shared to keep connections warm) or a fresh one."""
     if client is None:
-        async with StreamingClient() as own:
+        async with open_session() as own:
             return await run_point(endpoint, requests, point, time_limit=time_limit, count_tokens=count_tokens,
                                    on_done=on_done, seed=seed, point_index=point_index, client=own)
     cap = point.max_concurrency

@@ -9,10 +9,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .clients import Counter
+import aiohttp
+
+from .clients import Counter, open_session
 from .config import BenchConfig
 from .cost import cached_prefill_weight, cost_fields, prefill_decode_ratio
-from .http import StreamingClient
 from .metrics import calculate_metrics
 from .prometheus import scrape, server_token_deltas
 from .profiles import run_profile
@@ -74,13 +75,13 @@ async def run_bench(config: BenchConfig, counter: TokenCounter | None = None,
     requests = build_requests(config, counter)
     result = BenchResult(config, prompts_exact=all(r.is_prompt_len_exact for r in requests),
                          tokenizer=counter.source if counter else None)
-    async with StreamingClient() as client:
+    async with open_session() as client:
         await _run_points(config, requests, result, client, counter, progress)
     return result
 
 
 async def _run_points(config: BenchConfig, requests: list[BenchRequest], result: BenchResult,
-                      client: StreamingClient, counter: TokenCounter | None, progress: Progress | None) -> None:
+                      client: aiohttp.ClientSession, counter: TokenCounter | None, progress: Progress | None) -> None:
     count: Counter | None = counter.count if counter else None
     if config.warmup:  # all at once, so they also open the connections the first load point reuses
         warm = LoadPoint("warmup", max_concurrency=config.warmup)  # other prompts: no cache warmed for the run

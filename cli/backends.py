@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from core.base import Done, GenerationRequest
-from gateway.settings import SettingsError
+from core.settings import SettingsError, config_file
 
 from .common import run_async
 
@@ -66,12 +66,12 @@ class Report:
 
 @app.command("check")
 def check(
-    config: Path | None = typer.Option(None, "--config", "-c", envvar="INFER_CONFIG", show_envvar=True,
-                                       help="Gateway config file (default: INFER_CONFIG)."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="Gateway config file (default: INFER_CONFIG)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per backend, in a list."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds allowed for each probe."),
 ) -> None:
     """Probe each backend: GET health, list its models, stream a 1-token completion."""
+    config = config or config_file()
     if config is None:
         raise SettingsError("no config: pass --config FILE or set INFER_CONFIG")
     from gateway.backends_config import load_config

@@ -9,7 +9,6 @@ reply streams to stdout as it is generated; ``--verbose`` statistics go to stder
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from typing import Any, TextIO
 
@@ -19,11 +18,10 @@ from core.base import Chunk, Done, GenerationRequest
 from core.errors import BackendError
 from adapters.engines.local import in_process_engines
 from core.options import Options, check_parameters, resolve_options
-from core.settings import LocalSettings
+from core.settings import LocalSettings, SettingsError
 from ledger.db import open_db
 from core.durations import format_duration
 from gateway.serving.recorder import Recorder
-from gateway.settings import SettingsError
 from ledger.writer import LedgerWriter
 from registry.create import create_model
 from registry.details import ModelDetails
@@ -36,7 +34,7 @@ from registry.store import Store
 def local_settings_from_env(engine: str | None = None) -> LocalSettings:
     """The engine settings ``infer serve`` would use (``INFER_*``), with ``--engine`` on top."""
     try:
-        return LocalSettings.from_env(os.environ, engine=engine)
+        return LocalSettings.from_env(engine=engine)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
 

@@ -11,7 +11,6 @@ a 404 is :class:`ModelNotFound`, an unreachable server :class:`BackendUnavailabl
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -19,7 +18,7 @@ import httpx
 
 from core.errors import BackendError, BackendUnavailable, ModelNotFound
 from gateway.version import VERSION
-from gateway.settings import client_url
+from core.settings import ClientSettings, client_url
 
 PROBE_TIMEOUT = 2.0  # seconds: nothing listening is refused at once; a busy server still answers in time
 TIMEOUT = httpx.Timeout(None, connect=5.0)  # generation and pulls take as long as they take
@@ -29,11 +28,8 @@ class ServerClient:
     """Ollama API calls against one base URL; sync for commands, async streaming for chat turns."""
 
     def __init__(self, url: str, env: Mapping[str, str] | None = None) -> None:
-        env = os.environ if env is None else env
         self.url = url
-        self.headers = {"User-Agent": f"infer/{VERSION} (cli)"}
-        if env.get("INFER_API_KEY"):
-            self.headers["Authorization"] = f"Bearer {env['INFER_API_KEY']}"
+        self.headers = {"User-Agent": f"infer/{VERSION} (cli)", **ClientSettings.from_env(env).auth_headers}
 
     def version(self, timeout: float | None = None) -> str:
         body = self.call("GET", "/api/version", timeout=timeout)
@@ -95,7 +91,7 @@ class NotFound(ModelNotFound):
 
 def find_server(env: Mapping[str, str] | None = None) -> tuple[ServerClient, str] | None:
     """The server at INFER_HOST/OLLAMA_HOST and its version, if one answers the probe quickly."""
-    client = ServerClient(client_url(dict(os.environ if env is None else env)), env)
+    client = ServerClient(client_url(env), env)
     try:
         return client, client.version(timeout=PROBE_TIMEOUT)
     except BackendError:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from registry.settings import RegistrySettings
+from core.settings import RegistrySettings
 from registry.store import Store
 
 T = TypeVar("T")

@@ -4,11 +4,12 @@ absolute accuracy (an exact-match task), between engines, quantizations or serve
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import typer
+
+from core.settings import ClientSettings
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +45,7 @@ def compare_cmd(
                                         max_tokens=max_tokens, top_k=top_logprobs, task=task, store=get_store(),
                                         on_prompt=progress)
     except TargetError as exc:
-        if os.environ.get("INFER_RAISE_ERRORS"):
+        if ClientSettings.from_env().raise_errors:
             raise
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -5,15 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import time
 from pathlib import Path
 
 import typer
 
 from core.durations import parse_period
-from gateway.settings import SettingsError
-from ledger.db import database_url_from_env
+from core.settings import SettingsError, config_file
 from pricing.settle import GROUPS, cost_report
 
 from .common import settings
@@ -79,7 +77,7 @@ def _report(since: str, by: str, config: Path | None, db: str | None) -> dict:
     from gateway.backends_config import load_config
 
     prices = load_config(path).priced(settings().home) if path else []
-    engine = _open(db or database_url_from_env(settings().home))
+    engine = _open(db or settings().database_url)
     try:
         return cost_report(engine, prices, since=time.time() - seconds, by=by)
     except ValueError as exc:
@@ -89,7 +87,7 @@ def _report(since: str, by: str, config: Path | None, db: str | None) -> dict:
 
 
 def _config_path(config: Path | None) -> Path | None:
-    return config or (Path(os.environ["INFER_CONFIG"]) if os.environ.get("INFER_CONFIG") else None)
+    return config or config_file()
 
 
 def _render(report: dict) -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import typer
 
 from core.durations import parse_period
-from gateway.settings import SettingsError
-from ledger.db import database_url_from_env
+from core.settings import SettingsError
 from ledger.keys import create_key, list_keys, revoke_key
 
 from .common import settings
@@ -36,7 +35,7 @@ def create_cmd(
         seconds = parse_period(period)
     except ValueError as exc:
         raise SettingsError(f"--period: {exc}") from None
-    engine = _open(db or database_url_from_env(settings().home))
+    engine = _open(db or settings().database_url)
     try:
         key = create_key(engine, name, budget_usd=budget_usd, period_s=seconds if budget_usd is not None else None,
                          rpm=rpm, tpm=tpm, routes=tuple(r.strip() for r in (routes or "").split(",") if r.strip()),
@@ -54,7 +53,7 @@ def create_cmd(
 @app.command("list")
 def list_cmd(db: str = DB) -> None:
     """Keys with their budget use and limits (never the keys themselves)."""
-    engine = _open(db or database_url_from_env(settings().home))
+    engine = _open(db or settings().database_url)
     try:
         keys = list_keys(engine)
     finally:
@@ -70,7 +69,7 @@ def list_cmd(db: str = DB) -> None:
 @app.command("revoke")
 def revoke_cmd(name: str = typer.Argument(...), db: str = DB) -> None:
     """Revoke a key: requests with it get 401 within a few seconds."""
-    engine = _open(db or database_url_from_env(settings().home))
+    engine = _open(db or settings().database_url)
     try:
         if not revoke_key(engine, name):
             raise SettingsError(f"no active key named '{name}' (infer keys list)")

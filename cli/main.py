@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 from typer.core import TyperGroup
 
 from core.errors import BackendError
-from gateway.settings import SettingsError
+from core.settings import ClientSettings, SettingsError
 from registry.errors import RegistryError
 
 from . import backends, bench, compare, cost, dev, estimate, keys, models, ps, pull, registry_server, routes, run, serve, usage
@@ -21,7 +19,7 @@ class _InferGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except (RegistryError, BackendError, SettingsError) as exc:
-            if os.environ.get("INFER_RAISE_ERRORS"):
+            if ClientSettings.from_env().raise_errors:
                 raise
             typer.echo(f"Error: {_message(exc)}", err=True)
             raise typer.Exit(1) from None

@@ -6,13 +6,12 @@ Both talk to the server at ``INFER_HOST`` (``OLLAMA_HOST``) like ``ollama ps``/`
 
 from __future__ import annotations
 
-import os
 import time
 
 import typer
 
 from core.errors import BackendError
-from gateway.settings import client_url
+from core.settings import client_url
 
 from .client import NotFound, ServerClient
 from .format import human_bytes, human_span, human_until, parse_time, table
@@ -24,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _client() -> ServerClient:
-    return ServerClient(client_url(dict(os.environ)))
+    return ServerClient(client_url())
 
 
 def ps_cmd() -> None:

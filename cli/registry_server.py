@@ -9,7 +9,7 @@ import typer
 
 from registry.store import Store
 
-from .common import get_store
+from .common import get_store, settings
 
 DEFAULT_PORT = 8787
 
@@ -26,10 +26,11 @@ def serve(
     root: Path | None = typer.Option(None, "--root", help="Model store to serve [default: INFER_MODELS]."),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0 for every interface)."),
     port: int = typer.Option(DEFAULT_PORT, min=1, max=65535, help="TCP port to listen on."),
-    auth: str | None = typer.Option(None, envvar="INFER_REGISTRY_SERVE_AUTH", show_default=False,
-                                    help="user:password; clients then need a token (pull and push)."),
+    auth: str | None = typer.Option(None, show_default=False, help="user:password; clients then need a token "
+                                    "(pull and push) [default: INFER_REGISTRY_SERVE_AUTH]."),
 ) -> None:
     """Serve a model store so other machines can `infer pull` (and push) from it."""
+    auth = auth or settings().registry_serve_auth
     if auth is not None and ":" not in auth:
         raise typer.BadParameter("expected user:password", param_hint="--auth")
     store = Store(root) if root else get_store()

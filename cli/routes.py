@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 
 import httpx
 import typer
 
-from gateway.settings import SettingsError, client_url
+from core.settings import ClientSettings, SettingsError, client_url
 
 
 def register(app: typer.Typer) -> None:
@@ -20,9 +19,9 @@ def routes(
     as_json: bool = typer.Option(False, "--json", help="Print the JSON as served."),
 ) -> None:
     """Per route and backend: attainment, goodput, shed, errors, latency percentiles, predictions."""
-    base = url or _default_url()
+    base = url or client_url()
     try:
-        response = httpx.get(base.rstrip("/") + "/infer/routes", timeout=10, headers=_auth_headers())
+        response = httpx.get(base.rstrip("/") + "/infer/routes", timeout=10, headers=ClientSettings.from_env().auth_headers)
     except httpx.HTTPError as exc:
         raise SettingsError(f"cannot reach infer serve at {base}: {exc}; is it running?") from None
     if response.status_code != 200:
@@ -38,14 +37,6 @@ def routes(
         typer.echo(_route_table(route))
 
 
-def _auth_headers() -> dict[str, str]:
-    """``INFER_API_KEY`` as a Bearer token, for a server with ``auth: {required: true}``."""
-    key = os.environ.get("INFER_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def _default_url() -> str:
-    return client_url(dict(os.environ))
 
 
 def _route_table(route: dict) -> str:

@@ -9,15 +9,13 @@ runs in this process (``cli.chat_session``). The output and ``--verbose`` statis
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import typer
 
 from adapters.engines.local import check_engine
-from ledger.db import database_url_from_env
 from core.durations import parse_duration
-from gateway.settings import SettingsError
+from core.settings import ClientSettings, SettingsError
 from registry.errors import RegistryError
 from registry.progress import ProgressEvent
 from registry.store import Store
@@ -55,7 +53,7 @@ def run_cmd(
     Uses the server at INFER_HOST (or OLLAMA_HOST, default 127.0.0.1:11434) when one answers, so the
     model stays loaded there; otherwise runs the model in this process."""
     options = {"format": _format(format), "keep_alive": _keep_alive(keepalive)}
-    found = None if local or db or _env_flag("INFER_LOCAL") else find_server()
+    found = None if local or db or ClientSettings.from_env().local else find_server()
     if found:
         session = _remote_session(found[0], model, insecure, engine, verbose, options)
     else:
@@ -76,7 +74,7 @@ def _local_session(model: str | None, insecure: bool, engine: str | None, db: st
     local = local_settings_from_env(check_engine(engine) if engine else None)
     store = get_store()
     model = _ensure_model(store, model, insecure)
-    return ChatSession(store, model, db_url=db or database_url_from_env(settings().home), verbose=verbose,
+    return ChatSession(store, model, db_url=db or settings().database_url, verbose=verbose,
                        settings=local, **options)
 
 
@@ -104,10 +102,6 @@ def _ensure_served(client: ServerClient, model: str | None, insecure: bool) -> s
                 renderer(ProgressEvent(line.get("status", ""), line.get("digest"), line.get("total"),
                                        line.get("completed")))
     return model
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
 def _ensure_model(store: Store, model: str | None, insecure: bool) -> str:

@@ -11,7 +11,7 @@ import typer
 
 from core.durations import parse_keep_alive
 from gateway.policy.access import exposure_warnings
-from gateway.settings import ServerSettings, SettingsError, parse_host
+from core.settings import ServerSettings, SettingsError, parse_host
 
 
 def register(app: typer.Typer) -> None:

@@ -10,8 +10,8 @@ import typer
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ledger.db import database_url_from_env, open_db
-from gateway.settings import SettingsError
+from ledger.db import open_db
+from core.settings import SettingsError
 from ledger.tables import RequestLog
 from ledger.usage import ModelTotals, recent, totals_by_model
 
@@ -31,7 +31,7 @@ def usage_cmd(
                                   help="SQLAlchemy URL (default: INFER_DATABASE_URL, else $INFER_HOME/usage.db)."),
 ) -> None:
     """Show recent requests and token totals per model from the usage ledger."""
-    engine = _open(db or database_url_from_env(settings().home))
+    engine = _open(db or settings().database_url)
     rows = recent(engine, limit=limit, model=model)
     totals = [t for t in totals_by_model(engine) if model is None or t.model == model]
     engine.dispose()

@@ -12,12 +12,13 @@ ranks are processes on one machine talking gloo over loopback: a latency of ~100
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from core.settings import RegistrySettings
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,7 @@ CPU_HOP_US = 100.0  # gloo over loopback between processes of one machine, idle 
 
 
 def cpu_cache_path() -> Path:
-    home = Path(os.environ.get("INFER_HOME") or "~/.infer").expanduser()
-    return home / "estimate" / "cpu.json"
+    return RegistrySettings.from_env().home / "estimate" / "cpu.json"
 
 
 def probe_cpu(*, size_mb: int = 256, matmul_n: int = 1024, repeats: int = 5) -> Device:

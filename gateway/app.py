@@ -45,7 +45,7 @@ from gateway.ollama import generate as ollama_generate, models as ollama_models
 from gateway.openai import generate as openai_generate, models as openai_models, responses_routes
 from gateway.policy.keys import KeyBook
 from gateway.serving.recorder import Recorder
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from gateway.observability.tracing import TraceContextMiddleware, tracer_from_env
 
 log = logging.getLogger(__name__)

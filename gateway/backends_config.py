@@ -26,7 +26,7 @@ from adapters.engines.local import ENGINES
 from adapters.remote.base import RemoteSettings, Timeouts
 from adapters.remote.registry import OPENAI_TYPES, REMOTE_TYPES
 
-from gateway.settings import SettingsError
+from core.settings import SettingsError
 from pricing.catalog import LOCAL, Priced
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -253,6 +253,8 @@ class PrefixEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     block_chars: int = Field(default=128, ge=16, le=4096, description="Characters of rendered prompt per hashed block.")
+    max_blocks: int = Field(default=512, ge=1, le=1 << 16, description="Blocks of a prompt looked at (64 KiB of "
+                            "text at 128 characters a block); two prompts alike that far are not told apart.")
     capacity_tokens: int = Field(default=500_000, ge=1, description="A backend's KV cache in tokens, when it "
                                  "does not report its own (vLLM's cache_config_info).")
     load_factor: float = Field(default=1.25, ge=1.0, description="Bounded loads: a backend takes at most this "
@@ -299,7 +301,7 @@ class RouteEntry(BaseModel):
     decode: PoolEntry | None = None
     disagg: DisaggEntry = Field(default_factory=DisaggEntry)
     strategy: Literal["slo", "least_inflight", "round_robin", "weighted", "prefix"] = "slo"
-    slo: SLOEntry | None = None
+    slo: SLOEntry = Field(default_factory=SLOEntry)  # left out: no latency targets
     prefix: PrefixEntry = Field(default_factory=PrefixEntry)
     shed: bool = False
     first_token_timeout_ms: PositiveFloat | None = None

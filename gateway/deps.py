@@ -18,7 +18,7 @@ from gateway.policy.access import Principal
 from gateway.http.errors import APIError
 from gateway.http.hints import caller_of
 from gateway.serving.recorder import Recorder
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 
 
 async def _router(request: Request) -> Router:

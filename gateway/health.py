@@ -44,7 +44,7 @@ async def api_version() -> dict:
     **errors()})
 async def metrics(request: Request) -> Response:
     metrics = request.app.state.metrics
-    if metrics.monitor is not None:  # the backends' load figures no older than LOAD_MAX_AGE_S
+    if metrics.monitor is not None:  # the backends' load figures as they are now
         await metrics.monitor.read_loads()
     return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

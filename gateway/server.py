@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from gateway.app import begin_shutdown
 from gateway.http.access_log import AccessLog, take_over
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 
 
 class GatewayServer(uvicorn.Server):

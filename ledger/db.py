@@ -1,4 +1,5 @@
-"""The usage database: ``$INFER_HOME/usage.db`` (SQLite, WAL) or any SQLAlchemy URL.
+"""The usage database: ``$INFER_HOME/usage.db`` (SQLite, WAL) or any SQLAlchemy URL
+(``RegistrySettings.database_url`` in ``core/settings.py`` says which).
 
 ``infer serve`` and ``infer run`` write to the same file from different processes: WAL lets readers
 run beside the one writer, and ``busy_timeout`` makes a second writer wait instead of failing.
@@ -6,7 +7,6 @@ run beside the one writer, and ``busy_timeout`` makes a second writer wait inste
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from pathlib import Path
@@ -19,17 +19,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from ledger.migrations import migrate
 
-ENV_VAR = "INFER_DATABASE_URL"
 BUSY_TIMEOUT_S = 5.0
-
-
-def default_database_url(home: Path) -> str:
-    return f"sqlite:///{home / 'usage.db'}"
-
-
-def database_url_from_env(home: Path) -> str:
-    """``INFER_DATABASE_URL`` when set, else ``$INFER_HOME/usage.db``."""
-    return os.environ.get(ENV_VAR) or default_database_url(home)
 
 
 def open_db(url: str) -> Engine:

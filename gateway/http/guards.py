@@ -24,7 +24,7 @@ from gateway.policy.access import LEDGER_PREFIX, PUBLIC, AccessPolicy, Principal
 from gateway.http.errors import error_body
 from gateway.http.limits import PROMPT_ROUTES
 from gateway.http.outage import Unavailable
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings, env_name
 
 ALLOWED_HEADERS = ", ".join([
     "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "OpenAI-Beta",
@@ -157,7 +157,7 @@ class GuardMiddleware:
 
     async def _too_large(self, scope, send) -> None:
         limit_mib = self._limit(scope) / (1 << 20)
-        variable = "INFER_MAX_PROMPT_BYTES" if scope["path"] in PROMPT_ROUTES else "the server's body limit"
+        variable = env_name(ServerSettings, "max_prompt_bytes" if scope["path"] in PROMPT_ROUTES else "max_body_bytes")
         body = error_body(scope["path"], 413, f"request body too large (limit {limit_mib:g} MiB, {variable})")
         await _send(send, 413, json.dumps(body).encode(), [(b"content-type", b"application/json")])
 

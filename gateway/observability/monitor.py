@@ -7,9 +7,10 @@ members' answers (``Route.health_checked``), so a backend is asked once per peri
 The gateway's own view is added at read time: requests in flight per backend (counted by
 the recorder) and each backend's ``current_load()`` when it has one (in-process engines: the scheduler's
 running/waiting and the KV cache's used share; remote adapters: requests waiting for a
-``max_inflight`` slot). A remote's figures are read again when older than ``LOAD_MAX_AGE_S`` before
-``/metrics`` or ``/infer/backends`` answers (``read_loads``), and a route reads them when it decides,
-so the gauges are never one poll period late. Requests the gateway has sent to a backend that it does
+``max_inflight`` slot). A remote's figures are read when ``/metrics`` or ``/infer/backends`` answers
+(``read_loads``: a read already under way is shared, so a burst of scrapes costs the backend one), and
+a route reads them when it decides (no older than ``LOAD_MAX_AGE_S``), so the gauges show the backend
+as it is when they are read, not as it was at the last poll or the last route decision. Requests the gateway has sent to a backend that it does
 not count yet (vLLM's API server holds them before its scheduler sees them) count as waiting there:
 ``waiting = max(reported waiting, in flight − reported running)``. Nothing here runs per request except
 ``started``/``finished``, two dict operations.
@@ -139,9 +140,10 @@ class BackendMonitor:
         return [self._view(name, backend) for name, backend in named.items()]
 
     async def read_loads(self) -> None:
-        """Every backend's load figures no older than ``LOAD_MAX_AGE_S`` (a remote's ``fresh_load``), read
-        before ``/metrics`` and ``/infer/backends`` answer, within ``HEALTH_TIMEOUT_S``."""
-        reads = [b.fresh_load() for b in self.targets().values() if hasattr(b, "fresh_load")]
+        """Every remote's load figures read now (``fresh_load`` with no age allowed; a read already under
+        way is shared), before ``/metrics`` and ``/infer/backends`` answer, within ``HEALTH_TIMEOUT_S``.
+        Figures cached for ``LOAD_MAX_AGE_S`` (a route's) would show a change up to that late."""
+        reads = [b.fresh_load(0.0) for b in self.targets().values() if hasattr(b, "fresh_load")]
         if reads:
             await asyncio.wait([asyncio.ensure_future(r) for r in reads], timeout=HEALTH_TIMEOUT_S)
 

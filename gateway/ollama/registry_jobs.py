@@ -32,7 +32,7 @@ from registry.store import Store
 from gateway.http.errors import APIError
 from gateway.ollama.local import resolve_local
 from gateway.ollama.schemas import CreateRequest
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 
 Job = Callable[[ProgressCallback], Awaitable[Any]]
 _END = object()

@@ -127,12 +127,13 @@ AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *
                 for (int t = 0; t < TT; t++) acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[(t0 + t) * G + g]), acc[t]);
             }
         }
-        for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + (t0 + t) * N + n16 * TILE + 8 * half, acc[t]);
+        for (int t = 0; t < TT; t++) _mm256_storeu_ps(out + (t0 + t) * N + 8 * half, acc[t]);
     }
 }
 #define TILED_ROWS_MAX 4
 #else
-/* 16 output rows (tile n16) times TT activation rows t0..; out[t, 16 * n16 ..] written. */
+/* 16 output rows (tile n16) times TT activation rows t0..: out[t * N ..  t * N + 15] written (out: the tile's
+ * first column, N: the row stride). */
 AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *xsum, int64_t K, int64_t t0,
                    const uint8_t *qt, const float *dt, const float *mt, int64_t n16, int64_t N, float *out,
                    const int TT) {
@@ -169,7 +170,7 @@ AI void tiled_rows(int is_q8, const int16_t *x16, const float *sx, const float *
             for (int t = 0; t < TT; t++) acc[t] = f16_fmadd(mv, f16_set1(xsum[(t0 + t) * G + g]), acc[t]);
         }
     }
-    for (int t = 0; t < TT; t++) f16_store(out + (t0 + t) * N + n16 * TILE, acc[t]);
+    for (int t = 0; t < TT; t++) f16_store(out + (t0 + t) * N, acc[t]);
 }
 
 #define TILED_ROWS_MAX 8
@@ -208,9 +209,9 @@ static void tiled_matmul_q(int is_q8, const int16_t *x16, const float *sx, const
         for (int64_t n16 = 0; n16 < tiles; n16++) {
             const int64_t t0 = b * ROW_BLOCK, rows = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
             if (is_q8)
-                tiled_tile(1, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N);
+                tiled_tile(1, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N + n16 * TILE);
             else
-                tiled_tile(0, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N);
+                tiled_tile(0, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N + n16 * TILE);
         }
 }
 
@@ -421,6 +422,17 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
  * tile, silu * up fused); the attention's (row, KV head) pairs. */
 
 #define BATCH_MAX_CHUNKS 1024 /* per op: N / 16 tiles, T * nkv attention pairs (cpu_decode.py checks) */
+#define OPS_PER_LAYER 9       /* per layer: each linear's LoRA shrink and matmul, and the attention */
+
+/* One linear's resident LoRA adapters (lora/punica.py's `LoRALayer`), stacked over slots: a [slots, R, K] and
+ * bt (B transposed, alpha / r folded in) [slots, R, N] float32, each slot's rank (columns in use) in ranks, and
+ * the non-zero blocks of its bt (one per shard of a packed linear) in blocks [slots, nb, 4]: first column,
+ * end column, first output, end output (unused: all 0); a NULL: no adapter on this linear. */
+typedef struct {
+    const float *a, *bt;
+    const int32_t *ranks, *blocks;
+    int64_t R, nb;
+} lora_t;
 
 typedef struct { /* what every thread reads */
     int64_t L, T, H, nh, nkv, D, I, W, block_size;
@@ -428,7 +440,11 @@ typedef struct { /* what every thread reads */
     const int64_t *positions, *slots, *w;
     const int32_t *block_tables, *context_lens;
     const float *cos_sin;
-    float *qkv, *attn, *o, *gu, *act, *down; /* per layer: [T, QKV], [T, Q], [T, H], [T, 2I], [T, I], [T, H] */
+    float *qkv, *attn, *o, *act, *down; /* per layer: [T, QKV], [T, Q], [T, H], [T, I], [T, H] */
+    const int32_t *lora_slots;               /* each row's adapter slot (-1: none), or NULL: no row has one */
+    const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, bt, ranks, R,
+                                                blocks, nb (`lora_t`) */
+    float *lora_u;                           /* [T, R]: the shrink of the linear being computed (x · Aᵀ) */
     int32_t *flags, gen;
     int nt;
     int64_t *progress;
@@ -442,36 +458,110 @@ typedef struct { /* one op as a thread sees it: the int16 input rows are the thr
     int64_t K, N;
     float *out;
     int64_t layer;
+    const float *x; /* the float input rows [T, K] (the LoRA shrink's) */
+    lora_t lora;
 } batch_op_t;
 
-/* out [T, N] (+ bias) for the 16 output rows of tile n16, every activation row. */
-static void tile_rows(const batch_op_t *op, int64_t n16, float *out, int64_t N) {
+/* LoRA shrink of row t: u[t, :rank] = A[slot] · x[t] (its slot's rank; nothing for a row without adapter), four
+ * rows of A at a time (four independent sums, each x chunk loaded once). */
+static void lora_shrink_chunk(const void *arg, int64_t t) {
+    const batch_op_t *op = arg;
+    const int32_t slot = op->s->lora_slots[t];
+    if (slot < 0) return;
+    const int64_t K = op->K, R = op->lora.R, rank = op->lora.ranks[slot];
+    const float *x = op->x + t * K, *a = op->lora.a + slot * R * K;
+    float *u = op->s->lora_u + t * R;
+    int64_t r = 0;
+    for (; r + 4 <= rank; r += 4) {
+        f16v acc[4] = {f16_zero(), f16_zero(), f16_zero(), f16_zero()};
+        for (int64_t k = 0; k < K; k += 16) {
+            const f16v xv = f16_load(x + k);
+            for (int i = 0; i < 4; i++) acc[i] = f16_fmadd(f16_load(a + (r + i) * K + k), xv, acc[i]);
+        }
+        for (int i = 0; i < 4; i++) u[r + i] = f16_reduce_add(acc[i]);
+    }
+    for (; r < rank; r++) {
+        f16v acc = f16_zero();
+        for (int64_t k = 0; k < K; k += 16) acc = f16_fmadd(f16_load(a + r * K + k), f16_load(x + k), acc);
+        u[r] = f16_reduce_add(acc);
+    }
+}
+
+/* LoRA expand into tile n16: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for the rows with an
+ * adapter, over the blocks of Bᵀ that reach the tile (the rest of a block-diagonal Bᵀ is zeros). Up to 4
+ * adjacent rows of one slot (the runner orders rows by slot) at a time: each Bᵀ row loaded once for them. */
+static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
+    if (op->lora.a == NULL) return;
+    const int64_t R = op->lora.R, N = op->N, n0 = n16 * TILE, T = op->s->T;
+    const int32_t *slots = op->s->lora_slots;
+    for (int64_t t = 0, n; t < T; t += n) {
+        const int32_t slot = slots[t];
+        for (n = 1; n < 4 && t + n < T && slots[t + n] == slot;) n++;
+        if (slot < 0) continue;
+        const float *bt = op->lora.bt + slot * R * N + n0, *u = op->s->lora_u + t * R;
+        f16v acc[4];
+        for (int j = 0; j < n; j++) acc[j] = f16_load(out + (t + j) * ld);
+        for (int64_t b = 0; b < op->lora.nb; b++) {
+            const int32_t *blk = op->lora.blocks + (slot * op->lora.nb + b) * 4;
+            if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
+            for (int64_t r = blk[0]; r < blk[1]; r++) {
+                const f16v w = f16_load(bt + r * N);
+                for (int j = 0; j < n; j++) acc[j] = f16_fmadd(f16_set1(u[j * R + r]), w, acc[j]);
+            }
+        }
+        for (int j = 0; j < n; j++) f16_store(out + (t + j) * ld, acc[j]);
+    }
+}
+
+/* The 16 output rows of tile n16 for every activation row into out [T, ld] (out: the tile's first column). */
+static void tile_rows(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
     const int64_t T = op->s->T, G = op->K / 32;
     for (int64_t t0 = 0; t0 < T; t0 += ROW_BLOCK) {
         const int64_t rows = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
         tiled_tile(0, op->x16 + t0 * op->K, op->sx + t0 * G, op->xsum + t0 * G, rows, op->K, (const uint8_t *)op->p[0],
-                   (const float *)op->p[1], (const float *)op->p[2], n16, N, out + t0 * N);
+                   (const float *)op->p[1], (const float *)op->p[2], n16, ld, out + t0 * ld);
     }
+}
+
+/* A thread's own [T, 32] tile buffer: a chunk computes there and writes its outputs once, so a chunk that a
+ * helper redoes while its owner still runs it (`step_run_op`) writes the same bytes, never adds twice. */
+static float *own_tiles(int64_t T) {
+    static __thread void *buf;
+    static __thread size_t cap;
+    float *tiles = step_scratch(sizeof(float) * T * 2 * TILE, &buf, &cap);
+    if (tiles == NULL) abort();
+    return tiles;
 }
 
 static void matmul_tile_chunk(const void *arg, int64_t i) {
     const batch_op_t *op = arg;
-    tile_rows(op, i, op->out, op->N);
-    if (op->bias)
-        for (int64_t t = 0; t < op->s->T; t++)
-            for (int64_t n = i * TILE; n < (i + 1) * TILE; n++) op->out[t * op->N + n] += op->bias[n];
+    const int64_t T = op->s->T;
+    if (op->lora.a == NULL && op->bias == NULL) {
+        tile_rows(op, i, op->out + i * TILE, op->N);
+        return;
+    }
+    float *tile = own_tiles(T);
+    tile_rows(op, i, tile, TILE);
+    lora_expand_tile(op, i, tile, TILE);
+    for (int64_t t = 0; t < T; t++) {
+        f16v v = f16_load(tile + t * TILE);
+        if (op->bias) v = f16_add(v, f16_load(op->bias + i * TILE));
+        f16_store(op->out + t * op->N + i * TILE, v);
+    }
 }
 
-/* gate_up tiles i (gate) and I / 16 + i (up) into gu [T, 2I], then act [T, I] columns 16 i .. 16 i + 15. */
+/* gate_up tiles i (gate) and I / 16 + i (up), then act [T, I] columns 16 i .. 16 i + 15. */
 static void gate_up_tile_chunk(const void *arg, int64_t i) {
     const batch_op_t *op = arg;
     const int64_t I = op->N / 2, T = op->s->T;
-    tile_rows(op, i, op->out, op->N);
-    tile_rows(op, I / TILE + i, op->out, op->N);
+    float *gate = own_tiles(T), *up = gate + T * TILE;
+    tile_rows(op, i, gate, TILE);
+    tile_rows(op, I / TILE + i, up, TILE);
+    lora_expand_tile(op, i, gate, TILE);
+    lora_expand_tile(op, I / TILE + i, up, TILE);
     float *act = op->s->act + op->layer * T * I;
     for (int64_t t = 0; t < T; t++)
-        f16_store(act + t * I + i * TILE,
-                  silu_mul16(f16_load(op->out + t * op->N + i * TILE), f16_load(op->out + t * op->N + I + i * TILE)));
+        f16_store(act + t * I + i * TILE, silu_mul16(f16_load(gate + t * TILE), f16_load(up + t * TILE)));
 }
 
 AI void rotate_head(const float *x, const float *cs, int64_t D, float *out) { /* NEOX rotary of one head */
@@ -515,30 +605,43 @@ AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn,
     step_run_op(k, s->flags + k * BATCH_MAX_CHUNKS, s->gen, chunks, fn, op, omp_get_thread_num(), s->nt, s->progress);
 }
 
-/* One thread's walk through the step; `linear(x, K, i, N, out)`: x [T, K] rounded to int16 in the thread's own
- * buffers, then op k's chunks over the tiles of linear i (pointers p[i..i+2]). */
+/* Linear j (0 qkv, 1 o, 2 gate_up, 3 down) of layer l's adapters; a NULL without rows or adapters. */
+static lora_t lora_of(const batch_step_t *s, int64_t l, int j) {
+    if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, NULL, 0, 0};
+    const int64_t *e = s->lora_w + (l * 4 + j) * 6;
+    return (lora_t){(const float *)e[0], (const float *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3], e[5]};
+}
+
+/* One thread's walk through the step; `LINEAR(k, x, K, i, j, N, out)`: with adapters, op k - 1 (the shrink of
+ * every row) first; then x [T, K] rounded to int16 in the thread's own buffers, and op k's chunks over the tiles
+ * of linear i (pointers p[i..i+2]), each tile's LoRA expand added. */
 static void batch_step(const batch_step_t *s, own_t *own, float *hidden, const float *final_norm) {
     const int64_t T = s->T, H = s->H, Q = s->nh * s->D, QKV = Q + 2 * s->nkv * s->D, I = s->I;
-#define LINEAR(k, x, K_, i, N_, out_, fn, bias_)                                                                    \
+#define LINEAR(k, x, K_, i, j, N_, out_, fn, bias_)                                                                 \
     do {                                                                                                           \
+        const lora_t lora = lora_of(s, l, j);                                                                      \
+        if (lora.a != NULL) {                                                                                      \
+            const batch_op_t shrink = {s, NULL, NULL, NULL, NULL, NULL, K_, 0, NULL, l, x, lora};                  \
+            batch_run(s, (k) - 1, T, lora_shrink_chunk, &shrink);                                                  \
+        }                                                                                                          \
         for (int64_t r = 0; r < T * ((K_) / 32); r++) quantize_group16(x, r, own->x16, own->sx, own->xsum);        \
-        const batch_op_t op = {s, own->x16, own->sx, own->xsum, bias_, p + (i), K_, N_, out_, l};                  \
+        const batch_op_t op = {s, own->x16, own->sx, own->xsum, bias_, p + (i), K_, N_, out_, l, x, lora};         \
         batch_run(s, k, (N_) / TILE / ((fn) == gate_up_tile_chunk ? 2 : 1), fn, &op);                              \
     } while (0)
     memcpy(own->residual, hidden, sizeof(float) * T * H);
     for (int64_t l = 0; l < s->L; l++) {
-        const int64_t *p = s->w + l * 17;
+        const int64_t *p = s->w + l * 17, k = OPS_PER_LAYER * l;
         float *qkv = s->qkv + l * T * QKV, *attn = s->attn + l * T * Q, *o = s->o + l * T * H;
         add_rms_norm(l ? s->down + (l - 1) * T * H : own->residual, l ? own->residual : NULL, (const float *)p[13],
                      s->eps, T, H, own->h, own->residual);
-        LINEAR(5 * l, own->h, H, 0, QKV, qkv, matmul_tile_chunk, (const float *)p[3]);
+        LINEAR(k + 1, own->h, H, 0, 0, QKV, qkv, matmul_tile_chunk, (const float *)p[3]);
         write_cache(s, l);
         const batch_op_t pairs = {s, NULL, NULL, NULL, NULL, NULL, 0, 0, attn, l};
-        batch_run(s, 5 * l + 1, T * s->nkv, attention_pair_chunk, &pairs);
-        LINEAR(5 * l + 2, attn, Q, 4, H, o, matmul_tile_chunk, NULL);
+        batch_run(s, k + 2, T * s->nkv, attention_pair_chunk, &pairs);
+        LINEAR(k + 4, attn, Q, 4, 1, H, o, matmul_tile_chunk, NULL);
         add_rms_norm(o, own->residual, (const float *)p[14], s->eps, T, H, own->h, own->residual);
-        LINEAR(5 * l + 3, own->h, H, 7, 2 * I, s->gu + l * T * 2 * I, gate_up_tile_chunk, NULL);
-        LINEAR(5 * l + 4, s->act + l * T * I, I, 10, H, s->down + l * T * H, matmul_tile_chunk, NULL);
+        LINEAR(k + 6, own->h, H, 7, 2, 2 * I, NULL, gate_up_tile_chunk, NULL); /* into act */
+        LINEAR(k + 8, s->act + l * T * I, I, 10, 3, H, s->down + l * T * H, matmul_tile_chunk, NULL);
     }
 #undef LINEAR
     add_rms_norm(s->down + (s->L - 1) * T * H, own->residual, final_norm, s->eps, T, H, own->h, own->residual);
@@ -554,23 +657,30 @@ int decode_batch_serves(int64_t T, int64_t H, int64_t nh, int64_t nkv, int64_t D
 
 /* The decoder stack of a decode step of 4+ one-token rows (`decode_batch_serves`): the 17 pointers per layer are
  * those of llama_decode (cpu_kernels.c) with each linear's (qs, d, m) replaced by its tiled (qt, dt, mt).
- * hidden [T, H]: the token embeddings in, the final-norm output out. */
+ * hidden [T, H]: the token embeddings in, the final-norm output out. LoRA: lora_slots [T] each row's adapter
+ * slot (-1: none) and lora_w [L, 4, 6] each linear's stacked adapters (a, bt, ranks, R, blocks, nb; `lora_t`), or
+ * both NULL. */
 void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *positions, const int64_t *slots,
                         const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
                         int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
-                        const int64_t *w, const float *final_norm, float scale, int num_threads) {
-    static __thread void *shared_buf;
-    static __thread size_t shared_cap;
-    const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L, per_layer = T * (QKV + Q + H + 2 * I + I + H);
+                        const int64_t *w, const float *final_norm, float scale, const int32_t *lora_slots,
+                        const int64_t *lora_w, int num_threads) {
+    static __thread void *shared_buf, *lora_buf;
+    static __thread size_t shared_cap, lora_cap;
+    const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = OPS_PER_LAYER * L;
+    const int64_t per_layer = T * (QKV + Q + H + I + H);
     float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
-    if (buf == NULL) abort();
+    int64_t R = 1;
+    for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 6 + 3] > R ? lora_w[e * 6 + 3] : R;
+    float *lora_u = step_scratch(sizeof(float) * T * R, &lora_buf, &lora_cap);
+    if (buf == NULL || lora_u == NULL) abort();
     int32_t *flags;
     int64_t *progress;
     const int32_t gen = step_begin(ops * BATCH_MAX_CHUNKS, num_threads, &flags, &progress);
     batch_step_t s = {L, T, H, nh, nkv, D, I, W, block_size, eps, scale, positions, slots, w, block_tables,
                       context_lens, cos_sin, buf, buf + L * T * QKV, buf + L * T * (QKV + Q),
-                      buf + L * T * (QKV + Q + H), buf + L * T * (QKV + Q + H + 2 * I),
-                      buf + L * T * (QKV + Q + H + 3 * I), flags, gen, num_threads, progress};
+                      buf + L * T * (QKV + Q + H), buf + L * T * (QKV + Q + H + I), lora_slots, lora_w, lora_u,
+                      flags, gen, num_threads, progress};
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
 #pragma omp parallel num_threads(num_threads)
     {
@@ -612,7 +722,8 @@ void silu_mul_rows(const float *x, int64_t T, int64_t I, float *out, int num_thr
 void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *positions, const int64_t *slots,
                         const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
                         int64_t nkv, int64_t D, int64_t I, float eps, const float *cos_sin, int64_t block_size,
-                        const int64_t *w, const float *final_norm, float scale, int num_threads) {
+                        const int64_t *w, const float *final_norm, float scale, const int32_t *lora_slots,
+                        const int64_t *lora_w, int num_threads) {
     abort(); /* callers check tiled_available() first */
 }
 

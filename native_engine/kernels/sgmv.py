@@ -114,9 +114,12 @@ def batches(segments: list[tuple[int, int, int]]) -> list[tuple[int, int, int, i
 
 
 def sgmv_torch(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, ranks: list[int],
-               runs: list[tuple[int, int, int, int]]) -> torch.Tensor:
+               runs: list[tuple[int, int, int, int]],
+               blocks: list[list[tuple[int, int, int, int]]] | None = None) -> torch.Tensor:
     """`sgmv_ref` over `batches(segments)`: a batch of runs as one bmm of views (rows past a slot's rank are
-    zeros in `a` and `bt`, so the batch's widest rank serves all)."""
+    zeros in `a` and `bt`, so the batch's widest rank serves all). `blocks`: per slot, the non-zero blocks of
+    its Bᵀ (first column, end column, first output, end output; lora/punica.py); a run of one slot expands
+    block by block, skipping the zeros between a packed linear's shards (2/3 of qkv's Bᵀ, half of gate_up's)."""
     for start, count, length, slot in runs:
         r = max(ranks[slot : slot + count])
         if r == 0:
@@ -125,7 +128,9 @@ def sgmv_torch(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.Te
         if count == 1 or not (x.is_contiguous() and out.is_contiguous()):
             for i in range(count):
                 rows = slice(start + i * length, start + (i + 1) * length)
-                out[rows].addmm_(x[rows] @ a[slot + i, :r].T, bt[slot + i, :r])
+                xa = x[rows] @ a[slot + i, :r].T
+                for c0, c1, o0, o1 in blocks[slot + i] if blocks else [(0, r, 0, out.shape[1])]:
+                    out[rows, o0:o1].addmm_(xa[:, c0:c1], bt[slot + i, c0:c1, o0:o1])
             continue
         xa = torch.bmm(x[start:end].view(count, length, -1), a[slot : slot + count, :r].transpose(1, 2))
         out[start:end].view(count, length, -1).baddbmm_(xa, bt[slot : slot + count, :r])

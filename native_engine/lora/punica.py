@@ -67,12 +67,15 @@ class LoRALayer:
         self.a: torch.Tensor | None = None  # [max_loras, rank_cap, in], allocated with the first adapter
         self.bt: torch.Tensor | None = None  # [max_loras, rank_cap, out]: B transposed
         self.ranks = [0] * max_loras  # columns of each slot in use (its rank x the shards it targets)
+        # per slot, its shards' blocks of Bᵀ: (first column, end column, first output, end output); the rest is zeros
+        self.blocks: list[list[tuple[int, int, int, int]]] = [[] for _ in range(max_loras)]
         self.ranks_on_device: torch.Tensor | None = None
+        self.blocks_on_device: torch.Tensor | None = None  # `blocks` as [max_loras, shards, 4] int32, unused: 0
 
     def set_slot(self, slot: int, pairs: dict[object, tuple[torch.Tensor, torch.Tensor]], scale: float,
                  out_features: int, dtype: torch.dtype, device: torch.device) -> None:
         """Slot `slot` gets these shards' (A [r, in], B [rows, r]); no pairs empties it."""
-        self.ranks[slot] = 0
+        self.ranks[slot], self.blocks[slot] = 0, []
         if self.a is not None:  # columns past the new rank must be zeros (a batch computes the widest rank)
             self.a[slot].zero_()
             self.bt[slot].zero_()
@@ -87,8 +90,14 @@ class LoRALayer:
             self.a[slot, : a.shape[0]] = a
             self.bt[slot, : a.shape[0]] = b.T
             self.ranks[slot] = a.shape[0]
+            self.blocks[slot] = _blocks(pairs, self.shards, out_features)
         if self.a is not None:
             self.ranks_on_device = torch.tensor(self.ranks, dtype=torch.int32).to(self.a.device)
+            table = torch.zeros(self.max_loras, len(self.shards), 4, dtype=torch.int32)
+            for i, blocks in enumerate(self.blocks):
+                if blocks:
+                    table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            self.blocks_on_device = table.to(self.a.device)
 
     def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:  # x: [T, in], out: [T, out]
         mapping = self.punica.mapping
@@ -97,7 +106,17 @@ class LoRALayer:
         if use_triton(x):
             return sgmv_triton(x, out, self.a, self.bt, self.ranks_on_device, mapping.on_device(x.device),
                                mapping.max_len)
-        return sgmv_torch(x, out, self.a, self.bt, self.ranks, mapping.batches)
+        return sgmv_torch(x, out, self.a, self.bt, self.ranks, mapping.batches, self.blocks)
+
+
+def _blocks(pairs: dict, shards: dict, out_features: int) -> list[tuple[int, int, int, int]]:
+    """The non-zero blocks of `_stack`'s B, as (first column, end column, first output, end output) of Bᵀ."""
+    rank = next(iter(pairs.values()))[0].shape[0]
+    out = []
+    for j, shard in enumerate(pairs):
+        offset, rows = shards[shard]
+        out.append((j * rank, (j + 1) * rank, offset, offset + (rows or out_features)))
+    return out
 
 
 def _stack(pairs: dict, shards: dict, scale: float, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:

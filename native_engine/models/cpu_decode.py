@@ -18,6 +18,11 @@ Verify steps of speculative decoding (a row's last token and its drafts, `ctx.ve
 rows: ~1.3x one row's step) where `llama_decode_rows` grows ~linearly; `llama_decode_rows` serves them too
 (each query reads its verify row's earlier keys from their qkv rows) where the tiled kernel is missing.
 
+LoRA: a step with adapter rows (`ctx.lora`) runs in `llama_decode_batch` too, when it has enough rows for it
+and every adapted linear's stacks are float32 on the CPU: per linear, one more op computes each adapter row's
+shrink (x · Aᵀ of its slot, rows over the threads), and each matmul tile adds its rows' expand (u · Bᵀ) before
+the next op reads it (Punica's BGMV, fused into the step). Other LoRA steps keep the module path.
+
 Prefill chunks, other dtypes and weights that are not Q4_1 blocks keep the module path.
 """
 
@@ -42,6 +47,7 @@ class CPUDecodeStack:
         self.rows = rows  # (pointers with float16 scales, the float16 scale tensors they point to) or None
         self.head, self.head_d16 = head, head_d16
         self.batch_pointers: torch.Tensor | None = None  # `pointers` with tiled weights, for llama_decode_batch
+        self._lora_table: tuple[list, torch.Tensor | None] | None = None  # (the tensors it was built from, lora_w)
         config = model.config
         self.shape = (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
                       config.intermediate_size)
@@ -67,7 +73,28 @@ class CPUDecodeStack:
         return stack
 
     def can_run(self, num_tokens: int, ctx: Context) -> bool:
-        return num_tokens > 0 and ctx.num_decode_tokens == num_tokens and not ctx.prefills
+        if not (num_tokens > 0 and ctx.num_decode_tokens == num_tokens and not ctx.prefills):
+            return False
+        return ctx.lora is None or (ctx.verify_offsets is None and self._batch_serves(num_tokens, ctx)
+                                    and self._lora_pointers() is not None)
+
+    def _batch_serves(self, num_rows: int, ctx: Context) -> bool:
+        h, nh, nkv, d, inter = self.shape
+        rows_for_batch = max(ROWS_MAX + 1, cpu_batch.MIN_ROWS) if ctx.verify_offsets is None else 2
+        return (self.batch_pointers is not None and num_rows >= rows_for_batch
+                and cpu_batch.serves_decode_batch(num_rows, h, nh, nkv, d, inter))
+
+    def _lora_pointers(self) -> torch.Tensor | None:
+        """llama_decode_batch's lora_w: per layer and linear (qkv, o, gate_up, down) its adapters' stacks (a, bᵀ,
+        ranks, R, blocks, blocks per slot; zeros where none is loaded), or None when one is not float32 on the
+        CPU. Rebuilt when a stack, ranks or blocks tensor changes (an adapter loaded into a slot)."""
+        loras = [getattr(layer.get_submodule(name), "lora", None) for layer in self.model.layers for name in _LINEARS]
+        tensors = [t for lora in loras if lora is not None
+                   for t in (lora.a, lora.bt, lora.ranks_on_device, lora.blocks_on_device)]
+        # the cache holds the tensors it was built from, so an id seen again is the same tensor, never a new one
+        if self._lora_table is None or [id(t) for t in self._lora_table[0]] != [id(t) for t in tensors]:
+            self._lora_table = (tensors, _lora_table(loras))
+        return self._lora_table[1]
 
     def __call__(self, hidden: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
         # hidden: [T, H] token embeddings -> [T, H] after the final norm
@@ -82,11 +109,12 @@ class CPUDecodeStack:
                 tables.data_ptr(), lens.data_ptr(), tables.shape[1], h, nh, nkv, d, inter, self.model.norm.eps,
                 rotary.data_ptr(), attn.k_cache.shape[1])
         lib = cpu_kernels.library()
-        rows_for_batch = max(ROWS_MAX + 1, cpu_batch.MIN_ROWS) if ctx.verify_offsets is None else 2
-        if (self.batch_pointers is not None and hidden.shape[0] >= rows_for_batch
-                and cpu_batch.serves_decode_batch(hidden.shape[0], h, nh, nkv, d, inter)):
+        if self._batch_serves(hidden.shape[0], ctx):
+            lora_slots, lora_w = _row_slots(ctx.lora, hidden.shape[0]), self._lora_pointers()
             cpu_batch.library().llama_decode_batch(*args, self.batch_pointers.data_ptr(),
                                                    self.model.norm.weight.data_ptr(), attn.scale,
+                                                   None if lora_slots is None else lora_slots.data_ptr(),
+                                                   None if lora_slots is None else lora_w.data_ptr(),
                                                    torch.get_num_threads())
             return hidden
         if self.rows is None or hidden.shape[0] > ROWS_MAX:
@@ -103,6 +131,31 @@ class CPUDecodeStack:
                               None if verify is None else verify.data_ptr(), torch.get_num_threads())
         ctx.logits = logits
         return hidden
+
+
+def _lora_table(loras: list) -> torch.Tensor | None:
+    table = []
+    for lora in loras:
+        if lora is None or lora.a is None:
+            table += [0] * 6
+            continue
+        if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+                   for t in (lora.a, lora.bt)) or lora.ranks_on_device.device.type != "cpu":
+            return None
+        blocks = lora.blocks_on_device
+        table += [lora.a.data_ptr(), lora.bt.data_ptr(), lora.ranks_on_device.data_ptr(), lora.a.shape[1],
+                  blocks.data_ptr(), blocks.shape[1]]
+    return torch.tensor(table, dtype=torch.int64)
+
+
+def _row_slots(mapping, num_rows: int) -> torch.Tensor | None:
+    """Each row's adapter slot (-1: none) from the step's `LoRAMapping`, or None without one."""
+    if mapping is None:
+        return None
+    slots = torch.full((num_rows,), -1, dtype=torch.int32)
+    for start, end, slot in mapping.segments:
+        slots[start:end] = slot
+    return slots
 
 
 def _linears(layer) -> list[BlockWeight] | None:

@@ -125,7 +125,7 @@ class LlamaModel(nn.Module):
         return self.fused_decode
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Context) -> torch.Tensor:
-        if ctx.lora is None and self.cpu_decode is not None and self.cpu_decode.can_run(len(input_ids), ctx):
+        if self.cpu_decode is not None and self.cpu_decode.can_run(len(input_ids), ctx):
             return self.cpu_decode(self.embed_tokens(input_ids), positions, ctx)
         if ctx.lora is None and self.fused_decode and len(input_ids) <= FUSED_MAX_ROWS:
             hidden = self.embed_tokens(input_ids)

@@ -9,8 +9,8 @@ its gap (``len(gaps) == len(chunk_tokens) - 1``). Sleeps aim at absolute deadlin
 up; the LOG gets one line per request with the arrival and the actual send time of every content chunk
 (``time.perf_counter``, the system-wide monotonic clock), which the tests take as the truth.
 
-Speaks OpenAI chat/completions SSE (role chunk first, usage chunk last when ``include_usage``, then
-``[DONE]``) and Ollama chat/generate NDJSON (done line with ``prompt_eval_count``/``eval_count``), and
+Speaks OpenAI chat/completions SSE (one event per chunk, the role with the first, the finish reason
+with the last, as vLLM; the usage chunk last when ``include_usage``, then ``[DONE]``) and Ollama chat/generate NDJSON (done line with ``prompt_eval_count``/``eval_count``), and
 serves vLLM-named Prometheus counters on ``/metrics``.
 """
 
@@ -55,14 +55,10 @@ def _frames(path: str, body: dict, tokens: int, index: int, *, final: bool = Fal
             out += json.dumps(done).encode() + b"\n"
         return out
     chat = path == "/v1/chat/completions"
-    choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
-    out = b""
-    if index == 0 and chat:
-        out += _sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-    out += _sse({"id": "x", "choices": [choice]})
+    delta = {"role": "assistant", "content": text} if index == 0 else {"content": text}
+    choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": text}
+    out = _sse({"id": "x", "choices": [{**choice, "finish_reason": "length" if final else None}]})
     if final:
-        out += _sse({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]} if chat
-                    else {"id": "x", "choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": entry["prompt_tokens"], "completion_tokens": sum(entry["chunk_tokens"])}
             out += _sse({"id": "x", "choices": [], "usage": usage})

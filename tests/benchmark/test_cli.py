@@ -122,7 +122,7 @@ def test_a_server_that_is_down_gives_failed_requests_and_the_first_error():
                                       "--warmup", "0", "--input-tokens", "4", "--output-tokens", "4"])
     assert result.exit_code == 1, result.output  # nothing measured: a failure, not a result
     assert "Failed requests:                         2" in result.output
-    assert "2 request(s) failed; the first: HTTPError: cannot connect to 127.0.0.1:9" in result.output
-    assert "Error: all 2 requests failed; the first: HTTPError: cannot connect to 127.0.0.1:9" in result.output
+    assert "2 request(s) failed; the first: ClientConnectorError: Cannot connect to host 127.0.0.1:9" in result.output
+    assert "Error: all 2 requests failed; the first: ClientConnectorError: Cannot connect to host 127.0.0.1:9" in result.output
     result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--profile", "slo-search"])
     assert result.exit_code == 2 and "slo-search needs --goodput" in result.output

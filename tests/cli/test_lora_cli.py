@@ -21,7 +21,7 @@ from registry.modelbuilder import PRESETS, LoraSpec, build_gguf, build_lora
 from registry.modelbuilder.lora_out import build_merged_gguf
 from registry.names import parse_name
 from registry.server import RegistryServerThread
-from registry.settings import RegistrySettings
+from core.settings import RegistrySettings
 from registry.store import Store
 
 from .test_run import ROOT, cli_env

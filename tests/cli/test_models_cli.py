@@ -12,7 +12,7 @@ from fakes.live import free_port
 from registry.modelbuilder import PRESETS, build_gguf
 from registry.names import parse_name
 from registry.server import RegistryServerThread
-from registry.settings import RegistrySettings
+from core.settings import RegistrySettings
 from registry.store import Store
 
 runner = CliRunner()

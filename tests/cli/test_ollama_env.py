@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 
 from core.settings import LocalSettings
 from cli.main import app
-from gateway.settings import ServerSettings, SettingsError, client_url, host_from_env
+from core.settings import ServerSettings, SettingsError, client_url, host_from_env
 from registry.create import create_model
 from registry.details import load_details
 from registry.modelfile import parse_modelfile
 from registry.names import parse_name
-from registry.settings import RegistrySettings
+from core.settings import RegistrySettings
 from registry.store import Store
 from tests.cli.test_run import ROOT
 from fakes.live import free_port, LiveServer, stop_server, wait_ready

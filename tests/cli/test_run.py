@@ -20,7 +20,8 @@ import pytest
 
 from cli import repl_text
 from cli.run import _prompt_text
-from ledger.db import database_url_from_env, open_db
+from core.settings import default_database_url
+from ledger.db import open_db
 from ledger.usage import recent
 from registry.create import create_model
 from registry.details import load_details
@@ -67,7 +68,7 @@ def infer_run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
 
 
 def ledger(home: Path):
-    engine = open_db(database_url_from_env(home))
+    engine = open_db(default_database_url(home))
     try:
         return recent(engine, limit=50)
     finally:

@@ -42,7 +42,7 @@ def app_client(tiny_store, tmp_path):
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
-    from gateway.settings import ServerSettings
+    from core.settings import ServerSettings
 
     env = server_env(tmp_path / "home", tiny_store.root, 11434)
     settings = ServerSettings.from_env(env)

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from gateway.app import create_app
 from gateway.http.hot import HotRoutes
 from gateway.policy.access import CALLER, OPERATOR, PUBLIC, ROUTES, Access, app_routes
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from ledger.db import open_db
 from ledger.keys import create_key, revoke_key
 from fakes.live import server_env

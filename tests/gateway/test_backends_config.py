@@ -7,8 +7,8 @@ import textwrap
 import pytest
 
 from adapters.remote.base import Timeouts
-from gateway.backends_config import ConfigError, GatewayConfig, load_config
-from gateway.settings import SettingsError
+from gateway.backends_config import ConfigError, GatewayConfig, SLOEntry, load_config
+from core.settings import SettingsError
 
 VALID = """\
 backends:
@@ -72,7 +72,7 @@ def test_valid_config_maps_onto_remote_settings(valid, tmp_path):
     assert (chat.name, chat.backends, chat.strategy, chat.shed, chat.retries, chat.fallbacks) == (
         "chat", ["qwen-vllm", "llama-tgi", "tiny"], "slo", True, 2, ["cheap"])
     assert (chat.slo.ttft_ms, chat.slo.tpot_ms, chat.slo.target, chat.first_token_timeout_ms) == (500, 50, 0.9, 1500)
-    assert (cheap.strategy, cheap.slo, cheap.retries) == ("slo", None, 1)  # every key but name/backends optional
+    assert (cheap.strategy, cheap.slo, cheap.retries) == ("slo", SLOEntry(), 1)  # every key but name/backends optional
     (local,) = load_config(valid).priced()
     assert local.members == ("llamacpp", "native", "tiny") and local.entry.gpu_hourly_usd == 0.10  # tiny: a store model
     assert (local.output_weight, local.weight_source) == (4, "configured")

@@ -149,7 +149,7 @@ def test_memory_returns_after_a_7_mb_body(server):
 
 
 def test_counting_in_pieces_gives_the_count_of_one_encode(tiny_store):
-    from gateway.serving.prompt_tokens import PIECE_CHARS, count_in_pieces
+    from frontend.prompt_ids import PIECE_CHARS, count_in_pieces
     from gguf_io.tokenizer import Tokenizer
 
     vocab = Tokenizer.from_gguf(str(tiny_store.root.parent / "tiny-qwen2.gguf"))

@@ -89,7 +89,7 @@ def _ndjson(_ctx, response) -> list:
 def _operations() -> list[tuple[str, str]]:
     """(method, path) of every operation, from the app's own schema (no server needed to collect)."""
     from gateway.app import create_app
-    from gateway.settings import ServerSettings
+    from core.settings import ServerSettings
 
     schema = create_app(ServerSettings.from_env({"INFER_HOME": "/nonexistent"})).openapi()
     return [(method.upper(), path) for path, ops in schema["paths"].items() for method in ops]

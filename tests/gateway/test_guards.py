@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from fakes.live import server_env
 
 

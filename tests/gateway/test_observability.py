@@ -180,20 +180,18 @@ def test_queue_depth_and_queue_time_for_a_remote_past_max_inflight(gateway, vllm
     assert value(found, "infer_num_requests_waiting", backend="vl") == 2.0
 
 
-def test_gauges_follow_a_backend_load_change_within_half_a_second(gateway, vllm):
-    """The backend's figures are read again when older than 0.5 s before /metrics answers: a change shows
-    at once, not at the next health poll (every 5 s)."""
+def test_gauges_show_a_backend_load_change_at_the_next_scrape(gateway, vllm):
+    """The backend's figures are read when /metrics answers: a change shows at the very next scrape, not
+    at the next health poll (every 5 s) nor when a cached read expires."""
     assert httpx.get(gateway.url + "/ready").status_code == 200
     samples(gateway.url)
     vllm.behaviour.running, vllm.behaviour.waiting = 7, 4
     try:
-        time.sleep(0.55)
         found = samples(gateway.url)
         assert (value(found, "infer_num_requests_running", backend="vl"),
                 value(found, "infer_num_requests_waiting", backend="vl")) == (7.0, 4.0)
     finally:
         vllm.behaviour.running, vllm.behaviour.waiting = 3, 2
-        time.sleep(0.55)
 
 
 def test_requests_sent_that_the_backend_does_not_count_yet_are_waiting_there(gateway, vllm):
@@ -203,7 +201,6 @@ def test_requests_sent_that_the_backend_does_not_count_yet_are_waiting_there(gat
     result: list[httpx.Response] = []
     thread = threading.Thread(target=lambda: result.append(chat(gateway.url, "vl", stream=True)))
     try:
-        time.sleep(0.55)
         thread.start()
         deadline, seen = time.monotonic() + 10, None
         while time.monotonic() < deadline:
@@ -216,7 +213,6 @@ def test_requests_sent_that_the_backend_does_not_count_yet_are_waiting_there(gat
         thread.join(30)
     finally:
         vllm.behaviour.running, vllm.behaviour.waiting, vllm.behaviour.token_delay = 3, 2, 0.0
-        time.sleep(0.55)
     assert result[0].status_code == 200
 
 

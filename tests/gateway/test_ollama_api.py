@@ -312,7 +312,7 @@ def test_empty_chunks_are_skipped_and_their_logprobs_carried(tiny_store, tmp_pat
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
-    from gateway.settings import ServerSettings
+    from core.settings import ServerSettings
     from fakes.live import server_env
 
     settings = ServerSettings.from_env(server_env(tmp_path / "home", tiny_store.root, 11434))

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.openai.schemas import ChatCompletionRequest
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from ledger.usage import recent
 from fakes.live import server_env
 

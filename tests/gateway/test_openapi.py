@@ -17,7 +17,7 @@ STREAMS = {"/v1/chat/completions": "text/event-stream", "/v1/completions": "text
 @pytest.fixture(scope="module")
 def schema(tmp_path_factory) -> dict:
     from gateway.app import create_app
-    from gateway.settings import ServerSettings
+    from core.settings import ServerSettings
 
     home = tmp_path_factory.mktemp("openapi-home")
     return create_app(ServerSettings.from_env({"INFER_HOME": str(home)})).openapi()

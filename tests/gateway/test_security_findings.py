@@ -7,7 +7,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from ledger.db import open_db
 from ledger.keys import create_key
 from fakes.live import server_env

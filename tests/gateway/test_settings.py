@@ -6,7 +6,7 @@ import pytest
 
 from core.durations import format_duration, parse_duration
 from gateway.policy.access import is_operator_key
-from gateway.settings import ServerSettings, SettingsError, parse_host
+from core.settings import ServerSettings, SettingsError, parse_host
 
 
 @pytest.mark.parametrize("text,expected", [

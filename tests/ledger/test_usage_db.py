@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from ledger import migrations
-from ledger.db import database_url_from_env, default_database_url, open_db
+from core.settings import RegistrySettings
+from ledger.db import open_db
 from ledger.tables import RequestLog
 from ledger.ulid import ALPHABET, new_ulid
 from ledger.usage import ModelTotals, UsageRecord, log_usage, recent, totals_by_model
@@ -115,12 +116,10 @@ def test_sqlite_pragmas_are_on(engine):
     assert pragmas == ["wal", 5000, 1]  # synchronous=NORMAL is 1
 
 
-def test_database_urls(tmp_path, monkeypatch):
-    assert default_database_url(tmp_path) == f"sqlite:///{tmp_path}/usage.db"
-    monkeypatch.delenv("INFER_DATABASE_URL", raising=False)
-    assert database_url_from_env(tmp_path) == default_database_url(tmp_path)
-    monkeypatch.setenv("INFER_DATABASE_URL", "sqlite:///elsewhere.db")
-    assert database_url_from_env(tmp_path) == "sqlite:///elsewhere.db"
+def test_database_urls(tmp_path):
+    assert RegistrySettings.from_env({"INFER_HOME": str(tmp_path)}).database_url == f"sqlite:///{tmp_path}/usage.db"
+    env = {"INFER_HOME": str(tmp_path), "INFER_DATABASE_URL": "sqlite:///elsewhere.db"}
+    assert RegistrySettings.from_env(env).database_url == "sqlite:///elsewhere.db"
 
 
 @pytest.mark.parametrize("bad, reason", [

@@ -14,7 +14,7 @@ BOOKKEEPING = ("config", "sampling_params", "sequence", "block_manager", "schedu
 def test_defaults_do_not_touch_the_model():
     config = EngineConfig(model="/no/such/model.gguf")
     assert (config.block_size, config.max_num_batched_tokens, config.max_num_seqs) == (16, 2048, 256)
-    assert config.max_model_len is None and config.dtype == "auto" and config.enable_prefix_caching
+    assert config.max_model_len == 2048 and config.dtype == "auto" and config.enable_prefix_caching
 
 
 def test_frozen():

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from gguf_io.gguf_file import GGUFFile, read_header
 from fakes.live import server_env
 from tests.gateway.conftest import private_store

@@ -19,7 +19,7 @@ from adapters.remote.base import RemoteSettings
 from adapters.remote.registry import create_remote
 from gateway.serving.router import Router
 from gateway.app import create_app
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from fakes.live import server_env
 from fakes import FakeEngine, RunningServer, start_server
 from tests.remote.test_llamacpp_server import ledger_row

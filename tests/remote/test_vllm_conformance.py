@@ -23,7 +23,7 @@ from adapters.remote.registry import create_remote
 from fakes import Behaviour, RunningServer, start_server
 from gateway.app import create_app
 from gateway.serving.router import Router
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from fakes.live import server_env
 from tests.remote.conformance import differences, error_view, fold_sse, normalize
 from tests.remote.test_llamacpp_server import ledger_row

@@ -4,7 +4,7 @@ binds it when one frees up, protects the requests already decoding, and sheds at
 from __future__ import annotations
 
 from routing.dispatch import Dispatcher, Waiter
-from routing.slo import SLO
+from tests.routing.policies import slo as SLO
 from routing.strategies import Member
 
 SLO_ = SLO(ttft_ms=1000, tpot_ms=100, e2e_ms=20000)

@@ -7,7 +7,8 @@ import pytest
 
 from routing.breaker import CircuitBreaker
 from routing.predictor import LatencyModel, Prediction, WindowFit
-from routing.slo import SLO, vllm_tpot
+from routing.slo import vllm_tpot
+from tests.routing.policies import slo as SLO
 from routing.stats import Outcome, Window, percentiles
 from routing.strategies import Member, Orderer, headroom
 

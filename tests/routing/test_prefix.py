@@ -6,8 +6,8 @@ from __future__ import annotations
 from core.base import GenerationRequest
 from routing.dispatch import Dispatcher, Waiter
 from routing.predictor import LatencyModel
-from routing.prefix import PrefixIndex, PrefixPolicy, RoutePrefixes, block_keys, choose, expected_cached, prompt_text
-from routing.slo import SLO
+from routing.prefix import PrefixIndex, RoutePrefixes, block_keys, choose, expected_cached, prompt_text
+from tests.routing.policies import prefix as PrefixPolicy, slo as SLO
 from routing.strategies import Member, Orderer
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}  # 1,160 characters
@@ -37,7 +37,7 @@ def test_a_chat_renders_so_a_later_turn_extends_the_earlier_one():
 
 
 def test_match_counts_each_backends_leading_blocks():
-    index = PrefixIndex(3)
+    index = PrefixIndex(3, PrefixPolicy())
     keys = [11, 12, 13, 14]
     index.insert(0, keys[:2])
     index.insert(2, keys)
@@ -72,7 +72,7 @@ def test_bounded_loads_keep_a_hot_prefix_from_pinning_one_backend():
 
 def test_the_route_sends_a_conversation_back_where_its_prefix_is():
     members = [Member(name=n, backend=None, model="m") for n in ("a", "b", "c")]
-    prefixes = RoutePrefixes("route", ["a", "b", "c"])
+    prefixes = RoutePrefixes("route", ["a", "b", "c"], PrefixPolicy())
     order = Orderer("prefix")
     served = []
     for turns in (("hello",), ("hello", "hi", "more"), ("hello", "hi", "more", "ok", "last")):

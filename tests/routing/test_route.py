@@ -10,15 +10,16 @@ import pytest
 from core.base import Chunk, Done, GenerationRequest
 from core.errors import BackendUnavailable, InvalidRequest, RouteShed, RouteUnavailable
 from routing.breaker import CircuitBreaker
-from routing.route import Route, RoutePolicy
-from routing.slo import SLO
+from gateway.backends_config import SLOEntry as SLO
+from routing.route import Route
 from routing.strategies import Member
+from tests.routing.policies import policy as policy_of
 from tests.routing.scripted import Scripted
 
 
 def route(*backends: Scripted, name: str = "chat", routes: dict | None = None, **policy) -> Route:
     members = [Member(name=b.name, backend=b, model=f"{b.name}-model") for b in backends]
-    return Route(name, members, RoutePolicy(**policy), resolve_route=(routes or {}).get)
+    return Route(name, members, policy_of(**policy), resolve_route=(routes or {}).get)
 
 
 def request(**fields) -> GenerationRequest:
@@ -116,7 +117,7 @@ def test_a_client_may_tighten_the_slo_but_not_loosen_it():
 
 def test_no_first_token_in_time_resubmits_to_the_next_backend_unseen_by_the_client():
     stalled, good = Scripted("stalled", stall=True), Scripted("good")
-    r = route(stalled, good, strategy="round_robin", first_token_timeout_s=0.1)
+    r = route(stalled, good, strategy="round_robin", first_token_timeout_ms=100)
     chunks, done = run(r)
     assert stalled.cancelled == 1 and len(good.calls) == 1
     assert [c.text for c in chunks] == ["t0 ", "t1 ", "t2 ", "t3 "] and done.finish_reason == "length"

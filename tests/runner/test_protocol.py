@@ -47,6 +47,13 @@ def test_a_request_arrives_whole_without_its_cancel_token_caller_and_admission()
     assert back.caller is None and back.admit is None and back.key_name == "team" and not back.cancel.cancelled
 
 
+def test_a_request_keeps_its_keep_alive_in_the_gateway_whose_scheduler_stops_the_runner():
+    for keep_alive in (0.0, 5.0, None):
+        wire = p.to_runner.decode(p.encoder.encode(p.Generate(1, p.request_to_wire(
+            GenerationRequest(model="tiny", prompt="hi", keep_alive=keep_alive))))).request
+        assert wire["keep_alive"] == -1 and p.request_from_wire(wire).keep_alive == -1
+
+
 def test_the_admission_round_trip_messages():
     asked = p.from_runner.decode(p.encoder.encode(p.Admit(3, 120, 512, "llamacpp")))
     assert (asked.id, asked.prompt_tokens, asked.context, asked.served_by) == (3, 120, 512, "llamacpp")

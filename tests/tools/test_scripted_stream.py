@@ -19,7 +19,7 @@ from core.base import Chunk, Done, GenerationRequest, Health, Timings, Usage
 from frontend.tools.local import tool_calling
 from adapters.engines.store_models import model_details
 from gateway.app import create_app
-from gateway.settings import ServerSettings
+from core.settings import ServerSettings
 from fakes.live import server_env
 from tests.gateway.conftest import private_store
 from fakes.behaviour import Behaviour

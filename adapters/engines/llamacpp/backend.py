@@ -58,7 +58,13 @@ class LlamaCppBackend:
 
     @tool_calling(grammar=True)
     @reasoning
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+    def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        return self.generate(request)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """Generation as the request says: from token ids (a runner's, from the gateway's front end, which
+        parses tools and thinking) or a prompt rendered here (in-process, or a vocabulary the gateway
+        does not tokenize)."""
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.defaults)
         t_queue = time.perf_counter()

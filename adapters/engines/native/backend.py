@@ -24,11 +24,11 @@ from registry.store import Store
 
 from core.base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
                                 StreamEvent, Timings, TokenLogprob, Usage, until_cancelled)
-from frontend.chat_format import PromptSpec, render_request
+from frontend.prompt_ids import max_token_bytes, tokenize_request
 from core.errors import BackendUnavailable, InvalidRequest, ModelNotFound
 from frontend.reasoning import reasoning
 from frontend.tools.local import tool_calling
-from core.options import Options, check_prompt_bytes, check_room, check_token_ids, resolve_options
+from core.options import Options, check_room, check_token_ids, resolve_options
 from core.settings import (DEFAULTS, SPECULATIVE_SWITCHES, LocalSettings, NativeSettings,
                                     speculative_switch)
 from adapters.engines.store_models import gguf_path, model_details, store_models
@@ -42,8 +42,6 @@ class _Loaded:
     digest: str  # the weights' (`ModelDetails.base_digest`): models that add an adapter share the engine
     size: int
     engine: Any  # AsyncLLMEngine
-    bos: str
-    eos: str
     active: int = 0
     expires_at: float | None = None
     timer: asyncio.TimerHandle | None = None
@@ -69,7 +67,12 @@ class NativeBackend:
 
     @tool_calling(grammar=True)
     @reasoning
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+    def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        return self.generate(request)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """The engine core: generate from the prompt as given (a runner gets token ids from the gateway,
+        whose front end parses tools and thinking); text is rendered and tokenized here only in-process."""
         details = self.details(request.model)
         options = resolve_options(details.parameters, request.options, defaults=self.settings.option_defaults)
         structured_outputs(request.format)  # a malformed format is a 400 before the model loads
@@ -83,17 +86,12 @@ class NativeBackend:
     async def _generate(self, entry: _Loaded, details: ModelDetails, request: GenerationRequest, options: Options,
                         timings: Timings) -> AsyncIterator[StreamEvent]:
         llm = entry.engine.engine
-        spec = PromptSpec.from_details(details, bos_token=entry.bos, eos_token=entry.eos)
         limit = min(options.num_ctx, llm.max_model_len)
-        longest = _max_token_bytes(entry, llm.tokenizer)
-        encode = lambda text: _encode(llm.tokenizer, spec, text)  # noqa: E731
-        count = lambda text: limit + 1 if len(text) > limit * longest else len(encode(text))  # noqa: E731
-        if request.prompt_tokens is not None:  # token ids from the client go to the engine as they are
+        if request.prompt_tokens is not None:  # the gateway's (or the client's) ids go to the engine as they are
             token_ids, dropped = check_token_ids(request.prompt_tokens, llm.tokenizer.vocab_size), 0
         else:
-            prompt, dropped = render_request(spec, request, count, limit - 1)
-            check_prompt_bytes(prompt, limit, longest)  # bounded work before tokenizing a huge prompt
-            token_ids = encode(prompt)
+            prompt = tokenize_request(llm.tokenizer, details, request, limit, _max_token_bytes(entry, llm.tokenizer))
+            token_ids, dropped = prompt.token_ids, prompt.dropped
         check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
         room = limit - len(token_ids)
         if request.admit is not None:  # a keyed request: its budget and limits, before anything runs
@@ -141,11 +139,7 @@ class NativeBackend:
             llm = LLMEngine(config)
         except (ValueError, NotImplementedError) as exc:
             raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
-        tok = llm.tokenizer
-        bos = tok.decode([tok.bos_token_id], skip_special_tokens=False) if tok.bos_token_id is not None else ""
-        eos = tok.decode(tok.eos_token_ids[:1], skip_special_tokens=False)
-        return _Loaded(details.name.display, details.base_digest, model_path.stat().st_size,
-                       AsyncLLMEngine(llm), bos, eos)
+        return _Loaded(details.name.display, details.base_digest, model_path.stat().st_size, AsyncLLMEngine(llm))
 
     def _speculative(self, details: ModelDetails) -> str | None:
         """The model's method: its Modelfile's PARAMETER speculative, else the server's setting ("on": n-gram);
@@ -288,14 +282,8 @@ async def _engine_outputs(engine, token_ids: list[int], params, arrival: float, 
 def _max_token_bytes(entry: _Loaded, tokenizer) -> int:
     """The longest vocabulary entry in bytes, measured once per loaded model."""
     if entry.max_token_bytes is None:
-        entry.max_token_bytes = max((len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)), default=1)
+        entry.max_token_bytes = max_token_bytes(tokenizer)
     return entry.max_token_bytes
-
-
-def _encode(tokenizer, spec: PromptSpec, text: str) -> list[int]:
-    """Tokenize as llama.cpp does: BOS first when the model asks for it, unless the template wrote it."""
-    add_bos = tokenizer.add_bos_token and not (spec.bos_token and text.startswith(spec.bos_token))
-    return tokenizer.encode(text, add_bos=add_bos)
 
 
 def engine_config(native: NativeSettings, model_path: str, max_model_len: int, speculative: str | None = None,

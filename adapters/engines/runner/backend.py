@@ -3,7 +3,11 @@
 One ``RunnerBackend`` per engine name (llama.cpp, native, scripted), all sharing one
 :class:`~adapters.engines.scheduler.Scheduler`; routes, SLOs, costs and the ledger see the same
 ``Chunk``…``Done`` stream as from the in-process engines. The gateway side reads the store (a
-model's details, its options) but never loads a model: that happens in the runner.
+model's details, its options, its vocabulary) but never loads a model: that happens in the runner.
+For a native model it is also the front end (vLLM's split between its API server and ``EngineCore``):
+the template is rendered and tokenized here (``frontend/prompt_ids``), a keyed request admitted on
+that count, and tools and thinking parsed from the text the runner streams back; the runner sees
+token ids only.
 
 :class:`RunnerStarter` is the scheduler's ``start``: it takes the engine's spare runner (started
 ahead, its engine already imported) or starts one, and loads the model into it. A spare is started
@@ -18,19 +22,23 @@ import asyncio
 import logging
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from registry.details import ModelDetails
 from registry.store import Store
 
 from core.base import Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent
-from core.errors import ModelNotFound, RunnerStopped
-from core.options import Options, resolve_options
+from core.errors import BackendError, BackendUnavailable, ModelNotFound, RunnerStopped
+from core.options import Options, check_room, resolve_options
 from core.settings import LocalSettings
+from frontend.prompt_ids import PIECE_CHARS, read_ahead, same_ids_as_llama_cpp, tokenize_request, vocabulary_of
+from frontend.reasoning import reasoning
+from frontend.token_count import prompt_bound
+from frontend.tools.local import tool_calling
 from adapters.engines.local import ENGINES, TEST_ENGINE, LocalEngines, check_engine
 from adapters.engines.scheduler import Loaded, Scheduler
-from adapters.engines.store_models import model_details, store_models
+from adapters.engines.store_models import gguf_path, model_details, store_models
 
 from . import protocol as p
 from .client import Launch, RunnerClient
@@ -38,6 +46,11 @@ from .client import Launch, RunnerClient
 log = logging.getLogger(__name__)
 
 SPARE_AFTER_S = 5.0  # after a load, when the engine's next spare starts
+# Engines whose runner takes token ids: the gateway renders the template, tokenizes, admits a keyed request
+# on that count and parses tools and thinking; the runner generates from ids (vLLM's engine core does so).
+# llama.cpp only for the vocabularies the gateway's tokenizer reads (byte-level BPE, a known pre-tokenizer):
+# SentencePiece ones (Llama 2, Mistral, Gemma) are rendered and tokenized in the runner, as before.
+TOKENIZED_ENGINES = ("native", "llamacpp")
 
 
 @dataclass
@@ -109,7 +122,7 @@ class RunnerBackend:
     scheduler: Scheduler
     name: str = "llamacpp"
     can_stream: bool = True
-    admits: bool = True  # the runner asks the gateway to admit a keyed request once it has counted the prompt
+    admits: bool = True  # a keyed request is admitted once its prompt is counted (here, or by the runner's Admit)
 
     @property
     def supports_embeddings(self) -> bool:
@@ -118,14 +131,43 @@ class RunnerBackend:
     def _options(self, details: ModelDetails, options: dict[str, Any] | None) -> Options:
         return resolve_options(details.parameters, options, defaults=self.settings.option_defaults)
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+    def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        if self._takes_ids(request.model):
+            return self._stream_tokenized(request)
+        return self._stream(request, tokenize=False)
+
+    def _takes_ids(self, model: str) -> bool:
+        """The native engine always (its tokenizer is the gateway's); llama.cpp for a vocabulary the gateway's
+        tokenizer reads, which gives llama.cpp's ids (``scripts/check_token_ids.py``); else the runner renders."""
+        if self.name not in TOKENIZED_ENGINES:
+            return False
+        try:
+            details = self.details(model)
+        except BackendError:
+            return False  # the request fails as it would anyway (unknown model), from the runner's path
+        return self.name == "native" or same_ids_as_llama_cpp(details)
+
+    @tool_calling(grammar=True)
+    @reasoning
+    def _stream_tokenized(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """The runner gets token ids: tools and thinking are parsed here, on the text it sends back."""
+        return self._stream(request, tokenize=True)
+
+    async def _stream(self, request: GenerationRequest, *, tokenize: bool) -> AsyncIterator[StreamEvent]:
         details = self.details(request.model)
-        entry, load_s = await self.scheduler.acquire(self.name, details, self._options(details, request.options))
+        options = self._options(details, request.options)
+        if tokenize:  # a model's first request: its vocabulary is read while its runner loads
+            read_ahead(str(gguf_path(details, f"the {self.name} engine")))
+        entry, load_s = await self.scheduler.acquire(self.name, details, options)
         ok = True
         try:
+            dropped = 0
+            if tokenize:
+                request, dropped = await tokenized(request, details, options, entry.runner.context_length, self.name)
             async for event in entry.runner.stream(request):
                 if isinstance(event, Done):
                     event.timings.load += load_s
+                    event.truncated_messages = event.truncated_messages or dropped
                 yield event
         except RunnerStopped:
             ok = False
@@ -205,6 +247,30 @@ def _loaded_model(entry: Loaded) -> LoadedModel:
                        state=("stopping" if entry.unload_when_idle else "ready") if ready else "loading",
                        active=entry.active, pids=runner.pids if runner is not None else [],
                        tensor_parallel=len(runner.pids) if runner is not None else 1)
+
+
+async def tokenized(request: GenerationRequest, details: ModelDetails, options: Options, context: int,
+                    served_by: str) -> tuple[GenerationRequest, int]:
+    """What a runner that takes token ids gets: the prompt rendered and tokenized here, once, the key's
+    admission decided on that count (its cap becomes ``num_predict``); and the messages dropped to fit."""
+    try:
+        vocab, longest = await vocabulary_of(str(gguf_path(details, f"the {served_by} engine")))
+    except (ValueError, OSError) as exc:
+        raise BackendUnavailable(f"cannot read the vocabulary of {details.name.display}: {exc}") from None
+    limit = min(options.num_ctx, context) if served_by == "native" and context > 0 else options.num_ctx
+    if prompt_bound(request) > PIECE_CHARS:  # a long prompt: tokenizing holds the GIL for milliseconds
+        prompt = await asyncio.to_thread(tokenize_request, vocab, details, request, limit, longest)
+    else:
+        prompt = tokenize_request(vocab, details, request, limit, longest)
+    check_room(len(prompt.token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
+    sent = replace(request, prompt_tokens=prompt.token_ids, messages=None, prompt="", system=None, suffix=None,
+                   template=None, tools=None, raw=False, templated=False, admit=None)
+    if request.admit is not None:
+        cap = await request.admit(len(prompt.token_ids), limit, served_by)
+        if cap is not None:
+            most = cap if options.num_predict <= 0 else min(cap, options.num_predict)
+            sent.options = {**sent.options, "num_predict": most}
+    return sent, prompt.dropped
 
 
 def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "warning") -> LocalEngines:

@@ -16,9 +16,11 @@ gateway -> runner                        runner -> gateway
     Shutdown()                               the process exits 0
 
 ``Generate.request`` is a :class:`~core.base.GenerationRequest` without its cancel token,
-its caller and its admission hook; events carry the ``Chunk`` and ``Done`` dataclasses as they are.
-A keyed request (``Generate.admit``) is admitted by the gateway (``request.admit``: the key's budget
-and limits) once the runner has counted its prompt: the runner sends ``Admit`` and generates nothing
+its caller and its admission hook, and with ``keep_alive`` -1 (the gateway's scheduler stops the runner); events carry the ``Chunk`` and ``Done`` dataclasses as they are.
+A native runner's ``Generate`` carries the prompt as token ids (``prompt_tokens``), counted and admitted
+by the gateway before it is sent. A keyed request to a runner that renders its own prompt (llama.cpp,
+scripted: ``Generate.admit``) is admitted by the gateway (``request.admit``: the key's budget and
+limits) once the runner has counted its prompt: the runner sends ``Admit`` and generates nothing
 until the answer (``Admitted`` with the most tokens it may generate, or ``Refused``; the gateway
 then answers the client with its own error). A runner's error
 travels as its class name in ``core.errors`` and its fields (:func:`error_to_wire`).
@@ -144,7 +146,10 @@ from_runner = msgspec.msgpack.Decoder(FromRunner)
 
 
 def request_to_wire(request: GenerationRequest) -> dict[str, Any]:
-    return {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name not in _LOCAL_ONLY}
+    """The request's fields for the runner; its ``keep_alive`` stays in the gateway, whose scheduler is the
+    only keep-alive (``adapters/engines/scheduler.py``): the runner's engine keeps its model for good."""
+    fields = {f.name: getattr(request, f.name) for f in dataclasses.fields(request) if f.name not in _LOCAL_ONLY}
+    return {**fields, "keep_alive": -1}
 
 
 def request_from_wire(fields: dict[str, Any]) -> GenerationRequest:

@@ -3,8 +3,10 @@
 The gateway starts ``python -m adapters.engines.runner`` with its two socket addresses and an engine name;
 the process imports its engine at once (a spare runner is ready before a model is asked for), then
 waits for :class:`~adapters.engines.runner.protocol.Load`. Each ``Generate`` becomes a task that runs the
-engine's ``stream`` (the same in-process backend ``infer run --local`` uses, prompt rendering,
-tokenizing, detokenizing and tool-call parsing included) and sends each event as it comes. The
+engine's ``stream`` (the same in-process backend ``infer run --local`` uses) and sends each event as it
+comes. A native runner gets the prompt as token ids (the gateway rendered, tokenized and admitted it, and
+parses tools and thinking on the way back: ``runner/backend.py``); a llama.cpp or scripted runner gets
+the request as text and renders it here. The
 runner never decides when to exit on its own: the gateway sends ``Shutdown`` or kills it; it also
 exits when the gateway is gone (its parent changes).
 """
@@ -135,7 +137,7 @@ class Worker:
                 request.admit = self._admission(message.id)
                 if not getattr(self.backend, "admits", False):
                     await self._admit_here(request)
-            async for event in self.backend.stream(request):
+            async for event in self._events(request):
                 if isinstance(event, Done):
                     await self.send(p.Finished(message.id, event, self.current_load(), self.spec_decode_stats()))
                     continue
@@ -151,6 +153,12 @@ class Worker:
             await self.send(p.Failed(message.id, p.error_to_wire(BackendUnavailable(f"{self.engine} failed: {exc}"))))
         finally:
             self.cancels.pop(message.id, None)
+
+    def _events(self, request):
+        """Token ids from the gateway go straight to the engine core (``generate``): the gateway's front end
+        parses tools and thinking; a request as text takes the engine's whole ``stream``."""
+        core = getattr(self.backend, "generate", None)
+        return core(request) if core is not None and request.prompt_tokens is not None else self.backend.stream(request)
 
     async def embed(self, message: p.Embed) -> None:
         try:

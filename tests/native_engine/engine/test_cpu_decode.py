@@ -36,14 +36,14 @@ def q8_0(w: torch.Tensor) -> BlockWeight:
     return BlockWeight.q8_0(q.view(w.shape), d)
 
 
-def requantized_engine(tmp_path, name: str, spec, num_blocks: int):
+def requantized_engine(tmp_path, name: str, spec, num_blocks: int, **engine_args):
     """An engine of `spec` (random f32 weights) whose linears compute on Q4_1 blocks; its model."""
     from registry.modelbuilder import build_gguf
 
     from .conftest import BuiltModel
 
     path = build_gguf(tmp_path / f"{name}.gguf", spec, dtype="f32")
-    engine = new_engine(BuiltModel(name, spec, path, path), num_blocks=num_blocks, block_size=4)
+    engine = new_engine(BuiltModel(name, spec, path, path), num_blocks=num_blocks, block_size=4, **engine_args)
     lm = engine.model_runner.model
     for layer in lm.model.layers:
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
@@ -115,13 +115,15 @@ class CheckedBatch(ModulePath):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_batches_in_one_parallel_region_match_the_module_path(tmp_path, threads, monkeypatch):
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])  # qwen2: a bias on qkv
+def test_decode_batches_in_one_parallel_region_match_the_module_path(tmp_path, threads, preset, monkeypatch):
     from native_engine.kernels import cpu_batch
 
     if cpu_batch.library() is None:
         pytest.skip("a plain-C build (no AVX2 or AVX-512 tier): batches use the float32 kernels")
-    spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)  # head_dim 64, 2 heads a group
-    engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=96)
+    spec = PRESETS[preset].with_(hidden_size=256, num_heads=4, num_kv_heads=2)  # head_dim 64, 2 heads a group
+    engine, lm = requantized_engine(tmp_path, f"{preset}-64", spec, num_blocks=96)
+    assert (lm.model.layers[0].self_attn.qkv_proj.bias is not None) == (preset == "tiny-qwen2")
     stack = CPUDecodeStack.build(lm.model, lm.lm_head)
     assert stack is not None and stack.batch_pointers is not None
     lm.model.cpu_decode = checked = CheckedBatch(lm, stack)
@@ -134,3 +136,45 @@ def test_decode_batches_in_one_parallel_region_match_the_module_path(tmp_path, t
     assert {4, 5, 6} <= set(checked.rows)
     # int16-rounded matmul inputs on both sides, attention summed in another order: ~2e-4 of max |hidden|
     assert max(checked.diff) < 1e-3, max(checked.diff)
+
+
+class CheckedLoRABatch(CheckedBatch):
+    """4+ rows of which some have an adapter: the C step's LoRA deltas against the layers' (`LoRALayer.apply`)."""
+
+    def compare(self, rows, expected, out, ctx) -> None:
+        if ctx.lora is not None:
+            super().compare(rows, expected, out, ctx)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_batches_with_lora_adapters_match_the_module_path(tmp_path, threads, monkeypatch):
+    """Rows of two adapters (one on every projection, one on q, v and down only) and of the base in one step:
+    `llama_decode_batch` adds each row's adapter deltas as the module path does."""
+    from native_engine import LoRARequest
+    from native_engine.kernels import cpu_batch
+    from registry.modelbuilder import LoraSpec, build_lora
+
+    if cpu_batch.library() is None:
+        pytest.skip("a plain-C build (no AVX2 or AVX-512 tier): batches use the float32 kernels")
+    spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)
+    engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=96, max_loras=2)
+    adapters = {"a1": LoraSpec(rank=8, alpha=32.0, seed=1),
+                "a2": LoraSpec(rank=4, alpha=16.0, targets=("q_proj", "v_proj", "down_proj"), seed=2)}
+    paths = {name: build_lora(tmp_path / f"{name}.gguf", spec, lora) for name, lora in adapters.items()}
+    stack = CPUDecodeStack.build(lm.model, lm.lm_head)
+    assert stack is not None and stack.batch_pointers is not None
+    lm.model.cpu_decode = checked = CheckedLoRABatch(lm, stack)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+
+    prompts = [[5, 17, 300, 2, 9], list(range(40, 61)), [7], [8, 9], list(range(100, 137)), [11, 12, 13]]
+    names = ["a1", "a2", None, "a1", "a2", "a1"]
+    requests = [None if n is None else LoRARequest(n, str(paths[n])) for n in names]
+    params = [greedy(n) for n in (6, 9, 12, 15, 18, 21)]
+    outputs = engine.generate(prompts, params, lora_request=requests)
+
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [6, 9, 12, 15, 18, 21]
+    assert {4, 5, 6} <= set(checked.rows)  # LoRA steps of 4, 5 and 6 rows went through the C call
+    assert max(checked.diff) < 1e-3, max(checked.diff)
+    lm.model.cpu_decode = stack
+    base = engine.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in base] != [o.outputs[0].token_ids for o in outputs]  # the deltas matter

@@ -41,3 +41,20 @@ def test_batched_runs_equal_the_segmented_matmul(segments):
     runs = batches(segments)
     assert len(runs) < len(segments) or segments[0][0] == 1
     torch.testing.assert_close(sgmv_torch(x, out.clone(), a, b, ranks, runs), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_packed_linears_run_expands_only_its_shards_blocks():
+    """Bᵀ block diagonal over a packed linear's shards (q: outputs 0..15, v: 24..31; k: none), as LoRALayer
+    stacks it: expanding block by block gives the dense product, and outputs of no shard stay untouched."""
+    from native_engine.kernels.sgmv import batches, sgmv_torch
+
+    rank, blocks = 4, [[(0, 4, 0, 16), (4, 8, 24, 32)]]
+    a, b = randn(1, 8, 40, seed=3), torch.zeros(1, 8, 32)
+    b[0, 0:4, 0:16], b[0, 4:8, 24:32] = randn(4, 16, seed=4), randn(4, 8, seed=5)
+    x, out = randn(9, 40, seed=1), randn(9, 32, seed=2)
+    segments = [(0, 7, 0)]  # rows 7, 8: no adapter
+    expected = sgmv_ref(x, out.clone(), a, b, [2 * rank], segments)
+    got = sgmv_torch(x, out.clone(), a, b, [2 * rank], batches(segments), blocks)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[:, 16:24], out[:, 16:24]) and torch.equal(got[7:], out[7:])
+    assert not torch.equal(got[:7, :16], out[:7, :16])

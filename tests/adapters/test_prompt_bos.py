@@ -1,9 +1,9 @@
-"""The native adapter tokenizes a rendered prompt the way llama.cpp does (BOS handling)."""
+"""The frontend tokenizes a rendered prompt the way llama.cpp does (BOS handling)."""
 
 from dataclasses import dataclass
 
 from frontend.chat_format import PromptSpec
-from adapters.engines.native.backend import _encode
+from frontend.prompt_ids import encode
 
 
 @dataclass
@@ -16,6 +16,6 @@ class FakeTokenizer:
 
 def test_bos_is_added_only_when_the_model_wants_it_and_the_template_did_not_write_it():
     spec = PromptSpec(bos_token="<s>")
-    assert _encode(FakeTokenizer(True), spec, "hi")[0] == 1
-    assert _encode(FakeTokenizer(True), spec, "<s>hi")[0] == ord("<")
-    assert _encode(FakeTokenizer(False), spec, "hi")[0] == ord("h")
+    assert encode(FakeTokenizer(True), spec, "hi")[0] == 1
+    assert encode(FakeTokenizer(True), spec, "<s>hi")[0] == ord("<")
+    assert encode(FakeTokenizer(False), spec, "hi")[0] == ord("h")
