@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # ahead of bench/ (the script's folder), whose gateway.py is not the package
 
 from core.base import GenerationRequest  # noqa: E402
 from benchmark.conversations import Workload, conversations  # noqa: E402
@@ -46,6 +46,7 @@ from routing.predictor import median  # noqa: E402
 from gateway.backends_config import PrefixEntry, SLOEntry  # noqa: E402
 from routing.build import prefix_policy, slo_policy  # noqa: E402
 from routing.prefix import RoutePrefixes  # noqa: E402
+from routing.slo import SLO as RouteSLO  # noqa: E402
 from routing.strategies import Member, Orderer  # noqa: E402
 from slo import FLEET, SLO, Call, fleet_capacity, print_system_goodput, workload  # noqa: E402
 from fakes.queueing import QueueModel  # noqa: E402

@@ -26,6 +26,7 @@ each tool's JSON Schema is checked, ~1 ms apiece), and counting a prompt's token
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 from collections.abc import Callable
 from json.scanner import py_make_scanner
