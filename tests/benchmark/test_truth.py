@@ -66,14 +66,14 @@ def test_every_metric_within_one_percent_of_the_server_truth(scripted, api):
         assert point["max_concurrent_requests"] == 8
         assert len([gap for r in result.runs[0].records for gap in r.itl]) == 2 * (3 + 2 + 2 + 2)
         misses = _misses(point, truth)
-        if not misses or load.cores <= 0.5 or attempt == 2:
+        if not misses or attempt == 2:
             break
     assert not misses, f"{misses} (others kept {load.cores:.2f} cores busy)"
 
 
 def test_tpot_is_vllms_definition_on_known_numbers(scripted):
     """One request: TTFT ~0.5 s, then 9 gaps of ~0.08 s; 10 chunks carry 21 tokens: TPOT = 0.72 / 20 = 36 ms."""
-    for attempt in range(3):  # measured again only while other processes overload the machine
+    for attempt in range(3):  # measured again after a miss: a wrong definition misses every time, a stall once
         server = scripted([entry(0.5, [0.08] * 9, [3] + [2] * 9, prompt_tokens=10)])
         with OthersLoad([server.proc.pid]) as load:
             result = asyncio.run(run_bench(_bench(server.url, profile=Profile.parse("synchronous"), num_requests=1,
@@ -85,7 +85,7 @@ def test_tpot_is_vllms_definition_on_known_numbers(scripted):
                     "mean_tpot_ms": 1000 * (truth.latency - truth.ttft) / 20,
                     "mean_itl_ms": 1000 * (truth.latency - truth.ttft) / 9}
         misses = [key for key, want in expected.items() if point[key] != pytest.approx(want, rel=0.01)]
-        if not misses or load.cores <= 0.5 or attempt == 2:
+        if not misses or attempt == 2:
             break
     assert not misses, f"{misses}: {point} (others kept {load.cores:.2f} cores busy)"
     assert point["mean_tpot_ms"] == pytest.approx(36, rel=0.05)  # the script's nominal numbers
