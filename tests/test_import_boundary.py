@@ -37,8 +37,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """Absolute names of every module ``path`` imports (relative imports resolved)."""
+def imports(path: Path, submodules: set[str] = frozenset()) -> set[str]:
+    """Absolute names of every module ``path`` imports (relative imports resolved); ``from a.b import c``
+    names ``a.b.c`` instead of ``a.b`` when that is one of ``submodules``."""
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
@@ -47,8 +48,9 @@ def imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            names.add(".".join(base + ([node.module] if node.module else [])))
+            base = ".".join((package[: len(package) - node.level + 1] if node.level else [])
+                            + ([node.module] if node.module else []))
+            names.update(f"{base}.{a.name}" if f"{base}.{a.name}" in submodules else base for a in node.names)
     return names
 
 

@@ -8,7 +8,6 @@ and ``flops`` imports ``shape``).
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import tests.test_import_boundary as boundary
@@ -21,20 +20,9 @@ def shipped_modules() -> dict[str, Path]:
 
 
 def module_imports(path: Path, known: set[str]) -> set[str]:
-    """The project modules ``path`` imports: ``from a.b import c`` is ``a.b.c`` when that is a module, else
-    ``a.b``. (A package that imports its own submodules makes no edge back: the edges are import statements.)"""
-    package = module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = ".".join((package[: len(package) - node.level + 1] if node.level else [])
-                            + ([node.module] if node.module else []))
-            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
-    return found & known - {module_name(path)}
+    """The project modules ``path`` imports. (A package that imports its own submodules makes no edge back:
+    the edges are import statements.)"""
+    return imports(path, known) & known - {module_name(path)}
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
