@@ -166,3 +166,24 @@ def test_20_concurrent_requests_on_every_api_never_spend_past_the_budget(server)
     assert sum(costs) == pytest.approx(spent, rel=1e-9)
     served = query(server, "SELECT output_tokens FROM requests WHERE key_name = 'dollar' AND status = 'ok'")
     assert len(served) >= 5 and all(tokens <= 40 for (tokens,) in served), served
+
+
+def test_20_concurrent_requests_without_a_limit_never_spend_past_the_budget(server):
+    # None asks for a limit (Anthropic's required max_tokens is 4096): each cap comes from the budget alone, and
+    # the backend sends 600 tokens ($0.6) to each; unenforced, the 20 would spend $12 of the $1.
+    budget = 1.00
+    key = new_key(server, "open", "--budget-usd", f"{budget}")
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=20), timeout=60) as client:
+            jobs = [client.post(server.url + path, json=body, headers={"Authorization": f"Bearer {key}"})
+                    for path, body in (calls() * 2)[:20]]
+            return await asyncio.gather(*jobs)
+
+    answers = asyncio.run(burst())
+    assert {r.status_code for r in answers} <= {200, 402, 429} and any(r.status_code == 200 for r in answers)
+    assert wait_for(lambda: query(server, "SELECT count(*) FROM key_holds")[0][0] == 0, timeout=30)
+    spent, reserved = query(server, "SELECT spent_usd, reserved_usd FROM api_keys WHERE name = 'open'")[0]
+    costs = [c or 0.0 for (c,) in query(server, "SELECT total_cost_usd FROM requests WHERE key_name = 'open'")]
+    assert spent > 0 and round(spent, 2) <= budget and spent <= budget + 1e-9
+    assert reserved == pytest.approx(0.0, abs=1e-12) and sum(costs) == pytest.approx(spent, rel=1e-9)
