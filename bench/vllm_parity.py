@@ -22,12 +22,17 @@ infer/vLLM; the goal is every mean and median within 3 %, every p99 within 10 %.
 vLLM's benchmark a second time each round and adds its ratio to the first (vLLM/vLLM): the spread the
 same tool shows on the same server, against which a residual gap is judged. The order of the sides
 rotates each round. ``--json PATH`` writes every round's figures.
+
+On a machine of few cores the benchmark clients compete with the server they time: ``--server-cpus 0
+--client-cpus 1`` binds the started vLLM (its processes and OpenMP threads) to core 0 and each client, in
+turn, to core 1, so neither tool's own CPU cost lands in the other side's latencies or the server's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -51,7 +56,7 @@ def run_infer(args, url: str, model: str, tokenizer: Path, out: Path, seed: int)
                "--input-tokens", str(args.input_tokens), "--output-tokens", str(args.output_tokens),
                "--tokenizer", str(tokenizer), "--extra-body", json.dumps({"ignore_eos": True}),
                "--warmup", "0", "--out", str(out), "--seed", str(seed)]
-    _run(command, ROOT)
+    _run(command, ROOT, args.client_cpus)
     point = json.loads((out / "summary.json").read_text())["load_points"][0]
     return {k: point[k] for k in METRICS + THROUGHPUT}
 
@@ -65,13 +70,14 @@ def run_vllm(args, url: str, model: str, tokenizer_dir: Path, out: Path, seed: i
                "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
                "--metric-percentiles", "99", "--save-result", "--result-dir", str(out), "--result-filename", "r.json"]
     out.mkdir(parents=True, exist_ok=True)
-    _run(command, out)
+    _run(command, out, args.client_cpus)
     result = json.loads((out / "r.json").read_text())
     return {k: result[k] for k in METRICS + THROUGHPUT}
 
 
-def _run(command: list[str], cwd: Path) -> None:
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+def _run(command: list[str], cwd: Path, cpus: set[int] | None = None) -> None:
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, preexec_fn=pin)
     if done.returncode:
         sys.exit(f"{' '.join(command[:4])} ... failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
 
@@ -103,8 +109,17 @@ def server(args, work: Path):
         from registry.modelbuilder import PRESETS, build_hf
 
         build_hf(model_dir, PRESETS["tiny-qwen2-vllm"], dtype="bf16", seed=0)
-    started = vllm_cpu.start_vllm(model_dir, work / "run", name=args.model)
+    started = vllm_cpu.start_vllm(model_dir, work / "run", name=args.model, cpus=args.server_cpus)
     return started.url, args.model, model_dir / "tokenizer.json", model_dir, started
+
+
+def cores(text: str) -> set[int]:
+    """``0`` or ``0,2`` or ``0-3``: a set of core numbers."""
+    found: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        found.update(range(int(low), int(high or low) + 1))
+    return found
 
 
 def main() -> None:
@@ -120,6 +135,8 @@ def main() -> None:
     parser.add_argument("--model-dir", help="a Hugging Face model directory to serve (default: tiny-qwen2-vllm)")
     parser.add_argument("--noise", action="store_true", help="run vLLM's benchmark twice a round: vLLM/vLLM too")
     parser.add_argument("--json", type=Path, help="write every round's figures here")
+    parser.add_argument("--server-cpus", type=cores, help="bind the started vLLM to these cores (e.g. 0)")
+    parser.add_argument("--client-cpus", type=cores, help="bind each benchmark client to these cores (e.g. 1)")
     args = parser.parse_args()
     work = ROOT / ".bench" / "vllm-parity"
     work.mkdir(parents=True, exist_ok=True)
@@ -142,7 +159,8 @@ def main() -> None:
             started.stop()
     rows = report(rounds)
     noise = {key: ratio for key, _, _, ratio in report(rounds, "vllm again")} if args.noise else {}
-    print(f"\n{args.rounds} rounds, {args.num_requests} requests of {args.input_tokens} in / {args.output_tokens} out, "
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f} (1 min)")
+    print(f"{args.rounds} rounds, {args.num_requests} requests of {args.input_tokens} in / {args.output_tokens} out, "
           f"concurrency {args.concurrency}, medians over rounds")
     print(f"{'metric':22} {'infer bench':>12} {'vllm bench':>12} {'ratio':>7}" + (f" {'vllm/vllm':>9}" if noise else ""))
     for key, ours, theirs, ratio in rows:

@@ -71,16 +71,21 @@ def command(model_dir: Path, name: str, port: int, kv_endpoint: str, max_model_l
             "--kv-events-config", json.dumps(kv_events), "--disable-uvicorn-access-log"]
 
 
-def start_vllm(model_dir: Path, workdir: Path, name: str = "tiny", timeout: float = START_TIMEOUT) -> VLLMServer:
+def start_vllm(model_dir: Path, workdir: Path, name: str = "tiny", timeout: float = START_TIMEOUT,
+               cpus: set[int] | None = None) -> VLLMServer:
     """Start vLLM serving ``model_dir`` (a Hugging Face directory) as ``name``; its log and KV-events
-    socket live in ``workdir``. Raises RuntimeError with the log's tail when it does not come up."""
+    socket live in ``workdir``. ``cpus``: the cores its processes and its OpenMP threads are bound to
+    (``VLLM_CPU_OMP_THREADS_BIND``). Raises RuntimeError with the log's tail when it does not come up."""
     workdir.mkdir(parents=True, exist_ok=True)
     port, kv_endpoint = free_port(), f"ipc://{workdir / 'kv-events.ipc'}"
     log_path = workdir / f"vllm-{port}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    if cpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command(model_dir, name, port, kv_endpoint), stdout=log,
-                                   stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True)
+                                   stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True,
+                                   preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     server = VLLMServer(process, f"http://127.0.0.1:{port}", name, model_dir, kv_endpoint, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
