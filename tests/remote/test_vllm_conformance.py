@@ -25,15 +25,25 @@ from gateway.app import create_app
 from gateway.serving.router import Router
 from core.settings import ServerSettings
 from fakes.live import server_env
-from tests.remote.conformance import differences, error_view, fold_sse, normalize
+from tests.remote.conformance import (
+    anthropic_error_view,
+    differences,
+    error_view,
+    fold_anthropic,
+    fold_responses,
+    fold_sse,
+    normalize,
+    responses_view,
+)
 from tests.remote.test_llamacpp_server import ledger_row
 
 PUBLIC = "front"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Lyon"]}},
+           "required": ["city"]}  # an enum: a random model's forced call ends (fakes/vllm_cpu.py)
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
-                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                        "required": ["city"]}}}
+                                         "parameters": WEATHER}}
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 GREEDY = {"max_tokens": 8, "temperature": 0}
 
@@ -228,39 +238,83 @@ def test_ollama_options_top_k_reach_vllm(front):
     check(front, _ollama_view(lines, "message"), _chat_view(want), "/api/chat top_k")
 
 
-def _anthropic_stream(text: str) -> list[dict]:
-    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+# -- Anthropic Messages and OpenAI Responses, against the server's own route --------------------------
+
+ANTHROPIC_CASES = {
+    "plain": {"messages": QUESTION, "max_tokens": 8, "temperature": 0},
+    "system": {"system": "Answer briefly.", "messages": QUESTION, "max_tokens": 8, "temperature": 0},
+    "stop-sequence": {"messages": QUESTION, "max_tokens": 8, "temperature": 0, "stop_sequences": ["STOP"]},
+    "top-k": {"messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "top_k": 1},
+    "named-tool": {"messages": QUESTION, "max_tokens": 40, "temperature": 0,
+                   "tools": [{"name": "get_weather", "description": "the weather in a city",
+                              "input_schema": WEATHER}],
+                   "tool_choice": {"type": "tool", "name": "get_weather"}},
+}
+RESPONSES_CASES = {
+    "plain": {"input": QUESTION[0]["content"], "max_output_tokens": 8, "temperature": 0},
+    "instructions": {"input": QUESTION[0]["content"], "instructions": "Answer briefly.", "max_output_tokens": 8,
+                     "temperature": 0},
+    "items": {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                        "text": QUESTION[0]["content"]}]}],
+              "max_output_tokens": 8, "temperature": 0},
+    "named-tool": {"input": QUESTION[0]["content"], "max_output_tokens": 40, "temperature": 0,
+                   "tools": [{"type": "function", "name": "get_weather", "description": "the weather in a city",
+                              "parameters": WEATHER}],
+                   "tool_choice": {"type": "function", "name": "get_weather"}},
+}
+
+
+def _same_shape(front: Front) -> None:
+    if front.kind == "fake":
+        pytest.skip("this fake vLLM serves no /v1/messages nor /v1/responses")
+
+
+def _anthropic_body(front: Front, name: str) -> dict:
+    body = ANTHROPIC_CASES[name]
+    if "stop_sequences" in body:  # a piece of what the model says without one
+        plain = httpx.post(front.direct + "/v1/messages", json={**body, "stop_sequences": None,
+                                                                 "model": front.model}, timeout=300).json()
+        text = plain["content"][0]["text"]
+        body = {**body, "stop_sequences": [text[len(text) // 2:][:3] or "x"]}
+    return body
+
+
+def _anthropic_compared(reply: httpx.Response, stream: bool, model: str) -> dict:
+    if reply.status_code != 200:
+        return {"status": reply.status_code, "body": anthropic_error_view(reply.json())}
+    body = fold_anthropic(reply.text) if stream else reply.json()
+    body = normalize(body)
+    if body.get("model") == model:
+        body["model"] = "asked"
+    return {"status": 200, "body": body}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_anthropic_messages_equal_vllm_chat(front, stream):
-    body = {"model": PUBLIC, "messages": QUESTION, "max_tokens": 8, "temperature": 0, "stream": stream}
-    reply = httpx.post(front.url + "/v1/messages", json=body, timeout=300)
-    want = _chat_view(_direct_chat(front, QUESTION))
-    if stream:
-        events = _anthropic_stream(reply.text)
-        start, delta = events[0]["message"]["usage"], next(e for e in events if e["type"] == "message_delta")
-        text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
-        got = {"text": text, "done_reason": delta["delta"]["stop_reason"], "prompt_tokens": start["input_tokens"],
-               "completion_tokens": delta["usage"]["output_tokens"]}
-    else:
-        message = reply.json()
-        usage = message["usage"]
-        got = {"text": "".join(b.get("text", "") for b in message["content"]), "done_reason": message["stop_reason"],
-               "prompt_tokens": usage["input_tokens"], "completion_tokens": usage["output_tokens"]}
-    want["done_reason"] = {"length": "max_tokens", "stop": "end_turn"}[want["done_reason"]]
-    check(front, got, want, "/v1/messages")
+@pytest.mark.parametrize("name", ANTHROPIC_CASES)
+def test_anthropic_messages_equal_vllm_messages(front, name, stream):
+    _same_shape(front)
+    body = {**_anthropic_body(front, name), "stream": stream}
+    got, want = front.both("/v1/messages", body)
+    check(front, _anthropic_compared(got, stream, PUBLIC), _anthropic_compared(want, stream, front.model),
+          f"{name} /v1/messages")
 
 
-def test_responses_equal_vllm_chat(front):
-    body = {"model": PUBLIC, "input": QUESTION[0]["content"], "max_output_tokens": 8, "temperature": 0}
-    reply = httpx.post(front.url + "/v1/responses", json=body, timeout=300).json()
-    text = "".join(part["text"] for item in reply["output"] if item["type"] == "message" for part in item["content"])
-    got = {"text": text, "prompt_tokens": reply["usage"]["input_tokens"],
-           "completion_tokens": reply["usage"]["output_tokens"]}
-    want = _chat_view(_direct_chat(front, QUESTION))
-    del want["done_reason"]
-    check(front, got, want, "/v1/responses")
+def _responses_compared(reply: httpx.Response, stream: bool, model: str) -> dict:
+    if reply.status_code != 200:
+        return {"status": reply.status_code, "body": error_view(reply.json())}
+    body = normalize(responses_view(fold_responses(reply.text) if stream else reply.json()))
+    if body.get("model") == model:
+        body["model"] = "asked"
+    return {"status": 200, "body": body}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("name", RESPONSES_CASES)
+def test_responses_equal_vllm_responses(front, name, stream):
+    _same_shape(front)
+    got, want = front.both("/v1/responses", {**RESPONSES_CASES[name], "stream": stream})
+    check(front, _responses_compared(got, stream, PUBLIC), _responses_compared(want, stream, front.model),
+          f"{name} /v1/responses")
 
 
 def test_embeddings_on_a_chat_model_answer_what_the_backend_said(front):
