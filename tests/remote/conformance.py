@@ -130,9 +130,14 @@ def _fold_choice(into: dict[str, Any], choice: dict[str, Any]) -> None:
 
 def anthropic_error_view(body: Any) -> Any:
     """An Anthropic error body without its ``error.type`` (vLLM names the exception, the gateway
-    Anthropic's type); the message is compared."""
+    Anthropic's type); the message is compared, with ``max_completion_tokens`` read as ``max_tokens``
+    (vLLM's Anthropic route names the chat field it translated ``max_tokens`` into,
+    ``anthropic/serving.py``; the gateway the field the client sent)."""
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return {"type": body.get("type"), "error": {k: v for k, v in body["error"].items() if k != "type"}}
+        error = {k: v for k, v in body["error"].items() if k != "type"}
+        if isinstance(error.get("message"), str):
+            error["message"] = error["message"].replace("max_completion_tokens", "max_tokens")
+        return {"type": body.get("type"), "error": error}
     return body
 
 

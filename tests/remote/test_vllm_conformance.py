@@ -249,6 +249,7 @@ ANTHROPIC_CASES = {
                    "tools": [{"name": "get_weather", "description": "the weather in a city",
                               "input_schema": WEATHER}],
                    "tool_choice": {"type": "tool", "name": "get_weather"}},
+    "max-tokens-too-large": {"messages": QUESTION, "max_tokens": 5000},
 }
 RESPONSES_CASES = {
     "plain": {"input": QUESTION[0]["content"], "max_output_tokens": 8, "temperature": 0},
@@ -261,12 +262,13 @@ RESPONSES_CASES = {
                    "tools": [{"type": "function", "name": "get_weather", "description": "the weather in a city",
                               "parameters": WEATHER}],
                    "tool_choice": {"type": "function", "name": "get_weather"}},
+    "max-output-tokens-too-large": {"input": QUESTION[0]["content"], "max_output_tokens": 5000},
 }
 
 
-def _same_shape(front: Front) -> None:
-    if front.kind == "fake":
-        pytest.skip("this fake vLLM serves no /v1/messages nor /v1/responses")
+def _same_shape(front: Front, name: str) -> None:
+    if front.kind == "fake" and "tool" in name:
+        pytest.skip("the fake vLLM answers no tool calls (fakes/vllm_apis.py: text only)")
 
 
 def _anthropic_body(front: Front, name: str) -> dict:
@@ -292,7 +294,7 @@ def _anthropic_compared(reply: httpx.Response, stream: bool, model: str) -> dict
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("name", ANTHROPIC_CASES)
 def test_anthropic_messages_equal_vllm_messages(front, name, stream):
-    _same_shape(front)
+    _same_shape(front, name)
     body = {**_anthropic_body(front, name), "stream": stream}
     got, want = front.both("/v1/messages", body)
     check(front, _anthropic_compared(got, stream, PUBLIC), _anthropic_compared(want, stream, front.model),
@@ -311,7 +313,7 @@ def _responses_compared(reply: httpx.Response, stream: bool, model: str) -> dict
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("name", RESPONSES_CASES)
 def test_responses_equal_vllm_responses(front, name, stream):
-    _same_shape(front)
+    _same_shape(front, name)
     got, want = front.both("/v1/responses", {**RESPONSES_CASES[name], "stream": stream})
     check(front, _responses_compared(got, stream, PUBLIC), _responses_compared(want, stream, front.model),
           f"{name} /v1/responses")
