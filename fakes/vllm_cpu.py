@@ -41,6 +41,40 @@ def installed() -> bool:
     return VLLM_PYTHON.exists() and (VLLM_PYTHON.parents[1] / ".installed").exists()
 
 
+# transformers reads the GGUF (its tokenizer too) and dequantizes it; the GGUF quantization flag is
+# dropped before saving, or the saved directory claims to be GGUF-quantized.
+_TO_HF = """
+import sys, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM, AutoTokenizer
+gguf, out = Path(sys.argv[1]), sys.argv[2]
+tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+if hasattr(model.config, "quantization_config"):
+    del model.config.quantization_config
+model.hf_quantizer = None
+model.save_pretrained(out)
+tokenizer.save_pretrained(out)
+"""
+
+
+def can_convert() -> str | None:
+    """Why a GGUF cannot be turned into a Hugging Face directory here (``gguf`` and ``accelerate``
+    missing from vLLM's venv), or None."""
+    probe = subprocess.run([str(VLLM_PYTHON), "-c", "import gguf, accelerate, transformers"], capture_output=True,
+                           text=True)
+    return None if probe.returncode == 0 else probe.stderr.strip().splitlines()[-1]
+
+
+def hf_from_gguf(gguf: Path, out: Path) -> Path:
+    """``out``: the GGUF model (SmolLM2's Q4_1 from ``infer dev fetch-model``) as a Hugging Face directory
+    (bf16 weights) vLLM serves, converted offline by transformers in vLLM's venv (about 30 s); kept once made."""
+    if not (out / "config.json").exists():
+        subprocess.run([str(VLLM_PYTHON), "-c", _TO_HF, str(gguf), str(out)], check=True, capture_output=True,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return out
+
+
 
 class VLLMServer:
     """A started vLLM: ``url``, ``model`` (the served name), ``model_dir``, ``kv_endpoint``, ``log()``, ``stop()``."""
@@ -69,17 +103,19 @@ class VLLMServer:
         self.stop()
 
 
-def command(model_dir: Path, name: str, port: int, kv_endpoint: str, max_model_len: int = 2048) -> list[str]:
+def command(model_dir: Path, name: str, port: int, kv_endpoint: str, max_model_len: int = 2048,
+            dtype: str = "bfloat16") -> list[str]:
     kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv_endpoint, "topic": "kv-events"}
     return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--max-model-len", str(max_model_len), "--enforce-eager",
-            "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details",
+            "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port), "--enable-prompt-tokens-details",
             "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
             "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
             "--kv-events-config", json.dumps(kv_events), "--disable-uvicorn-access-log"]
 
 
-def start_vllm(model_dir: Path, workdir: Path, name: str = "tiny", timeout: float = START_TIMEOUT) -> VLLMServer:
+def start_vllm(model_dir: Path, workdir: Path, name: str = "tiny", timeout: float = START_TIMEOUT,
+               dtype: str = "bfloat16") -> VLLMServer:
     """Start vLLM serving ``model_dir`` (a Hugging Face directory) as ``name``; its log and KV-events
     socket live in ``workdir``. Raises RuntimeError with the log's tail when it does not come up."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -87,7 +123,7 @@ def start_vllm(model_dir: Path, workdir: Path, name: str = "tiny", timeout: floa
     log_path = workdir / f"vllm-{port}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command(model_dir, name, port, kv_endpoint), stdout=log,
+        process = subprocess.Popen(command(model_dir, name, port, kv_endpoint, dtype=dtype), stdout=log,
                                    stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True)
     server = VLLMServer(process, f"http://127.0.0.1:{port}", name, model_dir, kv_endpoint, log_path)
     deadline = time.monotonic() + timeout
