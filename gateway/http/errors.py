@@ -9,6 +9,7 @@ the registry mapping below; nothing a client sends can produce a 500.
 from __future__ import annotations
 
 import logging
+import re
 from typing import TYPE_CHECKING
 
 from core.errors import BackendError
@@ -59,7 +60,22 @@ def error_body(path: str, status: int, message: str, *, param: str | None = None
     if path.startswith(ANTHROPIC_PREFIX):  # Anthropic's Messages API: its own shape
         return anthropic_error(status, message)
     kind = kind or _OPENAI_TYPES.get(status, "api_error")
+    message, param = in_route_terms(path, message, param)
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+# The output limit as a route names it where that is not the chat field the backend was sent.
+_LIMIT_FIELD = {"/v1/responses": "max_output_tokens"}
+_LIMIT_WORDS = re.compile(r"\bmax_(?:completion_)?tokens\b")
+
+
+def in_route_terms(path: str, message: str, param: str | None) -> tuple[str, str | None]:
+    """A backend's error about ``max_tokens`` in the words of the route the client called (the Responses
+    API's ``max_output_tokens``, as vLLM's own Responses route says it)."""
+    name = _LIMIT_FIELD.get(path)
+    if name is None:
+        return message, param
+    return _LIMIT_WORDS.sub(name, message), name if param and _LIMIT_WORDS.fullmatch(param) else param
 
 
 def anthropic_error(status: int, message: str) -> dict:

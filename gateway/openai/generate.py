@@ -21,7 +21,7 @@ from gateway.serving.recorder import Recorder
 from gateway.http.jsonwire import JSONBytes, cost_header, note_header
 from gateway.http.streaming import sse_response
 from gateway.openai.responses import ResponseMeta, chat_completion, text_completion
-from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, NamedToolChoice
 from gateway.openai.stream import chat_chunks, completion_chunks, run_all, start_stream, total_cost
 from gateway.openai.wire_models import chat_responses, completion_responses
 
@@ -42,7 +42,7 @@ async def serve_chat(body: ChatCompletionRequest, backends: Router, recorder: Re
     translated_requests = await translated(body.generation_requests, client, items=items(body.messages, body.tools))
     requests = [hints.apply(r) for r in translated_requests]
     backend = recorder.resolve(backends, requests[0], route=CHAT_ROUTE, stream=bool(body.stream))
-    meta = ResponseMeta("chat.completion", body.model)
+    meta = ResponseMeta("chat.completion", body.model, named_call=isinstance(body.tool_choice, NamedToolChoice))
     logprobs = bool(body.logprobs)
     if body.stream:
         gens: list = []

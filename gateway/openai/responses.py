@@ -1,7 +1,8 @@
 """OpenAI response bodies: ids, usage, logprobs, and the non-streaming chat/completion objects.
 
 One :class:`ResponseMeta` per request carries the ``id``, ``created`` and ``model`` every object
-of that response repeats (a stream has exactly one of each).
+of that response repeats (a stream has exactly one of each), and whether the request forced one named
+function (its choices then finish with ``stop``, as OpenAI's and vLLM's do).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class ResponseMeta:
     model: str
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    named_call: bool = False  # tool_choice named a function
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -35,11 +37,12 @@ class ResponseMeta:
                 "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
 
 
-def finish_reason(done: Done, *, called: bool = False) -> str:
-    """``tool_calls`` when the choice ended after calling tools, ``length`` when cut, else ``stop``."""
+def finish_reason(done: Done, *, called: bool = False, named: bool = False) -> str:
+    """``tool_calls`` when the choice ended after calling tools the model chose to call, ``length`` when
+    cut, else ``stop`` (also after a call the request named: OpenAI and vLLM say ``stop`` then)."""
     if done.finish_reason == "length":
         return "length"
-    return "tool_calls" if called else "stop"
+    return "tool_calls" if called and not named else "stop"
 
 
 def backend_fields(done: Done) -> dict:
@@ -133,7 +136,8 @@ def chat_completion(meta: ResponseMeta, results: Sequence[Result], *, logprobs: 
         thinking = "".join(c.thinking for c in chunks)
         choices.append({"index": i, "message": assistant_message(text, calls, thinking),
                         "logprobs": chat_logprobs(all_logprobs(chunks)) if logprobs else None,
-                        "finish_reason": finish_reason(done, called=bool(calls)), **backend_fields(done)})
+                        "finish_reason": finish_reason(done, called=bool(calls), named=meta.named_call),
+                        **backend_fields(done)})
     body = meta.envelope(choices, stream=False)
     body["usage"] = usage([done for _, _, done in results])
     return with_kv_transfer(body, results)

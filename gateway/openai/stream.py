@@ -9,7 +9,8 @@ non-empty text>}``; empty texts are never sent (their logprobs ride on the next 
 chunk of a choice has ``delta: {}`` and the ``finish_reason``; with ``stream_options.include_usage``
 one more chunk with ``choices: []`` and the usage follows. Tool calls arrive whole: one chunk per call
 with ``delta.tool_calls: [{index, id, type, function: {name, arguments}}]`` (``index`` counts the
-choice's calls), and the choice then finishes with ``tool_calls``.
+choice's calls), and the choice then finishes with ``tool_calls`` (``stop`` after a call the request's
+``tool_choice`` named, as OpenAI).
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ async def chat_chunks(meta: ResponseMeta, events: Events, *, logprobs: bool,
             if index not in started:  # nothing was generated: the role still has to be announced
                 started.add(index)
                 yield chunk(index, {"role": "assistant"})
-            yield chunk(index, {}, finish_reason(event, called=called[index] > 0), _take(pending, index), event)
+            reason = finish_reason(event, called=called[index] > 0, named=meta.named_call)
+            yield chunk(index, {}, reason, _take(pending, index), event)
             continue
         if logprobs and event.logprobs:
             pending[index].extend(event.logprobs)

@@ -113,3 +113,16 @@ def vllm_cpu(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu_second(vllm_cpu, tmp_path_factory):
+    """A second real vLLM serving the same model as ``tiny``, for the tests that route between two; it
+    starts only when such a test runs."""
+    from fakes import vllm_cpu as real
+
+    server = real.start_vllm(vllm_cpu.model_dir, tmp_path_factory.mktemp("vllm-cpu-second") / "run")
+    try:
+        yield server
+    finally:
+        server.stop()

