@@ -16,7 +16,9 @@ tokens with ``ignore_eos``; a finished stream is replaced at once) while a ``--l
 
 **Sides**: ``colocated`` (backends [w0, w1], least_inflight), ``pd`` (prefill [w0], decode [w1],
 ``when: always``), ``selective`` (backends [w0, w1] with ``strategy: slo``, prefill [w0], decode [w1],
-``when: slo``, threshold 512). Each side runs ``--runs`` times, rotated; medians of the runs.
+``when: slo``, threshold 512). Each side runs ``--runs`` times, rotated; medians of the runs. Between two
+sides the bench waits for both workers' queues to empty (their ``/metrics`` gauges), and each run's line
+says where its requests ran (``placed``: ``stream@w0>w1`` was prefilled on w0 and decoded on w1).
 
 **Figures**: P99 inter-token latency of the streams; mean TTFT of the long prompts; SLO goodput = requests
 (streams and long prompts) that finished within ``--ttft-ms`` to the first token and ``--tpot-ms`` per
