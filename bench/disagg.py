@@ -16,7 +16,9 @@ tokens with ``ignore_eos``; a finished stream is replaced at once) while a ``--l
 
 **Sides**: ``colocated`` (backends [w0, w1], least_inflight), ``pd`` (prefill [w0], decode [w1],
 ``when: always``), ``selective`` (backends [w0, w1] with ``strategy: slo``, prefill [w0], decode [w1],
-``when: slo``, threshold 512). Each side runs ``--runs`` times, rotated; medians of the runs.
+``when: slo``, threshold 512). Each side runs ``--runs`` times, rotated; medians of the runs. Between two
+sides the bench waits for both workers' queues to empty (their ``/metrics`` gauges), and each run's line
+says where its requests ran (``placed``: ``stream@w0>w1`` was prefilled on w0 and decoded on w1).
 
 **Figures**: P99 inter-token latency of the streams; mean TTFT of the long prompts; SLO goodput = requests
 (streams and long prompts) that finished within ``--ttft-ms`` to the first token and ``--tpot-ms`` per
@@ -45,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -80,6 +83,7 @@ class Outcome:
     times: list[float] = field(default_factory=list)
     end: float | None = None
     tokens: int = 0
+    worker: str = ""  # "w1", or "w0>w1": prefilled on w0, decoded on w1
 
 
 # -- workers ---------------------------------------------------------------------------------------------
@@ -146,6 +150,7 @@ async def one(route, prompt: list[int], max_tokens: int, kind: str, outcomes: li
             out.times.append(now)
         elif isinstance(event, Done):
             out.tokens, out.end = event.usage.output_tokens, time.perf_counter()
+            out.worker = f"{event.prefill_by}>{event.served_by}" if event.prefill_by else str(event.served_by)
 
 
 async def run_side(route, seconds: float, seed: int, long_prompt: int, every_s: float) -> list[Outcome]:
@@ -173,7 +178,9 @@ def figures(outcomes: list[Outcome], seconds: float, slo: dict) -> dict:
     gaps = sorted(b - a for o in outcomes if o.kind == "stream" for a, b in zip(o.times, o.times[1:]))
     longs = [o.ttft for o in outcomes if o.kind == "long" and o.ttft is not None]
     good = sum(1 for o in outcomes if _good(o, slo))
-    return {"p99_itl_ms": 1000 * gaps[int(0.99 * (len(gaps) - 1))] if gaps else None,
+    placed = Counter(f"{o.kind}@{o.worker}" for o in outcomes if o.end is not None)
+    return {"placed": dict(sorted(placed.items())),
+            "p99_itl_ms": 1000 * gaps[int(0.99 * (len(gaps) - 1))] if gaps else None,
             "mean_ttft_long_ms": 1000 * statistics.mean(longs) if longs else None,
             "goodput_rps": good / seconds, "requests": len(outcomes), "good": good}
 
@@ -288,8 +295,25 @@ async def _sides(workers, args, slo: dict) -> dict[str, list[dict]]:
             print(side, run, results[side][-1], getattr(route.disagg, "counts", None), flush=True)
             for backend in remotes.values():
                 await backend.aclose()
-            await asyncio.sleep(2.0)  # the workers drain
+            print(f"  workers drained in {await drain(list(urls.values())):.1f} s", flush=True)
     return results
+
+
+async def drain(urls: list[str], limit_s: float = 180.0) -> float:
+    """Wait until no worker runs or queues a request: a side that overloaded a worker (pd's prefill queue)
+    would otherwise hand its backlog to the side after it."""
+    start = time.monotonic()
+    async with httpx.AsyncClient(timeout=5) as client:
+        while time.monotonic() < start + limit_s:
+            texts = [(await client.get(url + "/metrics")).text for url in urls]
+            gauges = [float(line.rsplit(" ", 1)[1]) for text in texts for line in text.splitlines()
+                      if line.startswith(("infer_num_requests_running", "infer_num_requests_waiting"))]
+            if not gauges:
+                raise RuntimeError("the workers' /metrics have no infer_num_requests_* gauges")
+            if sum(gauges) == 0:
+                break
+            await asyncio.sleep(0.5)
+    return time.monotonic() - start
 
 
 def _report(results: dict[str, list[dict]]) -> None:

@@ -12,7 +12,9 @@ and decoded on another, so it does not stall the streams decoding there.
 ``long`` the requests whose uncached prompt on the decode worker (the route's prefix index) is over
 ``threshold_tokens`` (llm-d's rule); ``slo`` (the default) those of them whose prefill, run co-located,
 would push the decode worker's predicted TPOT past the route's TPOT SLO
-(``LatencyModel.worst_tpot_with``, with the dispatcher's margin). The rest is served co-located.
+(``LatencyModel.worst_tpot_with``, with the dispatcher's margin) while the prefill worker's own
+streams, if it has any (a worker of the route's ``backends`` too), would keep theirs: a prefill that
+breaks the TPOT on both workers is not moved, only served co-located. The rest is served co-located.
 
 **The protocols**, from their sources:
 
@@ -94,7 +96,8 @@ class Disaggregation:
         if prefill and decode:
             d = max(decode, key=lambda m: (cached.get(m.name, 0), -m.in_flight))
             if self._worth_it(d, prompt_tokens, cached.get(d.name, 0), slo):
-                pair = (self._prefill_worker(prefill, prompt_tokens, cached), d)
+                p = self._prefill_worker(prefill, prompt_tokens, cached)
+                pair = (p, d) if self._absorbs(p, prompt_tokens, cached.get(p.name, 0), slo) else None
         self.counts["disaggregated" if pair else "colocated"] += 1
         return pair
 
@@ -112,11 +115,14 @@ class Disaggregation:
             return True
         if prompt_tokens - min(cached, prompt_tokens) <= self.policy.threshold_tokens:
             return False
-        if when == "long" or slo.tpot_ms is None:
+        return when == "long" or slo.tpot_ms is None or _breaks_tpot(decode, prompt_tokens, cached, slo)
+
+    def _absorbs(self, prefill: Member, prompt_tokens: int, cached: int, slo: SLO) -> bool:
+        """``when: slo``: the prefill worker's own streams (a worker of both pools, or of the route's
+        ``backends`` too) keep their TPOT with this prefill; else disaggregating only moves the stall."""
+        if self.policy.when != "slo" or slo.tpot_ms is None:
             return True
-        latency = decode.latency
-        worst = latency.worst_tpot_with(prompt_tokens, cached) * latency.ratio("tpot", TPOT_QUANTILE)
-        return worst * 1000 > slo.tpot_ms
+        return not _breaks_tpot(prefill, prompt_tokens, cached, slo)
 
     async def stream(self, request: GenerationRequest, pair: tuple[Member, Member], prompt_tokens: int,
                      cached: dict[str, int], decode_leg: DecodeLeg) -> AsyncIterator[StreamEvent]:
@@ -185,6 +191,14 @@ class Disaggregation:
             if not task.done():
                 task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+def _breaks_tpot(member: Member, prompt_tokens: int, cached: int, slo: SLO) -> bool:
+    """Prefilling this prompt on ``member`` would push a request in flight there past the TPOT SLO
+    (``LatencyModel.worst_tpot_with``, with the dispatcher's margin)."""
+    latency = member.latency
+    worst = latency.worst_tpot_with(prompt_tokens, cached) * latency.ratio("tpot", TPOT_QUANTILE)
+    return worst * 1000 > slo.tpot_ms
 
 
 class _PrefillLeg:

@@ -198,19 +198,34 @@ def test_long_disaggregates_only_prompts_whose_uncached_part_is_over_the_thresho
     assert route.disagg.counts == {"disaggregated": 1, "colocated": 1, "prefill_failed": 0}
 
 
+def busy(latency, key: int = 10**6) -> None:
+    """A TPOT model of 10 ms a step and 100 ms per prompt token prefilled per token of a decode, and a
+    stream decoding there: any prefill of a few tokens breaks a 30 ms TPOT."""
+    for _ in range(20):
+        latency.tpot.update([1.0, 1.0, 0.0], 0.010)
+        latency.tpot.update([1.0, 1.0, 1.0], 0.110)
+    latency.started(key, 4, 100)
+    latency.first_token(key, latency.ttft_features(4))
+
+
 def test_slo_disaggregates_a_long_prompt_only_when_colocating_it_would_break_the_decode_tpot(servers):
     p, d = servers("vllm", "prefill"), servers("vllm", "both")
     route = route_over({"p": p, "d": d}, backends=["d"], strategy="slo", slo={"tpot_ms": 30},
                        **{**VLLM_POOLS, "disagg": {"when": "slo", "threshold_tokens": 8}})
-    def busy_decode(route):
-        latency = route.disagg.decode[0].latency
-        for _ in range(20):  # 10 ms a step, and 100 ms per prompt token prefilled per token of a decode
-            latency.tpot.update([1.0, 1.0, 0.0], 0.010)
-            latency.tpot.update([1.0, 1.0, 1.0], 0.110)
-        latency.started(10**6, 4, 100)  # a stream decoding there
-        latency.first_token(10**6, latency.ttft_features(4))
     # the first: nothing decoding there, co-locating breaks nobody's TPOT
     other = " ".join(f"v{i}" for i in range(40))  # not the first prompt: nothing of it is cached on d
-    (_, idle), (_, busy), (_, again) = run(route, request(), request(other), request(other), between=busy_decode)
-    assert (idle.prefill_by, busy.prefill_by) == (None, "p")
+    (_, idle), (_, busy_d), (_, again) = run(route, request(), request(other), request(other),
+                                             between=lambda route: busy(route.disagg.decode[0].latency))
+    assert (idle.prefill_by, busy_d.prefill_by) == (None, "p")
     assert again.prefill_by is None  # d holds that prompt now (the prefix index): nothing long to prefill
+
+
+def test_slo_keeps_a_prompt_colocated_when_the_prefill_worker_decodes_streams_it_would_stall_too(servers):
+    p, d = servers("vllm", "both"), servers("vllm", "both")
+    route = route_over({"p": p, "d": d}, backends=["p", "d"], strategy="slo", slo={"tpot_ms": 30, "ttft_ms": 300},
+                       **{**VLLM_POOLS, "disagg": {"when": "slo", "threshold_tokens": 8}})
+    busy(route.disagg.decode[0].latency)  # fits nowhere: held to its TTFT deadline, then sent co-located
+    busy(route.disagg.prefill[0].latency)  # p serves the route's streams too: the stall would only move there
+    _, done = run(route, request())
+    assert done.prefill_by is None and d.pd.kv_loaded == []
+    assert route.disagg.counts == {"disaggregated": 0, "colocated": 1, "prefill_failed": 0}
