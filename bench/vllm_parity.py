@@ -167,7 +167,8 @@ def main() -> None:
         spread = f" {noise[key]:9.3f}" if noise else ""
         print(f"{key:22} {ours:12.2f} {theirs:12.2f} {ratio:7.3f}{spread}  {verdict(key, ratio)}")
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rounds": rounds,
+        given = {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()} | {"json": str(args.json)}
+        args.json.write_text(json.dumps({"args": given, "rounds": rounds,
                                          "medians": {k: {"infer": o, "vllm": t, "ratio": r, "vllm/vllm": noise.get(k)}
                                                      for k, o, t, r in rows}},
                                         indent=2) + "\n")
