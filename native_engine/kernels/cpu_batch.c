@@ -428,8 +428,8 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
  * bt (B transposed, alpha / r folded in) [slots, R, N] float32, each slot's rank (columns in use) in ranks, and
  * the non-zero blocks of its bt (one per shard of a packed linear) in blocks [slots, nb, 4]: first column,
  * end column, first output, end output (unused: all 0); a NULL: no adapter on this linear. */
-typedef struct {
-    const float *a, *bt;
+typedef struct { /* a linear's resident adapters, stored as float16 (lora/punica.py) */
+    const uint16_t *a, *bt;
     const int32_t *ranks, *blocks;
     int64_t R, nb;
 } lora_t;
@@ -469,20 +469,21 @@ static void lora_shrink_chunk(const void *arg, int64_t t) {
     const int32_t slot = op->s->lora_slots[t];
     if (slot < 0) return;
     const int64_t K = op->K, R = op->lora.R, rank = op->lora.ranks[slot];
-    const float *x = op->x + t * K, *a = op->lora.a + slot * R * K;
+    const float *x = op->x + t * K;
+    const uint16_t *a = op->lora.a + slot * R * K;
     float *u = op->s->lora_u + t * R;
     int64_t r = 0;
     for (; r + 4 <= rank; r += 4) {
         f16v acc[4] = {f16_zero(), f16_zero(), f16_zero(), f16_zero()};
         for (int64_t k = 0; k < K; k += 16) {
             const f16v xv = f16_load(x + k);
-            for (int i = 0; i < 4; i++) acc[i] = f16_fmadd(f16_load(a + (r + i) * K + k), xv, acc[i]);
+            for (int i = 0; i < 4; i++) acc[i] = f16_fmadd(f16_load_half(a + (r + i) * K + k), xv, acc[i]);
         }
         for (int i = 0; i < 4; i++) u[r + i] = f16_reduce_add(acc[i]);
     }
     for (; r < rank; r++) {
         f16v acc = f16_zero();
-        for (int64_t k = 0; k < K; k += 16) acc = f16_fmadd(f16_load(a + r * K + k), f16_load(x + k), acc);
+        for (int64_t k = 0; k < K; k += 16) acc = f16_fmadd(f16_load_half(a + r * K + k), f16_load(x + k), acc);
         u[r] = f16_reduce_add(acc);
     }
 }
@@ -498,14 +499,15 @@ static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int6
         const int32_t slot = slots[t];
         for (n = 1; n < 4 && t + n < T && slots[t + n] == slot;) n++;
         if (slot < 0) continue;
-        const float *bt = op->lora.bt + slot * R * N + n0, *u = op->s->lora_u + t * R;
+        const uint16_t *bt = op->lora.bt + slot * R * N + n0;
+        const float *u = op->s->lora_u + t * R;
         f16v acc[4];
         for (int j = 0; j < n; j++) acc[j] = f16_load(out + (t + j) * ld);
         for (int64_t b = 0; b < op->lora.nb; b++) {
             const int32_t *blk = op->lora.blocks + (slot * op->lora.nb + b) * 4;
             if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
             for (int64_t r = blk[0]; r < blk[1]; r++) {
-                const f16v w = f16_load(bt + r * N);
+                const f16v w = f16_load_half(bt + r * N);
                 for (int j = 0; j < n; j++) acc[j] = f16_fmadd(f16_set1(u[j * R + r]), w, acc[j]);
             }
         }
@@ -609,7 +611,7 @@ AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn,
 static lora_t lora_of(const batch_step_t *s, int64_t l, int j) {
     if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, NULL, 0, 0};
     const int64_t *e = s->lora_w + (l * 4 + j) * 6;
-    return (lora_t){(const float *)e[0], (const float *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3], e[5]};
+    return (lora_t){(const uint16_t *)e[0], (const uint16_t *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3], e[5]};
 }
 
 /* One thread's walk through the step; `LINEAR(k, x, K, i, j, N, out)`: with adapters, op k - 1 (the shrink of

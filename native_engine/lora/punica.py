@@ -10,6 +10,13 @@ A [s·r, in] (the A of each shard it targets) and B [out, s·r] (block diagonal 
 alpha / r folded in; kept transposed), zero-padded to `max_lora_rank` x the shards, so a run costs two matmuls whatever
 the packing: `out[run] += (x[run] · Aᵀ) · Bᵀ` (`kernels/sgmv.py`: the torch loop on CPU, two Triton
 launches for all runs on CUDA).
+
+The stacks are stored in `storage_dtype`: float16 for a float32 model on the CPU (llama.cpp keeps an adapter in its
+file's type, convert_lora_to_gguf.py writes f16), since a decode step that touches 8 rank-16 adapters reads them
+all from memory: in float32, twice the bytes of SmolLM2-135M's Q4_1 weights. Every path (the C step, the torch
+loop, the merged-model reference of the tests) computes with the same rounded values widened to float32; an
+adapter file already in float16 loses nothing (with alpha / r a power of two), a float32 one is rounded once
+(tests/native_engine/engine/test_lora_rounding.py measures it).
 """
 
 from __future__ import annotations
@@ -51,6 +58,14 @@ class LoRAMapping:
     @property
     def max_len(self) -> int:
         return max(e - s for s, e, _ in self.segments)
+
+
+FLOAT16_MAX = 65504.0
+
+
+def storage_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The stacks' type for a model computing in `dtype` on `device` (see the module's docstring)."""
+    return torch.float16 if device.type == "cpu" and dtype == torch.float32 else dtype
 
 
 @dataclass(slots=True)

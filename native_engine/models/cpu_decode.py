@@ -19,7 +19,7 @@ rows: ~1.3x one row's step) where `llama_decode_rows` grows ~linearly; `llama_de
 (each query reads its verify row's earlier keys from their qkv rows) where the tiled kernel is missing.
 
 LoRA: a step with adapter rows (`ctx.lora`) runs in `llama_decode_batch` too, when it has enough rows for it
-and every adapted linear's stacks are float32 on the CPU: per linear, one more op computes each adapter row's
+and every adapted linear's stacks are float16 on the CPU (`lora/punica.storage_dtype`): per linear, one more op computes each adapter row's
 shrink (x · Aᵀ of its slot, rows over the threads), and each matmul tile adds its rows' expand (u · Bᵀ) before
 the next op reads it (Punica's BGMV, fused into the step). Other LoRA steps keep the module path.
 
@@ -86,7 +86,7 @@ class CPUDecodeStack:
 
     def _lora_pointers(self) -> torch.Tensor | None:
         """llama_decode_batch's lora_w: per layer and linear (qkv, o, gate_up, down) its adapters' stacks (a, bᵀ,
-        ranks, R, blocks, blocks per slot; zeros where none is loaded), or None when one is not float32 on the
+        ranks, R, blocks, blocks per slot; zeros where none is loaded), or None when one is not float16 on the
         CPU. Rebuilt when a stack, ranks or blocks tensor changes (an adapter loaded into a slot)."""
         loras = [getattr(layer.get_submodule(name), "lora", None) for layer in self.model.layers for name in _LINEARS]
         tensors = [t for lora in loras if lora is not None
@@ -139,7 +139,7 @@ def _lora_table(loras: list) -> torch.Tensor | None:
         if lora is None or lora.a is None:
             table += [0] * 6
             continue
-        if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+        if not all(t.dtype == torch.float16 and t.device.type == "cpu" and t.is_contiguous()
                    for t in (lora.a, lora.bt)) or lora.ranks_on_device.device.type != "cpu":
             return None
         blocks = lora.blocks_on_device
