@@ -462,29 +462,52 @@ typedef struct { /* one op as a thread sees it: the int16 input rows are the thr
     lora_t lora;
 } batch_op_t;
 
-/* LoRA shrink of row t: u[t, :rank] = A[slot] · x[t] (its slot's rank; nothing for a row without adapter), four
- * rows of A at a time (four independent sums, each x chunk loaded once). */
+/* u[j, r .. r + RA - 1] (row stride R) = rows r .. of A (float16, [rank, K]) · x[j] for the n (<= 4) rows x [n, K]:
+ * each A chunk widened once for the n rows, RA * n independent sums. */
+AI void shrink_block(const uint16_t *a, const float *x, int64_t K, int64_t r, float *u, int64_t R, const int n,
+                     const int RA) {
+    f16v acc[4][4];
+    for (int i = 0; i < RA; i++)
+        for (int j = 0; j < n; j++) acc[i][j] = f16_zero();
+    for (int64_t k = 0; k < K; k += 16) {
+        f16v w[4];
+        for (int i = 0; i < RA; i++) w[i] = f16_load_half(a + (r + i) * K + k);
+        for (int j = 0; j < n; j++) {
+            const f16v xv = f16_load(x + j * K + k);
+            for (int i = 0; i < RA; i++) acc[i][j] = f16_fmadd(w[i], xv, acc[i][j]);
+        }
+    }
+    for (int i = 0; i < RA; i++)
+        for (int j = 0; j < n; j++) u[j * R + r + i] = f16_reduce_add(acc[i][j]);
+}
+
+/* u [n, R] = x [n, K] · A[:rank]ᵀ: 4 rows of A at a time for 1-2 rows of x, 2 for 3-4 (the sums stay in registers). */
+AI void shrink_rows(const uint16_t *a, const float *x, int64_t K, int64_t rank, float *u, int64_t R, const int n) {
+    const int RA = n <= 2 ? 4 : 2;
+    int64_t r = 0;
+    for (; r + RA <= rank; r += RA) shrink_block(a, x, K, r, u, R, n, RA);
+    for (; r < rank; r++) shrink_block(a, x, K, r, u, R, n, 1);
+}
+
+/* LoRA shrink of the rows of one slot from row t on (up to 4; a run of rows of one slot, which the runner puts side
+ * by side, is taken 4 rows at a time from its first, so each of its slot's A is read once per 4 rows):
+ * u[t, :rank] = A[slot] · x[t]. A row without adapter, or not the first of its 4, leaves its chunk empty. */
 static void lora_shrink_chunk(const void *arg, int64_t t) {
     const batch_op_t *op = arg;
-    const int32_t slot = op->s->lora_slots[t];
-    if (slot < 0) return;
+    const int32_t *slots = op->s->lora_slots, slot = slots[t];
+    int64_t first = t, n = 1;
+    while (first > 0 && slots[first - 1] == slot) first--;
+    if (slot < 0 || (t - first) % 4) return;
+    while (n < 4 && t + n < op->s->T && slots[t + n] == slot) n++;
     const int64_t K = op->K, R = op->lora.R, rank = op->lora.ranks[slot];
-    const float *x = op->x + t * K;
     const uint16_t *a = op->lora.a + slot * R * K;
+    const float *x = op->x + t * K;
     float *u = op->s->lora_u + t * R;
-    int64_t r = 0;
-    for (; r + 4 <= rank; r += 4) {
-        f16v acc[4] = {f16_zero(), f16_zero(), f16_zero(), f16_zero()};
-        for (int64_t k = 0; k < K; k += 16) {
-            const f16v xv = f16_load(x + k);
-            for (int i = 0; i < 4; i++) acc[i] = f16_fmadd(f16_load_half(a + (r + i) * K + k), xv, acc[i]);
-        }
-        for (int i = 0; i < 4; i++) u[r + i] = f16_reduce_add(acc[i]);
-    }
-    for (; r < rank; r++) {
-        f16v acc = f16_zero();
-        for (int64_t k = 0; k < K; k += 16) acc = f16_fmadd(f16_load_half(a + r * K + k), f16_load(x + k), acc);
-        u[r] = f16_reduce_add(acc);
+    switch (n) { /* a constant n: the sums' arrays unrolled into registers */
+    case 1: shrink_rows(a, x, K, rank, u, R, 1); break;
+    case 2: shrink_rows(a, x, K, rank, u, R, 2); break;
+    case 3: shrink_rows(a, x, K, rank, u, R, 3); break;
+    default: shrink_rows(a, x, K, rank, u, R, 4);
     }
 }
 
