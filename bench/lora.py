@@ -125,7 +125,7 @@ def base_bytes(engine: LLMEngine) -> int:
     """What a batched decode step reads of the base: every layer's tiled linears and the LM head's blocks."""
     lm = engine.model_runner.model
     layers = sum(layer.get_submodule(name).int4.tiled.nbytes for layer in lm.model.layers for name in _LINEARS)
-    return layers + sum(w.nbytes for w in lm.lm_head.packed)
+    return layers + sum(w.tiled.nbytes if w.tiled is not None else w.nbytes for w in lm.lm_head.packed)
 
 
 def adapter_bytes(engine: LLMEngine, name: str) -> int:

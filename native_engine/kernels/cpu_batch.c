@@ -513,7 +513,9 @@ static void lora_shrink_chunk(const void *arg, int64_t t) {
 
 /* LoRA expand into tile n16: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for the rows with an
  * adapter, over the blocks of Bᵀ that reach the tile (the rest of a block-diagonal Bᵀ is zeros). Up to 4
- * adjacent rows of one slot (the runner orders rows by slot) at a time: each Bᵀ row loaded once for them. */
+ * adjacent rows of one slot (the runner orders rows by slot) at a time: each Bᵀ row loaded once for them. A tile
+ * reads 32 bytes of each of its adapters' Bᵀ rows (a hundred rows far apart, too many streams for the hardware
+ * prefetcher), so the line of the next tile pair is requested ahead. */
 static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
     if (op->lora.a == NULL) return;
     const int64_t R = op->lora.R, N = op->N, n0 = n16 * TILE, T = op->s->T;
@@ -530,6 +532,7 @@ static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int6
             const int32_t *blk = op->lora.blocks + (slot * op->lora.nb + b) * 4;
             if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
             for (int64_t r = blk[0]; r < blk[1]; r++) {
+                _mm_prefetch((const char *)(bt + r * N + 2 * TILE), _MM_HINT_T0); /* tiles n16 + 2, + 3 */
                 const f16v w = f16_load_half(bt + r * N);
                 for (int j = 0; j < n; j++) acc[j] = f16_fmadd(f16_set1(u[j * R + r]), w, acc[j]);
             }
