@@ -429,9 +429,10 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
  * the non-zero blocks of its bt (one per shard of a packed linear) in blocks [slots, nb, 4]: first column,
  * end column, first output, end output (unused: all 0); a NULL: no adapter on this linear. */
 typedef struct { /* a linear's resident adapters, stored as float16 (lora/punica.py) */
-    const uint16_t *a, *bt;
+    const uint16_t *a;     /* [slots, R, K] */
+    const uint16_t *tiles; /* Bᵀ as [slots, N / 16, RS, 16]: per 16 outputs the rows of the block reaching them */
     const int32_t *ranks, *blocks;
-    int64_t R, nb;
+    int64_t R, nb, RS;
 } lora_t;
 
 typedef struct { /* what every thread reads */
@@ -442,8 +443,8 @@ typedef struct { /* what every thread reads */
     const float *cos_sin;
     float *qkv, *attn, *o, *act, *down; /* per layer: [T, QKV], [T, Q], [T, H], [T, I], [T, H] */
     const int32_t *lora_slots;               /* each row's adapter slot (-1: none), or NULL: no row has one */
-    const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, bt, ranks, R,
-                                                blocks, nb (`lora_t`) */
+    const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, tiles, ranks, R,
+                                                blocks, nb, RS (`lora_t`) */
     float *lora_u;                           /* [T, R]: the shrink of the linear being computed (x · Aᵀ) */
     int32_t *flags, gen;
     int nt;
@@ -512,19 +513,18 @@ static void lora_shrink_chunk(const void *arg, int64_t t) {
 }
 
 /* LoRA expand into tile n16: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for the rows with an
- * adapter, over the blocks of Bᵀ that reach the tile (the rest of a block-diagonal Bᵀ is zeros). Up to 4
- * adjacent rows of one slot (the runner orders rows by slot) at a time: each Bᵀ row loaded once for them. A tile
- * reads 32 bytes of each of its adapters' Bᵀ rows (a hundred rows far apart, too many streams for the hardware
- * prefetcher), so the line of the next tile pair is requested ahead. */
+ * adapter, over the block of Bᵀ that reaches the tile (the rest of a block-diagonal Bᵀ is zeros), read from the
+ * tile-major copy: the block's rows for these 16 outputs are contiguous. Up to 4 adjacent rows of one slot (the
+ * runner orders rows by slot) at a time: each row of the block loaded once for them. */
 static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
     if (op->lora.a == NULL) return;
-    const int64_t R = op->lora.R, N = op->N, n0 = n16 * TILE, T = op->s->T;
+    const int64_t R = op->lora.R, RS = op->lora.RS, n0 = n16 * TILE, T = op->s->T, NT = op->N / TILE;
     const int32_t *slots = op->s->lora_slots;
     for (int64_t t = 0, n; t < T; t += n) {
         const int32_t slot = slots[t];
         for (n = 1; n < 4 && t + n < T && slots[t + n] == slot;) n++;
         if (slot < 0) continue;
-        const uint16_t *bt = op->lora.bt + slot * R * N + n0;
+        const uint16_t *tile = op->lora.tiles + (slot * NT + n16) * RS * TILE;
         const float *u = op->s->lora_u + t * R;
         f16v acc[4];
         for (int j = 0; j < n; j++) acc[j] = f16_load(out + (t + j) * ld);
@@ -532,8 +532,7 @@ static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int6
             const int32_t *blk = op->lora.blocks + (slot * op->lora.nb + b) * 4;
             if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
             for (int64_t r = blk[0]; r < blk[1]; r++) {
-                _mm_prefetch((const char *)(bt + r * N + 2 * TILE), _MM_HINT_T0); /* tiles n16 + 2, + 3 */
-                const f16v w = f16_load_half(bt + r * N);
+                const f16v w = f16_load_half(tile + (r - blk[0]) * TILE);
                 for (int j = 0; j < n; j++) acc[j] = f16_fmadd(f16_set1(u[j * R + r]), w, acc[j]);
             }
         }
@@ -635,9 +634,10 @@ AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn,
 
 /* Linear j (0 qkv, 1 o, 2 gate_up, 3 down) of layer l's adapters; a NULL without rows or adapters. */
 static lora_t lora_of(const batch_step_t *s, int64_t l, int j) {
-    if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, NULL, 0, 0};
-    const int64_t *e = s->lora_w + (l * 4 + j) * 6;
-    return (lora_t){(const uint16_t *)e[0], (const uint16_t *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3], e[5]};
+    if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, NULL, 0, 0, 0};
+    const int64_t *e = s->lora_w + (l * 4 + j) * 7;
+    return (lora_t){(const uint16_t *)e[0], (const uint16_t *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3],
+                    e[5], e[6]};
 }
 
 /* One thread's walk through the step; `LINEAR(k, x, K, i, j, N, out)`: with adapters, op k - 1 (the shrink of
@@ -686,7 +686,7 @@ int decode_batch_serves(int64_t T, int64_t H, int64_t nh, int64_t nkv, int64_t D
 /* The decoder stack of a decode step of 4+ one-token rows (`decode_batch_serves`): the 17 pointers per layer are
  * those of llama_decode (cpu_kernels.c) with each linear's (qs, d, m) replaced by its tiled (qt, dt, mt).
  * hidden [T, H]: the token embeddings in, the final-norm output out. LoRA: lora_slots [T] each row's adapter
- * slot (-1: none) and lora_w [L, 4, 6] each linear's stacked adapters (a, bt, ranks, R, blocks, nb; `lora_t`), or
+ * slot (-1: none) and lora_w [L, 4, 7] each linear's stacked adapters (a, tiles, ranks, R, blocks, nb, RS; `lora_t`), or
  * both NULL. */
 void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *positions, const int64_t *slots,
                         const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
@@ -699,7 +699,7 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
     const int64_t per_layer = T * (QKV + Q + H + I + H);
     float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
     int64_t R = 1;
-    for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 6 + 3] > R ? lora_w[e * 6 + 3] : R;
+    for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 7 + 3] > R ? lora_w[e * 7 + 3] : R;
     float *lora_u = step_scratch(sizeof(float) * T * R, &lora_buf, &lora_cap);
     if (buf == NULL || lora_u == NULL) abort();
     int32_t *flags;
