@@ -13,7 +13,7 @@ launches for all runs on CUDA).
 
 The stacks are stored in `storage_dtype`: float16 for a float32 model on the CPU (llama.cpp keeps an adapter in its
 file's type, convert_lora_to_gguf.py writes f16), since a decode step that touches 8 rank-16 adapters reads them
-all from memory: in float32, twice the bytes of SmolLM2-135M's Q4_1 weights. Every path (the C step, the torch
+all from memory: in float32, twice the bytes of SmolLM2-135M's tiled Q4_1 decoder weights. Every path (the C step, the torch
 loop, the merged-model reference of the tests) computes with the same rounded values widened to float32; an
 adapter file already in float16 loses nothing (with alpha / r a power of two), a float32 one is rounded once
 (tests/native_engine/engine/test_lora_rounding.py measures it). The C step reads Bᵀ from `tiles`, a tile-major

@@ -19,9 +19,10 @@ rows: ~1.3x one row's step) where `llama_decode_rows` grows ~linearly; `llama_de
 (each query reads its verify row's earlier keys from their qkv rows) where the tiled kernel is missing.
 
 LoRA: a step with adapter rows (`ctx.lora`) runs in `llama_decode_batch` too, when it has enough rows for it
-and every adapted linear's stacks are float16 on the CPU (`lora/punica.storage_dtype`): per linear, one more op computes each adapter row's
-shrink (x · Aᵀ of its slot, rows over the threads), and each matmul tile adds its rows' expand (u · Bᵀ) before
-the next op reads it (Punica's BGMV, fused into the step). Other LoRA steps keep the module path.
+and every adapted linear's stacks are float16 on the CPU with Bᵀ's tile-major copy (`lora/punica.py`): per
+linear, one more op computes each adapter row's shrink (x · Aᵀ of its slot, up to 4 rows of one slot per
+chunk), and each matmul tile adds its rows' expand (u · Bᵀ) before the next op reads it (Punica's BGMV, fused
+into the step). Other LoRA steps keep the module path.
 
 Prefill chunks, other dtypes and weights that are not Q4_1 blocks keep the module path.
 """
@@ -87,7 +88,8 @@ class CPUDecodeStack:
     def _lora_pointers(self) -> torch.Tensor | None:
         """llama_decode_batch's lora_w: per layer and linear (qkv, o, gate_up, down) its adapters' stacks (a, Bᵀ's
         tiles, ranks, R, blocks, blocks per slot, the tiles' rank; zeros where none is loaded), or None when one
-        is not float16 on the CPU. Rebuilt when a stack, ranks or blocks tensor changes (an adapter loaded into a slot)."""
+        is not float16 on the CPU or has no tiles. Rebuilt when a stack, ranks or blocks tensor changes (an
+        adapter loaded into a slot)."""
         loras = [getattr(layer.get_submodule(name), "lora", None) for layer in self.model.layers for name in _LINEARS]
         tensors = [t for lora in loras if lora is not None
                    for t in (lora.a, lora.tiles, lora.ranks_on_device, lora.blocks_on_device)]
