@@ -15,7 +15,11 @@ linear's shrink and expand inside the step); prefills and smaller steps take the
 fourth load, the base forced onto that path, shows what the C step is worth.
 
 Each load's fastest decode step of all 16 requests is reported too (min over every run's steps): the figure a
-busy neighbour disturbs least, when the machine is shared.
+busy neighbour disturbs least, when the machine is shared. Against it, the bytes such a step reads (the tiled
+decoder weights and the LM head's blocks, plus per adapter of the load its A rows and the non-zero blocks of its Bᵀ,
+as stored: float16) and the read bandwidth measured in the same run (`torch.sum` over a float32 buffer of the
+eight-adapter step's size, the engine's threads, median of 7): bytes / step time as a share of it says how
+far a step is from the memory's ceiling.
 
 Every run's prompts start with a token of their own, so no run reuses another's prefix cache. Each figure
 is given twice: by wall time, and by the process's CPU time (tokens per CPU second, as `bench/native_cpu.py`
@@ -33,6 +37,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from native_engine import LLMEngine, LoRARequest, SamplingParams
 from registry.modelbuilder import LoraSpec, build_lora, spec_from_gguf
@@ -112,6 +118,50 @@ def make_adapters(path: Path, root: Path) -> list[LoRARequest]:
             for i in range(NUM_ADAPTERS)]
 
 
+_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def base_bytes(engine: LLMEngine) -> int:
+    """What a batched decode step reads of the base: every layer's tiled linears and the LM head's blocks."""
+    lm = engine.model_runner.model
+    layers = sum(layer.get_submodule(name).int4.tiled.nbytes for layer in lm.model.layers for name in _LINEARS)
+    return layers + sum(w.tiled.nbytes if w.tiled is not None else w.nbytes for w in lm.lm_head.packed)
+
+
+def adapter_bytes(engine: LLMEngine, name: str) -> int:
+    """What a step reads of one resident adapter: per linear, its rank's rows of A and the blocks of its Bᵀ."""
+    manager = engine.model_runner.lora
+    slot, out = manager.slots[name], 0
+    for linear in manager.linears.values():
+        lora = linear.lora
+        if lora.a is None or not lora.ranks[slot]:
+            continue
+        size = lora.a.element_size()
+        out += lora.ranks[slot] * lora.a.shape[2] * size
+        out += sum((c1 - c0) * (o1 - o0) for c0, c1, o0, o1 in lora.blocks[slot]) * size
+    return out
+
+
+def read_bandwidth(nbytes: int) -> float:
+    """Bytes per second `torch.sum` reads from a float32 buffer of `nbytes` (median of 7)."""
+    buf = torch.ones(nbytes // 4)
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        buf.sum()
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times)
+
+
+def memory(engine: LLMEngine, adapters: list[LoRARequest], step: dict) -> dict:
+    """Bytes a decode step of each load reads, and those bytes over its fastest step against the read bandwidth."""
+    base, per_adapter = base_bytes(engine), [adapter_bytes(engine, a.lora_name) for a in adapters]
+    reads = {"base": base, "eight": base + sum(per_adapter), "one": base + per_adapter[0]}
+    bandwidth = read_bandwidth(reads["eight"])
+    return {"step_bytes": reads, "read_bandwidth": bandwidth,
+            "share_of_bandwidth": {k: reads[k] / step[k] / bandwidth for k in reads}}
+
+
 def measure(engine: LLMEngine, adapters: list[LoRARequest], runs: int, quick: bool) -> dict:
     prompts = Prompts(engine.tokenizer, quick)
     n = len(prompts.lengths)
@@ -132,6 +182,7 @@ def measure(engine: LLMEngine, adapters: list[LoRARequest], runs: int, quick: bo
     step = {k: min(v[2] for v in values) for k, values in rates.items()}
     out["decode_step_s"] = {**step, "eight_over_base": step["base"] / step["eight"],
                             "one_over_base": step["base"] / step["one"]}
+    out["memory"] = memory(engine, adapters, step)
     for i, clock in enumerate(("wall", "cpu")):
         tok_s = {k: statistics.median(v[i] for v in values) for k, values in rates.items()}
         first = {k: statistics.median(v[i] for v in values) for k, values in firsts.items()}
@@ -172,6 +223,12 @@ def main() -> None:
           f"{step['eight'] * 1e3:.2f} ms (base / it {step['eight_over_base']:.3f}x), "
           f"1 adapter {step['one'] * 1e3:.2f} ms "
           f"({step['one_over_base']:.3f}x), base on the per-layer path {step['base_per_layer'] * 1e3:.2f} ms")
+    mem = result["memory"]
+    reads, share = mem["step_bytes"], mem["share_of_bandwidth"]
+    print(f"[memory] a step reads: base {reads['base'] / 1e6:.1f} MB, 8 adapters {reads['eight'] / 1e6:.1f} MB, "
+          f"1 adapter {reads['one'] / 1e6:.1f} MB; read bandwidth {mem['read_bandwidth'] / 1e9:.1f} GB/s "
+          f"(torch.sum over {reads['eight'] / 1e6:.0f} MB); bytes / fastest step: base {share['base']:.2f}, "
+          f"8 adapters {share['eight']:.2f}, 1 adapter {share['one']:.2f} of it")
     print(json.dumps(result))
 
 

@@ -428,10 +428,11 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
  * bt (B transposed, alpha / r folded in) [slots, R, N] float32, each slot's rank (columns in use) in ranks, and
  * the non-zero blocks of its bt (one per shard of a packed linear) in blocks [slots, nb, 4]: first column,
  * end column, first output, end output (unused: all 0); a NULL: no adapter on this linear. */
-typedef struct {
-    const float *a, *bt;
+typedef struct { /* a linear's resident adapters, stored as float16 (lora/punica.py) */
+    const uint16_t *a;     /* [slots, R, K] */
+    const uint16_t *tiles; /* Bᵀ as [slots, N / 16, RS, 16]: per 16 outputs the rows of the block reaching them */
     const int32_t *ranks, *blocks;
-    int64_t R, nb;
+    int64_t R, nb, RS;
 } lora_t;
 
 typedef struct { /* what every thread reads */
@@ -442,8 +443,8 @@ typedef struct { /* what every thread reads */
     const float *cos_sin;
     float *qkv, *attn, *o, *act, *down; /* per layer: [T, QKV], [T, Q], [T, H], [T, I], [T, H] */
     const int32_t *lora_slots;               /* each row's adapter slot (-1: none), or NULL: no row has one */
-    const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, bt, ranks, R,
-                                                blocks, nb (`lora_t`) */
+    const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, tiles, ranks, R,
+                                                blocks, nb, RS (`lora_t`) */
     float *lora_u;                           /* [T, R]: the shrink of the linear being computed (x · Aᵀ) */
     int32_t *flags, gen;
     int nt;
@@ -462,50 +463,76 @@ typedef struct { /* one op as a thread sees it: the int16 input rows are the thr
     lora_t lora;
 } batch_op_t;
 
-/* LoRA shrink of row t: u[t, :rank] = A[slot] · x[t] (its slot's rank; nothing for a row without adapter), four
- * rows of A at a time (four independent sums, each x chunk loaded once). */
+/* u[j, r .. r + RA - 1] (row stride R) = rows r .. of A (float16, [rank, K]) · x[j] for the n (<= 4) rows x [n, K]:
+ * each A chunk widened once for the n rows, RA * n independent sums. */
+AI void shrink_block(const uint16_t *a, const float *x, int64_t K, int64_t r, float *u, int64_t R, const int n,
+                     const int RA) {
+    f16v acc[4][4];
+    for (int i = 0; i < RA; i++)
+        for (int j = 0; j < n; j++) acc[i][j] = f16_zero();
+    for (int64_t k = 0; k < K; k += 16) {
+        f16v w[4];
+        for (int i = 0; i < RA; i++) w[i] = f16_load_half(a + (r + i) * K + k);
+        for (int j = 0; j < n; j++) {
+            const f16v xv = f16_load(x + j * K + k);
+            for (int i = 0; i < RA; i++) acc[i][j] = f16_fmadd(w[i], xv, acc[i][j]);
+        }
+    }
+    for (int i = 0; i < RA; i++)
+        for (int j = 0; j < n; j++) u[j * R + r + i] = f16_reduce_add(acc[i][j]);
+}
+
+/* u [n, R] = x [n, K] · A[:rank]ᵀ: 4 rows of A at a time for 1-2 rows of x, 2 for 3-4 (the sums stay in registers). */
+AI void shrink_rows(const uint16_t *a, const float *x, int64_t K, int64_t rank, float *u, int64_t R, const int n) {
+    const int RA = n <= 2 ? 4 : 2;
+    int64_t r = 0;
+    for (; r + RA <= rank; r += RA) shrink_block(a, x, K, r, u, R, n, RA);
+    for (; r < rank; r++) shrink_block(a, x, K, r, u, R, n, 1);
+}
+
+/* LoRA shrink of the rows of one slot from row t on (up to 4; a run of rows of one slot, which the runner puts side
+ * by side, is taken 4 rows at a time from its first, so each of its slot's A is read once per 4 rows):
+ * u[t, :rank] = A[slot] · x[t]. A row without adapter, or not the first of its 4, leaves its chunk empty. */
 static void lora_shrink_chunk(const void *arg, int64_t t) {
     const batch_op_t *op = arg;
-    const int32_t slot = op->s->lora_slots[t];
-    if (slot < 0) return;
+    const int32_t *slots = op->s->lora_slots, slot = slots[t];
+    int64_t first = t, n = 1;
+    while (first > 0 && slots[first - 1] == slot) first--;
+    if (slot < 0 || (t - first) % 4) return;
+    while (n < 4 && t + n < op->s->T && slots[t + n] == slot) n++;
     const int64_t K = op->K, R = op->lora.R, rank = op->lora.ranks[slot];
-    const float *x = op->x + t * K, *a = op->lora.a + slot * R * K;
+    const uint16_t *a = op->lora.a + slot * R * K;
+    const float *x = op->x + t * K;
     float *u = op->s->lora_u + t * R;
-    int64_t r = 0;
-    for (; r + 4 <= rank; r += 4) {
-        f16v acc[4] = {f16_zero(), f16_zero(), f16_zero(), f16_zero()};
-        for (int64_t k = 0; k < K; k += 16) {
-            const f16v xv = f16_load(x + k);
-            for (int i = 0; i < 4; i++) acc[i] = f16_fmadd(f16_load(a + (r + i) * K + k), xv, acc[i]);
-        }
-        for (int i = 0; i < 4; i++) u[r + i] = f16_reduce_add(acc[i]);
-    }
-    for (; r < rank; r++) {
-        f16v acc = f16_zero();
-        for (int64_t k = 0; k < K; k += 16) acc = f16_fmadd(f16_load(a + r * K + k), f16_load(x + k), acc);
-        u[r] = f16_reduce_add(acc);
+    switch (n) { /* a constant n: the sums' arrays unrolled into registers */
+    case 1: shrink_rows(a, x, K, rank, u, R, 1); break;
+    case 2: shrink_rows(a, x, K, rank, u, R, 2); break;
+    case 3: shrink_rows(a, x, K, rank, u, R, 3); break;
+    default: shrink_rows(a, x, K, rank, u, R, 4);
     }
 }
 
 /* LoRA expand into tile n16: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for the rows with an
- * adapter, over the blocks of Bᵀ that reach the tile (the rest of a block-diagonal Bᵀ is zeros). Up to 4
- * adjacent rows of one slot (the runner orders rows by slot) at a time: each Bᵀ row loaded once for them. */
+ * adapter, over the block of Bᵀ that reaches the tile (the rest of a block-diagonal Bᵀ is zeros), read from the
+ * tile-major copy: the block's rows for these 16 outputs are contiguous. Up to 4 adjacent rows of one slot (the
+ * runner orders rows by slot) at a time: each row of the block loaded once for them. */
 static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
     if (op->lora.a == NULL) return;
-    const int64_t R = op->lora.R, N = op->N, n0 = n16 * TILE, T = op->s->T;
+    const int64_t R = op->lora.R, RS = op->lora.RS, n0 = n16 * TILE, T = op->s->T, NT = op->N / TILE;
     const int32_t *slots = op->s->lora_slots;
     for (int64_t t = 0, n; t < T; t += n) {
         const int32_t slot = slots[t];
         for (n = 1; n < 4 && t + n < T && slots[t + n] == slot;) n++;
         if (slot < 0) continue;
-        const float *bt = op->lora.bt + slot * R * N + n0, *u = op->s->lora_u + t * R;
+        const uint16_t *tile = op->lora.tiles + (slot * NT + n16) * RS * TILE;
+        const float *u = op->s->lora_u + t * R;
         f16v acc[4];
         for (int j = 0; j < n; j++) acc[j] = f16_load(out + (t + j) * ld);
         for (int64_t b = 0; b < op->lora.nb; b++) {
             const int32_t *blk = op->lora.blocks + (slot * op->lora.nb + b) * 4;
             if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
             for (int64_t r = blk[0]; r < blk[1]; r++) {
-                const f16v w = f16_load(bt + r * N);
+                const f16v w = f16_load_half(tile + (r - blk[0]) * TILE);
                 for (int j = 0; j < n; j++) acc[j] = f16_fmadd(f16_set1(u[j * R + r]), w, acc[j]);
             }
         }
@@ -607,9 +634,10 @@ AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn,
 
 /* Linear j (0 qkv, 1 o, 2 gate_up, 3 down) of layer l's adapters; a NULL without rows or adapters. */
 static lora_t lora_of(const batch_step_t *s, int64_t l, int j) {
-    if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, NULL, 0, 0};
-    const int64_t *e = s->lora_w + (l * 4 + j) * 6;
-    return (lora_t){(const float *)e[0], (const float *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3], e[5]};
+    if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, NULL, 0, 0, 0};
+    const int64_t *e = s->lora_w + (l * 4 + j) * 7;
+    return (lora_t){(const uint16_t *)e[0], (const uint16_t *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3],
+                    e[5], e[6]};
 }
 
 /* One thread's walk through the step; `LINEAR(k, x, K, i, j, N, out)`: with adapters, op k - 1 (the shrink of
@@ -658,7 +686,7 @@ int decode_batch_serves(int64_t T, int64_t H, int64_t nh, int64_t nkv, int64_t D
 /* The decoder stack of a decode step of 4+ one-token rows (`decode_batch_serves`): the 17 pointers per layer are
  * those of llama_decode (cpu_kernels.c) with each linear's (qs, d, m) replaced by its tiled (qt, dt, mt).
  * hidden [T, H]: the token embeddings in, the final-norm output out. LoRA: lora_slots [T] each row's adapter
- * slot (-1: none) and lora_w [L, 4, 6] each linear's stacked adapters (a, bt, ranks, R, blocks, nb; `lora_t`), or
+ * slot (-1: none) and lora_w [L, 4, 7] each linear's stacked adapters (a, tiles, ranks, R, blocks, nb, RS; `lora_t`), or
  * both NULL. */
 void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *positions, const int64_t *slots,
                         const int32_t *block_tables, const int32_t *context_lens, int64_t W, int64_t H, int64_t nh,
@@ -671,7 +699,7 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
     const int64_t per_layer = T * (QKV + Q + H + I + H);
     float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
     int64_t R = 1;
-    for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 6 + 3] > R ? lora_w[e * 6 + 3] : R;
+    for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 7 + 3] > R ? lora_w[e * 7 + 3] : R;
     float *lora_u = step_scratch(sizeof(float) * T * R, &lora_buf, &lora_cap);
     if (buf == NULL || lora_u == NULL) abort();
     int32_t *flags;

@@ -16,6 +16,9 @@ typedef __m512i w32v;   /* 32 int16 lanes: lane pair (2u, 2u + 1) belongs to int
 
 V16 f16v f16_zero(void) { return _mm512_setzero_ps(); }
 V16 f16v f16_load(const float *p) { return _mm512_loadu_ps(p); }
+V16 f16v f16_load_half(const uint16_t *p) { /* 16 float16 values, widened */
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
 V16 void f16_store(float *p, f16v v) { _mm512_storeu_ps(p, v); }
 V16 f16v f16_set1(float x) { return _mm512_set1_ps(x); }
 V16 f16v f16_add(f16v a, f16v b) { return _mm512_add_ps(a, b); }
@@ -88,6 +91,10 @@ typedef struct { __m256i lo, hi; } w32v; /* lo: int32 lanes 0-7's pairs, hi: 8-1
 
 V16 f16v f16_zero(void) { return (f16v){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 V16 f16v f16_load(const float *p) { return (f16v){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+V16 f16v f16_load_half(const uint16_t *p) { /* 16 float16 values (F16C) */
+    return (f16v){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+}
 V16 void f16_store(float *p, f16v v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
 V16 f16v f16_set1(float x) { return (f16v){_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 V16 f16v f16_add(f16v a, f16v b) { return (f16v){_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }

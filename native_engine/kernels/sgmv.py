@@ -92,10 +92,10 @@ def sgmv_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.T
 def sgmv_ref(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.Tensor, ranks: list[int],
              segments: list[tuple[int, int, int]]) -> torch.Tensor:
     """The segmented matmul in torch: (first row, end row, slot) segments, each slot's first `ranks[slot]`
-    rows of A and of Bᵀ."""
+    rows of A and of Bᵀ (widened to x's dtype when stored narrower)."""
     for start, end, slot in segments:
         r = ranks[slot]
-        out[start:end].addmm_(x[start:end] @ a[slot, :r].T, bt[slot, :r])
+        out[start:end].addmm_(x[start:end] @ a[slot, :r].to(x.dtype).T, bt[slot, :r].to(x.dtype))
     return out
 
 
@@ -119,7 +119,8 @@ def sgmv_torch(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.Te
     """`sgmv_ref` over `batches(segments)`: a batch of runs as one bmm of views (rows past a slot's rank are
     zeros in `a` and `bt`, so the batch's widest rank serves all). `blocks`: per slot, the non-zero blocks of
     its Bᵀ (first column, end column, first output, end output; lora/punica.py); a run of one slot expands
-    block by block, skipping the zeros between a packed linear's shards (2/3 of qkv's Bᵀ, half of gate_up's)."""
+    block by block, skipping the zeros between a packed linear's shards (2/3 of qkv's Bᵀ, half of gate_up's).
+    Stacks stored narrower than x (float16 on the CPU: lora/punica.py) are widened piece by piece."""
     for start, count, length, slot in runs:
         r = max(ranks[slot : slot + count])
         if r == 0:
@@ -128,10 +129,10 @@ def sgmv_torch(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.Te
         if count == 1 or not (x.is_contiguous() and out.is_contiguous()):
             for i in range(count):
                 rows = slice(start + i * length, start + (i + 1) * length)
-                xa = x[rows] @ a[slot + i, :r].T
+                xa = x[rows] @ a[slot + i, :r].to(x.dtype).T
                 for c0, c1, o0, o1 in blocks[slot + i] if blocks else [(0, r, 0, out.shape[1])]:
-                    out[rows, o0:o1].addmm_(xa[:, c0:c1], bt[slot + i, c0:c1, o0:o1])
+                    out[rows, o0:o1].addmm_(xa[:, c0:c1], bt[slot + i, c0:c1, o0:o1].to(x.dtype))
             continue
-        xa = torch.bmm(x[start:end].view(count, length, -1), a[slot : slot + count, :r].transpose(1, 2))
-        out[start:end].view(count, length, -1).baddbmm_(xa, bt[slot : slot + count, :r])
+        xa = torch.bmm(x[start:end].view(count, length, -1), a[slot : slot + count, :r].to(x.dtype).transpose(1, 2))
+        out[start:end].view(count, length, -1).baddbmm_(xa, bt[slot : slot + count, :r].to(x.dtype))
     return out

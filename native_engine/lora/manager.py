@@ -16,7 +16,7 @@ from torch import nn
 
 from ..layers.linear import Linear
 from .models import load_lora
-from .punica import LoRALayer, LoRAMapping, PunicaWrapper
+from .punica import FLOAT16_MAX, LoRALayer, LoRAMapping, PunicaWrapper, storage_dtype
 from .request import LoRARequest
 
 LORA_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -25,7 +25,8 @@ LORA_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 class LoRAManager:
     def __init__(self, model: nn.Module, model_config, max_loras: int, device: torch.device,
                  dtype: torch.dtype, max_rank: int) -> None:
-        self.model_config, self.max_loras, self.device, self.dtype = model_config, max_loras, device, dtype
+        self.model_config, self.max_loras, self.device = model_config, max_loras, device
+        self.dtype = storage_dtype(device, dtype)
         self.max_rank = max_rank
         self.punica = PunicaWrapper()
         self.packed = getattr(model, "packed_modules_mapping", {})
@@ -107,6 +108,9 @@ class LoRAManager:
                 raise ValueError(f"LoRA adapter {request.lora_name!r}: {base} takes {pair[0].shape[1]} inputs, "
                                  f"the model's {self.linears[module].weight.shape[1]}: made for another model")
             by_module[module][shard] = pair
+        if self.dtype == torch.float16 and _largest(lora) > FLOAT16_MAX:
+            raise ValueError(f"LoRA adapter {request.lora_name!r} has weights beyond float16's range "
+                             f"(|A| or |B · alpha / r| > {FLOAT16_MAX:g}), which the CPU keeps adapters in")
         if lora.rank > self.max_rank:
             raise ValueError(f"LoRA adapter {request.lora_name!r} has rank {lora.rank}, more than max_lora_rank "
                              f"{self.max_rank}")
@@ -125,3 +129,8 @@ class LoRAManager:
         if None in sizes:
             return next(iter(pairs.values()))[1].shape[0] if pairs else 0
         return sum(sizes)
+
+
+def _largest(lora) -> float:
+    """The largest |value| the stacks would hold: of every A, and of every B times the scale."""
+    return max(max(a.abs().max().item(), b.abs().max().item() * lora.scale) for a, b in lora.weights.values())

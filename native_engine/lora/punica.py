@@ -10,6 +10,15 @@ A [s·r, in] (the A of each shard it targets) and B [out, s·r] (block diagonal 
 alpha / r folded in; kept transposed), zero-padded to `max_lora_rank` x the shards, so a run costs two matmuls whatever
 the packing: `out[run] += (x[run] · Aᵀ) · Bᵀ` (`kernels/sgmv.py`: the torch loop on CPU, two Triton
 launches for all runs on CUDA).
+
+The stacks are stored in `storage_dtype`: float16 for a float32 model on the CPU (llama.cpp keeps an adapter in its
+file's type, convert_lora_to_gguf.py writes f16), since a decode step that touches 8 rank-16 adapters reads them
+all from memory: in float32, twice the bytes of SmolLM2-135M's tiled Q4_1 decoder weights. Every path (the C step, the torch
+loop, the merged-model reference of the tests) computes with the same rounded values widened to float32; an
+adapter file already in float16 loses nothing (with alpha / r a power of two), a float32 one is rounded once
+(tests/native_engine/engine/test_lora_rounding.py measures it). The C step reads Bᵀ from `tiles`, a tile-major
+copy (per 16 outputs the rows of the block reaching them, contiguous), not from the [slots, R, out] stack whose
+rows a tile would read 32 bytes of each.
 """
 
 from __future__ import annotations
@@ -53,6 +62,14 @@ class LoRAMapping:
         return max(e - s for s, e, _ in self.segments)
 
 
+FLOAT16_MAX = 65504.0
+
+
+def storage_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The stacks' type for a model computing in `dtype` on `device` (see the module's docstring)."""
+    return torch.float16 if device.type == "cpu" and dtype == torch.float32 else dtype
+
+
 @dataclass(slots=True)
 class PunicaWrapper:
     mapping: LoRAMapping | None = None
@@ -69,6 +86,9 @@ class LoRALayer:
         self.ranks = [0] * max_loras  # columns of each slot in use (its rank x the shards it targets)
         # per slot, its shards' blocks of Bᵀ: (first column, end column, first output, end output); the rest is zeros
         self.blocks: list[list[tuple[int, int, int, int]]] = [[] for _ in range(max_loras)]
+        # on the CPU in float16, Bᵀ again for the C step: per 16 outputs the rows of the block reaching them,
+        # [max_loras, out / 16, max_rank, 16], so a tile's expand reads contiguous bytes (None: not served there)
+        self.tiles: torch.Tensor | None = None
         self.ranks_on_device: torch.Tensor | None = None
         self.blocks_on_device: torch.Tensor | None = None  # `blocks` as [max_loras, shards, 4] int32, unused: 0
 
@@ -87,10 +107,14 @@ class LoRALayer:
             if self.a is None:
                 self.a = torch.zeros(self.max_loras, self.rank_cap, a.shape[1], dtype=dtype, device=device)
                 self.bt = torch.zeros(self.max_loras, self.rank_cap, b.shape[0], dtype=dtype, device=device)
+                self.tiles = _new_tiles(self.max_loras, self.rank_cap // len(self.shards), self.shards, b.shape[0],
+                                        dtype, device)
             self.a[slot, : a.shape[0]] = a
             self.bt[slot, : a.shape[0]] = b.T
             self.ranks[slot] = a.shape[0]
             self.blocks[slot] = _blocks(pairs, self.shards, out_features)
+        if self.tiles is not None:
+            self._tile(slot)
         if self.a is not None:
             self.ranks_on_device = torch.tensor(self.ranks, dtype=torch.int32).to(self.a.device)
             table = torch.zeros(self.max_loras, len(self.shards), 4, dtype=torch.int32)
@@ -98,6 +122,12 @@ class LoRALayer:
                 if blocks:
                     table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
             self.blocks_on_device = table.to(self.a.device)
+
+    def _tile(self, slot: int) -> None:
+        self.tiles[slot].zero_()
+        for c0, c1, o0, o1 in self.blocks[slot]:
+            block = self.bt[slot, c0:c1, o0:o1].view(c1 - c0, (o1 - o0) // 16, 16)
+            self.tiles[slot, o0 // 16 : o1 // 16, : c1 - c0] = block.transpose(0, 1)
 
     def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:  # x: [T, in], out: [T, out]
         mapping = self.punica.mapping
@@ -107,6 +137,16 @@ class LoRALayer:
             return sgmv_triton(x, out, self.a, self.bt, self.ranks_on_device, mapping.on_device(x.device),
                                mapping.max_len)
         return sgmv_torch(x, out, self.a, self.bt, self.ranks, mapping.batches, self.blocks)
+
+
+def _new_tiles(max_loras: int, max_rank: int, shards: dict, out_features: int, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor | None:
+    """The C step's tiles of Bᵀ (see `LoRALayer.tiles`): float16 on the CPU, when every shard starts and ends on
+    a multiple of 16 outputs."""
+    edges = [edge for offset, rows in shards.values() for edge in (offset, offset + (rows or out_features))]
+    if dtype != torch.float16 or device.type != "cpu" or any(edge % 16 for edge in edges):
+        return None
+    return torch.zeros(max_loras, out_features // 16, max_rank, 16, dtype=dtype)
 
 
 def _blocks(pairs: dict, shards: dict, out_features: int) -> list[tuple[int, int, int, int]]:

@@ -19,9 +19,10 @@ rows: ~1.3x one row's step) where `llama_decode_rows` grows ~linearly; `llama_de
 (each query reads its verify row's earlier keys from their qkv rows) where the tiled kernel is missing.
 
 LoRA: a step with adapter rows (`ctx.lora`) runs in `llama_decode_batch` too, when it has enough rows for it
-and every adapted linear's stacks are float32 on the CPU: per linear, one more op computes each adapter row's
-shrink (x · Aᵀ of its slot, rows over the threads), and each matmul tile adds its rows' expand (u · Bᵀ) before
-the next op reads it (Punica's BGMV, fused into the step). Other LoRA steps keep the module path.
+and every adapted linear's stacks are float16 on the CPU with Bᵀ's tile-major copy (`lora/punica.py`): per
+linear, one more op computes each adapter row's shrink (x · Aᵀ of its slot, up to 4 rows of one slot per
+chunk), and each matmul tile adds its rows' expand (u · Bᵀ) before the next op reads it (Punica's BGMV, fused
+into the step). Other LoRA steps keep the module path.
 
 Prefill chunks, other dtypes and weights that are not Q4_1 blocks keep the module path.
 """
@@ -85,12 +86,13 @@ class CPUDecodeStack:
                 and cpu_batch.serves_decode_batch(num_rows, h, nh, nkv, d, inter))
 
     def _lora_pointers(self) -> torch.Tensor | None:
-        """llama_decode_batch's lora_w: per layer and linear (qkv, o, gate_up, down) its adapters' stacks (a, bᵀ,
-        ranks, R, blocks, blocks per slot; zeros where none is loaded), or None when one is not float32 on the
-        CPU. Rebuilt when a stack, ranks or blocks tensor changes (an adapter loaded into a slot)."""
+        """llama_decode_batch's lora_w: per layer and linear (qkv, o, gate_up, down) its adapters' stacks (a, Bᵀ's
+        tiles, ranks, R, blocks, blocks per slot, the tiles' rank; zeros where none is loaded), or None when one
+        is not float16 on the CPU or has no tiles. Rebuilt when a stack, ranks or blocks tensor changes (an
+        adapter loaded into a slot)."""
         loras = [getattr(layer.get_submodule(name), "lora", None) for layer in self.model.layers for name in _LINEARS]
         tensors = [t for lora in loras if lora is not None
-                   for t in (lora.a, lora.bt, lora.ranks_on_device, lora.blocks_on_device)]
+                   for t in (lora.a, lora.tiles, lora.ranks_on_device, lora.blocks_on_device)]
         # the cache holds the tensors it was built from, so an id seen again is the same tensor, never a new one
         if self._lora_table is None or [id(t) for t in self._lora_table[0]] != [id(t) for t in tensors]:
             self._lora_table = (tensors, _lora_table(loras))
@@ -137,14 +139,14 @@ def _lora_table(loras: list) -> torch.Tensor | None:
     table = []
     for lora in loras:
         if lora is None or lora.a is None:
-            table += [0] * 6
+            table += [0] * 7
             continue
-        if not all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-                   for t in (lora.a, lora.bt)) or lora.ranks_on_device.device.type != "cpu":
+        if lora.tiles is None or not (lora.a.dtype == torch.float16 and lora.a.device.type == "cpu"
+                                      and lora.a.is_contiguous() and lora.ranks_on_device.device.type == "cpu"):
             return None
         blocks = lora.blocks_on_device
-        table += [lora.a.data_ptr(), lora.bt.data_ptr(), lora.ranks_on_device.data_ptr(), lora.a.shape[1],
-                  blocks.data_ptr(), blocks.shape[1]]
+        table += [lora.a.data_ptr(), lora.tiles.data_ptr(), lora.ranks_on_device.data_ptr(), lora.a.shape[1],
+                  blocks.data_ptr(), blocks.shape[1], lora.tiles.shape[2]]
     return torch.tensor(table, dtype=torch.int64)
 
 

@@ -11,7 +11,9 @@
 
 The update of a target's weight is ``W + (alpha / r) · B · A``. Each tensor has its own generator
 (``weights.make_tensor``), A ~ N(0, 1/in), B ~ N(0, 1/r), so ``B · A · x`` is about as large as ``W · x``.
-``merged_tensor`` gives the base's weight with the adapter merged in (the exactness tests' reference).
+Tensors are stored as ``LoraSpec.dtype``: f16 by default (``convert_lora_to_gguf.py --outtype f16``; the
+native engine keeps adapters in float16 on the CPU), f32 on request.
+``merged_tensor`` gives the base's weight with the adapter as stored merged in (the exactness tests' reference).
 """
 
 from __future__ import annotations
@@ -44,8 +46,11 @@ class LoraSpec:
     alpha: float = 8.0
     targets: tuple[str, ...] = TARGETS
     seed: int = 0
+    dtype: str = "f16"  # how the tensors are stored: f16 or f32
 
     def __post_init__(self) -> None:
+        if self.dtype not in ("f16", "f32"):
+            raise ValueError(f"adapter dtype must be f16 or f32, got {self.dtype!r}")
         unknown = sorted(set(self.targets) - set(TARGETS))
         if unknown or not self.targets:
             raise ValueError(f"target modules must be some of {', '.join(TARGETS)}, got {', '.join(unknown) or 'none'}")
@@ -83,7 +88,9 @@ def lora_pairs(spec: ModelSpec, lora: LoraSpec) -> list[tuple[str, TensorSpec, T
 
 
 def lora_tensor(spec: ModelSpec, lora: LoraSpec, ts: TensorSpec) -> np.ndarray:
-    return make_tensor(spec, ts, lora.seed)
+    """The tensor as stored: float16 or float32 (``lora.dtype``)."""
+    values = make_tensor(spec, ts, lora.seed)
+    return values.astype(np.float16) if lora.dtype == "f16" else values
 
 
 def merged_tensor(spec: ModelSpec, lora: LoraSpec, ts: TensorSpec, model_seed: int) -> np.ndarray:
@@ -112,7 +119,7 @@ def peft_config(spec: ModelSpec, lora: LoraSpec) -> dict:
 
 def _write_peft(tmp: Path, spec: ModelSpec, lora: LoraSpec) -> None:
     specs = [ts for _, a, b in lora_pairs(spec, lora) for ts in (a, b)]
-    safetensors_out.save(tmp / PEFT_WEIGHTS, specs, lambda ts: lora_tensor(spec, lora, ts), "f32")
+    safetensors_out.save(tmp / PEFT_WEIGHTS, specs, lambda ts: lora_tensor(spec, lora, ts), lora.dtype)
     (tmp / PEFT_CONFIG).write_text(json.dumps(peft_config(spec, lora), indent=2) + "\n")
 
 
