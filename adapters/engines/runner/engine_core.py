@@ -57,9 +57,10 @@ class EngineCore:
         self.stopping = False
         self._max_bytes: int | None = None
 
-    def run(self) -> None:
+    def run(self, *, until_loaded: bool = False) -> None:
+        """The loop; ``until_loaded``: return once a model is loaded (the loop then goes on on a fresh thread)."""
         try:
-            while not self.stopping:
+            while not self.stopping and not (until_loaded and self.llm is not None):
                 busy = self._busy()
                 messages = self.channel.poll(0.0 if busy else IDLE_WAIT_S)
                 for message in messages:
@@ -68,10 +69,10 @@ class EngineCore:
                     self.step()
                 elif not messages and os.getppid() != self.parent:
                     log.warning("the gateway (pid %d) is gone; this runner exits", self.parent)
-                    return
+                    self.stopping = True
         except EOFError:  # the gateway closed its end (or died): nobody reads what this runner would say
-            return
-        finally:
+            self.stopping = True
+        if self.stopping or not until_loaded:
             self.close()
 
     def _busy(self) -> bool:
@@ -227,5 +228,16 @@ class EngineCore:
 def serve_core(fd: int, parent: int) -> None:
     """The native runner's life: the engine core on this (the main) thread until ``Shutdown`` or the gateway's end."""
     import socket
+    import threading
 
-    EngineCore(BlockingChannel(socket.socket(fileno=fd), p.to_runner), parent).run()
+    core = EngineCore(BlockingChannel(socket.socket(fileno=fd), p.to_runner), parent)
+    core.run(until_loaded=True)
+    if core.stopping:
+        return
+    # The loop goes on, unchanged, on a thread started after the load: stepped on a thread that existed
+    # before it (this one, or any), the engine's first step of each request took 0.3-1.6 s instead of
+    # 0.04-0.07 s on the shared 2-core machine (torch's OpenMP threads after the load's one-thread copy,
+    # native_engine/platform.py); on a thread started after it, as AsyncLLMEngine's is, it does not.
+    stepping = threading.Thread(target=core.run, name="engine-core")
+    stepping.start()
+    stepping.join()
