@@ -28,6 +28,7 @@ from gateway.openai.responses import (ResponseMeta, Result, backend_fields, chat
 from gateway.serving.recorder import Generation, Recorder
 
 Events = AsyncIterator[tuple[int, StreamEvent]]
+MERGE_GRACE_S = 5.0  # how long the choices of a stream left early have to end with their cancelled records
 
 
 async def run_all(recorder: Recorder, backend: Backend, requests: Sequence[GenerationRequest],
@@ -100,7 +101,10 @@ async def _merge(first: Generation, recorder: Recorder, backend: Backend,
                 raise item
             else:
                 yield index, item
-    finally:
+    finally:  # the consumer left or one choice failed: the others stop and end with their cancelled records
+        for req in (first.request, *rest):
+            req.cancel.cancel()
+        await asyncio.wait(tasks, timeout=MERGE_GRACE_S)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
