@@ -43,6 +43,7 @@ HAND_OFFS = {
     ("native_engine/async_engine.py", "AsyncLLMEngine._submit"): "runner loop -> engine thread: deque + Event",
     ("native_engine/async_engine.py", "_Stream.put"): "engine thread -> runner loop: call_soon_threadsafe",
     ("adapters/engines/runner/worker.py", "Worker.send"): "runner -> gateway: a socket write",
+    ("adapters/engines/runner/channel.py", "BlockingChannel.send"): "runner -> gateway: a socket write (one per step)",
     ("adapters/engines/runner/client.py", "RunnerClient._receive"): "gateway: the receive task -> the request's queue",
     ("adapters/engines/runner/client.py", "RunnerClient._admit"): "gateway -> runner: Admitted (the Admit round trip)",
     ("adapters/engines/runner/worker.py", "Worker._answer"): "runner: the Admitted answer -> the waiting task",

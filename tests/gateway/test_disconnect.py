@@ -79,3 +79,23 @@ def test_server_survives_many_abandoned_streams(server):
     r = httpx.post(server.url + "/api/chat", timeout=30, json={**body, "stream": False, "options": {"num_predict": 3}})
     assert r.status_code == 200
     assert json.loads(r.text)["eval_count"] <= 3
+
+
+def test_a_native_runner_stops_the_request_of_a_client_that_left(server):
+    """The native runner's engine core aborts the request (``Cancel``) and its cancelled record, counting what it
+    generated, ends the stream the response still reads: one row, and the runner holds nothing more."""
+    body = {"model": "slow", "options": {"engine": "native", "num_predict": 3000, "ignore_eos": True},
+            "messages": [{"role": "user", "content": "go on forever"}]}
+    _abandon(server.url, "/api/chat", body, events=3)
+    deadline = time.monotonic() + 15
+    while not (rows := [r for r in _rows(server, "/api/chat") if r.backend == "native"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # a second row, if one were (wrongly) written, would land by now
+    rows = [r for r in _rows(server, "/api/chat") if r.backend == "native"]
+    assert len(rows) == 1, [(r.status, r.output_tokens) for r in rows]
+    row = rows[0]
+    assert (row.status, row.finish_reason, row.stream) == ("cancelled", "cancelled", True)
+    assert 3 <= row.output_tokens < 3000 and row.input_tokens > 0
+    runner = next(m["runner"] for m in httpx.get(server.url + "/api/ps").json()["models"]
+                  if m["runner"]["engine"] == "native")
+    assert runner["requests"] == 0

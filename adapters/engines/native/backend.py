@@ -14,7 +14,7 @@ import importlib
 import itertools
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,15 +86,10 @@ class NativeBackend:
     async def _generate(self, entry: _Loaded, details: ModelDetails, request: GenerationRequest, options: Options,
                         timings: Timings) -> AsyncIterator[StreamEvent]:
         llm = entry.engine.engine
-        limit = min(options.num_ctx, llm.max_model_len)
-        if request.prompt_tokens is not None:  # the gateway's (or the client's) ids go to the engine as they are
-            token_ids, dropped = check_token_ids(request.prompt_tokens, llm.tokenizer.vocab_size), 0
-        else:
-            prompt = tokenize_request(llm.tokenizer, details, request, limit, _max_token_bytes(entry, llm.tokenizer))
-            token_ids, dropped = prompt.token_ids, prompt.dropped
-        check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
-        room = limit - len(token_ids)
+        token_ids, dropped, room = engine_prompt(llm, details, request, options,
+                                                 lambda: _max_token_bytes(entry, llm.tokenizer))
         if request.admit is not None:  # a keyed request: its budget and limits, before anything runs
+            limit = min(options.num_ctx, llm.max_model_len)
             room = min(room, await request.admit(len(token_ids), limit, self.name) or room)
         params = sampling_params(options, request, room=room)
         check_kv_role(self.settings.kv_role, params.kv_transfer_params)
@@ -105,10 +100,10 @@ class NativeBackend:
             completion = out.outputs[0]
             output += completion.token_ids
             if completion.text or completion.logprobs:
-                yield Chunk(completion.text, completion.token_ids, _logprobs(llm.tokenizer, completion, request))
+                yield Chunk(completion.text, completion.token_ids, chunk_logprobs(llm.tokenizer, completion, request))
             if out.finished:
-                done = _done(out, token_ids, output, timings, request, dropped)
-        yield done or _done(None, token_ids, output, timings, request, dropped, reason="cancelled")
+                done = final_done(out, token_ids, output, timings, request, dropped)
+        yield done or final_done(None, token_ids, output, timings, request, dropped, reason="cancelled")
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -127,8 +122,16 @@ class NativeBackend:
             return entry, time.perf_counter() - t0
 
     def _load(self, details: ModelDetails, options: Options) -> _Loaded:
+        from native_engine import AsyncLLMEngine
+
+        llm = self.new_engine(details, options)
+        size = gguf_path(details, "the native engine").stat().st_size
+        return _Loaded(details.name.display, details.base_digest, size, AsyncLLMEngine(llm))
+
+    def new_engine(self, details: ModelDetails, options: Options):
+        """The model's ``LLMEngine``, with no thread of its own (a runner's engine core steps it itself)."""
         model_path = gguf_path(details, "the native engine")
-        from native_engine import AsyncLLMEngine, LLMEngine
+        from native_engine import LLMEngine
 
         context = min(options.num_ctx, details.gguf.context_length or options.num_ctx)
         try:
@@ -139,7 +142,7 @@ class NativeBackend:
             llm = LLMEngine(config)
         except (ValueError, NotImplementedError) as exc:
             raise BackendUnavailable(f"the native engine cannot load {details.name.display}: {exc}") from None
-        return _Loaded(details.name.display, details.base_digest, model_path.stat().st_size, AsyncLLMEngine(llm))
+        return llm
 
     def _speculative(self, details: ModelDetails) -> str | None:
         """The model's method: its Modelfile's PARAMETER speculative, else the server's setting ("on": n-gram);
@@ -279,6 +282,20 @@ async def _engine_outputs(engine, token_ids: list[int], params, arrival: float, 
         raise BackendUnavailable(f"the native engine failed: {exc}") from None
 
 
+def engine_prompt(llm, details: ModelDetails, request: GenerationRequest, options: Options,
+                  max_bytes: Callable[[], int]) -> tuple[list[int], int, int]:
+    """The prompt's token ids for ``llm`` (the gateway's as they are, else rendered and tokenized here, the
+    oldest messages dropped to fit), how many messages were dropped, and the room left to generate."""
+    limit = min(options.num_ctx, llm.max_model_len)
+    if request.prompt_tokens is not None:  # the gateway's (or the client's) ids go to the engine as they are
+        token_ids, dropped = check_token_ids(request.prompt_tokens, llm.tokenizer.vocab_size), 0
+    else:
+        prompt = tokenize_request(llm.tokenizer, details, request, limit, max_bytes())
+        token_ids, dropped = prompt.token_ids, prompt.dropped
+    check_room(len(token_ids), limit, options.num_predict, strict=request.strict_max_tokens)
+    return token_ids, dropped, limit - len(token_ids)
+
+
 def _max_token_bytes(entry: _Loaded, tokenizer) -> int:
     """The longest vocabulary entry in bytes, measured once per loaded model."""
     if entry.max_token_bytes is None:
@@ -335,7 +352,7 @@ def structured_outputs(fmt: str | dict | None):
     raise InvalidRequest(f"invalid format {fmt!r}: use \"json\" or a JSON schema object", param="format")
 
 
-def _logprobs(tokenizer, completion, request: GenerationRequest) -> list[TokenLogprob] | None:
+def chunk_logprobs(tokenizer, completion, request: GenerationRequest) -> list[TokenLogprob] | None:
     if not request.logprobs or not completion.logprobs:
         return None
     return [_entry(tokenizer, lp.token_id, lp.logprob, lp.top_logprobs) for lp in completion.logprobs]
@@ -347,7 +364,7 @@ def _entry(tokenizer, token_id: int, logprob: float, top: list[tuple[int, float]
                         top_logprobs=[_entry(tokenizer, t, lp) for t, lp in top])
 
 
-def _done(out, prompt: list[int], output: list[int], timings: Timings, request: GenerationRequest,
+def final_done(out, prompt: list[int], output: list[int], timings: Timings, request: GenerationRequest,
           dropped: int, reason: str | None = None) -> Done:
     cached = out.num_cached_tokens if out is not None else 0
     if out is not None:

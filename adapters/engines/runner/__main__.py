@@ -1,6 +1,7 @@
 """``python -m adapters.engines.runner --engine E --fd N --parent PID``: one runner process.
 
-Started by the gateway's scheduler (``adapters/engines/runner/client.py``), never by hand; see ``worker.py``.
+Started by the gateway's scheduler (``adapters/engines/runner/client.py``), never by hand; see ``worker.py``
+(llama.cpp, scripted) and ``engine_core.py`` (native).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s runner[{os.getpid()} {args.engine}] %(levelname)s %(name)s: %(message)s")
     preload(args.engine)
-    asyncio.run(serve(args.engine, args.fd, args.parent))
+    if args.engine == "native":  # the engine core's loop: no event loop, no engine thread (engine_core.py)
+        from .engine_core import serve_core
+
+        serve_core(args.fd, args.parent)
+    else:
+        asyncio.run(serve(args.engine, args.fd, args.parent))
 
 
 if __name__ == "__main__":

@@ -269,17 +269,25 @@ class RunnerClient:
                 self.load_stats = message.load
                 continue
             self._last_event = time.monotonic()
-            if isinstance(message, p.Finished):
+            if isinstance(message, p.Outputs):  # one engine step: each request's Token, then its Finished
                 self.load_stats = message.load or self.load_stats
-                self.spec_decode = message.spec_decode or self.spec_decode
-            target = self._pending.get(-1 if isinstance(message, p.Ready) else message.id)
-            if isinstance(target, asyncio.Queue):
-                target.put_nowait(message)
-            elif target is not None and not target.done():
-                if isinstance(message, p.Failed) and message.id == -1:
-                    target.set_exception(p.error_from_wire(message.error))
-                else:
-                    target.set_result(message)
+                for each in (*message.tokens, *message.finished):
+                    self._deliver(each)
+            else:
+                self._deliver(message)
+
+    def _deliver(self, message: Any) -> None:
+        if isinstance(message, p.Finished):
+            self.load_stats = message.load or self.load_stats
+            self.spec_decode = message.spec_decode or self.spec_decode
+        target = self._pending.get(-1 if isinstance(message, p.Ready) else message.id)
+        if isinstance(target, asyncio.Queue):
+            target.put_nowait(message)
+        elif target is not None and not target.done():
+            if isinstance(message, p.Failed) and message.id == -1:
+                target.set_exception(p.error_from_wire(message.error))
+            else:
+                target.set_result(message)
 
     async def _watchdog(self) -> None:
         """Kill a runner that has work but went quiet; ask for its load now and then (it also reports

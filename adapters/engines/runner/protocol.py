@@ -8,7 +8,8 @@ gateway -> runner                        runner -> gateway
     Load(engine, store, model, ...)          Ready(pid, context_length) | Failed(error)
     Generate(id, request, admit)             [Admit(id, prompt_tokens, context, served_by)]
                                              Token(id, chunk)... then Finished(id, done, load, spec_decode)
-                                             | Failed(id, error)
+                                             | Failed(id, error); a native runner sends each engine
+                                             step's Tokens and Finisheds as one Outputs(tokens, finished, load)
     Admitted(id, cap) | Refused(id)          (the answer to Admit: generation goes on, or fails)
     Embed(id, model, inputs, ...)            Embedded(id, result) | Failed(id, error)
     Cancel(id)                               (the stream ends with a ``cancelled`` Finished)
@@ -122,6 +123,16 @@ class Finished(msgspec.Struct, tag=True):
     spec_decode: dict[str, dict[str, Any]] = {}
 
 
+class Outputs(msgspec.Struct, tag=True):
+    """One engine step's outputs, every request it advanced, in one message (vLLM's ``EngineCoreOutputs``):
+    a request's ``Token`` (if the step gave it text) comes before its ``Finished``; ``load`` is the runner's
+    load after the step (as in ``Pong``)."""
+
+    tokens: list[Token] = []
+    finished: list[Finished] = []
+    load: dict[str, float] = {}
+
+
 class Embedded(msgspec.Struct, tag=True):
     id: int
     result: EmbedResult
@@ -138,7 +149,7 @@ class Pong(msgspec.Struct, tag=True):
 
 
 ToRunner = Load | Generate | Admitted | Refused | Embed | Cancel | Ping | Shutdown
-FromRunner = Ready | Admit | Token | Finished | Embedded | Failed | Pong
+FromRunner = Ready | Admit | Token | Finished | Outputs | Embedded | Failed | Pong
 
 encoder = msgspec.msgpack.Encoder()
 to_runner = msgspec.msgpack.Decoder(ToRunner)

@@ -1,13 +1,14 @@
-"""The runner's side: one process, one engine, one model, a thin loop between the sockets and the engine.
+"""The runner's side for llama.cpp and the scripted test engine: one process, one engine, one model, an
+event loop between the socket and the engine (a native runner runs ``engine_core.py`` instead: no event
+loop, the engine stepped on the thread that reads and writes the socket).
 
 The gateway starts ``python -m adapters.engines.runner`` with its two socket addresses and an engine name;
 the process imports its engine at once (a spare runner is ready before a model is asked for), then
 waits for :class:`~adapters.engines.runner.protocol.Load`. Each ``Generate`` becomes a task that runs the
 engine's ``stream`` (the same in-process backend ``infer run --local`` uses) and sends each event as it
-comes. A native runner gets the prompt as token ids (the gateway rendered, tokenized and admitted it, and
-parses tools and thinking on the way back: ``runner/backend.py``); a llama.cpp or scripted runner gets
-the request as text and renders it here. The
-runner never decides when to exit on its own: the gateway sends ``Shutdown`` or kills it; it also
+comes. A llama.cpp runner gets the prompt as token ids for a vocabulary the gateway's tokenizer reads (the
+gateway rendered, tokenized and admitted it, and parses tools and thinking on the way back:
+``runner/backend.py``), else the request as text, rendered here. The runner never decides when to exit on its own: the gateway sends ``Shutdown`` or kills it; it also
 exits when the gateway is gone (its parent changes).
 """
 
