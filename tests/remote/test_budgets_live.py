@@ -83,6 +83,7 @@ def chat(client: httpx.Client | httpx.AsyncClient, server, key: str, **extra):
                        headers={"Authorization": f"Bearer {key}"})
 
 
+@pytest.mark.slow  # a real PostgreSQL/Redis, or seconds of waiting: make test-slow (CI runs it)
 def test_two_replicas_on_postgres_50_concurrent_without_max_tokens(fake, gateway_for, pg):
     url = pg.url
     replicas = [gateway_for([backend(fake)], env={"INFER_DATABASE_URL": url}) for _ in range(2)]
@@ -112,6 +113,7 @@ def outage_lines(server, what: str) -> tuple[int, int]:
     return log.count(f"{what} is unreachable"), log.count(f"{what} is back after")
 
 
+@pytest.mark.slow  # a real PostgreSQL/Redis, or seconds of waiting: make test-slow (CI runs it)
 @pytest.mark.parametrize("fail_open", [False, True])
 def test_redis_outage(fake, gateway_for, rd, tmp_path, fail_open):
     db_url = f"sqlite:///{tmp_path / 'ledger.db'}"
@@ -136,6 +138,7 @@ def test_redis_outage(fake, gateway_for, rd, tmp_path, fail_open):
     assert outage_lines(server, "Redis (per-key rate limits)") == (1, 1)
 
 
+@pytest.mark.slow  # a real PostgreSQL/Redis, or seconds of waiting: make test-slow (CI runs it)
 def test_postgres_outage(fake, gateway_for, pg):
     url = pg.url
     fake.behaviour.token_delay = 0.02

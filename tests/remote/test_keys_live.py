@@ -147,6 +147,7 @@ def test_auth_required_needs_a_key_even_on_loopback(fake, gateway_for):
     assert post(server, key, model="m").status_code == 200
 
 
+@pytest.mark.slow  # a real PostgreSQL/Redis, or seconds of waiting: make test-slow (CI runs it)
 def test_two_replicas_on_one_postgres_keep_one_budget(fake, gateway_for, postgres):
     model = fake.behaviour.models[0]
     env = {"INFER_DATABASE_URL": postgres.url}
@@ -172,6 +173,7 @@ def test_two_replicas_on_one_postgres_keep_one_budget(fake, gateway_for, postgre
     assert used == pytest.approx(sum(float(r.headers["x-infer-cost-usd"]) for r in ok), rel=1e-6)
 
 
+@pytest.mark.slow  # a real PostgreSQL/Redis, or seconds of waiting: make test-slow (CI runs it)
 def test_two_replicas_share_requests_per_minute_through_redis(fake, gateway_for, redis_server, tmp_path):
     """A sliding window shared in Redis: 5 requests a minute over both replicas, whenever the minute
     started; the 6th waits for the first to be 60 s old (Retry-After says so), not for the clock's minute."""
@@ -203,6 +205,7 @@ def test_requests_per_minute_hold_across_a_minute_boundary(fake, gateway_for, re
     assert first.count(200) == 10 and second.count(200) == 0, (first, second)
 
 
+@pytest.mark.slow  # a real PostgreSQL/Redis, or seconds of waiting: make test-slow (CI runs it)
 def test_two_replicas_share_tokens_per_minute_through_redis(fake, gateway_for, redis_server, tmp_path):
     """One key's 1,000 tokens a minute over both replicas. A request is charged its prompt (an upper
     bound: no tokenizer is configured) and its max_tokens when admitted, and its actual tokens when it

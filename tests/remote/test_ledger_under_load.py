@@ -55,6 +55,7 @@ def _client(n: int) -> httpx.AsyncClient:
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0))
 
 
+@pytest.mark.slow  # seconds of waiting on health polls or 500 streams: make test-slow (CI runs it)
 def test_500_concurrent_streams_get_one_row_each(fake_vllm, gateway_for):
     """No max_inflight: no hidden connection cap either (a 64-connection pool gave 5-68 % 504s)."""
     server = gateway_for([{"name": "fast", "type": "openai", "base_url": fake_vllm.url,

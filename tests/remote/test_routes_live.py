@@ -161,6 +161,7 @@ def test_a_reply_not_streamed_to_the_client_is_streamed_from_the_backend_so_its_
     assert view["ttft"]["p50"] < 250 and 50 < view["tpot"]["p50"] < 100
 
 
+@pytest.mark.slow  # seconds of waiting on health polls or 500 streams: make test-slow (CI runs it)
 def test_a_member_whose_health_fails_is_down_in_every_route_and_up_again_when_it_answers(server, fakes):
     """One poller (the backend monitor) asks each backend; every route holding it hears the answer."""
     import time
