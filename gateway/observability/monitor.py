@@ -101,19 +101,37 @@ class BackendMonitor:
         return named
 
     async def run(self) -> None:
-        while True:
-            await self.poll()
-            self.first_poll.set()
-            await asyncio.sleep(self.every_s)
+        """Every ``every_s`` seconds, each backend is asked unless its last check is still waiting for its
+        answer (up to ``HEALTH_TIMEOUT_S``): a backend that does not answer delays nobody else's state."""
+        checking: dict[str, asyncio.Task] = {}
+        await self.poll()
+        self.first_poll.set()
+        try:
+            while True:
+                await asyncio.sleep(self.every_s)
+                named = self.targets()
+                for name in set(self.states) - set(named):
+                    del self.states[name]
+                for name, backend in named.items():
+                    if name not in checking or checking[name].done():
+                        checking[name] = asyncio.create_task(self._check_and_tell(name, backend))
+        finally:
+            for task in checking.values():
+                task.cancel()
 
     async def poll(self) -> None:
+        """One check of every backend, each applied as soon as it answers; the states kept in the
+        backends' order (``/ready`` names them so), not in the order they answered."""
         named = self.targets()
-        checks = await asyncio.gather(*(self._check(n, b) for n, b in named.items()))
-        self.states = {s.name: s for s in checks}
+        await asyncio.gather(*(self._check_and_tell(n, b) for n, b in named.items()))
+        self.states = {n: self.states[n] for n in named if n in self.states}
+
+    async def _check_and_tell(self, name: str, backend: Backend) -> None:
+        state = await self._check(name, backend)
+        self.states[name] = state
         for route in self.router.routes.values():
             if hasattr(route, "health_checked"):
-                for state in checks:
-                    route.health_checked(state.name, state.health)
+                route.health_checked(state.name, state.health)
 
     async def _check(self, name: str, backend: Backend) -> BackendState:
         state = BackendState(name, getattr(getattr(backend, "settings", None), "type", None) or backend.name)
