@@ -34,15 +34,9 @@ class Final(bytes):
 
 
 class Stream(StreamingResponse):
-    """Starlette's StreamingResponse with a cheaper disconnect watch: one watcher task that, when
-    ``http.disconnect`` arrives, calls ``hang_up`` (the generation's: its backend stops and its stream
-    ends with the cancelled record, which the body reads to its end) or else cancels the sending task,
-    instead of an anyio task group of two per response (uvicorn speaks ASGI 2.3, where a send to a
-    gone client is silently dropped)."""
-
-    def __init__(self, *args, hang_up: Callable[[], None] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.hang_up = hang_up
+    """Starlette's StreamingResponse with a cheaper disconnect watch: one watcher task that cancels
+    the sending task when ``http.disconnect`` arrives, instead of an anyio task group of two per
+    response (uvicorn speaks ASGI 2.3, where a send to a gone client is silently dropped)."""
 
     async def __call__(self, scope, receive, send) -> None:
         sender = asyncio.current_task()
@@ -56,10 +50,7 @@ class Stream(StreamingResponse):
             except Exception:  # nothing more to hear from this connection
                 return
             gone = True
-            if self.hang_up is not None:
-                self.hang_up()
-            else:
-                sender.cancel()
+            sender.cancel()
 
         watcher = asyncio.get_running_loop().create_task(watch())
         try:
@@ -83,9 +74,8 @@ class Stream(StreamingResponse):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200, more_ready: Callable[[], bool] = _never,
-                   headers: dict[str, str] | None = None,
-                   hang_up: Callable[[], None] | None = None) -> StreamingResponse:
+def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200,
+                   more_ready: Callable[[], bool] = _never, headers: dict[str, str] | None = None) -> StreamingResponse:
     async def lines() -> AsyncIterator[bytes]:
         held = _Held(more_ready)
         try:
@@ -97,11 +87,11 @@ def ndjson_response(objects: AsyncIterator[dict], status_code: int = 200, more_r
                 yield ready
         if held.pieces:
             yield Final(held.take())
-    return Stream(lines(), status_code=status_code, media_type=NDJSON, headers=headers, hang_up=hang_up)
+    return Stream(lines(), status_code=status_code, media_type=NDJSON, headers=headers)
 
 
 def sse_response(objects: AsyncIterator[dict], more_ready: Callable[[], bool] = _never,
-                 headers: dict[str, str] | None = None, hang_up: Callable[[], None] | None = None) -> StreamingResponse:
+                 headers: dict[str, str] | None = None) -> StreamingResponse:
     """``data: <json>\\n\\n`` per object, then ``data: [DONE]\\n\\n``, always."""
     async def events() -> AsyncIterator[bytes]:
         held = _Held(more_ready)
@@ -117,12 +107,11 @@ def sse_response(objects: AsyncIterator[dict], more_ready: Callable[[], bool] = 
         if held.pieces:
             yield Final(held.take())
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
-    return Stream(events(), media_type=SSE, headers=headers, hang_up=hang_up)
+    return Stream(events(), media_type=SSE, headers=headers)
 
 
 def event_stream_response(events: AsyncIterator[tuple[str, dict]], *, error: Callable[[Exception], tuple[str, dict]],
-                          last: frozenset[str], more_ready: Callable[[], bool] = _never,
-                          hang_up: Callable[[], None] | None = None) -> StreamingResponse:
+                          last: frozenset[str], more_ready: Callable[[], bool] = _never) -> StreamingResponse:
     """Named server-sent events, as Anthropic's Messages and OpenAI's Responses stream them:
     ``event: <name>\ndata: <json>\n\n`` per ``(name, object)``; no ``[DONE]``. A failure after the
     headers becomes the event ``error(exc)`` makes; an event named in ``last`` ends the body."""
@@ -142,7 +131,7 @@ def event_stream_response(events: AsyncIterator[tuple[str, dict]], *, error: Cal
         if held.pieces:
             yield Final(held.take())
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return Stream(frames(), media_type=SSE, headers=headers, hang_up=hang_up)
+    return Stream(frames(), media_type=SSE, headers=headers)
 
 
 class _Held:

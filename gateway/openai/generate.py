@@ -48,8 +48,7 @@ async def serve_chat(body: ChatCompletionRequest, backends: Router, recorder: Re
         gens: list = []
         events, more_ready = await start_stream(recorder, backend, requests, CHAT_ROUTE, gens)
         return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage,
-                                        cost=lambda: total_cost(gens)), more_ready, headers=note_header(gens),
-                            hang_up=lambda: [r.cancel.cancel() for r in requests])
+                                        cost=lambda: total_cost(gens)), more_ready, headers=note_header(gens))
     gens = []
     async with on_disconnect(receive, lambda: [r.cancel.cancel() for r in requests]):
         results = await run_all(recorder, backend, requests, CHAT_ROUTE, gens)
@@ -71,8 +70,7 @@ async def completions(body: CompletionRequest, backends: RouterDep, recorder: Re
         events, more_ready = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE, gens)
         return sse_response(completion_chunks(meta, events, prompt_of, logprobs=logprobs,
                                               include_usage=body.include_usage, cost=lambda: total_cost(gens)),
-                            more_ready, headers=note_header(gens),
-                            hang_up=lambda: [r.cancel.cancel() for r in requests])
+                            more_ready, headers=note_header(gens))
     gens = []
     async with on_disconnect(http.receive, lambda: [r.cancel.cancel() for r in requests]):
         results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE, gens)
