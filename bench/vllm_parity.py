@@ -75,7 +75,7 @@ def run_vllm(args, url: str, model: str, tokenizer_dir: Path, out: Path, seed: i
     return {k: result[k] for k in METRICS + THROUGHPUT}
 
 
-def _run(command: list[str], cwd: Path, cpus: set[int] | None = None) -> None:
+def _run(command: list[str], cwd: Path, cpus: list[int] | None = None) -> None:
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, preexec_fn=pin)
     if done.returncode:
@@ -113,13 +113,13 @@ def server(args, work: Path):
     return started.url, args.model, model_dir / "tokenizer.json", model_dir, started
 
 
-def cores(text: str) -> set[int]:
-    """``0`` or ``0,2`` or ``0-3``: a set of core numbers."""
+def cores(text: str) -> list[int]:
+    """``0`` or ``0,2`` or ``0-3``: the core numbers, in order."""
     found: set[int] = set()
     for part in text.split(","):
         low, _, high = part.partition("-")
         found.update(range(int(low), int(high or low) + 1))
-    return found
+    return sorted(found)
 
 
 def main() -> None:
@@ -167,8 +167,7 @@ def main() -> None:
         spread = f" {noise[key]:9.3f}" if noise else ""
         print(f"{key:22} {ours:12.2f} {theirs:12.2f} {ratio:7.3f}{spread}  {verdict(key, ratio)}")
     if args.json:
-        given = {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()} | {"json": str(args.json)}
-        args.json.write_text(json.dumps({"args": given, "rounds": rounds,
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rounds": rounds,
                                          "medians": {k: {"infer": o, "vllm": t, "ratio": r, "vllm/vllm": noise.get(k)}
                                                      for k, o, t, r in rows}},
                                         indent=2) + "\n")

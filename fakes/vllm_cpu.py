@@ -115,7 +115,7 @@ def command(model_dir: Path, name: str, port: int, kv_endpoint: str, max_model_l
 
 
 def start_vllm(model_dir: Path, workdir: Path, name: str = "tiny", timeout: float = START_TIMEOUT,
-               dtype: str = "bfloat16", cpus: set[int] | None = None) -> VLLMServer:
+               dtype: str = "bfloat16", cpus: list[int] | None = None) -> VLLMServer:
     """Start vLLM serving ``model_dir`` (a Hugging Face directory) as ``name``; its log and KV-events
     socket live in ``workdir``. ``cpus``: the cores its processes and its OpenMP threads are bound to
     (``VLLM_CPU_OMP_THREADS_BIND``). Raises RuntimeError with the log's tail when it does not come up."""
@@ -124,7 +124,7 @@ def start_vllm(model_dir: Path, workdir: Path, name: str = "tiny", timeout: floa
     log_path = workdir / f"vllm-{port}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
     if cpus:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus))
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command(model_dir, name, port, kv_endpoint, dtype=dtype), stdout=log,
                                    stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True,
