@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from core.base import Chunk, Done, GenerationRequest
 from adapters.engines.llamacpp.backend import LlamaCppBackend
 from core.settings import LocalSettings
@@ -69,6 +71,7 @@ def test_cancelling_ends_the_stream_with_the_usage_so_far(tiny_store):
     run(go())
 
 
+@pytest.mark.slow  # 1,200 tokens of llama.cpp: make test-slow (CI runs it)
 def test_ignore_eos_generates_exactly_num_predict_tokens(tiny_store):
     async def go():
         backend = LlamaCppBackend(store=tiny_store)

@@ -47,6 +47,7 @@ def test_rows_from_many_threads_are_all_written_in_few_transactions(db):
     writer.close()
 
 
+@pytest.mark.slow  # seconds of a held lock: make test-slow (CI runs it)
 def test_a_locked_database_delays_rows_and_drops_none(db, tmp_path, caplog):
     locker = sqlite3.connect(tmp_path / "usage.db", timeout=0)
     locker.execute("BEGIN EXCLUSIVE")  # another process holding the file, as in the hardening report
