@@ -147,19 +147,23 @@ def test_adapter_for_another_model_is_refused(model, adapters, models_root, prom
     assert token_ids(engine.generate(prompts([4]), greedy(2)))  # the engine goes on
 
 
-def test_gguf_adapter_gives_llama_cpp_tokens(model, adapters, prompts):
+def assert_llama_cpp_tokens(model, gguf_path, prompts) -> None:
+    """llama.cpp with the adapter file and the engine with it give the same 12 greedy tokens."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    gguf_path = adapters["a1"][0]
     llm = llama_cpp.Llama(str(model.gguf), lora_path=str(gguf_path), n_ctx=256, verbose=False, n_threads=1,
                           n_threads_batch=1, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
     try:
         engine = new_engine(model, max_loras=1)
-        lora = LoRARequest("a1", str(gguf_path))
+        lora = LoRARequest("adapter", str(gguf_path))
         for prompt in prompts([6, 25], seed=4):
             theirs = [t for t, _ in zip(llm.generate(prompt, top_k=1, temp=0.0, reset=True), range(12))]
             assert token_ids(engine.generate([prompt], greedy(12), lora_request=lora)) == [theirs]
     finally:
         llm.close()
+
+
+def test_gguf_adapter_gives_llama_cpp_tokens(model, adapters, prompts):
+    assert_llama_cpp_tokens(model, adapters["a1"][0], prompts)
 
 
 @pytest.mark.parametrize("method", ["ngram:k=3", "draft"])

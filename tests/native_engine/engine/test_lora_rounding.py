@@ -19,9 +19,9 @@ from native_engine.lora.punica import LoRAMapping, _stack
 from registry.modelbuilder import LoraSpec, build_lora
 from registry.modelbuilder.lora_out import build_merged_gguf
 
-from .conftest import _CACHE, GGML_TYPE_F32, BuiltModel, new_engine
+from .conftest import _CACHE, BuiltModel, new_engine
 from .helpers import greedy, kl_per_position, token_ids
-from .test_lora import _merged, _recorded_logits
+from .test_lora import _merged, _recorded_logits, assert_llama_cpp_tokens
 
 F32_ADAPTER = LoraSpec(rank=8, alpha=16.0, seed=5, dtype="f32")
 DELTA_NMSE_LIMIT = 1e-6
@@ -77,18 +77,7 @@ def test_a_float32_adapter_is_rounded_within_the_bound(model, f32_adapter, promp
 
 def test_a_float32_adapter_gives_llama_cpp_tokens(model, f32_adapter, prompts):
     """llama.cpp applies the float32 file as it is; the rounded copy gives the same greedy tokens."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    gguf_path = f32_adapter[0]
-    llm = llama_cpp.Llama(str(model.gguf), lora_path=str(gguf_path), n_ctx=256, verbose=False, n_threads=1,
-                          n_threads_batch=1, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
-    try:
-        engine = new_engine(model, max_loras=1)
-        lora = LoRARequest("f32", str(gguf_path))
-        for prompt in prompts([6, 25], seed=4):
-            theirs = [t for t, _ in zip(llm.generate(prompt, top_k=1, temp=0.0, reset=True), range(12))]
-            assert token_ids(engine.generate([prompt], greedy(12), lora_request=lora)) == [theirs]
-    finally:
-        llm.close()
+    assert_llama_cpp_tokens(model, f32_adapter[0], prompts)
 
 
 def test_a_float16_adapter_is_kept_exactly(model, models_root, prompts):
