@@ -59,14 +59,19 @@ def test_adapter_matches_the_merged_model(model, adapters, prompts, fmt):
     engine = new_engine(model, max_loras=2)
     for name, (gguf_path, peft_dir, merged_path) in adapters.items():
         lora = LoRARequest(f"{name}-{fmt}", str(gguf_path if fmt == "gguf" else peft_dir))
-        merged = _merged(model, merged_path)
-        for prompt in prompts([5, 40], seed=7):
-            with _recorded_logits(engine) as mine, _recorded_logits(merged) as theirs:
-                ours = token_ids(engine.generate([prompt], greedy(12), lora_request=lora))
-                assert ours == token_ids(merged.generate([prompt], greedy(12)))
-            kl = kl_per_position(torch.cat(theirs), torch.cat(mine))
-            assert len(kl) == 12 and kl.max().item() < KL_LIMIT, f"{name}: KL per step {kl.tolist()}"
+        assert_matches_merged(engine, lora, _merged(model, merged_path), prompts([5, 40], seed=7), KL_LIMIT)
     assert_all_blocks_free(engine)
+
+
+def assert_matches_merged(engine, lora, merged, prompts, kl_limit: float) -> None:
+    """The engine with the adapter gives the merged model's 12 greedy tokens, each step's logits within
+    ``kl_limit`` (KL) of the merged model's."""
+    for prompt in prompts:
+        with _recorded_logits(engine) as mine, _recorded_logits(merged) as theirs:
+            ours = token_ids(engine.generate([prompt], greedy(12), lora_request=lora))
+            assert ours == token_ids(merged.generate([prompt], greedy(12)))
+        kl = kl_per_position(torch.cat(theirs), torch.cat(mine))
+        assert len(kl) == 12 and kl.max().item() < kl_limit, f"{lora.lora_name}: KL per step {kl.tolist()}"
 
 
 def test_adapter_changes_the_output(model, adapters, prompts):

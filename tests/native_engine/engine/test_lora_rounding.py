@@ -20,8 +20,8 @@ from registry.modelbuilder import LoraSpec, build_lora
 from registry.modelbuilder.lora_out import build_merged_gguf
 
 from .conftest import _CACHE, BuiltModel, new_engine
-from .helpers import greedy, kl_per_position, token_ids
-from .test_lora import _merged, _recorded_logits, assert_llama_cpp_tokens
+from .helpers import greedy
+from .test_lora import _merged, assert_llama_cpp_tokens, assert_matches_merged
 
 F32_ADAPTER = LoraSpec(rank=8, alpha=16.0, seed=5, dtype="f32")
 DELTA_NMSE_LIMIT = 1e-6
@@ -60,13 +60,7 @@ def test_a_float32_adapter_is_rounded_within_the_bound(model, f32_adapter, promp
     gguf_path, merged_path = f32_adapter
     engine = new_engine(model, max_loras=1)
     lora = LoRARequest("f32", str(gguf_path))
-    merged = _merged(model, merged_path)
-    for prompt in prompts([5, 40], seed=9):
-        with _recorded_logits(engine) as mine, _recorded_logits(merged) as theirs:
-            ours = token_ids(engine.generate([prompt], greedy(12), lora_request=lora))
-            assert ours == token_ids(merged.generate([prompt], greedy(12)))
-        kl = kl_per_position(torch.cat(theirs), torch.cat(mine))
-        assert kl.max().item() < KL_LIMIT, f"KL per step {kl.tolist()}"
+    assert_matches_merged(engine, lora, _merged(model, merged_path), prompts([5, 40], seed=9), KL_LIMIT)
 
     deltas = _deltas(engine, "f32")
     assert len(deltas) == 4 * model.spec.num_layers  # qkv, o, gate_up, down of every layer
