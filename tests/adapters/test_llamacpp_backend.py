@@ -91,6 +91,7 @@ def test_every_llama_cpp_call_on_a_slot_runs_on_its_one_thread(tiny_store, monke
     a slot all run on the slot's own thread: GNU OpenMP keeps a worker team per calling thread, and calls from
     a shared pool's threads in turn halved SmolLM2's decode on 2 cores for good (libgomp's throttled barriers
     once it has more threads than cores)."""
+    import gc
     import threading
     import time
 
@@ -98,6 +99,7 @@ def test_every_llama_cpp_call_on_a_slot_runs_on_its_one_thread(tiny_store, monke
 
     from adapters.engines.llamacpp import pool as pool_module
 
+    gc.collect()  # earlier tests' leftover Llama objects close now, not recorded here from the collector's thread
     seen: list[tuple[str, int]] = []
     load, evaluate, close = pool_module._load, llama_cpp.Llama.eval, llama_cpp.Llama.close
 
