@@ -445,7 +445,9 @@ typedef struct { /* what every thread reads */
     const int32_t *lora_slots;               /* each row's adapter slot (-1: none), or NULL: no row has one */
     const int64_t *lora_w;                   /* per layer and linear (qkv, o, gate_up, down): a, tiles, ranks, R,
                                                 blocks, nb, RS (`lora_t`) */
-    float *lora_u;                           /* [T, R]: the shrink of the linear being computed (x · Aᵀ) */
+    float *lora_u;                           /* [L, 4, T, R]: each linear's shrink (x · Aᵀ), a buffer per linear: a
+                                                thread late in an op still reads its u while others shrink the next */
+    int64_t lora_R;                          /* the largest R of the linears: lora_u's row stride per linear */
     int32_t *flags, gen;
     int nt;
     int64_t *progress;
@@ -461,6 +463,7 @@ typedef struct { /* one op as a thread sees it: the int16 input rows are the thr
     int64_t layer;
     const float *x; /* the float input rows [T, K] (the LoRA shrink's) */
     lora_t lora;
+    float *u; /* [T, R]: this linear's LoRA shrink */
 } batch_op_t;
 
 /* u[j, r .. r + RA - 1] (row stride R) = rows r .. of A (float16, [rank, K]) · x[j] for the n (<= 4) rows x [n, K]:
@@ -503,7 +506,7 @@ static void lora_shrink_chunk(const void *arg, int64_t t) {
     const int64_t K = op->K, R = op->lora.R, rank = op->lora.ranks[slot];
     const uint16_t *a = op->lora.a + slot * R * K;
     const float *x = op->x + t * K;
-    float *u = op->s->lora_u + t * R;
+    float *u = op->u + t * R;
     switch (n) { /* a constant n: the sums' arrays unrolled into registers */
     case 1: shrink_rows(a, x, K, rank, u, R, 1); break;
     case 2: shrink_rows(a, x, K, rank, u, R, 2); break;
@@ -525,7 +528,7 @@ static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int6
         for (n = 1; n < 4 && t + n < T && slots[t + n] == slot;) n++;
         if (slot < 0) continue;
         const uint16_t *tile = op->lora.tiles + (slot * NT + n16) * RS * TILE;
-        const float *u = op->s->lora_u + t * R;
+        const float *u = op->u + t * R;
         f16v acc[4];
         for (int j = 0; j < n; j++) acc[j] = f16_load(out + (t + j) * ld);
         for (int64_t b = 0; b < op->lora.nb; b++) {
@@ -648,12 +651,13 @@ static void batch_step(const batch_step_t *s, own_t *own, float *hidden, const f
 #define LINEAR(k, x, K_, i, j, N_, out_, fn, bias_)                                                                 \
     do {                                                                                                           \
         const lora_t lora = lora_of(s, l, j);                                                                      \
+        float *u = s->lora_u + (l * 4 + (j)) * T * s->lora_R;                                                      \
         if (lora.a != NULL) {                                                                                      \
-            const batch_op_t shrink = {s, NULL, NULL, NULL, NULL, NULL, K_, 0, NULL, l, x, lora};                  \
+            const batch_op_t shrink = {s, NULL, NULL, NULL, NULL, NULL, K_, 0, NULL, l, x, lora, u};               \
             batch_run(s, (k) - 1, T, lora_shrink_chunk, &shrink);                                                  \
         }                                                                                                          \
         for (int64_t r = 0; r < T * ((K_) / 32); r++) quantize_group16(x, r, own->x16, own->sx, own->xsum);        \
-        const batch_op_t op = {s, own->x16, own->sx, own->xsum, bias_, p + (i), K_, N_, out_, l, x, lora};         \
+        const batch_op_t op = {s, own->x16, own->sx, own->xsum, bias_, p + (i), K_, N_, out_, l, x, lora, u};      \
         batch_run(s, k, (N_) / TILE / ((fn) == gate_up_tile_chunk ? 2 : 1), fn, &op);                              \
     } while (0)
     memcpy(own->residual, hidden, sizeof(float) * T * H);
@@ -700,7 +704,7 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
     float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
     int64_t R = 1;
     for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 7 + 3] > R ? lora_w[e * 7 + 3] : R;
-    float *lora_u = step_scratch(sizeof(float) * T * R, &lora_buf, &lora_cap);
+    float *lora_u = step_scratch(sizeof(float) * L * 4 * T * R, &lora_buf, &lora_cap);
     if (buf == NULL || lora_u == NULL) abort();
     int32_t *flags;
     int64_t *progress;
@@ -708,7 +712,7 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
     batch_step_t s = {L, T, H, nh, nkv, D, I, W, block_size, eps, scale, positions, slots, w, block_tables,
                       context_lens, cos_sin, buf, buf + L * T * QKV, buf + L * T * (QKV + Q),
                       buf + L * T * (QKV + Q + H), buf + L * T * (QKV + Q + H + I), lora_slots, lora_w, lora_u,
-                      flags, gen, num_threads, progress};
+                      R, flags, gen, num_threads, progress};
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
 #pragma omp parallel num_threads(num_threads)
     {

@@ -114,7 +114,7 @@ class CheckedBatch(ModulePath):
             self.diff.append(float((out - expected).abs().max() / expected.abs().max()))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])  # qwen2: a bias on qkv
 def test_decode_batches_in_one_parallel_region_match_the_module_path(tmp_path, threads, preset, monkeypatch):
     from native_engine.kernels import cpu_batch
@@ -146,7 +146,7 @@ class CheckedLoRABatch(CheckedBatch):
             super().compare(rows, expected, out, ctx)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])  # 3 on 2 cores: a thread late in an op, others already on
 def test_decode_batches_with_lora_adapters_match_the_module_path(tmp_path, threads, monkeypatch):
     """Rows of two adapters (one on every projection, one on q, v and down only) and of the base in one step:
     `llama_decode_batch` adds each row's adapter deltas as the module path does."""
