@@ -27,8 +27,9 @@ quickest backend, idle, would still give its first token in time; past it (or at
 requests held ahead of it, at the pace requests have been leaving the queue, would hold it past its
 deadline) it is shed with ``shed: true``, or sent to the backend with the most headroom without; at
 its deadline a backend whose batch is full (a limit learnt from its ``/metrics``; before it is
-known, one more than the gateway has seen decoding there) but where it would fit is still taken
-rather than shedding (so a wrongly learnt limit corrects itself). A request is not bound where its
+known, one more than the gateway has seen decoding there, but never fewer than the fewest in flight
+on the route's other backends: the probe does not send a burst to the busier one) but where it would
+fit is still taken rather than shedding (so a wrongly learnt limit corrects itself). A request is not bound where its
 prefill would push a request in flight there (decoding, or still waiting for its first token) past
 the TPOT SLO.
 A negative priority takes 25 % off the TTFT SLO per step, so low priority is shed first.
@@ -135,7 +136,8 @@ class Dispatcher:
         shed: ``backend`` None), in queue order; the others stay held."""
         now, decided = self.clock(), []
         for waiter in list(self.queue):
-            fits = [self.fit(waiter, m, now) for m in members]
+            fits = [self.fit(waiter, m, now, min((p.in_flight for p in members if p is not m), default=0))
+                    for m in members]
             sign = 1 if PICK == "most" else -1
             best = max(fits, key=lambda f: (f.fits, sign * f.score if f.fits else f.headroom,
                                             -f.member.in_flight), default=None)
@@ -155,7 +157,9 @@ class Dispatcher:
             decided.append(waiter)
         return decided
 
-    def fit(self, waiter: Waiter, member: Member, now: float) -> Fit:
+    def fit(self, waiter: Waiter, member: Member, now: float, fewest_on_peers: int = 0) -> Fit:
+        """``fewest_on_peers``: the fewest requests in flight on the route's other backends (the probe for
+        room, ``LatencyModel.is_full``)."""
         latency, slo = member.latency, waiter.slo
         cached = waiter.cached.get(member.name, 0)
         raw = latency.predict(waiter.prompt_tokens, cached)
@@ -178,7 +182,8 @@ class Dispatcher:
             w = latency.ttft.w
             saved = (w[1] - w[2]) * min(cached, waiter.prompt_tokens)
             bonus = max(0.0, saved) * ttft_margin / limit
-        return Fit(member, raw, headroom, headroom >= 0 and not (HOLD_WHEN_FULL and latency.is_full), bonus)
+        full = HOLD_WHEN_FULL and latency.is_full(fewest_on_peers)
+        return Fit(member, raw, headroom, headroom >= 0 and not full, bonus)
 
     def next_deadline(self) -> float | None:
         return min((w.deadline for w in self.queue), default=None)

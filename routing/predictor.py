@@ -198,13 +198,16 @@ class LatencyModel:
                 and running >= self.max_decoding:  # never below what the gateway has seen running there
             self.batch_limit = max(self.batch_limit, int(running))
 
-    @property
-    def is_full(self) -> bool:
+    def is_full(self, fewest_on_peers: int = 0) -> bool:
         """One more request would wait there for a free slot in the batch. Before the batch limit is
         known (a backend without ``/metrics``, or one never seen with a queue), the limit is the most
         of the gateway's requests seen decoding there at once plus ``PROBE``: the gateway probes for
-        room one request at a time instead of pushing a burst into a queue it cannot see."""
-        limit = self.batch_limit or (self.max_decoding + PROBE if PROBE else 0)
+        room one request at a time instead of pushing a burst into a queue it cannot see; but never
+        below the fewest in flight on the route's other backends (``fewest_on_peers``), so the probe
+        does not send a burst to a busier backend. A backend's own count grows only with its first
+        tokens: one busy with a long prefill stayed at its first request's while its peer took the
+        burst one by one (bench/disagg.py's start: 7 of 8 streams on one runner)."""
+        limit = self.batch_limit or (max(self.max_decoding + PROBE, fewest_on_peers) if PROBE else 0)
         return bool(limit) and len(self.in_flight) >= limit
 
     def decoding(self) -> int:

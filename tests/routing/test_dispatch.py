@@ -222,3 +222,44 @@ def test_a_newcomer_counts_the_prefills_still_due_before_it_among_those_it_would
     for key in (2, 3):
         latency.finished(key)
     assert d.ready([only]) == [newcomer] and newcomer.backend == "only"
+
+
+def serve_burst(members: list[Member], clock: list[float], waiters: list[Waiter], prefill_tok_s: float = 500.0,
+                until: float = 3.0) -> None:
+    """The dispatcher over fresh ``members`` in virtual time, each a FIFO engine that prefills one prompt
+    at a time at ``prefill_tok_s`` (a first token when its prefill ends; nothing finishes before ``until``)."""
+    d = Dispatcher(shed=False, clock=lambda: clock[0])
+    free_at = {m.name: 0.0 for m in members}
+    firsts: list[tuple[float, Waiter]] = []
+
+    def bind() -> None:  # the route pumps the dispatcher at each arrival and each first token
+        for w in d.ready(members):
+            start = max(clock[0], free_at[w.backend])
+            free_at[w.backend] = start + w.prompt_tokens / prefill_tok_s
+            firsts.append((free_at[w.backend], w))
+    for w in waiters:
+        d.arrive(w, members)
+        bind()
+    while True:
+        bind()
+        firsts.sort(key=lambda event: event[0])
+        if not firsts or firsts[0][0] > until:
+            return
+        clock[0], w = firsts.pop(0)
+        next(m for m in members if m.name == w.backend).latency.first_token(w.key, w.features)
+
+
+def test_a_burst_of_streams_spreads_over_fresh_backends_while_one_prefills_a_long_prompt():
+    """bench/disagg.py's start: 8 streams and a 1,000-token prompt at once on two backends nothing is known of.
+    The long prompt (the cheapest held request) takes the second slot of the backend that answers first; the
+    streams must not all go to the other while that prefill delays the first backend's next first token
+    (they did, 7 of 8: the probe for room held the first backend at two in flight until that prefill ended)."""
+    clock = [0.0]
+    members = fleet(clock, "w0", "w1")
+    slo = SLO(ttft_ms=5000, tpot_ms=150)
+    streams, long = [Waiter(32, 200, 0.0, slo) for _ in range(8)], Waiter(1000, 16, 0.0, slo)
+    serve_burst(members, clock, streams + [long], until=1.0)  # the long prefill ends at 2 s
+    assert all(w.decided for w in streams)
+    placed = {m.name: sum(1 for w in streams if w.backend == m.name) for m in members}
+    other = next(m.name for m in members if m.name != long.backend)
+    assert (placed[long.backend], placed[other]) == (4, 4) or (placed[long.backend], placed[other]) == (3, 5)

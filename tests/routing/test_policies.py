@@ -128,7 +128,7 @@ def test_the_batch_limit_comes_from_a_queue_in_two_reports_and_never_stays_below
     assert m.batch_limit == 3
     for key in range(3):
         m.started(key, 10)
-    assert m.is_full
+    assert m.is_full()
     m.started(3, 10)
     for key in range(4):  # four decode at once: the limit was wrong
         m.first_token(key, m.ttft_features(10))
