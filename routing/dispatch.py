@@ -27,7 +27,7 @@ quickest backend, idle, would still give its first token in time; past it (or at
 requests held ahead of it, at the pace requests have been leaving the queue, would hold it past its
 deadline) it is shed with ``shed: true``, or sent to the backend with the most headroom without; at
 its deadline a backend whose batch is full (a limit learnt from its ``/metrics``; before it is
-known, one more than the gateway has seen decoding there, but never fewer than the fewest in flight
+known, one more than the gateway has seen decoding there, but never two below the fewest in flight
 on the route's other backends: the probe does not send a burst to the busier one) but where it would
 fit is still taken rather than shedding (so a wrongly learnt limit corrects itself). A request is not bound where its
 prefill would push a request in flight there (decoding, or still waiting for its first token) past

@@ -202,12 +202,15 @@ class LatencyModel:
         """One more request would wait there for a free slot in the batch. Before the batch limit is
         known (a backend without ``/metrics``, or one never seen with a queue), the limit is the most
         of the gateway's requests seen decoding there at once plus ``PROBE``: the gateway probes for
-        room one request at a time instead of pushing a burst into a queue it cannot see; but never
-        below the fewest in flight on the route's other backends (``fewest_on_peers``), so the probe
-        does not send a burst to a busier backend. A backend's own count grows only with its first
-        tokens: one busy with a long prefill stayed at its first request's while its peer took the
-        burst one by one (bench/disagg.py's start: 7 of 8 streams on one runner)."""
-        limit = self.batch_limit or (max(self.max_decoding + PROBE, fewest_on_peers) if PROBE else 0)
+        room one request at a time instead of pushing a burst into a queue it cannot see; but it never
+        holds a backend with two fewer in flight than every other backend of the route (the limit is
+        at least ``fewest_on_peers`` − 1), so the probe does not send a burst to the busier one. A
+        backend's own count grows only with its first tokens: one busy with a long prefill stayed at
+        its first request's while its peer took a burst one by one (bench/disagg.py's start: 7 of 8
+        streams on one runner). Within one of the peers it still probes: a backend with a prefill
+        pending is not where the next request starts soonest (the −1 keeps bench/slo_sim.py's figures
+        as they were; at the peers' count its conversations' mean TTFT rose 410 → 423 ms)."""
+        limit = self.batch_limit or (max(self.max_decoding + PROBE, fewest_on_peers - 1) if PROBE else 0)
         return bool(limit) and len(self.in_flight) >= limit
 
     def decoding(self) -> int:

@@ -262,4 +262,4 @@ def test_a_burst_of_streams_spreads_over_fresh_backends_while_one_prefills_a_lon
     assert all(w.decided for w in streams)
     placed = {m.name: sum(1 for w in streams if w.backend == m.name) for m in members}
     other = next(m.name for m in members if m.name != long.backend)
-    assert (placed[long.backend], placed[other]) == (4, 4) or (placed[long.backend], placed[other]) == (3, 5)
+    assert (placed[long.backend], placed[other]) == (3, 5)  # 4 and 5 in flight: the long prompt is one of them
