@@ -224,8 +224,8 @@ def test_a_newcomer_counts_the_prefills_still_due_before_it_among_those_it_would
     assert d.ready([only]) == [newcomer] and newcomer.backend == "only"
 
 
-def serve_burst(members: list[Member], clock: list[float], waiters: list[Waiter], prefill_tok_s: float = 500.0,
-                until: float = 3.0) -> None:
+def serve_burst(members: list[Member], clock: list[float], waiters: list[Waiter], until: float,
+                prefill_tok_s: float = 500.0) -> None:
     """The dispatcher over fresh ``members`` in virtual time, each a FIFO engine that prefills one prompt
     at a time at ``prefill_tok_s`` (a first token when its prefill ends; nothing finishes before ``until``)."""
     d = Dispatcher(shed=False, clock=lambda: clock[0])
