@@ -72,7 +72,7 @@ def usable(k: int, n: int) -> bool:
     w16 = w.bfloat16()
     whole = bf16_linear(x, w16)
     reference = x.double() @ w.double().t()
-    nmse = float(((whole.double() - reference) ** 2).sum() / (reference**2).sum())
+    nmse = _nmse(whole, reference)
     same = all(torch.equal(bf16_linear(x[:rows], w16), whole[:rows]) for rows in (1, 5, PIECE_ROWS, 100))
     if nmse <= NMSE_LIMIT and same:
         return True
@@ -81,6 +81,33 @@ def usable(k: int, n: int) -> bool:
                 n, k, nmse, NMSE_LIMIT, same, " ".join(sorted(cpu_flags() & set(CPU_FLAGS))),
                 torch.backends.cpu.get_cpu_capability())
     return False
+
+
+@functools.cache
+def attention_usable(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the canonical flash attention runs right on bf16 q/k/v here (PyTorch's bf16 flash kernel needs
+    AVX-512 packing: under ATEN_CPU_CAPABILITY=avx2 it raises), with a cached prefix and without."""
+    from .attention import _canonical_flash_attention as attend  # attention.py imports this module
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(200, heads, head_dim, generator=g) for heads in (num_heads, num_kv_heads, num_kv_heads))
+    try:
+        errors = [_nmse(bf16_attention(attend, q[c:], k, v, c, head_dim**-0.5), attend(q[c:], k, v, c, head_dim**-0.5))
+                  for c in (0, 37)]
+    except RuntimeError as exc:
+        errors, why = [float("inf")], f"{type(exc).__name__}: {exc}"
+    else:
+        why = f"normalized squared error {max(errors):.3g}, limit {NMSE_LIMIT:g}"
+    if max(errors) <= NMSE_LIMIT:
+        return True
+    log.warning("bf16 prefill check: the attention fails on this CPU (%s; PyTorch capability %s); prefill stays "
+                "float32", why, torch.backends.cpu.get_cpu_capability())
+    return False
+
+
+def _nmse(out: torch.Tensor, reference: torch.Tensor) -> float:
+    reference = reference.double()
+    return float(((out.double() - reference) ** 2).sum() / (reference**2).sum())
 
 
 def dense_weight(linear) -> torch.Tensor:
@@ -102,8 +129,12 @@ def use_bf16_prefill(layers, attentions) -> int:
     try:
         weights = [dense_weight(m) for m in layers]
     except TypeError:
+        log.warning("bf16 prefill: weights kept in PyTorch's int4 packing (no C kernels) have no dense copy here; "
+                    "prefill stays float32")
         return 0
     if not all(usable(w.shape[1], w.shape[0]) for w in weights):
+        return 0
+    if not all(attention_usable(a.num_heads, a.num_kv_heads, a.head_dim) for a in attentions):
         return 0
     for linear, weight in zip(layers, weights, strict=True):
         linear.prefill_weight = weight.to(torch.bfloat16).contiguous()
