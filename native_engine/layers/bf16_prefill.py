@@ -17,7 +17,9 @@ The attention keeps the f32 path's canonical blocking (`_canonical_flash_attenti
 A fast path that cannot prove itself steps aside: `usable(k, n)` is decided at load for each weight
 shape, on random rows, and needs the CPU's flags (`/proc/cpuinfo`: amx_bf16 or avx512_bf16), a
 normalized squared error against the float64 product within `NMSE_LIMIT` (bf16 inputs: ~1e-5; a broken
-kernel ~1), and rows that come out the same alone, in pieces and in a whole product. The cost: a bf16
+kernel ~1), and rows that come out the same alone, in pieces and in a whole product; `attention_usable`
+runs the bf16 attention once against the f32 one (under ATEN_CPU_CAPABILITY=avx2 or default oneDNN still
+multiplies on AMX, but PyTorch's bf16 flash kernel raises: the path steps aside there). The cost: a bf16
 copy of every layer weight (2 bytes a weight: 212 MB for SmolLM2-135M, ~13 GB for a 7B model).
 """
 
