@@ -12,7 +12,6 @@ blocking, on bf16 q/k/v: chunking and the prefix cache do not change its numbers
 from __future__ import annotations
 
 import functools
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +19,6 @@ from torch import nn
 
 from ..kernels import paged_attention_decode, reshape_and_cache, unified_attention
 from ..forward_context import Context, PrefillChunk
-from .bf16_prefill import bf16_attention
 
 
 def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -91,6 +89,13 @@ def _canonical_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out.transpose(0, 1)[front : front + n]
 
 
+def bf16_canonical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int,
+                             scale: float) -> torch.Tensor:
+    """`_canonical_flash_attention` on bf16 copies of float32 q/k/v, the output float32 (`bf16_prefill.py`)."""
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    return _canonical_flash_attention(q, k, v, num_cached, scale).float()
+
+
 _Q_UNIT, _KV_BLOCK = 16, 512
 _KV_SPANS = (64, 128, 256, 512)  # each a multiple of _Q_UNIT; the last = _KV_BLOCK
 _MAX_KEPT_MASK = 1 << 22  # mask elements kept for the next layers (16 MB in float32); larger ones are rebuilt
@@ -157,7 +162,7 @@ class Attention(nn.Module):
     def _prefill(self, chunk: PrefillChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
         num_cached = chunk.context_len - chunk.query_len
-        attend = partial(bf16_attention, _canonical_flash_attention) if self.bf16_prefill else prefill_attention
+        attend = bf16_canonical_attention if self.bf16_prefill else prefill_attention
         if num_cached == 0 or not self.k_cache.numel():
             return attend(q[rows], k[rows], v[rows], 0, self.scale)
         keys = gather_blocks(self.k_cache, chunk.block_table, chunk.context_len)

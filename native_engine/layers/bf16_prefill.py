@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .attention import _canonical_flash_attention, bf16_canonical_attention
+
 PIECE_ROWS, WHOLE_ROWS = 32, 1024
 NMSE_LIMIT = 1e-4
 CPU_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -49,11 +51,6 @@ def bf16_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [T, K
     if rows <= PIECE_ROWS or rows >= WHOLE_ROWS:
         return F.linear(x, weight)
     return torch.cat([F.linear(piece, weight) for piece in x.split(PIECE_ROWS)])
-
-
-def bf16_attention(attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args) -> torch.Tensor:
-    """`attention(q, k, v, *args)` on bf16 copies of q/k/v (float32 in and out)."""
-    return attention(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), *args).float()
 
 
 def cpu_flags() -> set[str]:
@@ -88,13 +85,12 @@ def usable(k: int, n: int) -> bool:
 def attention_usable(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     """Whether the canonical flash attention runs right on bf16 q/k/v here (PyTorch's bf16 flash kernel needs
     AVX-512 packing: under ATEN_CPU_CAPABILITY=avx2 it raises), with a cached prefix and without."""
-    from .attention import _canonical_flash_attention as attend  # attention.py imports this module
-
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(200, heads, head_dim, generator=g) for heads in (num_heads, num_kv_heads, num_kv_heads))
     scale = head_dim**-0.5
     try:
-        errors = [_nmse(bf16_attention(attend, q[c:], k, v, c, scale), attend(q[c:], k, v, c, scale)) for c in (0, 37)]
+        errors = [_nmse(bf16_canonical_attention(q[c:], k, v, c, scale),
+                        _canonical_flash_attention(q[c:], k, v, c, scale)) for c in (0, 37)]
     except RuntimeError as exc:
         errors, why = [float("inf")], f"{type(exc).__name__}: {exc}"
     else:
