@@ -33,6 +33,7 @@ adapters (prefill POST, then the decode stream), alternated, medians. Goal <= 1 
 The machine is shared: run it under ``flock /tmp/infer-heavy.lock``; figures are noisy.
 
     flock /tmp/infer-heavy.lock .venv/bin/python bench/disagg.py [--seconds 30] [--runs 3] [--overhead-only]
+        [--bf16-prefill]
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class Outcome:
 
 # -- workers ---------------------------------------------------------------------------------------------
 
-def start_workers(tmp: Path) -> list[tuple[str, subprocess.Popen]]:
+def start_workers(tmp: Path, bf16_prefill: bool = False) -> list[tuple[str, subprocess.Popen]]:
     from registry.create import create_model
     from registry.modelfile import parse_modelfile
     from registry.names import parse_name
@@ -104,6 +105,8 @@ def start_workers(tmp: Path) -> list[tuple[str, subprocess.Popen]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("INFER_", "OLLAMA_"))}
         env.update(INFER_HOME=str(tmp / f"home{core}"), INFER_MODELS=str(tmp / "models"),
                    INFER_HOST=f"127.0.0.1:{port}", INFER_ENGINE="native", OMP_NUM_THREADS="1")
+        if bf16_prefill:  # both workers: P/D's exactness compares the same engine config on both sides
+            env["INFER_NATIVE"] = json.dumps({"cpu_bf16_prefill": True})
         log = open(tmp / f"worker{core}.log", "wb")  # noqa: SIM115 (kept open for the process's life)
         proc = subprocess.Popen(["taskset", "-c", str(core % os.cpu_count()), sys.executable, "-m", "cli", "serve",
                                  "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -264,6 +267,8 @@ def main() -> None:
     parser.add_argument("--tpot-ms", type=float, default=150.0)
     parser.add_argument("--overhead-requests", type=int, default=200)
     parser.add_argument("--overhead-only", action="store_true")
+    parser.add_argument("--bf16-prefill", action="store_true",
+                        help="both workers prefill in bf16 (INFER_NATIVE cpu_bf16_prefill: AMX where the CPU has it)")
     args = parser.parse_args()
     cost = asyncio.run(overhead(args.overhead_requests))
     print(f"orchestration: route TTFT {cost['route_ttft_ms']:.2f} ms, legs by hand {cost['by_hand_ttft_ms']:.2f} ms, "
@@ -272,7 +277,7 @@ def main() -> None:
         return
     slo = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms}
     with tempfile.TemporaryDirectory(prefix="infer-disagg-") as tmp:
-        workers = start_workers(Path(tmp))
+        workers = start_workers(Path(tmp), args.bf16_prefill)
         try:
             results = asyncio.run(_sides(workers, args, slo))
         finally:

@@ -201,6 +201,9 @@ class NativeSettings(BaseModel):
     enable_prefix_caching: bool | None = None
     max_loras: int | None = Field(default=None, ge=0, description="LoRA adapters resident at once in one model's "
                                   "engine (requests for more wait); 0: adapter models cannot run natively.")
+    cpu_bf16_prefill: bool | None = Field(default=None, description="f32 on a CPU with AMX or AVX512-BF16: prefill "
+                                          "rows in bf16 (~2.5x the prefill rate, outputs off by bf16 rounding); a "
+                                          "CPU that cannot prove it at load keeps f32")
     # Where the ranks of a tensor-parallel group meet, when the gateway started them (the runner starter
     # sets it for the group it launches; None: an engine starts its own ranks).
     distributed_init_method: str | None = None
@@ -260,7 +263,8 @@ class LocalSettings(BaseSettings):
                                    description="The native engine's knobs as JSON, `EngineConfig` fields: "
                                                "`max_num_seqs`, `max_num_batched_tokens`, `block_size`, "
                                                "`kv_cache_memory_bytes`, `dtype`, `device`, `enable_prefix_caching`, "
-                                               "`max_loras` (e.g. `{\"max_loras\": 8}`); unset ones are the "
+                                               "`max_loras`, `cpu_bf16_prefill` (e.g. `{\"max_loras\": 8}`); unset "
+                                               "ones are the "
                                                "engine's defaults")
     kv_role: Literal["prefill", "decode", "both"] = Field(
         default="both", json_schema_extra=env("INFER_KV_ROLE"),

@@ -52,6 +52,9 @@ class EngineConfig:
     seed: int = 0
     cpu_fp16_small_batch: bool = True  # bf16 on CPU: fp16 weight copies for 1-2 row batches (faster GEMV)
     cpu_int4_matmul: bool = True  # f32 on CPU: weights that are exactly 4/8-bit GGUF blocks run as int4 matmuls
+    cpu_bf16_prefill: bool = False  # f32 on CPU with AMX / AVX512-BF16: prefill rows multiply bf16 copies of the
+    # layer weights and attend on bf16 q/k/v (layers/bf16_prefill.py: ~2.5x the f32 prefill on one core, outputs
+    # off by bf16 rounding); decode rows stay f32. A CPU that cannot prove it at load keeps f32
     load_format: str = "auto"  # "dummy": config and tokenizer from `model`, weights drawn on the device (vLLM's)
     async_scheduling: bool | None = None  # schedule a decode step while the one before runs; None = on CUDA only
     fused_decode: bool = False  # CUDA: steps of <= 4 tokens as six kernels a layer (kernels/fused_gemv.py); off
@@ -103,6 +106,8 @@ class EngineConfig:
         _check_fraction("kv_cache_fraction_cpu", self.kv_cache_fraction_cpu)
         _check(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         _check(isinstance(self.fused_decode, bool), f"fused_decode must be true or false; got {self.fused_decode!r}")
+        _check(isinstance(self.cpu_bf16_prefill, bool),
+               f"cpu_bf16_prefill must be true or false; got {self.cpu_bf16_prefill!r}")
         _check(isinstance(self.unified_attention, bool),
                f"unified_attention must be true or false; got {self.unified_attention!r}")
         _check(self.async_scheduling is None or isinstance(self.async_scheduling, bool),

@@ -41,3 +41,8 @@ class Context:
     max_query_len: int = 0
     lora: LoRAMapping | None = None  # the step's rows per adapter (lora/punica.py); None: no row has one, and
     # the whole-model paths (the C decode step, the fused kernels, CUDA graphs) may run
+
+    @property
+    def prefill_from(self) -> int | None:
+        """The step's first prefill row (the rows before it are decode rows); None without prefill chunks."""
+        return self.num_decode_tokens if self.prefills else None

@@ -104,6 +104,8 @@ class ModelRunner:
             self.extra_weight_bytes = use_small_batch_weights(self.model)
         self.int4_weight_bytes = self._finish_loading(device.type == "cpu" and dtype == torch.float32
                                                       and config.cpu_int4_matmul)
+        if config.cpu_bf16_prefill and device.type == "cpu" and dtype == torch.float32 and tp is None:
+            self.extra_weight_bytes += getattr(self.model.model, "use_bf16_prefill", lambda: 0)()
         slots = config.lora_slots
         self.lora = (LoRAManager(self.model, model_config, slots, device, dtype, config.max_lora_rank)
                      if slots else None)

@@ -6,9 +6,12 @@ Same input, same output: on CPU in float32 a prefill token's numbers do not depe
 computed in nor on how much of the prompt the prefix cache served (`_canonical_flash_attention`; the
 linear kernels are row-invariant for chunks of two or more tokens). Where they still differ: a chunk of a
 single token is a decode row (the paged decode kernel, another summation order), and bf16 or GPU prefills
-use the kernels' own blocking."""
+use the kernels' own blocking. The float32 engine's bf16 prefill (`bf16_prefill.py`) keeps the canonical
+blocking, on bf16 q/k/v: chunking and the prefix cache do not change its numbers either."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +71,6 @@ def _canonical_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if front or back:
         q = torch.cat([q.new_zeros(front, *q.shape[1:]), q, q.new_zeros(back, *q.shape[1:])])
     first = num_cached - front  # the absolute position of the padded queries' first row (a multiple of _Q_UNIT)
-    positions = torch.arange(first, first + q.shape[0]).clamp_(max=total - 1)
     q = q.transpose(0, 1)
     outs, row = [], 0
     while row < q.shape[1]:
@@ -77,7 +79,7 @@ def _canonical_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         keys, values = k[:span], v[:span]
         if keys.shape[0] < span:
             keys, values = (torch.cat([x, x.new_zeros(span - x.shape[0], *x.shape[1:])]) for x in (keys, values))
-        mask = torch.arange(span)[None, :] <= positions[row:end, None]
+        mask = span_mask(first + row, end - row, span, total - 1, q.dtype)
         out = F.scaled_dot_product_attention(q[None, :, row:end], keys.transpose(0, 1)[None],
                                              values.transpose(0, 1)[None], attn_mask=mask, scale=scale,
                                              enable_gqa=keys.shape[1] != q.shape[0])
@@ -87,8 +89,34 @@ def _canonical_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out.transpose(0, 1)[front : front + n]
 
 
+def bf16_canonical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_cached: int,
+                             scale: float) -> torch.Tensor:
+    """`_canonical_flash_attention` on bf16 copies of float32 q/k/v, the output float32 (`bf16_prefill.py`)."""
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    return _canonical_flash_attention(q, k, v, num_cached, scale).float()
+
+
 _Q_UNIT, _KV_BLOCK = 16, 512
 _KV_SPANS = (64, 128, 256, 512)  # each a multiple of _Q_UNIT; the last = _KV_BLOCK
+_MAX_KEPT_MASK = 1 << 22  # mask elements kept for the next layers (16 MB in float32); larger ones are rebuilt
+
+
+def span_mask(first: int, rows: int, span: int, last: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask [rows, span] of query rows at positions first.. (the padding rows past `last`
+    see what `last` sees) against `span` keys: 0 where a row sees the key, -inf elsewhere (what the
+    kernel makes of a bool mask). Every layer of a step asks for the same ones: kept while small."""
+    if rows * span > _MAX_KEPT_MASK:
+        return _build_span_mask(first, rows, span, last, dtype)
+    return _kept_span_mask(first, rows, span, last, dtype)
+
+
+def _build_span_mask(first: int, rows: int, span: int, last: int, dtype: torch.dtype) -> torch.Tensor:
+    positions = torch.arange(first, first + rows).clamp_(max=last)
+    visible = torch.arange(span)[None, :] <= positions[:, None]
+    return torch.zeros(rows, span, dtype=dtype).masked_fill_(~visible, float("-inf"))
+
+
+_kept_span_mask = functools.lru_cache(maxsize=16)(_build_span_mask)
 
 
 def key_span(position: int) -> int:
@@ -105,6 +133,7 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])
+        self.bf16_prefill = False  # prefill chunks on bf16 q/k/v (`bf16_prefill.py`); the cache stays float32
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context, cached: bool = False
                 ) -> torch.Tensor:
@@ -133,8 +162,9 @@ class Attention(nn.Module):
     def _prefill(self, chunk: PrefillChunk, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
         num_cached = chunk.context_len - chunk.query_len
+        attend = bf16_canonical_attention if self.bf16_prefill else prefill_attention
         if num_cached == 0 or not self.k_cache.numel():
-            return prefill_attention(q[rows], k[rows], v[rows], 0, self.scale)
+            return attend(q[rows], k[rows], v[rows], 0, self.scale)
         keys = gather_blocks(self.k_cache, chunk.block_table, chunk.context_len)
         values = gather_blocks(self.v_cache, chunk.block_table, chunk.context_len)
-        return prefill_attention(q[rows], keys, values, num_cached, self.scale)
+        return attend(q[rows], keys, values, num_cached, self.scale)

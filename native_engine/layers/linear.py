@@ -26,6 +26,7 @@ from ..distributed.partition import RankShard, Span
 from ..loader.gguf_loader import Q4Blocks, Q8Blocks
 from ..loader.lazy import materialize, narrow
 from . import kernel_check
+from .bf16_prefill import bf16_linear
 from .quant import BlockWeight, Int4Weight, from_blocks, pack_int4, use_block_kernels
 
 SMALL_BATCH = 2
@@ -54,6 +55,7 @@ class Linear(nn.Module):
         self.blocks: Q4Blocks | None = None  # Q4_1 rows as loaded (`load_gguf(keep_q4_1=True)`)
         self.block_ranges: list[tuple[int, int]] = []
         self.lora = None  # a `lora.punica.LoRALayer` when the engine serves adapters
+        self.prefill_weight: torch.Tensor | None = None  # bf16 copy for prefill rows (`bf16_prefill.py`)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         loaded = materialize(loaded)
@@ -99,9 +101,18 @@ class Linear(nn.Module):
         self.int4 = int4
         self.weight = nn.Parameter(torch.empty(0, self.weight.shape[1]), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in]
-        out = self.base_forward(x)
+    def forward(self, x: torch.Tensor, prefill_from: int | None = None) -> torch.Tensor:  # x: [T, in]
+        """`prefill_from`: the first prefill row (rows before it are decode rows), None: no prefill rows."""
+        if self.prefill_weight is not None and prefill_from is not None:
+            out = self.prefill_forward(x, prefill_from)
+        else:
+            out = self.base_forward(x)
         return out if self.lora is None else self.lora.apply(x, out)
+
+    def prefill_forward(self, x: torch.Tensor, prefill_from: int) -> torch.Tensor:  # x: [T, in]
+        """Decode rows as `base_forward`, prefill rows through the bf16 weight."""
+        prefill = bf16_linear(x[prefill_from:], self.prefill_weight, self.bias)
+        return prefill if prefill_from == 0 else torch.cat([self.base_forward(x[:prefill_from]), prefill])
 
     def base_forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in]
         if self.int4 is not None:
@@ -127,8 +138,8 @@ class RowParallelLinear(Linear):
             loaded = narrow(loaded, 1, self.cols.start, self.cols.size)
         super().weight_loader(param, loaded, shard_id)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in / ranks] -> [T, out]
-        return self.tp.all_reduce(super().forward(x))
+    def forward(self, x: torch.Tensor, prefill_from: int | None = None) -> torch.Tensor:  # [T, in / ranks] -> [T, out]
+        return self.tp.all_reduce(super().forward(x, prefill_from))
 
 
 def row_parallel(in_features: int, out_features: int, cols: Span, tp, bias: bool = False) -> Linear:

@@ -22,7 +22,8 @@ from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
 from ..layers.embed_head import LMHead, VocabEmbedding
 from ..layers.layernorm import RMSNorm
-from ..layers.linear import MergedLinear, QKVLinear, RowParallelLinear, row_parallel
+from ..layers.bf16_prefill import use_bf16_prefill
+from ..layers.linear import Linear, MergedLinear, QKVLinear, RowParallelLinear, row_parallel
 from ..layers.rotary_embedding import RotaryEmbedding
 from .cpu_decode import CPUDecodeStack
 
@@ -43,9 +44,9 @@ class LlamaAttention(nn.Module):
             qkv = F.linear(hidden, self.qkv_proj.weight)
             qkv = qkv if self.qkv_proj.lora is None else self.qkv_proj.lora.apply(hidden, qkv)
             return self.o_proj(self.attend(positions, qkv, ctx))
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(hidden, ctx.prefill_from).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, ctx))
+        return self.o_proj(self.attn(q, k, v, ctx), ctx.prefill_from)
 
     def attend(self, positions: torch.Tensor, qkv: torch.Tensor, ctx: Context) -> torch.Tensor:  # [T, H]
         """Attention over the projected q/k/v on CUDA: one kernel for the bias, the rotary embedding and the
@@ -64,8 +65,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = row_parallel(rows.size, hidden_size, rows, tp)
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, prefill_from: int | None = None) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x, prefill_from)), prefill_from)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -85,7 +86,7 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden, ctx)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self.mlp(hidden, ctx.prefill_from), residual
 
     def forward_fused(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: Context) -> torch.Tensor:
         """Six kernels (CUDA, few rows): `hidden` is the residual stream, before and after."""
@@ -118,6 +119,11 @@ class LlamaModel(nn.Module):
     def use_cpu_decode(self, lm_head=None) -> bool:
         self.cpu_decode = CPUDecodeStack.build(self, lm_head)
         return self.cpu_decode is not None
+
+    def use_bf16_prefill(self) -> int:
+        """Prefill rows in bf16 where this CPU proves it (`layers/bf16_prefill.py`); returns the bytes added."""
+        linears = [m for layer in self.layers for m in layer.modules() if isinstance(m, Linear)]
+        return use_bf16_prefill(linears, [layer.self_attn.attn for layer in self.layers])
 
     def use_fused_decode(self, device: torch.device) -> bool:
         """Run steps of few tokens through `LlamaDecoderLayer.forward_fused` where every layer can (CUDA only)."""

@@ -74,6 +74,18 @@ def test_default_path_is_within_the_accuracy_goal(smollm2_gguf, f32_engine, toke
     assert "Paris" in answers[0] and answers[1] == answers[0]
 
 
+def test_bf16_prefill_is_within_its_bound(smollm2_gguf, f32_engine, token_ids, reference_logits):
+    """`cpu_bf16_prefill` (AMX / AVX512-BF16; f32 where the CPU cannot prove it): measured mean KL 4.8e-4,
+    max 9.5e-3 on this prompt; held to the issue's mean < 1e-3, max < 2e-2 and the f32 path's greedy answer."""
+    bf16 = engine(smollm2_gguf, cpu_bf16_prefill=True)
+    kl = kl_per_position(reference_logits, bf16.model_runner.score(token_ids))
+    assert kl.mean() < 1e-3 and kl.max() < 2e-2, f"mean KL {kl.mean():.3g}, max {kl.max():.3g}"
+    prompt = f32_engine.tokenizer.encode(PROMPT, add_bos=False)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24)
+    answers = [e.generate([prompt], greedy)[0].outputs[0].text for e in (f32_engine, bf16)]
+    assert answers[1] == answers[0]
+
+
 def forced_logits(engine: LLMEngine, prompts: list[list[int]], paths: list[list[int]]) -> torch.Tensor:
     """The logits each step computes while the engine is fed `paths` (one token path per prompt) instead of
     its own choices: two numerically different paths compared on the same tokens. -> [steps, rows, V]"""

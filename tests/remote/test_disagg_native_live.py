@@ -17,15 +17,18 @@ from gateway.backends_config import RouteEntry
 from routing.build import build_routes
 from fakes.live import start_server, stop_server
 
-pytestmark = pytest.mark.slow  # two infer serve processes with the native engine: about 20 s
+pytestmark = pytest.mark.slow  # two infer serve processes with the native engine, twice: about 40 s
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # a few blocks of the tiny model's tokens
 
 
-@pytest.fixture(scope="module")
-def workers(tiny_store, tmp_path_factory):
+@pytest.fixture(scope="module", params=["f32", "bf16 prefill"])
+def workers(request, tiny_store, tmp_path_factory):
+    """Both workers with the same engine config: the default f32, or the bf16 prefill (layers/bf16_prefill.py,
+    f32 where the CPU cannot prove it)."""
+    native = '{"cpu_bf16_prefill": true}' if request.param == "bf16 prefill" else "{}"
     started = [start_server(tmp_path_factory.mktemp(f"native-{role}"), tiny_store.root, INFER_ENGINE="native",
-                            INFER_KV_ROLE=role) for role in ("prefill", "decode")]
+                            INFER_KV_ROLE=role, INFER_NATIVE=native) for role in ("prefill", "decode")]
     try:
         yield started
     finally:
