@@ -23,7 +23,10 @@ one decode runner), CPU ms a step, median of ``--steps``; and at this load the s
 that a prefill stalls (``stalled_share``): P99
 ITL sees the stalls only when that share is over 1 %; below it co-located P99 is the plain batch-4 step
 and 1P+1D's is the batch-8 step, so 1P+1D cannot win P99. (A prompt's prefill is one engine step: it fits
-the engine's 2,048-token budget; the streams on that runner get one long gap each.)
+the engine's 2,048-token budget; the streams on that runner get one long gap each.) Last, the SLO goodput
+each side would reach with nothing but its engine steps (``goodput_ideal``: every long prompt finished,
+the streams of ``bench/disagg.py`` decoding at those step costs, on two runners for the time they do not
+prefill or on 1P+1D's decode core all the time): the most 1P+1D can gain over co-located at this load.
 
     flock /tmp/infer-heavy.lock .venv/bin/python bench/disagg_limits.py [--long-prompt 2000] [--every 2] [--runs 3]
 """
@@ -48,10 +51,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from cpu_tiers import peak  # noqa: E402  (bench/ is the script's directory)
+from disagg import STREAM_TOKENS, STREAMS  # noqa: E402  (the load bench/disagg.py sends)
 from native_engine import LLMEngine, SamplingParams  # noqa: E402
 from registry.realmodels import fetch_smollm2  # noqa: E402
 
-STREAMS, CONTEXT = 8, 4096
+CONTEXT = 4096
 F32, BF16 = "native engine (f32, int16 tiles)", "native engine (bf16 prefill, AMX)"
 
 
@@ -119,6 +123,17 @@ def stalled_share(prefill_s: float, every_s: float, step_ms: float) -> tuple[flo
     stalled = (STREAMS // 2) / (2 * every_s)  # long gaps a second
     plain = (STREAMS // 2) * max(0.0, 1 - busy) / (step_ms / 1000)
     return stalled / (stalled + plain), busy
+
+
+def goodput_ideal(prefill_s: float, every_s: float, step4_ms: float, step8_ms: float) -> tuple[float, float]:
+    """Requests a second each side finishes at this load with nothing but its engine steps (no stall past
+    the prefill's own time, no transfer, no gateway): (co-located, 1P+1D). Both finish every long prompt
+    (``1 / every``); the streams (``STREAM_TOKENS`` each) decode at 4 a runner on two runners for the time
+    their runner does not prefill, or at 8 on 1P+1D's decode core all the time."""
+    busy = min(1.0, prefill_s / (2 * every_s))
+    longs = 1 / every_s
+    colocated = longs + 2 * (STREAMS // 2) * (1 - busy) / (step4_ms / 1000) / STREAM_TOKENS
+    return colocated, longs + STREAMS / (step8_ms / 1000) / STREAM_TOKENS
 
 
 def gemm_gflops(rows: int, k: int, n: int, dtype: torch.dtype) -> float:
@@ -213,6 +228,10 @@ def report(args, cfg, flop: float, required: float, achieved: dict[str, float], 
         print(f"co-located ({name}): each runner prefills a {args.long_prompt}-token prompt every "
               f"{2 * args.every:g} s, {100 * min(busy, 1):.0f} % of its time{' (overloaded)' if busy >= 1 else ''}; "
               f"the stalled gaps are {100 * share:.2f} % of its ITLs: P99 ITL sees the stalls only above 1 %")
+        colocated, pd = goodput_ideal(args.long_prompt / achieved[name], args.every, step4, step8)
+        print(f"goodput with nothing but engine steps ({name}): co-located {colocated:.2f} req/s, 1P+1D "
+              f"{pd:.2f} req/s: 1P+1D / co-located {pd / colocated:.2f}x (goal >= 1.2)"
+              + ("; but 1P+1D's prefill queue is unbounded: neither side carries the load" if busy >= 0.5 else ""))
 
 if __name__ == "__main__":
     main()
