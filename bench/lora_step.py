@@ -50,7 +50,8 @@ def capture(engine: LLMEngine, adapters: list, calls: int, kinds: list[str]) -> 
     real, found = CPUDecodeStack.__call__, {}
 
     def hook(self, hidden, positions, ctx):
-        if not found and hidden.shape[0] == NUM_REQUESTS and ctx.lora is not None and self._batch_serves(16, ctx):
+        rows = hidden.shape[0]
+        if not found and rows == NUM_REQUESTS and ctx.lora is not None and self._batch_serves(rows, ctx):
             found.update(time_calls(real, self, hidden, positions, ctx, calls, kinds))
         return real(self, hidden, positions, ctx)
 
