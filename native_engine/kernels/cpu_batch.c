@@ -430,7 +430,8 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
  * end column, first output, end output (unused: all 0); a NULL: no adapter on this linear. */
 typedef struct { /* a linear's resident adapters, stored as float16 (lora/punica.py) */
     const uint16_t *a;     /* [slots, R, K] */
-    const uint16_t *tiles; /* Bᵀ as [slots, N / 16, RS, 16]: per 16 outputs the rows of the block reaching them */
+    const uint16_t *tiles; /* Bᵀ per slot in [N / 16, RS, 16]: per 16 outputs the rank rows of the block reaching
+                              them, packed at the slot's rank (tile n16 at n16 * rank * 16) */
     const int32_t *ranks, *blocks;
     int64_t R, nb, RS;
 } lora_t;
@@ -515,31 +516,50 @@ static void lora_shrink_chunk(const void *arg, int64_t t) {
     }
 }
 
+/* out rows [n, 16] (row stride ld) += u [n, R] (its columns from c0 on) · w [rank, 16] (float16) for n (<= 4) rows:
+ * the sums over even and odd rank rows in registers of their own, so the FMAs run as 2 n chains. */
+AI void expand_rows(const uint16_t *w, int64_t rank, const float *u, int64_t R, int64_t c0, float *out, int64_t ld,
+                    const int n) {
+    f16v even[4], odd[4];
+    for (int j = 0; j < n; j++) even[j] = f16_load(out + j * ld), odd[j] = f16_zero();
+    int64_t r = 0;
+    for (; r + 2 <= rank; r += 2) {
+        const f16v w0 = f16_load_half(w + r * TILE), w1 = f16_load_half(w + (r + 1) * TILE);
+        for (int j = 0; j < n; j++) {
+            even[j] = f16_fmadd(f16_set1(u[j * R + c0 + r]), w0, even[j]);
+            odd[j] = f16_fmadd(f16_set1(u[j * R + c0 + r + 1]), w1, odd[j]);
+        }
+    }
+    if (r < rank)
+        for (int j = 0; j < n; j++) even[j] = f16_fmadd(f16_set1(u[j * R + c0 + r]), f16_load_half(w + r * TILE), even[j]);
+    for (int j = 0; j < n; j++) f16_store(out + j * ld, f16_add(even[j], odd[j]));
+}
+
 /* LoRA expand into tile n16: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for the rows with an
  * adapter, over the block of Bᵀ that reaches the tile (the rest of a block-diagonal Bᵀ is zeros), read from the
- * tile-major copy: the block's rows for these 16 outputs are contiguous. Up to 4 adjacent rows of one slot (the
- * runner orders rows by slot) at a time: each row of the block loaded once for them. */
+ * tile-major copy: a slot's tiles packed at its rank, tile n16's block rows at n16 * rank * 16. Up to 4 adjacent
+ * rows of one slot (the runner orders rows by slot) at a time: each row of the block loaded once for them. */
 static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
     if (op->lora.a == NULL) return;
-    const int64_t R = op->lora.R, RS = op->lora.RS, n0 = n16 * TILE, T = op->s->T, NT = op->N / TILE;
+    const int64_t R = op->lora.R, n0 = n16 * TILE, T = op->s->T, NT = op->N / TILE;
     const int32_t *slots = op->s->lora_slots;
     for (int64_t t = 0, n; t < T; t += n) {
         const int32_t slot = slots[t];
         for (n = 1; n < 4 && t + n < T && slots[t + n] == slot;) n++;
         if (slot < 0) continue;
-        const uint16_t *tile = op->lora.tiles + (slot * NT + n16) * RS * TILE;
-        const float *u = op->u + t * R;
-        f16v acc[4];
-        for (int j = 0; j < n; j++) acc[j] = f16_load(out + (t + j) * ld);
         for (int64_t b = 0; b < op->lora.nb; b++) {
             const int32_t *blk = op->lora.blocks + (slot * op->lora.nb + b) * 4;
             if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
-            for (int64_t r = blk[0]; r < blk[1]; r++) {
-                const f16v w = f16_load_half(tile + (r - blk[0]) * TILE);
-                for (int j = 0; j < n; j++) acc[j] = f16_fmadd(f16_set1(u[j * R + r]), w, acc[j]);
+            const int64_t rank = blk[1] - blk[0];
+            const uint16_t *w = op->lora.tiles + slot * NT * op->lora.RS * TILE + n16 * rank * TILE;
+            const float *u = op->u + t * R;
+            switch (n) { /* a constant n: the sums stay in registers */
+            case 1: expand_rows(w, rank, u, R, blk[0], out + t * ld, ld, 1); break;
+            case 2: expand_rows(w, rank, u, R, blk[0], out + t * ld, ld, 2); break;
+            case 3: expand_rows(w, rank, u, R, blk[0], out + t * ld, ld, 3); break;
+            default: expand_rows(w, rank, u, R, blk[0], out + t * ld, ld, 4);
             }
         }
-        for (int j = 0; j < n; j++) f16_store(out + (t + j) * ld, acc[j]);
     }
 }
 

@@ -129,9 +129,9 @@ def sgmv_torch(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, bt: torch.Te
         if count == 1 or not (x.is_contiguous() and out.is_contiguous()):
             for i in range(count):
                 rows = slice(start + i * length, start + (i + 1) * length)
-                xa = x[rows] @ a[slot + i, :r].to(x.dtype).T
+                xa, b = x[rows] @ a[slot + i, :r].to(x.dtype).T, bt[slot + i, :r].to(x.dtype)  # one widening each
                 for c0, c1, o0, o1 in blocks[slot + i] if blocks else [(0, r, 0, out.shape[1])]:
-                    out[rows, o0:o1].addmm_(xa[:, c0:c1], bt[slot + i, c0:c1, o0:o1].to(x.dtype))
+                    out[rows, o0:o1].addmm_(xa[:, c0:c1], b[c0:c1, o0:o1])
             continue
         xa = torch.bmm(x[start:end].view(count, length, -1), a[slot : slot + count, :r].to(x.dtype).transpose(1, 2))
         out[start:end].view(count, length, -1).baddbmm_(xa, bt[slot : slot + count, :r].to(x.dtype))

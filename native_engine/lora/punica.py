@@ -86,8 +86,9 @@ class LoRALayer:
         self.ranks = [0] * max_loras  # columns of each slot in use (its rank x the shards it targets)
         # per slot, its shards' blocks of Bᵀ: (first column, end column, first output, end output); the rest is zeros
         self.blocks: list[list[tuple[int, int, int, int]]] = [[] for _ in range(max_loras)]
-        # on the CPU in float16, Bᵀ again for the C step: per 16 outputs the rows of the block reaching them,
-        # [max_loras, out / 16, max_rank, 16], so a tile's expand reads contiguous bytes (None: not served there)
+        # on the CPU in float16, Bᵀ again for the C step: per 16 outputs the rank rows of the block reaching them,
+        # each slot's packed at its own rank ([out / 16, rank, 16] at the start of the slot's [out / 16, max_rank,
+        # 16]), so the expand reads a slot's tiles as one dense stream (None: not served there)
         self.tiles: torch.Tensor | None = None
         self.ranks_on_device: torch.Tensor | None = None
         self.blocks_on_device: torch.Tensor | None = None  # `blocks` as [max_loras, shards, 4] int32, unused: 0
@@ -124,10 +125,11 @@ class LoRALayer:
             self.blocks_on_device = table.to(self.a.device)
 
     def _tile(self, slot: int) -> None:
-        self.tiles[slot].zero_()
+        flat = self.tiles[slot].view(-1)  # packed at the slot's rank: tile n16's rows at n16 * rank * 16
+        flat.zero_()
         for c0, c1, o0, o1 in self.blocks[slot]:
-            block = self.bt[slot, c0:c1, o0:o1].view(c1 - c0, (o1 - o0) // 16, 16)
-            self.tiles[slot, o0 // 16 : o1 // 16, : c1 - c0] = block.transpose(0, 1)
+            rank, block = c1 - c0, self.bt[slot, c0:c1, o0:o1].view(c1 - c0, (o1 - o0) // 16, 16)
+            flat[o0 * rank : o1 * rank] = block.transpose(0, 1).reshape(-1)
 
     def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:  # x: [T, in], out: [T, out]
         mapping = self.punica.mapping
