@@ -132,21 +132,35 @@ def event_stream_response(events: AsyncIterator[tuple[str, dict]], *, error: Cal
 async def coalesced(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """``pieces`` joined into one write while the next is ready without waiting (at most ``AHEAD`` a write): what
     arrived together leaves together, and nothing waits to be batched (vLLM's output handler hands a request
-    every output of an engine step at once). The body's last piece is :class:`Final`."""
+    every output of an engine step at once). The body's last piece is :class:`Final`.
+
+    Each read (``anext(pieces)``) is run at once as far as it goes; one that has to wait is :class:`_Waiting`:
+    what is held is written first, then the read goes on where it stopped."""
     held: list[bytes] = []
     while True:
-        step = _Next(pieces)
-        if held and (not step.ready or len(held) >= AHEAD):
-            try:
-                yield b"".join(held)
-            except BaseException:  # the response ends here (closed): the read in progress stops too
-                await step.stop()
-                raise
-            held.clear()
+        read = pieces.__anext__()
         try:
-            piece = await step
+            waits_on = read.send(None)
+        except StopIteration as ready:
+            piece = ready.value
+            if len(held) >= AHEAD:
+                yield b"".join(held)
+                held.clear()
         except StopAsyncIteration:
             break
+        else:
+            rest = _Waiting(read, waits_on)
+            if held:
+                try:
+                    yield b"".join(held)
+                except BaseException:  # the response ends here (closed): the read in progress stops too
+                    await rest.stop()
+                    raise
+                held.clear()
+            try:
+                piece = await rest
+            except StopAsyncIteration:
+                break
         held.append(piece)
         if type(piece) is Final:
             yield Final(b"".join(held))
@@ -155,51 +169,40 @@ async def coalesced(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield Final(b"".join(held))
 
 
-_DONE = object()
+class _Waiting:
+    """A read that stopped to wait on ``waits_on`` (a future, or None for a bare yield: ``sleep(0)``). Awaiting
+    this goes on exactly where it stopped, as ``await anext(source)`` would have: the task waits on the same
+    future, and a cancellation or an error thrown in reaches the read where it waits."""
 
+    __slots__ = ("_read", "_waits_on", "_done")
 
-class _Next:
-    """``anext(source)``, run at once as far as it goes without waiting: ``ready`` says whether it finished.
-    Awaiting it gives its item (or raises what it raised); when not ready, it then goes on exactly where it
-    stopped, as ``await anext(source)`` would have (the task waits on the same future; a cancellation or an
-    error reaches the source where it waits)."""
-
-    __slots__ = ("_coro", "_waiting", "_item", "_error")
-
-    def __init__(self, source: AsyncIterator):
-        self._coro = source.__anext__()
-        self._item = self._error = None
-        self._advance(self._coro.send, None)
-
-    @property
-    def ready(self) -> bool:
-        return self._waiting is _DONE
-
-    def _advance(self, step: Callable, value) -> None:
-        try:
-            self._waiting = step(value)  # what it waits on: a future, or None for a bare yield (sleep(0))
-        except StopIteration as stop:
-            self._waiting, self._item = _DONE, stop.value
-        except BaseException as exc:
-            self._waiting, self._error = _DONE, exc
+    def __init__(self, read, waits_on):
+        self._read, self._waits_on, self._done = read, waits_on, False
 
     def __await__(self):
-        while self._waiting is not _DONE:
-            try:
-                sent = yield self._waiting
-            except BaseException as exc:
-                self._advance(self._coro.throw, exc)
-            else:
-                self._advance(self._coro.send, sent)
-        if self._error is not None:
-            raise self._error
-        return self._item
+        waits_on = self._waits_on
+        try:
+            while True:
+                try:
+                    sent = yield waits_on
+                except BaseException as exc:
+                    waits_on = self._read.throw(exc)
+                else:
+                    waits_on = self._read.send(sent)
+        except StopIteration as ready:
+            return ready.value
+        finally:
+            self._done = True
 
     async def stop(self) -> None:
         """Cancel a read left waiting (its source's ``finally`` blocks run) and let it end."""
-        if self.ready:
+        if self._done:
             return
-        self._advance(self._coro.throw, asyncio.CancelledError())
+        try:
+            self._waits_on = self._read.throw(asyncio.CancelledError())
+        except BaseException:  # it ended at once
+            self._done = True
+            return
         try:
             await self
         except (Exception, asyncio.CancelledError):
