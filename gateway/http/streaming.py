@@ -76,7 +76,8 @@ class Stream(StreamingResponse):
     async def stream_response(self, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         ended = False
-        async with aclosing(coalesced(self.body_iterator)) as writes:  # read to its end, or closed here
+        # read to its end, or closed here: the read in progress stopped, then the framing (its finally blocks)
+        async with aclosing(self.body_iterator), aclosing(coalesced(self.body_iterator)) as writes:
             async for chunk in writes:
                 ended = type(chunk) is Final
                 await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
