@@ -41,7 +41,8 @@ async def messages(body: MessagesRequest, backends: RouterDep, recorder: Recorde
     if stream:
         gen = await recorder.start(backend, request, route=MESSAGES_ROUTE, stream=True)
         events = views.stream_events(msg_id, body.model, gen.__aiter__(), body.stop_sequences)
-        return event_stream_response(events, error=_error_event, last=frozenset({"message_stop"}), hang_up=gen.hang_up)
+        return event_stream_response(events, error=_error_event, last=frozenset({"message_stop"}),
+                                     more_ready=gen.more_ready)
     async with on_disconnect(http.receive, request.cancel.cancel):  # from the start: a reply may take long to come
         gen = await recorder.start(backend, request, route=MESSAGES_ROUTE, stream=False)
         _, chunks, done = await gen.collect()

@@ -53,7 +53,7 @@ async def generate(body: GenerateRequest, backends: RouterDep, recorder: Recorde
     backend = recorder.resolve(backends, req, route="/api/generate", stream=body.streaming)
     if body.streaming:
         gen = await recorder.start(backend, req, route="/api/generate", stream=True)
-        return ndjson_response(_generate_stream(gen, body), headers=note_header([gen]), hang_up=gen.hang_up)
+        return ndjson_response(_generate_stream(gen, body), more_ready=gen.more_ready, headers=note_header([gen]))
     async with on_disconnect(http.receive, req.cancel.cancel):  # from the start: a reply may take long to come
         gen = await recorder.start(backend, req, route="/api/generate", stream=False)
         text, chunks, done = await gen.collect()
@@ -98,7 +98,7 @@ async def serve_chat(body: ChatRequest, backends: Router, recorder: Recorder, cl
     backend = recorder.resolve(backends, req, route="/api/chat", stream=body.streaming)
     if body.streaming:
         gen = await recorder.start(backend, req, route="/api/chat", stream=True)
-        return ndjson_response(_chat_stream(gen, body.model), headers=note_header([gen]), hang_up=gen.hang_up)
+        return ndjson_response(_chat_stream(gen, body.model), more_ready=gen.more_ready, headers=note_header([gen]))
     async with on_disconnect(receive, req.cancel.cancel):  # from the start: a reply may take long to come
         gen = await recorder.start(backend, req, route="/api/chat", stream=False)
         text, chunks, done = await gen.collect()

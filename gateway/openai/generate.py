@@ -46,10 +46,9 @@ async def serve_chat(body: ChatCompletionRequest, backends: Router, recorder: Re
     logprobs = bool(body.logprobs)
     if body.stream:
         gens: list = []
-        events = await start_stream(recorder, backend, requests, CHAT_ROUTE, gens)
+        events, more_ready = await start_stream(recorder, backend, requests, CHAT_ROUTE, gens)
         return sse_response(chat_chunks(meta, events, logprobs=logprobs, include_usage=body.include_usage,
-                                        cost=lambda: total_cost(gens)), headers=note_header(gens),
-                            hang_up=lambda: [r.cancel.cancel() for r in requests])
+                                        cost=lambda: total_cost(gens)), more_ready, headers=note_header(gens))
     gens = []
     async with on_disconnect(receive, lambda: [r.cancel.cancel() for r in requests]):
         results = await run_all(recorder, backend, requests, CHAT_ROUTE, gens)
@@ -68,10 +67,10 @@ async def completions(body: CompletionRequest, backends: RouterDep, recorder: Re
     logprobs = body.logprobs is not None
     if body.stream:
         gens: list = []
-        events = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE, gens)
+        events, more_ready = await start_stream(recorder, backend, requests, COMPLETIONS_ROUTE, gens)
         return sse_response(completion_chunks(meta, events, prompt_of, logprobs=logprobs,
                                               include_usage=body.include_usage, cost=lambda: total_cost(gens)),
-                            headers=note_header(gens), hang_up=lambda: [r.cancel.cancel() for r in requests])
+                            more_ready, headers=note_header(gens))
     gens = []
     async with on_disconnect(http.receive, lambda: [r.cancel.cancel() for r in requests]):
         results = await run_all(recorder, backend, requests, COMPLETIONS_ROUTE, gens)

@@ -50,7 +50,7 @@ async def create_response(body: ResponsesRequest, backends: RouterDep, recorder:
         gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=True)
         events = views.stream_events(meta, gen.__aiter__(), keep, _failure)
         return event_stream_response(events, error=lambda exc: ("error", _error_event(exc)), last=_LAST,
-                                     hang_up=gen.hang_up)
+                                     more_ready=gen.more_ready)
     async with on_disconnect(http.receive, request.cancel.cancel):  # from the start: a reply may take long to come
         gen = await recorder.start(backend, request, route=RESPONSES_ROUTE, stream=False)
         _, chunks, done = await gen.collect()

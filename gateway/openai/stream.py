@@ -29,7 +29,6 @@ from gateway.openai.responses import (ResponseMeta, Result, backend_fields, chat
 from gateway.serving.recorder import Generation, Recorder
 
 Events = AsyncIterator[tuple[int, StreamEvent]]
-MERGE_GRACE_S = 5.0  # how long the choices of a stream left early have to end with their cancelled records
 
 
 async def run_all(recorder: Recorder, backend: Backend, requests: Sequence[GenerationRequest],
@@ -52,14 +51,15 @@ async def run_all(recorder: Recorder, backend: Backend, requests: Sequence[Gener
 
 
 async def start_stream(recorder: Recorder, backend: Backend, requests: Sequence[GenerationRequest],
-                       route: str, gens: list[Generation] | None = None) -> Events:
-    """The events of every choice by index; ``gens`` collects the generations as they start."""
+                       route: str, gens: list[Generation] | None = None) -> tuple[Events, Callable[[], bool]]:
+    """The events of every choice by index, and whether the next one is already here; ``gens``
+    collects the generations as they start."""
     gens = [] if gens is None else gens
+    first = await recorder.start(backend, requests[0], route=route, stream=True)
+    gens.append(first)
     if len(requests) == 1:
-        first = await recorder.start(backend, requests[0], route=route, stream=True)
-        gens.append(first)
-        return first.indexed(0)
-    return await _start_all(recorder, backend, requests, route, gens)
+        return first.indexed(0), first.more_ready
+    return _merge(first, recorder, backend, requests[1:], route, gens), _never
 
 
 def total_cost(gens: Sequence[Generation]) -> float | None:
@@ -68,41 +68,29 @@ def total_cost(gens: Sequence[Generation]) -> float | None:
     return sum(costs) if costs else None
 
 
-async def _start_all(recorder: Recorder, backend: Backend, requests: Sequence[GenerationRequest], route: str,
-                     gens: list[Generation]) -> Events:
-    """Each choice started and read in a task of its own (a backend's timers belong to the task that reads its
-    stream); the first choice's first event, or its error (a 4xx before any header), is awaited here."""
-    queue: asyncio.Queue = asyncio.Queue()
-    first_ready = asyncio.get_running_loop().create_future()
+def _never() -> bool:
+    return False
 
-    async def pump(index: int, req: GenerationRequest) -> None:
+
+async def _merge(first: Generation, recorder: Recorder, backend: Backend,
+                 rest: Sequence[GenerationRequest], route: str, gens: list[Generation]) -> Events:
+    """The events of ``first`` and of the ``rest`` (started here), interleaved as they arrive."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, req: GenerationRequest | None) -> None:
         try:
-            gen = await recorder.start(backend, req, route=route, stream=True)
-            gens.append(gen)
-            if index == 0:
-                first_ready.set_result(None)
+            gen = first if req is None else await recorder.start(backend, req, route=route, stream=True)
+            if req is not None:
+                gens.append(gen)
             async with aclosing(gen.__aiter__()) as events:
                 async for event in events:
                     queue.put_nowait(("event", index, event))
         except Exception as exc:
-            if index == 0 and not first_ready.done():
-                first_ready.set_exception(exc)
-            else:
-                queue.put_nowait(("error", index, exc))
+            queue.put_nowait(("error", index, exc))
         finally:
             queue.put_nowait(("end", index, None))
 
-    tasks = [asyncio.create_task(pump(i, req)) for i, req in enumerate(requests)]
-    try:
-        await first_ready
-    except BaseException:
-        await _stop(tasks, requests)
-        raise
-    return _merge(queue, tasks, requests)
-
-
-async def _merge(queue: asyncio.Queue, tasks: list[asyncio.Task], requests: Sequence[GenerationRequest]) -> Events:
-    """The choices' events, interleaved as they arrive."""
+    tasks = [asyncio.create_task(pump(i, req)) for i, req in enumerate([None, *rest])]
     try:
         remaining = len(tasks)
         while remaining:
@@ -114,19 +102,9 @@ async def _merge(queue: asyncio.Queue, tasks: list[asyncio.Task], requests: Sequ
             else:
                 yield index, item
     finally:
-        await _stop(tasks, requests)
-
-
-async def _stop(tasks: list[asyncio.Task], requests: Sequence[GenerationRequest]) -> None:
-    """The consumer left or a choice failed: the others stop and end with their cancelled records."""
-    pending = [(task, req) for task, req in zip(tasks, requests, strict=True) if not task.done()]
-    for _, req in pending:
-        req.cancel.cancel()
-    if pending:
-        await asyncio.wait([task for task, _ in pending], timeout=MERGE_GRACE_S)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def with_cost(usage: dict, cost: float | None) -> dict:

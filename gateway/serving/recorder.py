@@ -1,33 +1,31 @@
 """Run one generation through its backend and account for it: metrics, and exactly one ledger row.
 
-``Recorder.start(backend, request)`` starts a :class:`Generation` and waits for the backend's first
-event, so request errors (unknown model, prompt over the context) surface before any response header
-is sent. The response then reads the backend's stream (Chunk…, Done) itself: no task and no queue
-between the backend and the client, the one stream of the request ending in one ``Done``. The
-output cap (``output_cap.py``: the gateway's own limit, whatever the backend does) is enforced on
-that stream as it is read. The response writes what is ready together in one write
-(``gateway/http/streaming.py``, ``coalesced``) and reads at most ``AHEAD`` events ahead of what it has
-written: a client that stops reading holds its backend (a runner's events wait in its client's queue),
-so one that then hangs up is charged for what was generated before the gateway noticed, not for a
-whole answer nobody read.
+``Recorder.start(backend, request)`` starts a :class:`Generation`: a pump task reads the backend's
+stream (Chunk…, Done) into a queue, so the stream keeps running to its ``Done`` even when the
+consumer is cancelled (Starlette cancels a streaming body when the client goes away). ``start``
+waits for the first event, so request errors (unknown model, prompt over the context) surface
+before any response header is sent.
 
-A client that goes away does not cancel the reading: its response's ``hang_up`` (or, unstreamed,
-``on_disconnect``) cancels ``request.cancel``, the backend stops and ends with a ``cancelled`` Done
-counting what it generated, and the response reads it to the end, answering nobody. The ledger row
-is written from one place, once: one loop turn after the backend's ``Done`` was read (``ok``, or
-``cancelled``), or from the error (with the tokens of ``BackendError.partial`` when it failed
-mid-stream, or none when the reading task itself was cancelled: shutdown).
+The pump enforces the request's output cap (``output_cap.py``: the gateway's own limit, whatever
+the backend does) and reads at most ``AHEAD`` events ahead of a streaming consumer: a client that
+stops reading holds its backend, so one that then hangs up is charged for what was generated
+before the gateway noticed, not for a whole answer nobody read.
+
+The ledger row is written from one place, when the pump ends: from the backend's ``Done``
+(``ok``, or ``cancelled`` when the consumer went away and ``request.cancel`` stopped the backend)
+or from the error (with the tokens of ``BackendError.partial`` when it failed mid-stream).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from core.base import Backend, Chunk, Done, GenerationRequest, StreamEvent
+from core.base import Backend, CancelToken, Chunk, Done, GenerationRequest, StreamEvent
 from core.errors import BackendError, BackendProtocolError, RouteShed, ShuttingDown
 from core.settings import DEFAULTS
 from gateway.serving.router import Router
@@ -46,6 +44,9 @@ from gateway.serving.output_cap import OutputCap
 from gateway.observability.tracing import Tracer
 
 log = logging.getLogger(__name__)
+
+AHEAD = 64  # events the pump reads ahead of a streaming client before the backend waits for it
+
 
 def key_forbids(caller, model: str) -> APIError:
     return APIError(403, f"key '{caller.name}' may not use '{model}' (its routes: {', '.join(caller.key.routes)})")
@@ -205,8 +206,61 @@ class Recorder:
             await asyncio.gather(*(g.finished for g in list(self.live)), *self._settling, return_exceptions=True)
 
 
+@dataclass
+class _Failure:
+    exc: BaseException
+
+
+class _Channel:
+    """One producer (the pump), one consumer: a deque and the consumer's wake-up future (an
+    ``asyncio.Queue`` does more bookkeeping per event than this hand-over needs). The producer may
+    wait for ``room`` while the consumer has ``AHEAD`` events still to take."""
+
+    __slots__ = ("items", "_waiter", "_space")
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self._waiter: asyncio.Future | None = None
+        self._space: asyncio.Future | None = None
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self):
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.take()
+
+    def take(self):
+        item = self.items.popleft()
+        if self._space is not None and len(self.items) < AHEAD:
+            self.wake()
+        return item
+
+    def wake(self) -> None:
+        """The producer stops waiting for room (the consumer took events, or it left)."""
+        space = self._space
+        if space is not None and not space.done():
+            space.set_result(None)
+
+    async def room(self, consumer_gone: CancelToken) -> None:
+        while len(self.items) >= AHEAD and not consumer_gone.cancelled:
+            self._space = asyncio.get_running_loop().create_future()
+            try:
+                await self._space
+            finally:
+                self._space = None
+
+
 class Generation:
-    """One request's events after the first has arrived; ``finished`` is set once its row is written."""
+    """One request's events after the first has arrived; ``done`` is set at the end."""
 
     def __init__(self, recorder: Recorder, backend: Backend, request: GenerationRequest, route: str, stream: bool,
                  label: str | None = None, span=None):
@@ -220,20 +274,24 @@ class Generation:
         self.record: UsageRecord | None = None  # built (and costed) as soon as the final Done arrives
         self.admission: Admission | None = None  # its key's limits and budget hold, for a keyed request
         self.cap = OutputCap(request, self._cap_limit)  # the most it may generate, enforced on its events
+        self._ended = False
         self._aborted: BackendError | None = None
+        self._queue = _Channel()  # the pump's events, in order
+        request.cancel.on_cancel(self._queue.wake)  # a consumer that left never holds the pump
         self.finished: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def prime(self) -> None:
         self._in_flight(+1)
         self.recorder.live.add(self)
-        self._source = self._pull()
+        run = self._run() if self.span is None else self._traced_run()
+        self._pump = asyncio.get_running_loop().create_task(run)
         try:
-            self.first = await anext(self._source)
-        except StopAsyncIteration:  # the backend's Done came first (nothing generated); the record is built
-            self.first = self.done
+            self.first = await self._queue.get()
         except asyncio.CancelledError:
             self.request.cancel.cancel()
             raise
+        if isinstance(self.first, _Failure):
+            raise self.first.exc
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._events(None)
@@ -244,50 +302,40 @@ class Generation:
         return self._events(index)
 
     async def _events(self, index: int | None) -> AsyncIterator:
-        """The backend's events, pulled by the consumer itself (no task, no queue between them)."""
         ended = False
         try:
             event = self.first
             while True:
-                if event is self.done:
+                if isinstance(event, _Failure):
                     ended = True
-                    self._settle_soon()
-                    if self._aborted is not None:  # shutdown: the error in place of the final record
-                        raise self._aborted
+                    raise event.exc
+                if isinstance(event, Done):
+                    ended = self._ended = True
                     yield event if index is None else (index, event)
                     return
                 yield event if index is None else (index, event)
-                try:
-                    event = await anext(self._source)
-                except StopAsyncIteration:  # the stream ended: its Done was read (or the row says why not)
-                    event = self.done
+                event = self._queue.take() if self._queue.items else await self._queue.get()
         finally:
             if not ended:  # the consumer went away: the backend stops and reports a cancelled Done
                 self.request.cancel.cancel()
-                await self._drain()
-
-    async def _drain(self) -> None:
-        """The rest of the backend's stream after its consumer left: its cancelled Done, and so the row."""
-        async for _ in self._source:
-            pass
-
-    def hang_up(self) -> None:
-        """The client went away: the backend stops, and the stream its consumer reads ends with the backend's
-        cancelled Done (what it generated), answered to nobody."""
-        self.request.cancel.cancel()
 
     def abort(self, error: BackendError) -> None:
-        """End this generation for its consumer with ``error``: the backend stops (the request is cancelled),
-        the consumer gets ``error`` in place of the final record, and the ledger row records ``error`` with
-        the tokens generated."""
+        """End this generation for its consumer with ``error`` now; the backend stops (the request is
+        cancelled) and the ledger row records ``error`` with the tokens generated."""
         if self._aborted is not None or self.finished.done():
             return
         self._aborted = error
+        self._queue.put(_Failure(error))
         self.request.cancel.cancel()
 
     @property
     def cost_usd(self) -> float | None:
         return None if self.record is None else self.record.total_cost_usd
+
+    def more_ready(self) -> bool:
+        """Whether what the consumer reads next is already here (the final record was read, or the next
+        event has arrived): the response writer then holds its bytes to send them with the next."""
+        return self._ended or bool(self._queue.items)
 
     async def collect(self) -> tuple[str, list[Chunk], Done]:
         """Non-streaming: the whole text, the chunks and the final record."""
@@ -295,12 +343,18 @@ class Generation:
         assert self.done is not None
         return "".join(c.text for c in chunks), chunks, self.done
 
-    # -- the backend's stream ----------------------------------------------------------------------
+    # -- the pump ---------------------------------------------------------------------------------
 
-    async def _pull(self) -> AsyncIterator[Chunk]:
-        """The backend's chunks, capped; its ``Done`` builds the record (the stream is read to its end first,
-        so the backend's own closing work is done before the consumer answers); an error writes the row."""
-        token = None if self.span is None else self.recorder.tracer.attach(self.recorder.tracer.context_of(self.span))
+    async def _traced_run(self) -> None:
+        """``_run`` with this request's span current, so remote adapters propagate it."""
+        tracer = self.recorder.tracer
+        token = tracer.attach(tracer.context_of(self.span))
+        try:
+            await self._run()
+        finally:
+            tracer.detach(token)
+
+    async def _run(self) -> None:
         try:
             async with aclosing(self.backend.stream(self.request)) as events:
                 async for event in events:
@@ -310,30 +364,31 @@ class Generation:
                         self._end(self.cap.settle(event))
                         continue
                     chunk = self.cap.take(event)
-                    if chunk is not None:
-                        self.called = self.called or bool(chunk.tool_calls)
-                        yield chunk
+                    if chunk is None:
+                        continue
+                    self.called = self.called or bool(chunk.tool_calls)
+                    self._queue.put(chunk)
+                    if self.request.stream and len(self._queue.items) >= AHEAD:  # a slow reader: the backend waits
+                        await self._queue.room(self.request.cancel)
             if self.done is None:
                 raise BackendProtocolError(f"the {self.backend.name} backend ended a stream without its final record")
-        except (asyncio.CancelledError, GeneratorExit):  # shutdown, or its consumer's task cancelled mid-read
-            self.request.cancel.cancel()
-            self._finish(self.record if self.done is not None else self._error_record(asyncio.CancelledError()))
-            raise
-        except Exception as exc:
+        except asyncio.CancelledError as exc:  # shutdown cancelled the pump itself
+            self._queue.put(_Failure(BackendError("the server is shutting down")))
             self._finish(self._error_record(exc))
             raise
-        finally:
-            if token is not None:
-                self.recorder.tracer.detach(token)
-
-    def _settle_soon(self) -> None:
-        """The row, metrics and key settlement one loop turn after the final record: not on the client's clock."""
-        if not self.finished.done():
-            asyncio.get_running_loop().call_soon(self._finish, self.record)
+        except Exception as exc:
+            self._queue.put(_Failure(exc))
+            self._finish(self._error_record(exc))
+        else:
+            try:  # the consumer answers first: the row, metrics and key settlement are not on the client's clock
+                await asyncio.sleep(0)
+            finally:
+                self._finish(self.record)
 
     def _end(self, done: Done) -> None:
         self.done, self.record = done, self._done_record(done)
         self.record.backend_reported_output_tokens = self.cap.backend_reported
+        self._queue.put(done)
 
     def _done_record(self, done: Done) -> UsageRecord:
         if self._aborted is not None:
@@ -358,8 +413,6 @@ class Generation:
         return record
 
     def _finish(self, record: UsageRecord) -> None:
-        if self.finished.done():  # written already (an error after the final record)
-            return
         self._in_flight(-1)
         self.recorder.live.discard(self)
         record.key_name = self.request.key_name
