@@ -127,6 +127,12 @@ def runnable_capabilities() -> list[str]:
     return ["default", *(["avx2"] if "avx2" in flags else []), *(["avx512"] if "avx512f" in flags else [])]
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's flags as /proc/cpuinfo lists them (none where it has no flags line)."""
+    line = _cpu_flags()
+    return set(line.split(":", 1)[1].split()) if ":" in line else set()
+
+
 def _cpu_flags() -> str:
     try:
         return next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))

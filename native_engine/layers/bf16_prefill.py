@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..kernels import cpu_kernels
 from .attention import _canonical_flash_attention, bf16_canonical_attention
+from .kernel_check import nmse
 
 PIECE_ROWS, WHOLE_ROWS = 32, 1024
 NMSE_LIMIT = 1e-4
@@ -53,30 +54,22 @@ def bf16_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [T, K
     return torch.cat([F.linear(piece, weight) for piece in x.split(PIECE_ROWS)])
 
 
-def cpu_flags() -> set[str]:
-    try:
-        line = next(s for s in Path("/proc/cpuinfo").read_text().splitlines() if s.startswith("flags"))
-    except (OSError, StopIteration):
-        return set()
-    return set(line.split(":", 1)[1].split())
-
-
 @functools.cache
 def usable(k: int, n: int) -> bool:
     """Whether `bf16_linear` is fast and right here for [N, K] weights (decided once per shape)."""
-    if not cpu_flags() & set(CPU_FLAGS):
+    if not cpu_kernels.cpu_flags() & set(CPU_FLAGS):
         return False
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(WHOLE_ROWS, k, generator=g), torch.randn(n, k, generator=g) / k**0.5
     w16 = w.bfloat16()
     whole = bf16_linear(x, w16)
-    nmse = _nmse(whole[:64], x[:64].double() @ w.double().t())
+    error = nmse(whole[:64], x[:64].double() @ w.double().t())
     same = all(torch.equal(bf16_linear(x[:rows], w16), whole[:rows]) for rows in (1, 5, PIECE_ROWS, 100))
-    if nmse <= NMSE_LIMIT and same:
+    if error <= NMSE_LIMIT and same:
         return True
     log.warning("bf16 prefill check: [%d, %d] weights fail on this CPU (normalized squared error %.3g, limit %g; "
                 "rows the same in any product: %s; flags %s, PyTorch capability %s); prefill stays float32",
-                n, k, nmse, NMSE_LIMIT, same, " ".join(sorted(cpu_flags() & set(CPU_FLAGS))),
+                n, k, error, NMSE_LIMIT, same, " ".join(sorted(cpu_kernels.cpu_flags() & set(CPU_FLAGS))),
                 torch.backends.cpu.get_cpu_capability())
     return False
 
@@ -89,7 +82,7 @@ def attention_usable(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     q, k, v = (torch.randn(200, heads, head_dim, generator=g) for heads in (num_heads, num_kv_heads, num_kv_heads))
     scale = head_dim**-0.5
     try:
-        errors = [_nmse(bf16_canonical_attention(q[c:], k, v, c, scale),
+        errors = [nmse(bf16_canonical_attention(q[c:], k, v, c, scale),
                         _canonical_flash_attention(q[c:], k, v, c, scale)) for c in (0, 37)]
     except RuntimeError as exc:
         errors, why = [float("inf")], f"{type(exc).__name__}: {exc}"
@@ -100,11 +93,6 @@ def attention_usable(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     log.warning("bf16 prefill check: the attention fails on this CPU (%s; PyTorch capability %s); prefill stays "
                 "float32", why, torch.backends.cpu.get_cpu_capability())
     return False
-
-
-def _nmse(out: torch.Tensor, reference: torch.Tensor) -> float:
-    reference = reference.double()
-    return float(((out.double() - reference) ** 2).sum() / (reference**2).sum())
 
 
 def weight_shape(linear) -> tuple[int, int]:

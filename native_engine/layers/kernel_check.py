@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import platform
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -83,7 +82,7 @@ def _check(path: str, fmt: str, q: torch.Tensor, d: torch.Tensor, m: torch.Tenso
     x = torch.randn(9, q.shape[1], generator=torch.Generator().manual_seed(0))
     reference = x.double() @ _dequantize(q, d, m).t()
     try:
-        errors = [_nmse(run(x[:rows], q, d, m), reference[:rows]) for rows in _row_counts(path)]
+        errors = [nmse(run(x[:rows], q, d, m), reference[:rows]) for rows in _row_counts(path)]
     except Exception as exc:  # noqa: BLE001 - a path that raises is as unusable as one that is wrong
         errors, why = [float("inf")], f"{type(exc).__name__}: {exc}"
     else:
@@ -101,18 +100,14 @@ def _row_counts(path: str) -> tuple[int, ...]:
 
 def cpu_description() -> str:
     """The CPU flags that decide which kernels run, PyTorch's capability and the kernels' build tier."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-        have = sorted(set(flags.split(":", 1)[1].split()) & {"avx2", "fma", "f16c", "avx512f", "avx512bw",
-                                                              "avx512_vnni", "avx512vl", "amx_int8"})
-    except (OSError, StopIteration):
-        have = []
+    have = sorted(cpu_kernels.cpu_flags() & {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512vl",
+                                             "amx_int8"})
     return (f"{platform.machine()} flags {' '.join(have) or 'none of note'}; PyTorch capability "
             f"{torch.backends.cpu.get_cpu_capability()}; C kernels -march={cpu_kernels.march()} "
             f"tier {cpu_kernels.tier()}")
 
 
-def _nmse(out: torch.Tensor, reference: torch.Tensor) -> float:
+def nmse(out: torch.Tensor, reference: torch.Tensor) -> float:
     reference = reference.double()
     return float(((out.double() - reference) ** 2).sum() / (reference**2).sum().clamp_min(1e-300))
 

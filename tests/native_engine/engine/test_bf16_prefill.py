@@ -10,6 +10,7 @@ import logging
 import pytest
 import torch
 
+from native_engine.kernels import cpu_kernels
 from native_engine.layers import bf16_prefill
 
 from .helpers import assert_all_blocks_free, greedy, kl_per_position, token_ids
@@ -33,7 +34,7 @@ def test_the_path_is_on_only_where_the_cpu_has_bf16_matrix_units_and_a_warning_s
     with caplog.at_level(logging.WARNING, logger=bf16_prefill.__name__):
         engine = bf16_engine()
     linears = [m for m in engine.model_runner.model.modules() if getattr(m, "prefill_weight", None) is not None]
-    has_units = bool(bf16_prefill.cpu_flags() & set(bf16_prefill.CPU_FLAGS))
+    has_units = bool(cpu_kernels.cpu_flags() & set(bf16_prefill.CPU_FLAGS))
     assert proven(engine) == bool(linears) and (has_units or not proven(engine))
     assert sum(m.prefill_weight.numel() * 2 for m in linears) == engine.model_runner.extra_weight_bytes
     assert ("bf16 prefill check" in caplog.text) == (has_units and not proven(engine))
@@ -73,7 +74,7 @@ def test_bf16_prefill_logits_stay_close_to_the_f32_path(make_engine, bf16_engine
 
 
 def test_a_cpu_that_cannot_prove_it_keeps_f32(make_engine, bf16_engine, prompts, monkeypatch):
-    monkeypatch.setattr(bf16_prefill, "cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: {"avx2"})
     bf16_prefill.usable.cache_clear()
     try:
         engine = bf16_engine()
