@@ -25,7 +25,7 @@ Every run's prompts start with a token of their own, so no run reuses another's 
 is given twice: by wall time, and by the process's CPU time (tokens per CPU second, as `bench/native_cpu.py`
 measures), which a busy neighbour on a shared machine disturbs far less; the goals are read on the latter.
 
-    PYTHONPATH=. flock /tmp/infer-heavy.lock .venv/bin/python bench/lora.py [--runs 5] [--quick]
+    flock /tmp/infer-heavy.lock .venv/bin/python bench/lora.py [--runs 5] [--quick]
 """
 
 from __future__ import annotations

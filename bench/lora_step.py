@@ -6,7 +6,7 @@ eight rank-16 adapters (two each), the three calls alternated `--calls` times; m
 The step is taken from bench/lora.py's eight-adapter load once every request decodes; the calls rewrite its
 keys and values with those of the step as run last, the real one, so the generation goes on unchanged.
 
-    PYTHONPATH=. flock /tmp/infer-heavy.lock .venv/bin/python bench/lora_step.py [--calls 200] [--loads eight]
+    flock /tmp/infer-heavy.lock .venv/bin/python bench/lora_step.py [--calls 200] [--loads eight]
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from pathlib import Path
 
 import torch
 
-from bench.lora import NUM_ADAPTERS, NUM_REQUESTS, Prompts, greedy, make_adapters
 from native_engine import LLMEngine
 from native_engine.lora.punica import LoRAMapping
 from native_engine.models.cpu_decode import CPUDecodeStack
 from registry.realmodels import fetch_smollm2
+
+from lora import NUM_ADAPTERS, NUM_REQUESTS, Prompts, greedy, make_adapters  # bench/ is the script's directory
 
 
 def time_calls(call, stack: CPUDecodeStack, hidden: torch.Tensor, positions: torch.Tensor, ctx, calls: int,
