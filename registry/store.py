@@ -158,8 +158,11 @@ class Store:
         return sorted(out, key=lambda m: m.modified, reverse=True)
 
     def resolve(self, text: str) -> ModelName:
-        """Parse a user-typed name; match case-insensitively against local models."""
+        """Parse a user-typed name; match case-insensitively against local models (a name spelled as stored is
+        found by one stat, without listing the store: every request resolves its model)."""
         name = parse_name(text, insecure=True)
+        if self.manifest_path(name).is_file():
+            return name
         for local in self.iter_names():
             if local.full.lower() == name.full.lower():
                 return local

@@ -109,3 +109,23 @@ def test_a_cancel_ends_the_request_at_once_and_a_bad_request_fails_alone(runner)
 
 def _flatten(got) -> list:
     return got if isinstance(got, list) else [got]
+
+
+def test_the_core_takes_what_the_gateway_resolved_and_reads_no_store(runner, tiny_store):
+    """A ``Generate`` with ``resolved`` runs on those options and weights: the model's name is not looked up
+    (one the store does not hold still runs), the request's own options are not re-read, and a request
+    resolved to other weights than the runner's fails alone."""
+    from adapters.engines.store_models import model_details
+    from core.options import Options
+
+    weights = model_details(tiny_store, "tiny").base_digest
+    options = Options(temperature=0, num_predict=5, ignore_eos=True).model_dump()
+    request = GenerationRequest(model="not-in-the-store", prompt_tokens=PROMPT, options={"num_predict": 2})
+    runner.send(p.Generate(8, p.request_to_wire(request), resolved=p.Resolved(options, weights)))
+    _, finished = _read_until_finished(runner, {8})
+    assert finished[8].done.usage.output_tokens == 5
+
+    runner.send(p.Generate(9, p.request_to_wire(request), resolved=p.Resolved(options, "sha256:other")))
+    failed = _next(runner)
+    assert isinstance(failed, p.Failed) and failed.id == 9
+    assert "other weights" in p.error_from_wire(failed.error).message

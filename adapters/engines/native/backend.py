@@ -263,11 +263,14 @@ def preload_engine() -> None:
 def lora_request(details: ModelDetails):
     """The engine's adapter for a model with an adapter layer (named by its blob, so models sharing an
     adapter share its slot and their prefix cache); None for a plain model."""
-    if details.adapter_path is None:
-        return None
+    return None if details.adapter_path is None else adapter_request(str(details.adapter_path))
+
+
+def adapter_request(path: str):
+    """The engine's ``LoRARequest`` for the adapter file at ``path``, named by its blob (see ``lora_request``)."""
     from native_engine import LoRARequest
 
-    return LoRARequest(details.adapter_path.name, str(details.adapter_path))
+    return LoRARequest(Path(path).name, path)
 
 
 async def _engine_outputs(engine, token_ids: list[int], params, arrival: float, lora=None) -> AsyncIterator:

@@ -161,10 +161,13 @@ class RunnerBackend:
         entry, load_s = await self.scheduler.acquire(self.name, details, options)
         ok = True
         try:
-            dropped = 0
+            dropped, resolved = 0, None
             if tokenize:
-                request, dropped = await tokenized(request, details, options, entry.runner.context_length, self.name)
-            async for event in entry.runner.stream(request):
+                request, dropped, options = await tokenized(request, details, options, entry.runner.context_length,
+                                                            self.name)
+                resolved = p.Resolved(options.model_dump(), details.base_digest,
+                                      None if details.adapter_path is None else str(details.adapter_path))
+            async for event in entry.runner.stream(request, resolved):
                 if isinstance(event, Done):
                     event.timings.load += load_s
                     event.truncated_messages = event.truncated_messages or dropped
@@ -250,9 +253,10 @@ def _loaded_model(entry: Loaded) -> LoadedModel:
 
 
 async def tokenized(request: GenerationRequest, details: ModelDetails, options: Options, context: int,
-                    served_by: str) -> tuple[GenerationRequest, int]:
+                    served_by: str) -> tuple[GenerationRequest, int, Options]:
     """What a runner that takes token ids gets: the prompt rendered and tokenized here, once, the key's
-    admission decided on that count (its cap becomes ``num_predict``); and the messages dropped to fit."""
+    admission decided on that count (its cap becomes ``num_predict``); the messages dropped to fit; and the
+    options with that cap."""
     try:
         vocab, longest = await vocabulary_of(str(gguf_path(details, f"the {served_by} engine")))
     except (ValueError, OSError) as exc:
@@ -270,7 +274,8 @@ async def tokenized(request: GenerationRequest, details: ModelDetails, options: 
         if cap is not None:
             most = cap if options.num_predict <= 0 else min(cap, options.num_predict)
             sent.options = {**sent.options, "num_predict": most}
-    return sent, prompt.dropped
+            options = options.model_copy(update={"num_predict": most})
+    return sent, prompt.dropped, options
 
 
 def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "warning") -> LocalEngines:

@@ -184,7 +184,9 @@ class RunnerClient:
         self.context_length = ready.context_length
         return ready.context_length
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: GenerationRequest, resolved: p.Resolved | None = None
+                     ) -> AsyncIterator[StreamEvent]:
+        """The runner's events for ``request``; ``resolved``: what the gateway resolved for it (``p.Resolved``)."""
         id_ = next(_ids)
         queue: asyncio.Queue = asyncio.Queue()
         if not self._working():
@@ -194,7 +196,8 @@ class RunnerClient:
         finished = False
         refusal: BaseException | None = None  # the gateway refused to admit it: the client gets this error
         try:
-            await self._send(p.Generate(id_, p.request_to_wire(request), admit=request.admit is not None))
+            await self._send(p.Generate(id_, p.request_to_wire(request), admit=request.admit is not None,
+                                        resolved=resolved))
             request.cancel.on_cancel(lambda: self._cancel(id_))
             while True:
                 item = await queue.get()

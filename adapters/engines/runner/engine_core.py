@@ -7,7 +7,8 @@ in: a step's outputs are a few hundred bytes, framed and written in microseconds
 
 No event loop, no task per request, no engine thread: a ``Generate`` goes from the socket to
 ``add_request`` on the thread that steps, and a token from ``LLMEngine.step`` to the socket on the thread
-that computed it. The gateway rendered, tokenized and admitted the prompt (``runner/backend.py``); a
+that computed it. The gateway rendered, tokenized and admitted the prompt and resolved its options, weights
+and adapter (``runner/backend.py``, ``protocol.Resolved``): the core reads no store per request; a
 request as text (a client's raw prompt, a test's) is tokenized here, with no tool or thinking parsing.
 llama.cpp and scripted runners keep the event loop of ``worker.py``.
 """
@@ -19,11 +20,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.engines.native.backend import (NativeBackend, check_kv_role, chunk_logprobs, engine_prompt,
-                                             final_done, lora_request, sampling_params)
+from adapters.engines.native.backend import (NativeBackend, adapter_request, check_kv_role, chunk_logprobs,
+                                             engine_prompt, final_done, lora_request, sampling_params)
 from core.base import Chunk, GenerationRequest, Timings
 from core.errors import BackendError, BackendUnavailable, InvalidRequest
-from core.options import resolve_options
+from core.options import Options, resolve_options
 from core.settings import LocalSettings
 from frontend.prompt_ids import max_token_bytes
 from registry.store import Store
@@ -119,32 +120,40 @@ class EngineCore:
     def add(self, message: p.Generate) -> None:
         request = p.request_from_wire(message.request)
         try:
-            self._add(message.id, request)
+            self._add(message.id, request, message.resolved)
         except BackendError as exc:
             self.channel.send(p.Failed(message.id, p.error_to_wire(exc)))
         except Exception as exc:  # noqa: BLE001 - reported to the one request, the runner goes on
             log.exception("a request failed")
             self.channel.send(p.Failed(message.id, p.error_to_wire(BackendUnavailable(f"native failed: {exc}"))))
 
-    def _add(self, id_: int, request: GenerationRequest) -> None:
+    def _add(self, id_: int, request: GenerationRequest, resolved: p.Resolved | None) -> None:
         if self.llm is None:
             raise BackendUnavailable("the runner has no model loaded")
-        details = self.backend.details(request.model)
-        if details.base_digest != self.digest:
+        details, options, adapter = self._resolve(request, resolved)
+        if (resolved.weights if resolved is not None else details.base_digest) != self.digest:
             raise BackendUnavailable(f"this runner's engine holds other weights than {request.model}'s")
-        options = resolve_options(details.parameters, request.options, defaults=self.backend.settings.option_defaults)
         token_ids, dropped, room = engine_prompt(self.llm, details, request, options, self._longest_token)
         params = sampling_params(options, request, room=room)
         check_kv_role(self.backend.settings.kv_role, params.kv_transfer_params)
         request_id = f"native-{id_}"
         try:
-            self.llm.add_request(request_id, token_ids, params, arrival_time=request.arrival,
-                                 lora_request=lora_request(details))
+            self.llm.add_request(request_id, token_ids, params, arrival_time=request.arrival, lora_request=adapter)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         except RuntimeError as exc:
             raise BackendUnavailable(f"the native engine failed: {exc}") from None
         self.running[request_id] = _Running(id_, request, token_ids, dropped)
+
+    def _resolve(self, request: GenerationRequest, resolved: p.Resolved | None):
+        """(details, options, adapter): as the gateway resolved them (its options were validated there; the
+        details are needed only to render a prompt sent as text), else from the store, as in-process."""
+        if resolved is not None and request.prompt_tokens is not None:
+            adapter = None if resolved.adapter is None else adapter_request(resolved.adapter)
+            return None, Options.model_construct(**resolved.options), adapter
+        details = self.backend.details(request.model)
+        options = resolve_options(details.parameters, request.options, defaults=self.backend.settings.option_defaults)
+        return details, options, lora_request(details)
 
     def _longest_token(self) -> int:
         if self._max_bytes is None:

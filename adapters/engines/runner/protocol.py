@@ -6,7 +6,7 @@ sends msgspec structs between its API server and ``EngineCore`` the same way, ov
 
 gateway -> runner                        runner -> gateway
     Load(engine, store, model, ...)          Ready(pid, context_length) | Failed(error)
-    Generate(id, request, admit)             [Admit(id, prompt_tokens, context, served_by)]
+    Generate(id, request, admit, resolved)   [Admit(id, prompt_tokens, context, served_by)]
                                              Token(id, chunk)... then Finished(id, done, load, spec_decode)
                                              | Failed(id, error); a native runner sends each engine
                                              step's Tokens and Finisheds as one Outputs(tokens, finished, load)
@@ -19,7 +19,8 @@ gateway -> runner                        runner -> gateway
 ``Generate.request`` is a :class:`~core.base.GenerationRequest` without its cancel token,
 its caller and its admission hook, and with ``keep_alive`` -1 (the gateway's scheduler stops the runner); events carry the ``Chunk`` and ``Done`` dataclasses as they are.
 A native runner's ``Generate`` carries the prompt as token ids (``prompt_tokens``), counted and admitted
-by the gateway before it is sent. A keyed request to a runner that renders its own prompt (llama.cpp,
+by the gateway before it is sent, and what the gateway resolved for it (``Resolved``: the effective options,
+the weights, the adapter), so the runner reads neither the store nor the model's parameters per request. A keyed request to a runner that renders its own prompt (llama.cpp,
 scripted: ``Generate.admit``) is admitted by the gateway (``request.admit``: the key's budget and
 limits) once the runner has counted its prompt: the runner sends ``Admit`` and generates nothing
 until the answer (``Admitted`` with the most tokens it may generate, or ``Refused``; the gateway
@@ -61,10 +62,21 @@ class Load(msgspec.Struct, tag=True):
     settings: dict[str, Any] = {}
 
 
+class Resolved(msgspec.Struct):
+    """What the gateway resolved for a request from the store: its effective options (every field of
+    ``core.options.Options``, the admission's cap in ``num_predict``), the digest of the weights it runs on
+    (a model's ``base_digest``) and its LoRA adapter's file (None: none)."""
+
+    options: dict[str, Any]
+    weights: str
+    adapter: str | None = None
+
+
 class Generate(msgspec.Struct, tag=True):
     id: int
     request: dict[str, Any]
     admit: bool = False  # the gateway admits it once its prompt is counted (``Admit``)
+    resolved: Resolved | None = None  # None: the runner resolves the request's model and options itself
 
 
 class Admitted(msgspec.Struct, tag=True):
