@@ -80,7 +80,9 @@ def test_an_unknown_error_class_is_a_plain_backend_error():
 
 
 def test_messages_sent_together_arrive_in_order_from_one_write():
-    """The runner sends a request's load report and its first token in one write (one wake-up of the gateway)."""
+    """The runner sends a request's load report and its first token in one write (one wake-up of the gateway);
+    the receiving end hands each message to its callback as its bytes arrive, whole, in order, and says
+    when the other side closed."""
     import asyncio
     import socket
 
@@ -88,15 +90,51 @@ def test_messages_sent_together_arrive_in_order_from_one_write():
 
     async def run() -> tuple[list, int]:
         ours, theirs = socket.socketpair()
-        sender, receiver = await Channel.open(ours, p.to_runner), await Channel.open(theirs, p.from_runner)
+        got, closed = [], asyncio.Event()
+        sender = await Channel.open(ours, p.to_runner, lambda m: None)
+        receiver = await Channel.open(theirs, p.from_runner, got.append, closed.set)
         writes = []
-        write = sender._writer.write
-        sender._writer.write = lambda data: writes.append(len(data)) or write(data)
+        write = sender._transport.write
+        sender._transport.write = lambda data: writes.append(len(data)) or write(data)
         sender.send(p.Pong(0, {"requests_running": 1.0}), p.Token(7, CHUNK))
         sender.send(p.Finished(7, DONE))
-        got = [await receiver.recv() for _ in range(3)]
-        sender.close(), receiver.close()
+        sender.close()
+        await asyncio.wait_for(closed.wait(), 10)
+        receiver.close()
         return got, len(writes)
 
     got, writes = asyncio.run(run())
     assert got == [p.Pong(0, {"requests_running": 1.0}), p.Token(7, CHUNK), p.Finished(7, DONE)] and writes == 2
+
+
+def test_a_message_split_over_reads_arrives_once_whole_and_a_failing_handler_does_not_close_the_channel():
+    """Bytes arrive as the socket gives them: a message cut anywhere is handed over once, whole; a handler that
+    raises for one message leaves the channel reading the next."""
+    import asyncio
+    import socket
+
+    from adapters.engines.runner.channel import Channel, frame
+
+    async def run() -> list:
+        ours, theirs = socket.socketpair()
+        got = []
+
+        def handle(message):
+            if isinstance(message, p.Pong):
+                raise RuntimeError("a handler's bug")
+            got.append(message)
+
+        receiver = await Channel.open(theirs, p.from_runner, handle)
+        data = bytes(frame(p.encoder, (p.Token(7, CHUNK), p.Pong(1), p.Finished(7, DONE))))
+        for i in range(0, len(data), 5):  # 5 bytes a write: every message split over several reads
+            ours.send(data[i:i + 5])
+            await asyncio.sleep(0.001)
+        for _ in range(100):
+            if len(got) == 2:
+                break
+            await asyncio.sleep(0.01)
+        receiver.close()
+        ours.close()
+        return got
+
+    assert asyncio.run(run()) == [p.Token(7, CHUNK), p.Finished(7, DONE)]

@@ -4,7 +4,7 @@ The gateway makes the pair and hands one end to the runner as an inherited file 
 (``--fd``): no path on disk, nothing to connect or clean up, and only the two processes can reach
 it. Each message is ``len (4 bytes, big-endian) + MessagePack``, the framing msgspec documents for
 streams; both sides read and write on their event loop's own thread, so a token crosses the
-boundary with one ``write`` and one ``read``, and no other thread is woken on its way. The native
+boundary with one ``write`` and one ``read``, and no other thread (nor task) is woken on its way. The native
 runner's engine core has no event loop: it reads and writes its end as a blocking socket
 (:class:`BlockingChannel`) on the thread that steps the engine.
 """
@@ -12,13 +12,16 @@ runner's engine core has no event loop: it reads and writes its end as a blockin
 from __future__ import annotations
 
 import asyncio
+import logging
 import select
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 _LEN = 4
+log = logging.getLogger(__name__)
 
 
 def frame(encoder: msgspec.msgpack.Encoder, messages: tuple) -> bytearray:
@@ -32,36 +35,74 @@ def frame(encoder: msgspec.msgpack.Encoder, messages: tuple) -> bytearray:
     return buffer
 
 
-class Channel:
-    """``send`` never waits (the bytes go to the socket or the transport's buffer); ``recv`` returns the
-    next message, and raises ``EOFError`` once the other side has closed or died."""
+class Channel(asyncio.Protocol):
+    """An event loop's end. ``send`` never waits (the bytes go to the socket or the transport's buffer).
+    Nothing reads: the loop's callback for the socket's bytes (``data_received``) decodes each whole message
+    and hands it to ``on_message`` at once, so a runner's step reaches its requests' queues with no task in
+    between (a reading task would be woken for it first); ``on_eof`` is called once the other side has
+    closed or died. ``on_message`` must not raise: an error there is logged and the channel goes on."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, decoder: msgspec.msgpack.Decoder):
-        self._reader, self._writer, self._decoder = reader, writer, decoder
+    def __init__(self, decoder: msgspec.msgpack.Decoder, on_message: Callable[[Any], None],
+                 on_eof: Callable[[], None]):
+        self._decoder, self._on_message, self._on_eof = decoder, on_message, on_eof
         self._encoder = msgspec.msgpack.Encoder()
+        self._buffer = bytearray()
+        self._transport: asyncio.Transport | None = None
 
     @classmethod
-    async def open(cls, sock: socket.socket, decoder: msgspec.msgpack.Decoder) -> "Channel":
-        reader, writer = await asyncio.open_unix_connection(sock=sock)
-        return cls(reader, writer, decoder)
+    async def open(cls, sock: socket.socket, decoder: msgspec.msgpack.Decoder, on_message: Callable[[Any], None],
+                   on_eof: Callable[[], None] = lambda: None) -> "Channel":
+        loop = asyncio.get_running_loop()
+        _, channel = await loop.create_unix_connection(lambda: cls(decoder, on_message, on_eof), sock=sock)
+        return channel
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        try:
+            messages = split_frames(self._buffer, self._decoder)
+        except msgspec.DecodeError:
+            log.exception("a message on the runner channel could not be decoded; the channel closes")
+            self._transport.close()
+            return
+        for message in messages:
+            try:
+                self._on_message(message)
+            except Exception:  # noqa: BLE001 - one message's handler failing must not close the channel
+                log.exception("handling %s from the runner channel failed", type(message).__name__)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_eof()
 
     def send(self, *messages: Any) -> None:
         """Frame ``messages`` into one write (the reader wakes once for them all)."""
-        self._writer.write(frame(self._encoder, messages))
-
-    async def recv(self) -> Any:
-        try:
-            size = int.from_bytes(await self._reader.readexactly(_LEN), "big")
-            return self._decoder.decode(await self._reader.readexactly(size))
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            raise EOFError("the other side of the runner channel is gone") from exc
+        self._transport.write(frame(self._encoder, messages))
 
     @property
     def closed(self) -> bool:
-        return self._writer.is_closing()
+        return self._transport is None or self._transport.is_closing()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
+
+
+def split_frames(buffer: bytearray, decoder: msgspec.msgpack.Decoder) -> list[Any]:
+    """The whole messages at the start of ``buffer``, decoded and removed from it (a partial one stays)."""
+    messages, view, at = [], memoryview(buffer), 0
+    try:
+        while len(view) - at >= _LEN:
+            size = int.from_bytes(view[at:at + _LEN], "big")
+            if len(view) - at - _LEN < size:
+                break
+            messages.append(decoder.decode(view[at + _LEN:at + _LEN + size]))
+            at += _LEN + size
+    finally:
+        view.release()
+        del buffer[:at]
+    return messages
 
 
 class BlockingChannel:
@@ -104,17 +145,7 @@ class BlockingChannel:
         return len(self._buffer) >= _LEN and len(self._buffer) >= _LEN + int.from_bytes(self._buffer[:_LEN], "big")
 
     def _messages(self) -> list[Any]:
-        messages, view = [], memoryview(self._buffer)
-        at = 0
-        while len(view) - at >= _LEN:
-            size = int.from_bytes(view[at:at + _LEN], "big")
-            if len(view) - at - _LEN < size:
-                break
-            messages.append(self._decoder.decode(view[at + _LEN:at + _LEN + size]))
-            at += _LEN + size
-        view.release()
-        del self._buffer[:at]
-        return messages
+        return split_frames(self._buffer, self._decoder)
 
     def close(self) -> None:
         self._sock.close()

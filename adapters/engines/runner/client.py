@@ -133,9 +133,9 @@ class RunnerClient:
             theirs.close()
         loop = asyncio.get_running_loop()
         self._channel: Channel | None = None
-        self._opening = loop.create_task(Channel.open(ours, p.from_runner))
+        self._opening = loop.create_task(Channel.open(ours, p.from_runner, self._received))
         self._exit_fds = [_watch_exit(loop, proc, self._exited) for proc in self.processes]
-        self._tasks = [self._opening, loop.create_task(self._receive()), loop.create_task(self._watchdog())]
+        self._tasks = [self._opening, loop.create_task(self._watchdog())]
 
     @property
     def pid(self) -> int:
@@ -261,23 +261,19 @@ class RunnerClient:
 
     # -- events ----------------------------------------------------------------------------------
 
-    async def _receive(self) -> None:
-        channel = self._channel = self._channel or await self._opening
-        while True:
-            try:
-                message = await channel.recv()
-            except EOFError:  # the runner is gone: its pidfd says how
-                return
-            if isinstance(message, p.Pong):  # an answering event loop says nothing of a hung engine
-                self.load_stats = message.load
-                continue
-            self._last_event = time.monotonic()
-            if isinstance(message, p.Outputs):  # one engine step: each request's Token, then its Finished
-                self.load_stats = message.load or self.load_stats
-                for each in (*message.tokens, *message.finished):
-                    self._deliver(each)
-            else:
-                self._deliver(message)
+    def _received(self, message: Any) -> None:
+        """A message from the runner, as the loop reads it (``Channel``: no task reads the socket). Its end
+        (EOF) says nothing: the runner's pidfd says how it went (``_exited``)."""
+        if isinstance(message, p.Pong):  # an answering event loop says nothing of a hung engine
+            self.load_stats = message.load
+            return
+        self._last_event = time.monotonic()
+        if isinstance(message, p.Outputs):  # one engine step: each request's Token, then its Finished
+            self.load_stats = message.load or self.load_stats
+            for each in (*message.tokens, *message.finished):
+                self._deliver(each)
+        else:
+            self._deliver(message)
 
     def _deliver(self, message: Any) -> None:
         if isinstance(message, p.Finished):

@@ -43,7 +43,7 @@ def make_backend(engine: str, store: Store, settings: LocalSettings) -> LocalBac
 
 
 class Worker:
-    def __init__(self, engine: str, channel: Channel):
+    def __init__(self, engine: str, channel: Channel | None):
         self.engine = engine
         self.channel = channel
         self.backend: LocalBackend | None = None
@@ -184,28 +184,20 @@ class Worker:
 async def serve(engine: str, fd: int, parent: int) -> None:
     import socket
 
-    channel = await Channel.open(socket.socket(fileno=fd), p.to_runner)
-    worker = Worker(engine, channel)
-    receiving = asyncio.ensure_future(_receive(channel, worker))
+    worker = Worker(engine, None)
+    # the gateway closed its end (or died): nobody reads what this runner would say
+    channel = worker.channel = await Channel.open(socket.socket(fileno=fd), p.to_runner, worker.handle,
+                                                  worker.stopping.set)
     watching = asyncio.ensure_future(_watch_parent(parent, worker))
     try:
         await worker.stopping.wait()
     finally:
-        receiving.cancel()
         watching.cancel()
         for token in list(worker.cancels.values()):
             token.cancel()
         if worker.backend is not None:
             await worker.backend.aclose()
         channel.close()
-
-
-async def _receive(channel: Channel, worker: Worker) -> None:
-    try:
-        while True:
-            worker.handle(await channel.recv())
-    except EOFError:  # the gateway closed its end (or died): nobody reads what this runner would say
-        worker.stopping.set()
 
 
 async def _watch_parent(parent: int, worker: Worker) -> None:
