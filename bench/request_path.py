@@ -48,6 +48,7 @@ HAND_OFFS = {
     ("adapters/engines/runner/client.py", "RunnerClient._admit"): "gateway -> runner: Admitted (the Admit round trip)",
     ("adapters/engines/runner/worker.py", "Worker._answer"): "runner: the Admitted answer -> the waiting task",
     ("gateway/serving/recorder.py", "_Channel.put"): "gateway: the recorder's pump task -> the response",
+    ("gateway/serving/recorder.py", "_Handover.put"): "gateway: the recorder's pump task -> the response",  # renamed
     ("ledger/writer.py", "LedgerWriter.submit"): "gateway loop -> the ledger thread",
 }
 AFTER_THE_ANSWER = ("ledger/", "pricing/")

@@ -211,7 +211,7 @@ class _Failure:
     exc: BaseException
 
 
-class _Channel:
+class _Handover:
     """One producer (the pump), one consumer: a deque and the consumer's wake-up future (an
     ``asyncio.Queue`` does more bookkeeping per event than this hand-over needs). The producer may
     wait for ``room`` while the consumer has ``AHEAD`` events still to take."""
@@ -276,7 +276,7 @@ class Generation:
         self.cap = OutputCap(request, self._cap_limit)  # the most it may generate, enforced on its events
         self._ended = False
         self._aborted: BackendError | None = None
-        self._queue = _Channel()  # the pump's events, in order
+        self._queue = _Handover()  # the pump's events, in order
         request.cancel.on_cancel(self._queue.wake)  # a consumer that left never holds the pump
         self.finished: asyncio.Future = asyncio.get_running_loop().create_future()
 

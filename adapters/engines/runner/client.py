@@ -134,6 +134,7 @@ class RunnerClient:
         loop = asyncio.get_running_loop()
         self._channel: Channel | None = None
         self._opening = loop.create_task(Channel.open(ours, p.from_runner, self._received))
+        self._opening.add_done_callback(self._opened)
         self._exit_fds = [_watch_exit(loop, proc, self._exited) for proc in self.processes]
         self._tasks = [self._opening, loop.create_task(self._watchdog())]
 
@@ -260,6 +261,11 @@ class RunnerClient:
         self._channel.send(message)
 
     # -- events ----------------------------------------------------------------------------------
+
+    def _opened(self, opening: asyncio.Task) -> None:
+        """The channel, as soon as it is open (a runner stopped before its first message still closes it)."""
+        if not opening.cancelled() and opening.exception() is None:
+            self._channel = opening.result()
 
     def _received(self, message: Any) -> None:
         """A message from the runner, as the loop reads it (``Channel``: no task reads the socket). Its end
