@@ -36,6 +36,7 @@ class LoRAMapping:
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # (first row, end row, slot)
     _on_device: torch.Tensor | None = None  # [3, S] int32 (first row, rows, slot): the SGMV kernels' form
     batches: list[tuple[int, int, int, int]] = field(default_factory=list)  # the CPU's batched runs (sgmv.py)
+    _row_slots: torch.Tensor | None = None  # [T] int32: each row's slot, -1 for none (the C kernels' form)
 
     @classmethod
     def build(cls, row_slots: list[tuple[int, int]]) -> LoRAMapping | None:
@@ -56,6 +57,15 @@ class LoRAMapping:
                     [slot for _, _, slot in self.segments]]
             self._on_device = torch.tensor(rows, dtype=torch.int32).to(device, non_blocking=True)
         return self._on_device
+
+    def row_slots(self, num_rows: int) -> torch.Tensor:
+        """Each of the step's `num_rows` rows' slot (-1: none), int32 on the CPU, built once per step."""
+        if self._row_slots is None or self._row_slots.shape[0] != num_rows:
+            slots = torch.full((num_rows,), -1, dtype=torch.int32)
+            for start, end, slot in self.segments:
+                slots[start:end] = slot
+            self._row_slots = slots
+        return self._row_slots
 
     @property
     def max_len(self) -> int:
@@ -92,6 +102,10 @@ class LoRALayer:
         self.tiles: torch.Tensor | None = None
         self.ranks_on_device: torch.Tensor | None = None
         self.blocks_on_device: torch.Tensor | None = None  # `blocks` as [max_loras, shards, 4] int32, unused: 0
+        # the C kernels' view of the stacks (cpu_batch.c's `lora_t`): a, tiles, ranks, R, blocks, blocks per slot,
+        # the tiles' rank as 7 int64, or None (no adapter loaded, or not float16 on the CPU with tiles)
+        self.c_fields: torch.Tensor | None = None
+        self.fused_rows = 0  # rows whose base matmul and LoRA ran as one C call (`Linear.tiled_lora_forward`)
 
     def set_slot(self, slot: int, pairs: dict[object, tuple[torch.Tensor, torch.Tensor]], scale: float,
                  out_features: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -123,6 +137,24 @@ class LoRALayer:
                 if blocks:
                     table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
             self.blocks_on_device = table.to(self.a.device)
+            self.c_fields = self._c_fields()
+
+    def _c_fields(self) -> torch.Tensor | None:
+        if self.tiles is None or not (self.a.dtype == torch.float16 and self.a.device.type == "cpu"
+                                      and self.a.is_contiguous()):
+            return None
+        blocks = self.blocks_on_device
+        return torch.tensor([self.a.data_ptr(), self.tiles.data_ptr(), self.ranks_on_device.data_ptr(),
+                             self.a.shape[1], blocks.data_ptr(), blocks.shape[1], self.tiles.shape[2]],
+                            dtype=torch.int64)
+
+    def c_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(`c_fields`, the step's row slots) for the C kernels to add the adapters' rows of x [T, in] (float32 on
+        the CPU), or None: no adapter row in the step, or stacks the C kernels do not take."""
+        mapping = self.punica.mapping
+        if mapping is None or self.c_fields is None or x.dtype != torch.float32 or x.device.type != "cpu":
+            return None
+        return self.c_fields, mapping.row_slots(x.shape[0])
 
     def _tile(self, slot: int) -> None:
         flat = self.tiles[slot].view(-1)  # packed at the slot's rank: tile n16's rows at n16 * rank * 16
