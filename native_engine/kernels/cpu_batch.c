@@ -243,15 +243,15 @@ AI void shrink_rows(const uint16_t *a, const float *x, int64_t K, int64_t rank, 
     for (; r < rank; r++) shrink_block(a, x, K, r, u, R, n, 1);
 }
 
-/* u [n, R] = x [n, K] · A[slot][:rank]ᵀ for n (1..4) rows of one slot. */
-static void lora_shrink(const lora_t *lora, int32_t slot, const float *x, int64_t K, float *u, int64_t n) {
-    const int64_t R = lora->R, rank = lora->ranks[slot];
-    const uint16_t *a = lora->a + slot * R * K;
+/* u [n, ldu] = x [n, K] · A[slot][:rank]ᵀ for n (1..4) rows of one slot. */
+static void lora_shrink(const lora_t *lora, int32_t slot, const float *x, int64_t K, float *u, int64_t ldu, int64_t n) {
+    const int64_t rank = lora->ranks[slot];
+    const uint16_t *a = lora->a + slot * lora->R * K;
     switch (n) { /* a constant n: the sums' arrays unrolled into registers */
-    case 1: shrink_rows(a, x, K, rank, u, R, 1); break;
-    case 2: shrink_rows(a, x, K, rank, u, R, 2); break;
-    case 3: shrink_rows(a, x, K, rank, u, R, 3); break;
-    default: shrink_rows(a, x, K, rank, u, R, 4);
+    case 1: shrink_rows(a, x, K, rank, u, ldu, 1); break;
+    case 2: shrink_rows(a, x, K, rank, u, ldu, 2); break;
+    case 3: shrink_rows(a, x, K, rank, u, ldu, 3); break;
+    default: shrink_rows(a, x, K, rank, u, ldu, 4);
     }
 }
 
@@ -422,7 +422,7 @@ static void shrink_all(const lora_t *lora, const int32_t *slots, int64_t T, cons
             }
             for (int64_t t = t0, n; t < t0 + SHRINK_ROWS && t < T; t += n) {
                 for (n = 1; n < 4 && t + n < t0 + SHRINK_ROWS && t + n < T && slots[t + n] == slots[t];) n++;
-                if (slots[t] >= 0) lora_shrink(lora, slots[t], x + t * K, K, u + t * ldu, n);
+                if (slots[t] >= 0) lora_shrink(lora, slots[t], x + t * K, K, u + t * ldu, ldu, n);
             }
         }
     }
@@ -697,7 +697,7 @@ static void lora_shrink_chunk(const void *arg, int64_t t) {
     while (first > 0 && slots[first - 1] == slot) first--;
     if (slot < 0 || (t - first) % 4) return;
     while (n < 4 && t + n < op->s->T && slots[t + n] == slot) n++;
-    lora_shrink(&op->lora, slot, op->x + t * op->K, op->K, op->u + t * op->lora.R, n);
+    lora_shrink(&op->lora, slot, op->x + t * op->K, op->K, op->u + t * op->lora.R, op->lora.R, n);
 }
 
 /* The LoRA expand of every row into tile n16 (out [T, ld]: the tile's first column), when the linear has adapters. */

@@ -62,12 +62,12 @@ def test_a_packed_linears_run_expands_only_its_shards_blocks():
     assert not torch.equal(got[:7, :16], out[:7, :16])
 
 
-def _layer(shards: dict, in_features: int, out_features: int, adapters: list[tuple[int, int, tuple]]):
+def _layer(shards: dict, in_features: int, out_features: int, adapters: list[tuple[int, int, tuple]], max_rank: int):
     """A `LoRALayer` stored as on the CPU (float16 stacks, Bᵀ's tiles) with `adapters`: (slot, rank, shards it
     targets); slot 3 stays empty."""
     from native_engine.lora.punica import LoRALayer, PunicaWrapper
 
-    layer = LoRALayer(PunicaWrapper(), shards, max_loras=4, max_rank=16)
+    layer = LoRALayer(PunicaWrapper(), shards, max_loras=4, max_rank=max_rank)
     for slot, rank, targets in adapters:
         pairs = {s: (randn(rank, in_features, seed=10 * slot + i) / 8,
                      randn(shards[s][1] or out_features, rank, seed=10 * slot + i + 5) / 8)
@@ -78,9 +78,9 @@ def _layer(shards: dict, in_features: int, out_features: int, adapters: list[tup
 
 
 def _runs(tokens: int) -> list[tuple[int, int]]:
-    """(rows, slot) runs over `tokens` rows: runs of one slot (as the runner orders them) of 1..6 rows, base rows
-    (-1) between them, and rows of the empty slot 3."""
-    runs, pattern = [], itertools.cycle([(1, 2), (5, 0), (2, -1), (3, 1), (1, 0), (4, 2), (2, 3), (6, 1)])
+    """(rows, slot) runs over `tokens` rows: runs of one slot (as the runner orders them) of 1..19 rows (from 8
+    aligned rows on, the shrink vectorized over the rank), base rows (-1) between them, and rows of the empty slot 3."""
+    runs, pattern = [], itertools.cycle([(1, 2), (19, 0), (2, -1), (3, 1), (1, 0), (12, 2), (2, 3), (9, 1), (5, 0)])
     while (left := tokens - sum(count for count, _ in runs)) > 0:
         count, slot = next(pattern)
         runs.append((min(count, left), slot))
@@ -93,11 +93,13 @@ DOWN = ({None: (0, None)}, 80)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize(("linear", "tokens"), [(QKV, 77), (GATE_UP, 130), (DOWN, 4), (QKV, 9)])
-def test_tiled_matmul_with_lora_equals_the_segmented_matmul(linear, tokens, threads, monkeypatch):
+@pytest.mark.parametrize(("linear", "tokens", "ranks"), [(QKV, 77, (16, 8)), (GATE_UP, 130, (16, 8)),
+                                                         (DOWN, 4, (16, 8)), (QKV, 9, (16, 8)), (DOWN, 61, (12, 5))])
+def test_tiled_matmul_with_lora_equals_the_segmented_matmul(linear, tokens, ranks, threads, monkeypatch):
     """`cpu_batch.tiled_matmul_lora` (a prefill's linear with its adapter rows in one C call) against the tiled
-    matmul plus `sgmv_ref`: slots of rank 16 and 8 on every shard, one of rank 8 on the first and last shards only,
-    rows of mixed slots and of none (-1), row counts not a multiple of the kernel's 64-row blocks."""
+    matmul plus `sgmv_ref`: slots of rank 16 and 8 (or 12, the stacks' width, and 5) on every shard, one of the
+    smaller rank on the first and last shards only, rows of mixed slots and of none (-1), row counts not a multiple
+    of the kernel's 64-row blocks."""
     from native_engine.kernels import cpu_batch
     from native_engine.lora.punica import LoRAMapping
     from tests.native_engine.kernels.test_cpu_kernels import blocks
@@ -107,7 +109,8 @@ def test_tiled_matmul_with_lora_equals_the_segmented_matmul(linear, tokens, thre
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     shards, n = linear
     names = list(shards)
-    layer = _layer(shards, 96, n, [(0, 16, names), (1, 8, names), (2, 8, (names[0], names[-1]))])
+    big, small = ranks
+    layer = _layer(shards, 96, n, [(0, big, names), (1, small, names), (2, small, (names[0], names[-1]))], big)
     tiled = cpu_batch.TiledBlocks.build(*blocks(n, 96, False))
     x = randn(tokens, 96, seed=1)
     layer.punica.mapping = mapping = LoRAMapping.build(_runs(tokens))
