@@ -317,6 +317,17 @@ AI void expand_rows(const uint16_t *w, int64_t rank, const float *u, int64_t R, 
     for (int j = 0; j < n; j++) f16_store(out + j * ld, f16_add(even[j], odd[j]));
 }
 
+/* expand_rows for a constant n (1..4): the sums stay in registers. */
+AI void expand_run(const uint16_t *w, int64_t rank, const float *u, int64_t ldu, int64_t c0, float *out, int64_t ld,
+                   int64_t n) {
+    switch (n) {
+    case 1: expand_rows(w, rank, u, ldu, c0, out, ld, 1); break;
+    case 2: expand_rows(w, rank, u, ldu, c0, out, ld, 2); break;
+    case 3: expand_rows(w, rank, u, ldu, c0, out, ld, 3); break;
+    default: expand_rows(w, rank, u, ldu, c0, out, ld, 4);
+    }
+}
+
 /* LoRA expand into tile n16 of rows t0 .. t1 - 1: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for
  * those with an adapter (slots[t] >= 0), over the block of Bᵀ that reaches the tile (the rest of a block-diagonal Bᵀ
  * is zeros), read from the tile-major copy: a slot's tiles packed at its rank, tile n16's block rows at
@@ -333,13 +344,65 @@ static void lora_expand(const lora_t *lora, const int32_t *slots, const float *u
             const int32_t *blk = lora->blocks + (slot * lora->nb + b) * 4;
             if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
             const int64_t rank = blk[1] - blk[0];
+            expand_run(lora->tiles + slot * NT * lora->RS * TILE + n16 * rank * TILE, rank, u + t * R, R, blk[0],
+                       out + t * ld, ld, n);
+        }
+    }
+}
+
+#ifdef TIER_AVX2
+#define EXPAND_TILES 1 /* 16 ymm registers: one tile at a time */
+#else
+#define EXPAND_TILES 4
+/* out rows [n, 64] (row stride ld) += u [n, ldu] (columns c0 ..) · w for 4 adjacent tiles (tile i's [rank, 16] at
+ * w + i * rank * 16, float16): each broadcast of u[j][r] feeds 4 FMAs (on Zen 4 a broadcast takes an FP pipe slot as
+ * an FMA does: one per FMA, as per tile, halves the FMA rate). 16 sums in registers. */
+AI void expand_rows4(const uint16_t *w, int64_t rank, const float *u, int64_t ldu, int64_t c0, float *out, int64_t ld,
+                     const int n) {
+    f16v acc[4][4];
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < 4; i++) acc[j][i] = f16_load(out + j * ld + i * TILE);
+    for (int64_t r = 0; r < rank; r++) {
+        f16v wv[4];
+        for (int i = 0; i < 4; i++) wv[i] = f16_load_half(w + (i * rank + r) * TILE);
+        for (int j = 0; j < n; j++) {
+            const f16v uv = f16_set1(u[j * ldu + c0 + r]);
+            for (int i = 0; i < 4; i++) acc[j][i] = f16_fmadd(uv, wv[i], acc[j][i]);
+        }
+    }
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < 4; i++) f16_store(out + j * ld + i * TILE, acc[j][i]);
+}
+#endif
+
+/* lora_expand into `nt` (<= EXPAND_TILES) adjacent tiles from n16 (out: column 0 of row 0, row stride ld): a block of
+ * Bᵀ that covers all EXPAND_TILES of them takes `expand_rows4`, others each tile it reaches. */
+static void lora_expand_tiles(const lora_t *lora, const int32_t *slots, const float *u, int64_t ldu, int64_t N,
+                              int64_t t0, int64_t t1, int64_t n16, int64_t nt, float *out, int64_t ld) {
+    const int64_t n0 = n16 * TILE, n1 = (n16 + nt) * TILE, NT = N / TILE;
+    for (int64_t t = t0, n; t < t1; t += n) {
+        const int32_t slot = slots[t];
+        for (n = 1; n < 4 && t + n < t1 && slots[t + n] == slot;) n++;
+        if (slot < 0) continue;
+        for (int64_t b = 0; b < lora->nb; b++) {
+            const int32_t *blk = lora->blocks + (slot * lora->nb + b) * 4;
+            if (blk[2] >= n1 || blk[3] <= n0) continue;
+            const int64_t rank = blk[1] - blk[0];
             const uint16_t *w = lora->tiles + slot * NT * lora->RS * TILE + n16 * rank * TILE;
-            switch (n) { /* a constant n: the sums stay in registers */
-            case 1: expand_rows(w, rank, u + t * R, R, blk[0], out + t * ld, ld, 1); break;
-            case 2: expand_rows(w, rank, u + t * R, R, blk[0], out + t * ld, ld, 2); break;
-            case 3: expand_rows(w, rank, u + t * R, R, blk[0], out + t * ld, ld, 3); break;
-            default: expand_rows(w, rank, u + t * R, R, blk[0], out + t * ld, ld, 4);
+#if EXPAND_TILES == 4
+            if (nt == 4 && blk[2] <= n0 && blk[3] >= n1) {
+                switch (n) {
+                case 1: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 1); break;
+                case 2: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 2); break;
+                case 3: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 3); break;
+                default: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 4);
+                }
+                continue;
             }
+#endif
+            for (int64_t i = 0; i < nt; i++)
+                if (blk[2] < n0 + (i + 1) * TILE && blk[3] > n0 + i * TILE)
+                    expand_run(w + i * rank * TILE, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0 + i * TILE, ld, n);
         }
     }
 }
@@ -358,19 +421,24 @@ typedef struct {
 static void tiled_matmul_q(int is_q8, const int16_t *x16, const float *sx, const float *xsum, int64_t T, int64_t K,
                            const uint8_t *qt, const float *dt, const float *mt, int64_t N, float *out,
                            const row_lora_t *lora, int num_threads) {
-    const int64_t tiles = N / TILE, blocks = (T + ROW_BLOCK - 1) / ROW_BLOCK, G = K / 32;
+    /* pieces of a row block and `per` tiles: with adapters EXPAND_TILES, whose expand shares its broadcasts */
+    const int64_t per = lora != NULL ? EXPAND_TILES : 1, groups = (N / TILE + per - 1) / per;
+    const int64_t blocks = (T + ROW_BLOCK - 1) / ROW_BLOCK, G = K / 32;
     /* in 8 pieces per thread, taken dynamically: a descheduled thread holds up one piece, not half the work */
-    const int64_t piece = blocks * tiles / (8 * num_threads) > 1 ? blocks * tiles / (8 * num_threads) : 1;
+    const int64_t piece = blocks * groups / (8 * num_threads) > 1 ? blocks * groups / (8 * num_threads) : 1;
 #pragma omp parallel for collapse(2) schedule(dynamic, piece) num_threads(num_threads)
     for (int64_t b = 0; b < blocks; b++)
-        for (int64_t n16 = 0; n16 < tiles; n16++) {
+        for (int64_t g = 0; g < groups; g++) {
             const int64_t t0 = b * ROW_BLOCK, rows = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
-            if (is_q8)
-                tiled_tile(1, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N + n16 * TILE);
-            else
-                tiled_tile(0, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N + n16 * TILE);
-            if (lora != NULL) /* while the block's outputs of this tile are in L1 */
-                lora_expand(&lora->lora, lora->slots, lora->u, lora->ldu, N, t0, t0 + rows, n16, out + n16 * TILE, N);
+            const int64_t n16 = g * per, nt = N / TILE - n16 < per ? N / TILE - n16 : per;
+            for (int64_t i = n16; i < n16 + nt; i++) {
+                if (is_q8)
+                    tiled_tile(1, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, i, N, out + t0 * N + i * TILE);
+                else
+                    tiled_tile(0, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, i, N, out + t0 * N + i * TILE);
+            }
+            if (lora != NULL) /* while the block's outputs of these tiles are in L1 */
+                lora_expand_tiles(&lora->lora, lora->slots, lora->u, lora->ldu, N, t0, t0 + rows, n16, nt, out, N);
         }
 }
 
