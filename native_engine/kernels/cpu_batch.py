@@ -45,7 +45,8 @@ def _declare(lib: ctypes.CDLL) -> bool:
     lib.llama_decode_batch.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P,
                                        _P, ctypes.c_float, _P, _P, _INT)
     lib.silu_mul_rows.argtypes = (_P, _I64, _I64, _P, _INT)
-    for fn in (lib.tile_blocks, lib.tiled_matmul, lib.tiled_matmul_lora, lib.paged_attention_batch, lib.llama_decode_batch, lib.silu_mul_rows):
+    for fn in (lib.tile_blocks, lib.tiled_matmul, lib.tiled_matmul_lora, lib.paged_attention_batch,
+               lib.llama_decode_batch, lib.silu_mul_rows):
         fn.restype = None
     return True
 

@@ -11,12 +11,20 @@ alpha / r folded in; kept transposed), zero-padded to `max_lora_rank` x the shar
 the packing: `out[run] += (x[run] · Aᵀ) · Bᵀ` (`kernels/sgmv.py`: the torch loop on CPU, two Triton
 launches for all runs on CUDA).
 
+On the CPU, where the base takes the tiled int16 kernels (Q4_1 / Q8_0 tiles, 4+ rows: prefills, mixed steps), the
+LoRA rows are not a second pass: `Linear.tiled_lora_forward` hands the tiled matmul `c_fields` and the step's row
+slots (`LoRAMapping.row_slots`), and `tiled_matmul_lora` (kernels/cpu_batch.c) computes every row's shrink first
+(8 rows of one slot at a time vectorized over the rank, from A transposed once per call), then adds each row block's
+expand to 4 output tiles right after computing them, while they are in L1 (the decode step, `llama_decode_batch`,
+fuses the same shrink and expand per op). `apply` (the torch loop) serves the rest: 1-3 rows, dense weights, no C
+kernels (INFER_NO_CPU_KERNELS, the x86-64 baseline build), and is the reference the fused path is tested against.
+
 The stacks are stored in `storage_dtype`: float16 for a float32 model on the CPU (llama.cpp keeps an adapter in its
 file's type, convert_lora_to_gguf.py writes f16), since a decode step that touches 8 rank-16 adapters reads them
 all from memory: in float32, twice the bytes of SmolLM2-135M's tiled Q4_1 decoder weights. Every path (the C step, the torch
 loop, the merged-model reference of the tests) computes with the same rounded values widened to float32; an
 adapter file already in float16 loses nothing (with alpha / r a power of two), a float32 one is rounded once
-(tests/native_engine/engine/test_lora_rounding.py measures it). The C step reads Bᵀ from `tiles`, a tile-major
+(tests/native_engine/engine/test_lora_rounding.py measures it). The C kernels read Bᵀ from `tiles`, a tile-major
 copy (per 16 outputs the rows of the block reaching them, contiguous), not from the [slots, R, out] stack whose
 rows a tile would read 32 bytes of each.
 """
