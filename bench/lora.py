@@ -10,9 +10,10 @@ medians over `--runs`:
 2. output tok/s, one adapter for all 16 / the base: goal >= 0.9;
 3. TTFT of a 512-token prompt (max_tokens 1) through a resident adapter / the base: goal <= 1.10.
 
-A decode step of 4+ rows runs the whole model in one C call (`models/cpu_decode.py`), adapters included (each
-linear's shrink and expand inside the step); prefills and smaller steps take the per-layer torch path. The
-fourth load, the base forced onto that path, shows what the C step is worth.
+A decode step runs the whole model in one C call (`models/cpu_decode.py`), adapters included (each linear's
+shrink and expand inside the step); prefills take the per-layer path, where each linear's tiled
+matmul adds its adapter rows in the same C call (`tiled_matmul_lora`, lora/punica.py). The fourth load, the base
+forced onto the per-layer path, shows what the C step is worth.
 
 Each load's fastest decode step of all 16 requests is reported too (min over every run's steps): the figure a
 busy neighbour disturbs least, when the machine is shared. Against it, the bytes such a step reads (the tiled

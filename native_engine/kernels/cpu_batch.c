@@ -195,41 +195,341 @@ AI void tiled_tile(int is_q8, const int16_t *x16, const float *sx, const float *
     if (t < T) tiled_rows(is_q8, x16, sx, xsum, K, t, qt, dt, mt, n16, N, out, 1);
 }
 
+/* ---- LoRA (Punica's BGMV) on tiles: the shrink u = x · Aᵀ of every adapter row first, then each matmul tile adds
+ * its rows' expand u · Bᵀ while it is hot (llama_decode_batch per op, tiled_matmul_lora per prefill linear). */
+
+/* One linear's resident LoRA adapters (lora/punica.py's `LoRALayer`), stacked over slots and stored as float16: each
+ * slot's rank (columns in use) in ranks, and the non-zero blocks of its Bᵀ (B transposed, alpha / r folded in; one
+ * block per shard of a packed linear) in blocks [slots, nb, 4]: first column, end column, first output, end output
+ * (unused: all 0); a NULL: no adapter on this linear. */
+typedef struct {
+    const uint16_t *a;     /* [slots, R, K] */
+    const uint16_t *tiles; /* Bᵀ per slot in [N / 16, RS, 16]: per 16 outputs the rank rows of the block reaching
+                              them, packed at the slot's rank (tile n16 at n16 * rank * 16) */
+    const int32_t *ranks, *blocks;
+    int64_t R, nb, RS;
+} lora_t;
+
+/* From the 7 fields Python writes per linear (a, tiles, ranks, R, blocks, nb, RS: models/cpu_decode.py). */
+static lora_t lora_from(const int64_t *e) {
+    return (lora_t){(const uint16_t *)e[0], (const uint16_t *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3],
+                    e[5], e[6]};
+}
+
+/* u[j, r .. r + RA - 1] (row stride R) = rows r .. of A (float16, [rank, K]) · x[j] for the n (<= 4) rows x [n, K]:
+ * each A chunk widened once for the n rows, RA * n independent sums. */
+AI void shrink_block(const uint16_t *a, const float *x, int64_t K, int64_t r, float *u, int64_t R, const int n,
+                     const int RA) {
+    f16v acc[4][4];
+    for (int i = 0; i < RA; i++)
+        for (int j = 0; j < n; j++) acc[i][j] = f16_zero();
+    for (int64_t k = 0; k < K; k += 16) {
+        f16v w[4];
+        for (int i = 0; i < RA; i++) w[i] = f16_load_half(a + (r + i) * K + k);
+        for (int j = 0; j < n; j++) {
+            const f16v xv = f16_load(x + j * K + k);
+            for (int i = 0; i < RA; i++) acc[i][j] = f16_fmadd(w[i], xv, acc[i][j]);
+        }
+    }
+    for (int i = 0; i < RA; i++)
+        for (int j = 0; j < n; j++) u[j * R + r + i] = f16_reduce_add(acc[i][j]);
+}
+
+/* u [n, R] = x [n, K] · A[:rank]ᵀ: 4 rows of A at a time for 1-2 rows of x, 2 for 3-4 (the sums stay in registers). */
+AI void shrink_rows(const uint16_t *a, const float *x, int64_t K, int64_t rank, float *u, int64_t R, const int n) {
+    const int RA = n <= 2 ? 4 : 2;
+    int64_t r = 0;
+    for (; r + RA <= rank; r += RA) shrink_block(a, x, K, r, u, R, n, RA);
+    for (; r < rank; r++) shrink_block(a, x, K, r, u, R, n, 1);
+}
+
+/* u [n, ldu] = x [n, K] · A[slot][:rank]ᵀ for n (1..4) rows of one slot. */
+static void lora_shrink(const lora_t *lora, int32_t slot, const float *x, int64_t K, float *u, int64_t ldu, int64_t n) {
+    const int64_t rank = lora->ranks[slot];
+    const uint16_t *a = lora->a + slot * lora->R * K;
+    switch (n) { /* a constant n: the sums' arrays unrolled into registers */
+    case 1: shrink_rows(a, x, K, rank, u, ldu, 1); break;
+    case 2: shrink_rows(a, x, K, rank, u, ldu, 2); break;
+    case 3: shrink_rows(a, x, K, rank, u, ldu, 3); break;
+    default: shrink_rows(a, x, K, rank, u, ldu, 4);
+    }
+}
+
+/* The shrink of a prefill's rows, SHRINK_ROWS rows of one slot at a time: u [n, 16 C] = x [n, K] · at (A[slot]ᵀ
+ * widened, [K, RP] float32; columns c0 ..), each sum a vector of 16 ranks, so no horizontal sums (the dot products of
+ * `shrink_rows` end in one per rank and row, and re-read A for every 4 rows): a broadcast of x[t][k] feeds C FMAs.
+ * ~1.3x `shrink_rows`' rate at rank 16, ~1.9x at 32 and 48 (AVX-512). */
+AI void shrink_cols(const float *at, int64_t RP, const float *x, int64_t K, float *u, int64_t ldu, const int n,
+                    const int C) {
+    f16v acc[8][3];
+    for (int j = 0; j < n; j++)
+        for (int c = 0; c < C; c++) acc[j][c] = f16_zero();
+    for (int64_t k = 0; k < K; k++) {
+        f16v w[3];
+        for (int c = 0; c < C; c++) w[c] = f16_load(at + k * RP + 16 * c);
+        for (int j = 0; j < n; j++) {
+            const f16v xv = f16_set1(x[j * K + k]);
+            for (int c = 0; c < C; c++) acc[j][c] = f16_fmadd(xv, w[c], acc[j][c]);
+        }
+    }
+    for (int j = 0; j < n; j++)
+        for (int c = 0; c < C; c++) f16_store(u + j * ldu + 16 * c, acc[j][c]);
+}
+
+#define SHRINK_ROWS 8
+#ifdef TIER_AVX2 /* 16 ymm registers: 4 rows x 1 vector (2 ymm each) of sums at a time */
+AI void shrink_group(const float *at, int64_t RP, const float *x, int64_t K, float *u, int64_t ldu) {
+    for (int64_t c = 0; c < RP; c += 16)
+        for (int h = 0; h < SHRINK_ROWS; h += 4) shrink_cols(at + c, RP, x + h * K, K, u + h * ldu + c, ldu, 4, 1);
+}
+#else /* 32 zmm registers: 8 rows x up to 3 vectors of sums */
+AI void shrink_group(const float *at, int64_t RP, const float *x, int64_t K, float *u, int64_t ldu) {
+    for (int64_t c = 0; c < RP; c += 48) {
+        if (RP - c >= 48) shrink_cols(at + c, RP, x, K, u + c, ldu, SHRINK_ROWS, 3);
+        else if (RP - c == 32) shrink_cols(at + c, RP, x, K, u + c, ldu, SHRINK_ROWS, 2);
+        else shrink_cols(at + c, RP, x, K, u + c, ldu, SHRINK_ROWS, 1);
+    }
+}
+#endif
+
+/* at [K, RP] = A[:rank]ᵀ widened, columns rank .. RP - 1 zeros; rows k0 .. k1 - 1. */
+static void transpose_a(const uint16_t *a, int64_t rank, int64_t K, int64_t k0, int64_t k1, float *at, int64_t RP) {
+    for (int64_t k = k0; k < k1; k++)
+        for (int64_t r = 0; r < RP; r++) at[k * RP + r] = r < rank ? _cvtsh_ss(a[r * K + k]) : 0.0f;
+}
+
+/* out rows [n, 16] (row stride ld) += u [n, R] (its columns from c0 on) · w [rank, 16] (float16) for n (<= 4) rows:
+ * the sums over even and odd rank rows in registers of their own, so the FMAs run as 2 n chains. */
+AI void expand_rows(const uint16_t *w, int64_t rank, const float *u, int64_t R, int64_t c0, float *out, int64_t ld,
+                    const int n) {
+    f16v even[4], odd[4];
+    for (int j = 0; j < n; j++) even[j] = f16_load(out + j * ld), odd[j] = f16_zero();
+    int64_t r = 0;
+    for (; r + 2 <= rank; r += 2) {
+        const f16v w0 = f16_load_half(w + r * TILE), w1 = f16_load_half(w + (r + 1) * TILE);
+        for (int j = 0; j < n; j++) {
+            even[j] = f16_fmadd(f16_set1(u[j * R + c0 + r]), w0, even[j]);
+            odd[j] = f16_fmadd(f16_set1(u[j * R + c0 + r + 1]), w1, odd[j]);
+        }
+    }
+    if (r < rank)
+        for (int j = 0; j < n; j++) even[j] = f16_fmadd(f16_set1(u[j * R + c0 + r]), f16_load_half(w + r * TILE), even[j]);
+    for (int j = 0; j < n; j++) f16_store(out + j * ld, f16_add(even[j], odd[j]));
+}
+
+/* expand_rows for a constant n (1..4): the sums stay in registers. */
+AI void expand_run(const uint16_t *w, int64_t rank, const float *u, int64_t ldu, int64_t c0, float *out, int64_t ld,
+                   int64_t n) {
+    switch (n) {
+    case 1: expand_rows(w, rank, u, ldu, c0, out, ld, 1); break;
+    case 2: expand_rows(w, rank, u, ldu, c0, out, ld, 2); break;
+    case 3: expand_rows(w, rank, u, ldu, c0, out, ld, 3); break;
+    default: expand_rows(w, rank, u, ldu, c0, out, ld, 4);
+    }
+}
+
+/* LoRA expand into tile n16 of rows t0 .. t1 - 1: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for
+ * those with an adapter (slots[t] >= 0), over the block of Bᵀ that reaches the tile (the rest of a block-diagonal Bᵀ
+ * is zeros), read from the tile-major copy: a slot's tiles packed at its rank, tile n16's block rows at
+ * n16 * rank * 16. Up to 4 adjacent rows of one slot (the runner orders rows by slot) at a time: each row of the
+ * block loaded once for them. out: the tile's first column of row 0; u [T, R] (row stride R); N the linear's outputs. */
+static void lora_expand(const lora_t *lora, const int32_t *slots, const float *u, int64_t R, int64_t N, int64_t t0,
+                        int64_t t1, int64_t n16, float *out, int64_t ld) {
+    const int64_t n0 = n16 * TILE, NT = N / TILE;
+    for (int64_t t = t0, n; t < t1; t += n) {
+        const int32_t slot = slots[t];
+        for (n = 1; n < 4 && t + n < t1 && slots[t + n] == slot;) n++;
+        if (slot < 0) continue;
+        for (int64_t b = 0; b < lora->nb; b++) {
+            const int32_t *blk = lora->blocks + (slot * lora->nb + b) * 4;
+            if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
+            const int64_t rank = blk[1] - blk[0];
+            expand_run(lora->tiles + slot * NT * lora->RS * TILE + n16 * rank * TILE, rank, u + t * R, R, blk[0],
+                       out + t * ld, ld, n);
+        }
+    }
+}
+
+#ifdef TIER_AVX2
+#define EXPAND_TILES 1 /* 16 ymm registers: one tile at a time */
+#else
+#define EXPAND_TILES 4
+/* out rows [n, 64] (row stride ld) += u [n, ldu] (columns c0 ..) · w for 4 adjacent tiles (tile i's [rank, 16] at
+ * w + i * rank * 16, float16): each broadcast of u[j][r] feeds 4 FMAs (on Zen 4 a broadcast takes an FP pipe slot as
+ * an FMA does: one per FMA, as per tile, halves the FMA rate). 16 sums in registers. */
+AI void expand_rows4(const uint16_t *w, int64_t rank, const float *u, int64_t ldu, int64_t c0, float *out, int64_t ld,
+                     const int n) {
+    f16v acc[4][4];
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < 4; i++) acc[j][i] = f16_load(out + j * ld + i * TILE);
+    for (int64_t r = 0; r < rank; r++) {
+        f16v wv[4];
+        for (int i = 0; i < 4; i++) wv[i] = f16_load_half(w + (i * rank + r) * TILE);
+        for (int j = 0; j < n; j++) {
+            const f16v uv = f16_set1(u[j * ldu + c0 + r]);
+            for (int i = 0; i < 4; i++) acc[j][i] = f16_fmadd(uv, wv[i], acc[j][i]);
+        }
+    }
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < 4; i++) f16_store(out + j * ld + i * TILE, acc[j][i]);
+}
+#endif
+
+/* lora_expand into `nt` (<= EXPAND_TILES) adjacent tiles from n16 (out: column 0 of row 0, row stride ld): a block of
+ * Bᵀ that covers all EXPAND_TILES of them takes `expand_rows4`, others each tile it reaches. */
+static void lora_expand_tiles(const lora_t *lora, const int32_t *slots, const float *u, int64_t ldu, int64_t N,
+                              int64_t t0, int64_t t1, int64_t n16, int64_t nt, float *out, int64_t ld) {
+    const int64_t n0 = n16 * TILE, n1 = (n16 + nt) * TILE, NT = N / TILE;
+    for (int64_t t = t0, n; t < t1; t += n) {
+        const int32_t slot = slots[t];
+        for (n = 1; n < 4 && t + n < t1 && slots[t + n] == slot;) n++;
+        if (slot < 0) continue;
+        for (int64_t b = 0; b < lora->nb; b++) {
+            const int32_t *blk = lora->blocks + (slot * lora->nb + b) * 4;
+            if (blk[2] >= n1 || blk[3] <= n0) continue;
+            const int64_t rank = blk[1] - blk[0];
+            const uint16_t *w = lora->tiles + slot * NT * lora->RS * TILE + n16 * rank * TILE;
+#if EXPAND_TILES == 4
+            if (nt == 4 && blk[2] <= n0 && blk[3] >= n1) {
+                switch (n) {
+                case 1: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 1); break;
+                case 2: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 2); break;
+                case 3: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 3); break;
+                default: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 4);
+                }
+                continue;
+            }
+#endif
+            for (int64_t i = 0; i < nt; i++)
+                if (blk[2] < n0 + (i + 1) * TILE && blk[3] > n0 + i * TILE)
+                    expand_run(w + i * rank * TILE, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0 + i * TILE, ld, n);
+        }
+    }
+}
+
 /* Rows are taken ROW_BLOCK at a time so one block's int16 activations stay in L2 across the weight tiles. */
 #define ROW_BLOCK 64
 
+/* The adapters of a matmul's rows (tiled_matmul_lora): each row's slot (-1: none) and the shrink u [T, ldu]. */
+typedef struct {
+    lora_t lora;
+    const int32_t *slots;
+    const float *u;
+    int64_t ldu;
+} row_lora_t;
+
 static void tiled_matmul_q(int is_q8, const int16_t *x16, const float *sx, const float *xsum, int64_t T, int64_t K,
                            const uint8_t *qt, const float *dt, const float *mt, int64_t N, float *out,
-                           int num_threads) {
-    const int64_t tiles = N / TILE, blocks = (T + ROW_BLOCK - 1) / ROW_BLOCK, G = K / 32;
+                           const row_lora_t *lora, int num_threads) {
+    /* pieces of a row block and `per` tiles: with adapters EXPAND_TILES, whose expand shares its broadcasts */
+    const int64_t per = lora != NULL ? EXPAND_TILES : 1, groups = (N / TILE + per - 1) / per;
+    const int64_t blocks = (T + ROW_BLOCK - 1) / ROW_BLOCK, G = K / 32;
     /* in 8 pieces per thread, taken dynamically: a descheduled thread holds up one piece, not half the work */
-    const int64_t piece = blocks * tiles / (8 * num_threads) > 1 ? blocks * tiles / (8 * num_threads) : 1;
+    const int64_t piece = blocks * groups / (8 * num_threads) > 1 ? blocks * groups / (8 * num_threads) : 1;
 #pragma omp parallel for collapse(2) schedule(dynamic, piece) num_threads(num_threads)
     for (int64_t b = 0; b < blocks; b++)
-        for (int64_t n16 = 0; n16 < tiles; n16++) {
+        for (int64_t g = 0; g < groups; g++) {
             const int64_t t0 = b * ROW_BLOCK, rows = T - t0 < ROW_BLOCK ? T - t0 : ROW_BLOCK;
-            if (is_q8)
-                tiled_tile(1, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N + n16 * TILE);
-            else
-                tiled_tile(0, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, n16, N, out + t0 * N + n16 * TILE);
+            const int64_t n16 = g * per, nt = N / TILE - n16 < per ? N / TILE - n16 : per;
+            for (int64_t i = n16; i < n16 + nt; i++) {
+                if (is_q8)
+                    tiled_tile(1, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, i, N, out + t0 * N + i * TILE);
+                else
+                    tiled_tile(0, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, i, N, out + t0 * N + i * TILE);
+            }
+            if (lora != NULL) /* while the block's outputs of these tiles are in L1 */
+                lora_expand_tiles(&lora->lora, lora->slots, lora->u, lora->ldu, N, t0, t0 + rows, n16, nt, out, N);
         }
 }
 
 /* out [T, N] = x [T, K] @ W.T for W as tiled blocks (mt NULL: Q8_0). N a multiple of 16, K of 32. */
 void tiled_matmul(const float *x, int64_t T, int64_t K, const uint8_t *qt, const float *dt, const float *mt, int64_t N,
                   float *out, int num_threads) {
-    static __thread void *buf = NULL; /* reused: a fresh large allocation per call costs page faults */
-    static __thread int64_t buf_bytes = 0;
-    const int64_t G = K / 32, x16_bytes = ((T * K * 2 + 63) / 64) * 64, bytes = x16_bytes + sizeof(float) * T * G * 2;
-    if (bytes > buf_bytes) {
-        free(buf);
-        buf = aligned_alloc(64, ((bytes + 63) / 64) * 64);
-        buf_bytes = ((bytes + 63) / 64) * 64;
-    }
-    int16_t *x16 = buf;
-    float *sx = (float *)((char *)buf + x16_bytes), *xsum = sx + T * G;
+    static __thread void *buf; /* reused: a fresh large allocation per call costs page faults */
+    static __thread size_t cap;
+    const int64_t G = K / 32, x16_bytes = ((T * K * 2 + 63) / 64) * 64;
+    int16_t *x16 = step_scratch(x16_bytes + sizeof(float) * T * G * 2, &buf, &cap);
+    if (x16 == NULL) abort();
+    float *sx = (float *)((char *)x16 + x16_bytes), *xsum = sx + T * G;
     quantize_rows16(x, T, K, x16, sx, xsum, num_threads);
-    tiled_matmul_q(mt == NULL, x16, sx, xsum, T, K, qt, dt, mt, N, out, num_threads);
+    tiled_matmul_q(mt == NULL, x16, sx, xsum, T, K, qt, dt, mt, N, out, NULL, num_threads);
+}
+
+/* Group g's rows (SHRINK_ROWS of them from SHRINK_ROWS g): its slot when all have the same one (>= 0), else -1. */
+static int32_t group_slot(const int32_t *slots, int64_t T, int64_t g) {
+    const int64_t t0 = g * SHRINK_ROWS;
+    if (t0 + SHRINK_ROWS > T) return -1;
+    for (int64_t t = t0 + 1; t < t0 + SHRINK_ROWS; t++)
+        if (slots[t] != slots[t0]) return -1;
+    return slots[t0];
+}
+
+/* u [T, ldu] = each row's x · A[slot]ᵀ (rows without adapter: untouched). Groups of SHRINK_ROWS rows of one slot take
+ * `shrink_group` on the slot's A transposed and widened once for the call (at: per slot, at_of[slot] its offset in
+ * floats, or -1: no full group); the other rows `lora_shrink`, up to 4 rows of one slot at a time. */
+static void shrink_all(const lora_t *lora, const int32_t *slots, int64_t T, const float *x, int64_t K, float *u,
+                       int64_t ldu, float *at, const int64_t *at_of, const int32_t *listed, int64_t nlisted,
+                       int num_threads) {
+    const int64_t groups = (T + SHRINK_ROWS - 1) / SHRINK_ROWS;
+#pragma omp parallel num_threads(num_threads) if (T >= 16)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < nlisted * K; i++) { /* one k of a slot's A per iteration */
+            const int32_t slot = listed[i / K];
+            const int64_t rank = lora->ranks[slot], RP = (rank + 15) / 16 * 16;
+            transpose_a(lora->a + slot * lora->R * K, rank, K, i % K, i % K + 1, at + at_of[slot], RP);
+        }
+#pragma omp for schedule(dynamic, 2)
+        for (int64_t g = 0; g < groups; g++) {
+            const int32_t slot = group_slot(slots, T, g);
+            const int64_t t0 = g * SHRINK_ROWS;
+            if (slot >= 0 && lora->ranks[slot] > 0) {
+                const int64_t RP = (lora->ranks[slot] + 15) / 16 * 16;
+                shrink_group(at + at_of[slot], RP, x + t0 * K, K, u + t0 * ldu, ldu);
+                continue;
+            }
+            for (int64_t t = t0, n; t < t0 + SHRINK_ROWS && t < T; t += n) {
+                for (n = 1; n < 4 && t + n < t0 + SHRINK_ROWS && t + n < T && slots[t + n] == slots[t];) n++;
+                if (slots[t] >= 0) lora_shrink(lora, slots[t], x + t * K, K, u + t * ldu, ldu, n);
+            }
+        }
+    }
+}
+
+/* tiled_matmul plus the LoRA of each row's adapter (Punica's SGMV fused into the matmul, as llama_decode_batch does
+ * per op): out[t] = x[t] @ W.T + (x[t] · A[slot]ᵀ) · Bᵀ[slot] for slot = row_slots[t] >= 0. lora_w: the linear's
+ * 7 fields (`lora_from`). The shrink u of every row first (`shrink_all`), then each (row block, tile) piece of the
+ * matmul adds its rows' expand right after computing them, while they are in L1, instead of another pass over out. */
+void tiled_matmul_lora(const float *x, int64_t T, int64_t K, const uint8_t *qt, const float *dt, const float *mt,
+                       int64_t N, float *out, const int64_t *lora_w, const int32_t *row_slots, int num_threads) {
+    static __thread void *buf, *slot_buf;
+    static __thread size_t cap, slot_cap;
+    const lora_t lora = lora_from(lora_w);
+    /* u's rows padded to whole vectors of 16 ranks (shrink_group writes a slot's rank rounded up: zeros past it) */
+    const int64_t G = K / 32, ldu = (lora.R + 15) / 16 * 16, groups = (T + SHRINK_ROWS - 1) / SHRINK_ROWS;
+    int32_t slots = 0;
+    for (int64_t t = 0; t < T; t++) slots = row_slots[t] >= slots ? row_slots[t] + 1 : slots;
+    int64_t *at_of = step_scratch(sizeof(int64_t) * slots + sizeof(int32_t) * slots, &slot_buf, &slot_cap);
+    if (slots > 0 && at_of == NULL) abort();
+    int32_t *listed = (int32_t *)(at_of + slots), nlisted = 0;
+    int64_t at_floats = 0;
+    for (int32_t s = 0; s < slots; s++) at_of[s] = -1;
+    for (int64_t g = 0, slot; g < groups; g++)
+        if ((slot = group_slot(row_slots, T, g)) >= 0 && at_of[slot] < 0 && lora.ranks[slot] > 0) {
+            at_of[slot] = at_floats;
+            at_floats += K * ((lora.ranks[slot] + 15) / 16 * 16);
+            listed[nlisted++] = (int32_t)slot;
+        }
+    const int64_t x16_bytes = (T * K * 2 + 63) / 64 * 64, u_bytes = T * ldu * 4, at_bytes = at_floats * 4;
+    char *p = step_scratch(x16_bytes + u_bytes + at_bytes + sizeof(float) * T * G * 2, &buf, &cap);
+    if (p == NULL) abort();
+    int16_t *x16 = (int16_t *)p;
+    float *u = (float *)(p + x16_bytes), *at = (float *)(p + x16_bytes + u_bytes);
+    float *sx = (float *)(p + x16_bytes + u_bytes + at_bytes), *xsum = sx + T * G;
+    quantize_rows16(x, T, K, x16, sx, xsum, num_threads);
+    shrink_all(&lora, row_slots, T, x, K, u, ldu, at, at_of, listed, nlisted, num_threads);
+    const row_lora_t rows = {lora, row_slots, u, ldu};
+    tiled_matmul_q(mt == NULL, x16, sx, xsum, T, K, qt, dt, mt, N, out, &rows, num_threads);
 }
 
 /* silu(a) * b, 16 lanes: the sigmoid from exp(-|a|), so nothing overflows. */
@@ -424,18 +724,6 @@ void add_rms_norm(const float *x, const float *residual, const float *weight, fl
 #define BATCH_MAX_CHUNKS 1024 /* per op: N / 16 tiles, T * nkv attention pairs (cpu_decode.py checks) */
 #define OPS_PER_LAYER 9       /* per layer: each linear's LoRA shrink and matmul, and the attention */
 
-/* One linear's resident LoRA adapters (lora/punica.py's `LoRALayer`), stacked over slots: a [slots, R, K] and
- * bt (B transposed, alpha / r folded in) [slots, R, N] float32, each slot's rank (columns in use) in ranks, and
- * the non-zero blocks of its bt (one per shard of a packed linear) in blocks [slots, nb, 4]: first column,
- * end column, first output, end output (unused: all 0); a NULL: no adapter on this linear. */
-typedef struct { /* a linear's resident adapters, stored as float16 (lora/punica.py) */
-    const uint16_t *a;     /* [slots, R, K] */
-    const uint16_t *tiles; /* Bᵀ per slot in [N / 16, RS, 16]: per 16 outputs the rank rows of the block reaching
-                              them, packed at the slot's rank (tile n16 at n16 * rank * 16) */
-    const int32_t *ranks, *blocks;
-    int64_t R, nb, RS;
-} lora_t;
-
 typedef struct { /* what every thread reads */
     int64_t L, T, H, nh, nkv, D, I, W, block_size;
     float eps, scale;
@@ -467,33 +755,6 @@ typedef struct { /* one op as a thread sees it: the int16 input rows are the thr
     float *u; /* [T, R]: this linear's LoRA shrink */
 } batch_op_t;
 
-/* u[j, r .. r + RA - 1] (row stride R) = rows r .. of A (float16, [rank, K]) · x[j] for the n (<= 4) rows x [n, K]:
- * each A chunk widened once for the n rows, RA * n independent sums. */
-AI void shrink_block(const uint16_t *a, const float *x, int64_t K, int64_t r, float *u, int64_t R, const int n,
-                     const int RA) {
-    f16v acc[4][4];
-    for (int i = 0; i < RA; i++)
-        for (int j = 0; j < n; j++) acc[i][j] = f16_zero();
-    for (int64_t k = 0; k < K; k += 16) {
-        f16v w[4];
-        for (int i = 0; i < RA; i++) w[i] = f16_load_half(a + (r + i) * K + k);
-        for (int j = 0; j < n; j++) {
-            const f16v xv = f16_load(x + j * K + k);
-            for (int i = 0; i < RA; i++) acc[i][j] = f16_fmadd(w[i], xv, acc[i][j]);
-        }
-    }
-    for (int i = 0; i < RA; i++)
-        for (int j = 0; j < n; j++) u[j * R + r + i] = f16_reduce_add(acc[i][j]);
-}
-
-/* u [n, R] = x [n, K] · A[:rank]ᵀ: 4 rows of A at a time for 1-2 rows of x, 2 for 3-4 (the sums stay in registers). */
-AI void shrink_rows(const uint16_t *a, const float *x, int64_t K, int64_t rank, float *u, int64_t R, const int n) {
-    const int RA = n <= 2 ? 4 : 2;
-    int64_t r = 0;
-    for (; r + RA <= rank; r += RA) shrink_block(a, x, K, r, u, R, n, RA);
-    for (; r < rank; r++) shrink_block(a, x, K, r, u, R, n, 1);
-}
-
 /* LoRA shrink of the rows of one slot from row t on (up to 4; a run of rows of one slot, which the runner puts side
  * by side, is taken 4 rows at a time from its first, so each of its slot's A is read once per 4 rows):
  * u[t, :rank] = A[slot] · x[t]. A row without adapter, or not the first of its 4, leaves its chunk empty. */
@@ -504,63 +765,12 @@ static void lora_shrink_chunk(const void *arg, int64_t t) {
     while (first > 0 && slots[first - 1] == slot) first--;
     if (slot < 0 || (t - first) % 4) return;
     while (n < 4 && t + n < op->s->T && slots[t + n] == slot) n++;
-    const int64_t K = op->K, R = op->lora.R, rank = op->lora.ranks[slot];
-    const uint16_t *a = op->lora.a + slot * R * K;
-    const float *x = op->x + t * K;
-    float *u = op->u + t * R;
-    switch (n) { /* a constant n: the sums' arrays unrolled into registers */
-    case 1: shrink_rows(a, x, K, rank, u, R, 1); break;
-    case 2: shrink_rows(a, x, K, rank, u, R, 2); break;
-    case 3: shrink_rows(a, x, K, rank, u, R, 3); break;
-    default: shrink_rows(a, x, K, rank, u, R, 4);
-    }
+    lora_shrink(&op->lora, slot, op->x + t * op->K, op->K, op->u + t * op->lora.R, op->lora.R, n);
 }
 
-/* out rows [n, 16] (row stride ld) += u [n, R] (its columns from c0 on) · w [rank, 16] (float16) for n (<= 4) rows:
- * the sums over even and odd rank rows in registers of their own, so the FMAs run as 2 n chains. */
-AI void expand_rows(const uint16_t *w, int64_t rank, const float *u, int64_t R, int64_t c0, float *out, int64_t ld,
-                    const int n) {
-    f16v even[4], odd[4];
-    for (int j = 0; j < n; j++) even[j] = f16_load(out + j * ld), odd[j] = f16_zero();
-    int64_t r = 0;
-    for (; r + 2 <= rank; r += 2) {
-        const f16v w0 = f16_load_half(w + r * TILE), w1 = f16_load_half(w + (r + 1) * TILE);
-        for (int j = 0; j < n; j++) {
-            even[j] = f16_fmadd(f16_set1(u[j * R + c0 + r]), w0, even[j]);
-            odd[j] = f16_fmadd(f16_set1(u[j * R + c0 + r + 1]), w1, odd[j]);
-        }
-    }
-    if (r < rank)
-        for (int j = 0; j < n; j++) even[j] = f16_fmadd(f16_set1(u[j * R + c0 + r]), f16_load_half(w + r * TILE), even[j]);
-    for (int j = 0; j < n; j++) f16_store(out + j * ld, f16_add(even[j], odd[j]));
-}
-
-/* LoRA expand into tile n16: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for the rows with an
- * adapter, over the block of Bᵀ that reaches the tile (the rest of a block-diagonal Bᵀ is zeros), read from the
- * tile-major copy: a slot's tiles packed at its rank, tile n16's block rows at n16 * rank * 16. Up to 4 adjacent
- * rows of one slot (the runner orders rows by slot) at a time: each row of the block loaded once for them. */
+/* The LoRA expand of every row into tile n16 (out [T, ld]: the tile's first column), when the linear has adapters. */
 static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
-    if (op->lora.a == NULL) return;
-    const int64_t R = op->lora.R, n0 = n16 * TILE, T = op->s->T, NT = op->N / TILE;
-    const int32_t *slots = op->s->lora_slots;
-    for (int64_t t = 0, n; t < T; t += n) {
-        const int32_t slot = slots[t];
-        for (n = 1; n < 4 && t + n < T && slots[t + n] == slot;) n++;
-        if (slot < 0) continue;
-        for (int64_t b = 0; b < op->lora.nb; b++) {
-            const int32_t *blk = op->lora.blocks + (slot * op->lora.nb + b) * 4;
-            if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
-            const int64_t rank = blk[1] - blk[0];
-            const uint16_t *w = op->lora.tiles + slot * NT * op->lora.RS * TILE + n16 * rank * TILE;
-            const float *u = op->u + t * R;
-            switch (n) { /* a constant n: the sums stay in registers */
-            case 1: expand_rows(w, rank, u, R, blk[0], out + t * ld, ld, 1); break;
-            case 2: expand_rows(w, rank, u, R, blk[0], out + t * ld, ld, 2); break;
-            case 3: expand_rows(w, rank, u, R, blk[0], out + t * ld, ld, 3); break;
-            default: expand_rows(w, rank, u, R, blk[0], out + t * ld, ld, 4);
-            }
-        }
-    }
+    if (op->lora.a != NULL) lora_expand(&op->lora, op->s->lora_slots, op->u, op->lora.R, op->N, 0, op->s->T, n16, out, ld);
 }
 
 /* The 16 output rows of tile n16 for every activation row into out [T, ld] (out: the tile's first column). */
@@ -658,9 +868,7 @@ AI void batch_run(const batch_step_t *s, int64_t k, int64_t chunks, chunk_fn fn,
 /* Linear j (0 qkv, 1 o, 2 gate_up, 3 down) of layer l's adapters; a NULL without rows or adapters. */
 static lora_t lora_of(const batch_step_t *s, int64_t l, int j) {
     if (s->lora_slots == NULL) return (lora_t){NULL, NULL, NULL, NULL, 0, 0, 0};
-    const int64_t *e = s->lora_w + (l * 4 + j) * 7;
-    return (lora_t){(const uint16_t *)e[0], (const uint16_t *)e[1], (const int32_t *)e[2], (const int32_t *)e[4], e[3],
-                    e[5], e[6]};
+    return lora_from(s->lora_w + (l * 4 + j) * 7);
 }
 
 /* One thread's walk through the step; `LINEAR(k, x, K, i, j, N, out)`: with adapters, op k - 1 (the shrink of
@@ -748,6 +956,11 @@ int tiled_available(void) { return 0; }
 void tiled_matmul(const float *x, int64_t T, int64_t K, const uint8_t *qt, const float *dt, const float *mt, int64_t N,
                   float *out, int num_threads) {
     (void)x, (void)T, (void)K, (void)qt, (void)dt, (void)mt, (void)N, (void)out, (void)num_threads;
+    abort(); /* callers check tiled_available() first */
+}
+
+void tiled_matmul_lora(const float *x, int64_t T, int64_t K, const uint8_t *qt, const float *dt, const float *mt,
+                       int64_t N, float *out, const int64_t *lora_w, const int32_t *row_slots, int num_threads) {
     abort(); /* callers check tiled_available() first */
 }
 

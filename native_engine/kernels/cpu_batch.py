@@ -38,13 +38,15 @@ def _declare(lib: ctypes.CDLL) -> bool:
         return False
     lib.tile_blocks.argtypes = (_P, _P, _P, _I64, _I64, _P, _P, _P)
     lib.tiled_matmul.argtypes = (_P, _I64, _I64, _P, _P, _P, _I64, _P, _INT)
+    lib.tiled_matmul_lora.argtypes = (_P, _I64, _I64, _P, _P, _P, _I64, _P, _P, _P, _INT)
     lib.attention_batch_serves.argtypes = (_I64, _I64, _I64)
     lib.decode_batch_serves.argtypes = (_I64,) * 6
     lib.paged_attention_batch.argtypes = (_P, _P, _P, _P, _P, ctypes.c_float, *(_I64,) * 6, _P, _INT)
     lib.llama_decode_batch.argtypes = (_I64, _I64, _P, _P, _P, _P, _P, *(_I64,) * 6, ctypes.c_float, _P, _I64, _P,
                                        _P, ctypes.c_float, _P, _P, _INT)
     lib.silu_mul_rows.argtypes = (_P, _I64, _I64, _P, _INT)
-    for fn in (lib.tile_blocks, lib.tiled_matmul, lib.paged_attention_batch, lib.llama_decode_batch, lib.silu_mul_rows):
+    for fn in (lib.tile_blocks, lib.tiled_matmul, lib.tiled_matmul_lora, lib.paged_attention_batch,
+               lib.llama_decode_batch, lib.silu_mul_rows):
         fn.restype = None
     return True
 
@@ -106,14 +108,23 @@ class TiledBlocks:
                         dt.data_ptr(), None if mt is None else mt.data_ptr())
         return cls(qt, dt, mt, (n, k))
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, K] float32 -> [T, N] float32
+    def matmul(self, x: torch.Tensor, lora: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x [T, K] float32 -> [T, N] float32. `lora`: (a linear's adapters as `LoRALayer.c_fields`, each row's
+        slot [T] int32, -1: none): each row's adapter added in the same call (`tiled_matmul_lora`: the shrink of
+        every row, then each tile's expand while its outputs are in cache; lora/punica.py)."""
         x = x.contiguous()
         n, k = self.shape
         out = torch.empty(x.shape[0], n, dtype=torch.float32)
-        if x.shape[0]:
-            library().tiled_matmul(x.data_ptr(), x.shape[0], k, self.qt.data_ptr(), self.dt.data_ptr(),
-                                   None if self.mt is None else self.mt.data_ptr(), n, out.data_ptr(),
-                                   torch.get_num_threads())
+        if not x.shape[0]:
+            return out
+        args = (x.data_ptr(), x.shape[0], k, self.qt.data_ptr(), self.dt.data_ptr(),
+                None if self.mt is None else self.mt.data_ptr(), n, out.data_ptr())
+        if lora is None:
+            library().tiled_matmul(*args, torch.get_num_threads())
+        else:
+            fields, slots = lora
+            assert slots.dtype == torch.int32 and slots.shape == (x.shape[0],) and fields.shape == (7,)
+            library().tiled_matmul_lora(*args, fields.data_ptr(), slots.data_ptr(), torch.get_num_threads())
         return out
 
     @property

@@ -105,9 +105,24 @@ class Linear(nn.Module):
         """`prefill_from`: the first prefill row (rows before it are decode rows), None: no prefill rows."""
         if self.prefill_weight is not None and prefill_from is not None:
             out = self.prefill_forward(x, prefill_from)
+        elif (out := self.tiled_lora_forward(x)) is not None:
+            return out
         else:
             out = self.base_forward(x)
         return out if self.lora is None else self.lora.apply(x, out)
+
+    def tiled_lora_forward(self, x: torch.Tensor) -> torch.Tensor | None:  # x: [T, in]
+        """The tiled matmul with the step's adapter rows added in the same C call (`cpu_batch.TiledBlocks.matmul`:
+        each tile's LoRA expand while its outputs are in cache, no second pass over them), when the rows take the
+        tiled kernel and the adapters are stored for the C kernels; None otherwise (the base, then
+        `LoRALayer.apply`)."""
+        if self.lora is None or not isinstance(self.int4, BlockWeight) or (tiled := self.int4.tiled_for(x)) is None:
+            return None
+        if (rows := self.lora.c_rows(x)) is None:
+            return None
+        out = tiled.matmul(x, rows)
+        self.lora.fused_rows += x.shape[0]
+        return out if self.bias is None else out.add_(self.bias)
 
     def prefill_forward(self, x: torch.Tensor, prefill_from: int) -> torch.Tensor:  # x: [T, in]
         """Decode rows as `base_forward`, prefill rows through the bf16 weight."""

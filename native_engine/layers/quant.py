@@ -87,9 +87,13 @@ class BlockWeight:
         packed = self.qs.view(self.qs.shape[0], -1, 16)
         return torch.cat([packed & 15, packed >> 4], dim=-1).view(self.qs.shape[0], -1)
 
+    def tiled_for(self, x: torch.Tensor) -> cpu_batch.TiledBlocks | None:
+        """The tiles when they take x [T, in] (4+ rows), else None (the 1-3 row kernel does)."""
+        return self.tiled if self.tiled is not None and x.shape[0] >= cpu_batch.MIN_ROWS else None
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, in] float32 -> [T, out] float32
-        if self.tiled is not None and x.shape[0] >= cpu_batch.MIN_ROWS:
-            return self.tiled.matmul(x)
+        if (tiled := self.tiled_for(x)) is not None:
+            return tiled.matmul(x)
         return cpu_kernels.blocks_matmul(x, self.qs, self.d, self.m)
 
     @property

@@ -11,12 +11,20 @@ alpha / r folded in; kept transposed), zero-padded to `max_lora_rank` x the shar
 the packing: `out[run] += (x[run] · Aᵀ) · Bᵀ` (`kernels/sgmv.py`: the torch loop on CPU, two Triton
 launches for all runs on CUDA).
 
+On the CPU, where the base takes the tiled int16 kernels (Q4_1 / Q8_0 tiles, 4+ rows: prefills, mixed steps), the
+LoRA rows are not a second pass: `Linear.tiled_lora_forward` hands the tiled matmul `c_fields` and the step's row
+slots (`LoRAMapping.row_slots`), and `tiled_matmul_lora` (kernels/cpu_batch.c) computes every row's shrink first
+(8 rows of one slot at a time vectorized over the rank, from A transposed once per call), then adds each row block's
+expand to 4 output tiles right after computing them, while they are in L1 (the decode step, `llama_decode_batch`,
+fuses the same shrink and expand per op). `apply` (the torch loop) serves the rest: 1-3 rows, dense weights, no C
+kernels (INFER_NO_CPU_KERNELS, the x86-64 baseline build), and is the reference the fused path is tested against.
+
 The stacks are stored in `storage_dtype`: float16 for a float32 model on the CPU (llama.cpp keeps an adapter in its
 file's type, convert_lora_to_gguf.py writes f16), since a decode step that touches 8 rank-16 adapters reads them
 all from memory: in float32, twice the bytes of SmolLM2-135M's tiled Q4_1 decoder weights. Every path (the C step, the torch
 loop, the merged-model reference of the tests) computes with the same rounded values widened to float32; an
 adapter file already in float16 loses nothing (with alpha / r a power of two), a float32 one is rounded once
-(tests/native_engine/engine/test_lora_rounding.py measures it). The C step reads Bᵀ from `tiles`, a tile-major
+(tests/native_engine/engine/test_lora_rounding.py measures it). The C kernels read Bᵀ from `tiles`, a tile-major
 copy (per 16 outputs the rows of the block reaching them, contiguous), not from the [slots, R, out] stack whose
 rows a tile would read 32 bytes of each.
 """
@@ -36,6 +44,7 @@ class LoRAMapping:
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # (first row, end row, slot)
     _on_device: torch.Tensor | None = None  # [3, S] int32 (first row, rows, slot): the SGMV kernels' form
     batches: list[tuple[int, int, int, int]] = field(default_factory=list)  # the CPU's batched runs (sgmv.py)
+    _row_slots: torch.Tensor | None = None  # [T] int32: each row's slot, -1 for none (the C kernels' form)
 
     @classmethod
     def build(cls, row_slots: list[tuple[int, int]]) -> LoRAMapping | None:
@@ -56,6 +65,15 @@ class LoRAMapping:
                     [slot for _, _, slot in self.segments]]
             self._on_device = torch.tensor(rows, dtype=torch.int32).to(device, non_blocking=True)
         return self._on_device
+
+    def row_slots(self, num_rows: int) -> torch.Tensor:
+        """Each of the step's `num_rows` rows' slot (-1: none), int32 on the CPU, built once per step."""
+        if self._row_slots is None or self._row_slots.shape[0] != num_rows:
+            slots = torch.full((num_rows,), -1, dtype=torch.int32)
+            for start, end, slot in self.segments:
+                slots[start:end] = slot
+            self._row_slots = slots
+        return self._row_slots
 
     @property
     def max_len(self) -> int:
@@ -92,6 +110,10 @@ class LoRALayer:
         self.tiles: torch.Tensor | None = None
         self.ranks_on_device: torch.Tensor | None = None
         self.blocks_on_device: torch.Tensor | None = None  # `blocks` as [max_loras, shards, 4] int32, unused: 0
+        # the C kernels' view of the stacks (cpu_batch.c's `lora_t`): a, tiles, ranks, R, blocks, blocks per slot,
+        # the tiles' rank as 7 int64, or None (no adapter loaded, or not float16 on the CPU with tiles)
+        self.c_fields: torch.Tensor | None = None
+        self.fused_rows = 0  # rows whose base matmul and LoRA ran as one C call (`Linear.tiled_lora_forward`)
 
     def set_slot(self, slot: int, pairs: dict[object, tuple[torch.Tensor, torch.Tensor]], scale: float,
                  out_features: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -123,6 +145,24 @@ class LoRALayer:
                 if blocks:
                     table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
             self.blocks_on_device = table.to(self.a.device)
+            self.c_fields = self._c_fields()
+
+    def _c_fields(self) -> torch.Tensor | None:
+        if self.tiles is None or not (self.a.dtype == torch.float16 and self.a.device.type == "cpu"
+                                      and self.a.is_contiguous()):
+            return None
+        blocks = self.blocks_on_device
+        return torch.tensor([self.a.data_ptr(), self.tiles.data_ptr(), self.ranks_on_device.data_ptr(),
+                             self.a.shape[1], blocks.data_ptr(), blocks.shape[1], self.tiles.shape[2]],
+                            dtype=torch.int64)
+
+    def c_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(`c_fields`, the step's row slots) for the C kernels to add the adapters' rows of x [T, in] (float32 on
+        the CPU), or None: no adapter row in the step, or stacks the C kernels do not take."""
+        mapping = self.punica.mapping
+        if mapping is None or self.c_fields is None or x.dtype != torch.float32 or x.device.type != "cpu":
+            return None
+        return self.c_fields, mapping.row_slots(x.shape[0])
 
     def _tile(self, slot: int) -> None:
         flat = self.tiles[slot].view(-1)  # packed at the slot's rank: tile n16's rows at n16 * rank * 16

@@ -94,11 +94,10 @@ class CPUDecodeStack:
     def _lora_pointers(self) -> torch.Tensor | None:
         """llama_decode_batch's lora_w: per layer and linear (qkv, o, gate_up, down) its adapters' stacks (a, Bᵀ's
         tiles, ranks, R, blocks, blocks per slot, the tiles' rank; zeros where none is loaded), or None when one
-        is not float16 on the CPU or has no tiles. Rebuilt when a stack, ranks or blocks tensor changes (an
-        adapter loaded into a slot)."""
+        is not float16 on the CPU or has no tiles (`LoRALayer.c_fields`). Rebuilt when one of those changes (an
+        adapter put into a slot)."""
         loras = [getattr(layer.get_submodule(name), "lora", None) for layer in self.model.layers for name in _LINEARS]
-        tensors = [t for lora in loras if lora is not None
-                   for t in (lora.a, lora.tiles, lora.ranks_on_device, lora.blocks_on_device)]
+        tensors = [lora.c_fields for lora in loras if lora is not None]  # a new one per adapter put in a slot
         # the cache holds the tensors it was built from, so an id seen again is the same tensor, never a new one
         if self._lora_table is None or [id(t) for t in self._lora_table[0]] != [id(t) for t in tensors]:
             self._lora_table = (tensors, _lora_table(loras))
@@ -118,7 +117,8 @@ class CPUDecodeStack:
                 rotary.data_ptr(), attn.k_cache.shape[1])
         lib = cpu_kernels.library()
         if self._batch_serves(hidden.shape[0], ctx):
-            lora_slots, lora_w = _row_slots(ctx.lora, hidden.shape[0]), self._lora_pointers()
+            lora_slots = None if ctx.lora is None else ctx.lora.row_slots(hidden.shape[0])
+            lora_w = self._lora_pointers()
             cpu_batch.library().llama_decode_batch(*args, self.batch_pointers.data_ptr(),
                                                    self.model.norm.weight.data_ptr(), attn.scale,
                                                    None if lora_slots is None else lora_slots.data_ptr(),
@@ -146,24 +146,11 @@ def _lora_table(loras: list) -> torch.Tensor | None:
     for lora in loras:
         if lora is None or lora.a is None:
             table += [0] * 7
-            continue
-        if lora.tiles is None or not (lora.a.dtype == torch.float16 and lora.a.device.type == "cpu"
-                                      and lora.a.is_contiguous() and lora.ranks_on_device.device.type == "cpu"):
+        elif lora.c_fields is None:
             return None
-        blocks = lora.blocks_on_device
-        table += [lora.a.data_ptr(), lora.tiles.data_ptr(), lora.ranks_on_device.data_ptr(), lora.a.shape[1],
-                  blocks.data_ptr(), blocks.shape[1], lora.tiles.shape[2]]
+        else:
+            table += lora.c_fields.tolist()
     return torch.tensor(table, dtype=torch.int64)
-
-
-def _row_slots(mapping, num_rows: int) -> torch.Tensor | None:
-    """Each row's adapter slot (-1: none) from the step's `LoRAMapping`, or None without one."""
-    if mapping is None:
-        return None
-    slots = torch.full((num_rows,), -1, dtype=torch.int32)
-    for start, end, slot in mapping.segments:
-        slots[start:end] = slot
-    return slots
 
 
 def _linears(layer) -> list[BlockWeight] | None:

@@ -15,7 +15,7 @@ from native_engine import LoRARequest
 from registry.modelbuilder import LoraSpec, build_lora
 from registry.modelbuilder.lora_out import build_merged_gguf
 
-from .conftest import _CACHE, GGML_TYPE_F32, BuiltModel, new_engine
+from .conftest import _CACHE, GGML_TYPE_F32, PRESETS, BuiltModel, new_engine
 from .helpers import assert_all_blocks_free, greedy, kl_per_position, token_ids
 
 KL_LIMIT = 1e-9
@@ -201,3 +201,42 @@ def test_the_sgmv_kernels_give_the_merged_models_tokens(model, adapters, prompts
     for prompt, name, tokens in zip(batch, names, got, strict=True):
         reference = new_engine(model) if name is None else _merged(model, adapters[name][2])
         assert [tokens] == token_ids(reference.generate([prompt], greedy(6))), name
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])  # 3 on 2 cores: a thread descheduled within the matmul
+def test_prefills_on_tiles_add_the_adapters_inside_the_matmul(tmp_path, threads, monkeypatch):
+    """On Q4_1 tiles, every linear of a prefill takes its adapter rows in the tiled matmul's C call
+    (`Linear.tiled_lora_forward`: each tile's expand while it is in cache); the same requests with that call off
+    (the tiles, then `LoRALayer.apply`'s torch loop, the reference) give the same greedy tokens and logits within
+    KL 1e-8 at every step (the deltas summed in another order differ in their last bits, and the next matmul rounds
+    its input to int16 per group of 32, where a last bit can move a rounding: up to 4e-9 seen, as between the C
+    decode step and the module path in test_cpu_decode.py). Rows of two adapters (one on q, v and down only) and of
+    the base in one prefill, prompts longer than the kernel's 64-row blocks."""
+    from native_engine.kernels import cpu_batch
+    from native_engine.layers.linear import Linear
+
+    from .test_cpu_decode import requantized_engine
+
+    if cpu_batch.library() is None:
+        pytest.skip("a plain-C build (no AVX2 or AVX-512 tier): no tiled kernel, the torch loop serves")
+    spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)
+    engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=160, max_loras=2,
+                                    enable_prefix_caching=False)
+    paths = {name: build_lora(tmp_path / f"{name}.gguf", spec, lora) for name, lora in ADAPTERS.items()}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    prompts = [list(range(40, 117)), [5, 17, 300, 2, 9], list(range(200, 330)), [7, 8, 9, 10]]
+    names = ["a1", None, "a2", "a1"]
+    requests = [None if n is None else LoRARequest(n, str(paths[n])) for n in names]
+    params = [greedy(n) for n in (3, 5, 7, 9)]
+
+    with _recorded_logits(engine) as fused:
+        tokens = token_ids(engine.generate(prompts, params, lora_request=requests))
+    layers = engine.model_runner.lora.linears.values()
+    # every prompt row, and the 4 rows of each of the two decode steps of all four requests (the module path: no
+    # C decode stack on this engine; 1-3 rows take the blocks' own kernel, then the torch loop)
+    assert sum(linear.lora.fused_rows for linear in layers) == 4 * spec.num_layers * (sum(map(len, prompts)) + 2 * 4)
+    with monkeypatch.context() as off, _recorded_logits(engine) as reference:
+        off.setattr(Linear, "tiled_lora_forward", lambda self, x: None)
+        assert token_ids(engine.generate(prompts, params, lora_request=requests)) == tokens
+    kl = kl_per_position(torch.cat(reference), torch.cat(fused))
+    assert len(kl) == sum(p.max_tokens for p in params) and kl.max().item() < 1e-8, kl.tolist()
