@@ -1,4 +1,4 @@
-"""``RunnerBackend``: a local engine whose models run in runner processes, behind the ``Backend`` protocol.
+"""``RunnerBackend``: a local engine whose models run in runners, behind the ``Backend`` protocol.
 
 One ``RunnerBackend`` per engine name (llama.cpp, native, scripted), all sharing one
 :class:`~adapters.engines.scheduler.Scheduler`; routes, SLOs, costs and the ledger see the same
@@ -14,6 +14,11 @@ ahead, its engine already imported) or starts one, and loads the model into it. 
 with the server for the default engine and again a few seconds after each load (not at once: it
 would compete for the CPU with the model's first answer), so the next model of that engine skips
 ``import torch``; one unused for ``keep_alive`` stops, as an idle model would.
+
+``infer serve`` builds the engines with :func:`runner_engines`: each runner a process. ``infer run --local``
+builds them with :func:`in_process_engines`: the same backends, scheduler and runner bodies, each runner
+on a thread of the CLI's process (``client.RunnerThread``: no spares, nothing to pre-start), so keep-alive,
+``max_loaded_models``, unloading, the front end and the wire are the same code as the server's.
 """
 
 from __future__ import annotations
@@ -58,15 +63,18 @@ class RunnerStarter:
     store: Store
     settings: LocalSettings
     log_level: str = "warning"
+    in_process: bool = False  # each runner on a thread of this process (infer run --local), never a spare
     spares: dict[str, RunnerClient] = field(default_factory=dict)
     closed: bool = False
 
     def launch(self, engine: str) -> RunnerClient:
-        return RunnerClient(Launch.single(engine, log_level=self.log_level), hang_timeout=self.settings.hang_timeout)
+        launch = Launch.in_process(engine) if self.in_process else Launch.single(engine, log_level=self.log_level)
+        return RunnerClient(launch, hang_timeout=self.settings.hang_timeout)
 
     def prestart(self, engine: str) -> None:
-        """Start a runner for ``engine`` now, so the next model's load finds its engine imported."""
-        if engine in self.spares and self.spares[engine].alive:
+        """Start a runner for ``engine`` now, so the next model's load finds its engine imported (a process's
+        only: an in-process runner's engine is imported in this process, once)."""
+        if self.in_process or (engine in self.spares and self.spares[engine].alive):
             return
         spare = self.spares[engine] = self.launch(engine)
         if self.settings.keep_alive >= 0:
@@ -90,8 +98,9 @@ class RunnerStarter:
 
     async def __call__(self, engine: str, details: ModelDetails, options: Options) -> RunnerClient:
         settings = self.settings
-        if engine == "native" and options.tensor_parallel > 1:
-            runner, settings = self.launch_group(engine, options.tensor_parallel)
+        if engine == "native" and options.tensor_parallel > 1 and not self.in_process:
+            runner, settings = self.launch_group(engine, options.tensor_parallel)  # (in-process: the engine
+            # starts its ranks itself, native_engine/distributed/parallel_state.py)
         else:
             runner = self.spares.pop(engine, None)
             if runner is None or not runner.alive:
@@ -105,8 +114,9 @@ class RunnerStarter:
         except BaseException:
             await runner.stop()
             raise
-        loop = asyncio.get_running_loop()
-        loop.call_later(SPARE_AFTER_S, lambda: None if self.closed else self.prestart(engine))
+        if not self.in_process:
+            loop = asyncio.get_running_loop()
+            loop.call_later(SPARE_AFTER_S, lambda: None if self.closed else self.prestart(engine))
         return runner
 
     async def aclose(self) -> None:
@@ -273,17 +283,32 @@ async def tokenized(request: GenerationRequest, details: ModelDetails, options: 
     return sent, prompt.dropped
 
 
-def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "warning") -> LocalEngines:
+def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "warning",
+                   in_process: bool = False) -> LocalEngines:
     """Every engine over ``store`` in runner processes, one scheduler for all; ``settings.engine`` is the default.
 
-    Called on the event loop (the server's lifespan): the default engine's spare runner starts now."""
-    starter = RunnerStarter(store, settings, log_level)
+    Called on the event loop (the server's lifespan): the default engine's spare runner starts now.
+    ``in_process``: each runner on a thread of this process instead (:func:`in_process_engines`)."""
+    starter = RunnerStarter(store, settings, log_level, in_process=in_process)
     scheduler = Scheduler(settings, starter)
     scheduler.closing.append(starter.aclose)
     names = [*ENGINES, *([TEST_ENGINE] if settings.test_engine else [])]
     engines = LocalEngines({name: _factory(store, settings, scheduler, name) for name in names},
                            default=check_engine(settings.engine, names), scheduler=scheduler)
     starter.prestart(engines.default)
+    return engines
+
+
+def in_process_engines(store: Store, settings: LocalSettings) -> LocalEngines:
+    """``infer run --local``'s engines: :func:`runner_engines` with each runner on a thread of this process.
+
+    Needs no event loop yet (nothing starts until the first request); with the native engine the default,
+    torch starts importing now, on a thread (``preload_engine``), while the user types."""
+    engines = runner_engines(store, settings, in_process=True)
+    if engines.default == "native":
+        from adapters.engines.native.backend import preload_engine
+
+        preload_engine()
     return engines
 
 

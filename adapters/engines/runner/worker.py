@@ -2,14 +2,15 @@
 event loop between the socket and the engine (a native runner runs ``engine_core.py`` instead: no event
 loop, the engine stepped on the thread that reads and writes the socket).
 
-The gateway starts ``python -m adapters.engines.runner`` with its two socket addresses and an engine name;
+The gateway starts ``python -m adapters.engines.runner`` with its end of a socket pair and an engine name
+(``infer run --local`` runs the same body, :func:`serve_runner`, on a thread of its own process);
 the process imports its engine at once (a spare runner is ready before a model is asked for), then
 waits for :class:`~adapters.engines.runner.protocol.Load`. Each ``Generate`` becomes a task that runs the
-engine's ``stream`` (the same in-process backend ``infer run --local`` uses) and sends each event as it
-comes. A llama.cpp runner gets the prompt as token ids for a vocabulary the gateway's tokenizer reads (the
+engine's ``generate`` (token ids) or ``stream`` (text) and sends each event as it comes. A llama.cpp runner gets the prompt as token ids for a vocabulary the gateway's tokenizer reads (the
 gateway rendered, tokenized and admitted it, and parses tools and thinking on the way back:
-``runner/backend.py``), else the request as text, rendered here. The runner never decides when to exit on its own: the gateway sends ``Shutdown`` or kills it; it also
-exits when the gateway is gone (its parent changes).
+``runner/backend.py``), else the request as text, rendered here. The runner never decides when to exit on
+its own: the gateway sends ``Shutdown`` or kills it; it also exits when the gateway is gone (its parent
+changes; an in-process runner has no parent to watch).
 """
 
 from __future__ import annotations
@@ -34,7 +35,19 @@ log = logging.getLogger(__name__)
 
 ENGINE_MODULES = {"llamacpp": "adapters.engines.llamacpp.backend", "native": "adapters.engines.native.backend",
                   "scripted": "fakes.scripted_engine"}
-ENGINE_CLASSES = {"llamacpp": "LlamaCppBackend", "native": "NativeBackend", "scripted": "ScriptedBackend"}
+ENGINE_CLASSES = {"llamacpp": "LlamaCppBackend", "scripted": "ScriptedBackend"}  # native: engine_core.py
+
+
+def serve_runner(engine: str, fd: int, parent: int | None) -> None:
+    """A runner's body until ``Shutdown`` or the gateway's end: in its own process (``__main__``), or on a
+    thread of the gateway's (``parent`` None: ``client.RunnerThread``, for ``infer run --local``)."""
+    preload(engine)
+    if engine == "native":  # the engine core's loop: no event loop, no engine thread (engine_core.py)
+        from .engine_core import serve_core
+
+        serve_core(fd, parent)
+    else:
+        asyncio.run(serve(engine, fd, parent))
 
 
 def make_backend(engine: str, store: Store, settings: LocalSettings) -> LocalBackend:
@@ -181,18 +194,19 @@ class Worker:
         return current() if current is not None else {}
 
 
-async def serve(engine: str, fd: int, parent: int) -> None:
+async def serve(engine: str, fd: int, parent: int | None) -> None:
     import socket
 
     channel = await Channel.open(socket.socket(fileno=fd), p.to_runner)
     worker = Worker(engine, channel)
-    receiving = asyncio.ensure_future(_receive(channel, worker))
-    watching = asyncio.ensure_future(_watch_parent(parent, worker))
+    watchers = [asyncio.ensure_future(_receive(channel, worker))]
+    if parent is not None:
+        watchers.append(asyncio.ensure_future(_watch_parent(parent, worker)))
     try:
         await worker.stopping.wait()
     finally:
-        receiving.cancel()
-        watching.cancel()
+        for task in watchers:
+            task.cancel()
         for token in list(worker.cancels.values()):
             token.cancel()
         if worker.backend is not None:
