@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.engines.native.backend import (NativeBackend, check_kv_role, chunk_logprobs, engine_prompt,
+from adapters.engines.native.backend import (NativeModels, check_kv_role, chunk_logprobs, engine_prompt,
                                              final_done, lora_request, sampling_params)
 from core.base import Chunk, GenerationRequest, Timings
 from core.errors import BackendError, BackendUnavailable, InvalidRequest
@@ -50,7 +50,7 @@ class _Running:
 class EngineCore:
     def __init__(self, channel: BlockingChannel, parent: int | None):
         self.channel, self.parent = channel, parent
-        self.backend: NativeBackend | None = None  # the store, the settings, how a model is loaded
+        self.backend: NativeModels | None = None  # the store, the settings, how a model is loaded
         self.llm = None  # the loaded LLMEngine
         self.model, self.digest = "", ""  # its name, and its weights' digest (models adding an adapter share it)
         self.running: dict[str, _Running] = {}  # by engine request id ("native-<gateway id>")
@@ -99,7 +99,7 @@ class EngineCore:
     def load(self, message: p.Load) -> None:
         try:
             settings = LocalSettings.model_validate(message.settings)
-            self.backend = NativeBackend(Store(message.store), settings)
+            self.backend = NativeModels(Store(message.store), settings)
             details = self.backend.details(message.model)
             options = resolve_options(details.parameters, message.options, defaults=settings.option_defaults)
             self.llm = self.backend.new_engine(details, options)
