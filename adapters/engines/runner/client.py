@@ -58,7 +58,8 @@ from .channel import Channel
 log = logging.getLogger(__name__)
 
 STOPPED = ("model runner has unexpectedly stopped ({why}); this may be due to resource limitations or an "
-           "internal error, check the infer serve log for details")
+           "internal error, check the {log} for details")
+LOGS = {False: "infer serve log", True: "log on this process's stderr"}  # by Launch.in_thread
 
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the folder holding adapters/, native_engine/, …
@@ -151,6 +152,9 @@ class RunnerClient:
         self._exit_fds = [_watch_exit(loop, proc, self._exited) for proc in self.processes]
         self._tasks = [self._opening, loop.create_task(self._receive()), loop.create_task(self._watchdog())]
 
+    def _stopped(self, why: str | None) -> str:
+        return STOPPED.format(why=why, log=LOGS[isinstance(self.processes[0], RunnerThread)])
+
     @property
     def pid(self) -> int:
         return self.processes[0].pid
@@ -190,11 +194,11 @@ class RunnerClient:
             ready = await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             self.kill(f"no answer to load in {timeout:.0f} s")
-            raise RunnerStopped(STOPPED.format(why=self.failure)) from None
+            raise RunnerStopped(self._stopped(self.failure)) from None
         finally:
             self._pending.pop(-1, None)
         if isinstance(ready, _Gone):
-            raise RunnerStopped(STOPPED.format(why=ready.why))
+            raise RunnerStopped(self._stopped(ready.why))
         self.context_length = ready.context_length
         return ready.context_length
 
@@ -226,7 +230,7 @@ class RunnerClient:
                     raise refusal if refusal is not None else p.error_from_wire(item.error)
                 else:
                     finished = True
-                    raise RunnerStopped(STOPPED.format(why=item.why), partial=seen.partial())
+                    raise RunnerStopped(self._stopped(item.why), partial=seen.partial())
         finally:
             self._pending.pop(id_, None)
             if not finished:
@@ -256,7 +260,7 @@ class RunnerClient:
         if isinstance(item, p.Failed):
             raise p.error_from_wire(item.error)
         if isinstance(item, _Gone):
-            raise RunnerStopped(STOPPED.format(why=item.why))
+            raise RunnerStopped(self._stopped(item.why))
         return item.result
 
     def _cancel(self, id_: int) -> None:
@@ -267,7 +271,7 @@ class RunnerClient:
         if self._channel is None:
             self._channel = await asyncio.shield(self._opening)
         if not self.alive:
-            raise RunnerStopped(STOPPED.format(why=self.failure))
+            raise RunnerStopped(self._stopped(self.failure))
         self._channel.send(message)
 
     # -- events ----------------------------------------------------------------------------------

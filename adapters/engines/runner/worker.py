@@ -21,9 +21,10 @@ import importlib
 import logging
 import os
 import signal
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
-from core.base import CancelToken, Done, LocalBackend
+from core.base import CancelToken, Done, EmbedResult, GenerationRequest, LoadedModel, StreamEvent
 from core.errors import BackendError, BackendUnavailable
 from core.settings import LocalSettings
 from registry.store import Store
@@ -50,7 +51,25 @@ def serve_runner(engine: str, fd: int, parent: int | None) -> None:
         asyncio.run(serve(engine, fd, parent))
 
 
-def make_backend(engine: str, store: Store, settings: LocalSettings) -> LocalBackend:
+class Engine(Protocol):
+    """What a worker asks of its engine (llama.cpp's backend, the scripted test engine): no keep-alive, no
+    unload; the runner's life is the scheduler's. ``generate`` (token ids, no tool or thinking parsing) and
+    ``current_load`` are read when the engine has them."""
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]: ...
+
+    async def load(self, model: str, options: dict[str, Any] | None = None,
+                   keep_alive: float | None = None) -> None: ...
+
+    async def loaded_models(self) -> list[LoadedModel]: ...
+
+    async def embed(self, model: str, inputs: list, *, truncate: bool = True,
+                    keep_alive: float | None = None) -> EmbedResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+def make_backend(engine: str, store: Store, settings: LocalSettings) -> Engine:
     module = importlib.import_module(ENGINE_MODULES[engine])
     return getattr(module, ENGINE_CLASSES[engine])(store=store, settings=settings)
 
@@ -59,7 +78,7 @@ class Worker:
     def __init__(self, engine: str, channel: Channel):
         self.engine = engine
         self.channel = channel
-        self.backend: LocalBackend | None = None
+        self.backend: Engine | None = None
         self.model = ""
         self.cancels: dict[int, CancelToken] = {}
         self.admissions: dict[int, asyncio.Future] = {}  # requests waiting for the gateway's Admitted/Refused
