@@ -105,10 +105,9 @@ class RunnerStarter:
             runner = self.spares.pop(engine, None)
             if runner is None or not runner.alive:
                 runner = self.launch(engine)
-        # Inside, contexts opened for other load options expire as the runner would; the first one is
-        # kept for good (the runner is stopped before it would expire).
-        inner = settings.model_copy(update={"max_loaded_models": 0})
-        spec = p.Load(engine, str(self.store.root), details.name.display, options.model_dump(), inner.model_dump())
+        # The context loaded now stays until the scheduler stops the runner; a llama.cpp runner closes the ones
+        # it opens later for other load options keep_alive after their last request (llamacpp/pool.py).
+        spec = p.Load(engine, str(self.store.root), details.name.display, options.model_dump(), settings.model_dump())
         try:
             await runner.load(spec, self.settings.load_timeout)
         except BaseException:
