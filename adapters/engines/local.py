@@ -31,8 +31,8 @@ def check_engine(name: str, offered: tuple[str, ...] | list[str] = ENGINES) -> s
 @dataclass
 class LocalEngines:
     factories: dict[str, Callable[[], LocalBackend]]
+    scheduler: Scheduler  # the runners' of every engine
     default: str = "llamacpp"
-    scheduler: Scheduler | None = None  # the runners' (None: engines with no runners, a test's)
     _started: dict[str, LocalBackend] = field(default_factory=dict)
 
     def get(self, engine: str | None = None) -> LocalBackend:
@@ -47,7 +47,7 @@ class LocalEngines:
         return backend if backend.supports_embeddings else self.get("llamacpp")
 
     def failures(self) -> list[RunnerFailure]:
-        return self.scheduler.failures() if self.scheduler is not None else []
+        return self.scheduler.failures()
 
     def started(self) -> dict[str, LocalBackend]:
         return dict(self._started)
@@ -62,6 +62,5 @@ class LocalEngines:
         for backend in self._started.values():
             await backend.aclose()
         self._started.clear()
-        if self.scheduler is not None:
-            await self.scheduler.aclose()
+        await self.scheduler.aclose()
 

@@ -47,6 +47,7 @@ from adapters.engines.store_models import gguf_path, model_details, store_models
 
 from . import protocol as p
 from .client import Launch, RunnerClient
+from .worker import import_engine
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,12 @@ class RunnerStarter:
         return RunnerClient(launch, hang_timeout=self.settings.hang_timeout)
 
     def prestart(self, engine: str) -> None:
-        """Start a runner for ``engine`` now, so the next model's load finds its engine imported (a process's
-        only: an in-process runner's engine is imported in this process, once)."""
-        if self.in_process or (engine in self.spares and self.spares[engine].alive):
+        """Start a runner for ``engine`` now, so the next model's load finds its engine imported; in-process,
+        import the engine into this process instead (its runners' threads share it)."""
+        if self.in_process:
+            import_engine(engine)
+            return
+        if engine in self.spares and self.spares[engine].alive:
             return
         spare = self.spares[engine] = self.launch(engine)
         if self.settings.keep_alive >= 0:
@@ -287,7 +291,8 @@ def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "w
     """Every engine over ``store`` in runner processes, one scheduler for all; ``settings.engine`` is the default.
 
     Called on the event loop (the server's lifespan): the default engine's spare runner starts now.
-    ``in_process``: each runner on a thread of this process instead (:func:`in_process_engines`)."""
+    ``in_process``: each runner on a thread of this process instead, the default engine imported now
+    (:func:`in_process_engines`)."""
     starter = RunnerStarter(store, settings, log_level, in_process=in_process)
     scheduler = Scheduler(settings, starter)
     scheduler.closing.append(starter.aclose)
@@ -301,14 +306,9 @@ def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "w
 def in_process_engines(store: Store, settings: LocalSettings) -> LocalEngines:
     """``infer run --local``'s engines: :func:`runner_engines` with each runner on a thread of this process.
 
-    Needs no event loop yet (nothing starts until the first request); with the native engine the default,
-    torch starts importing now, on a thread (``preload_engine``), while the user types."""
-    engines = runner_engines(store, settings, in_process=True)
-    if engines.default == "native":
-        from adapters.engines.native.backend import preload_engine
-
-        preload_engine()
-    return engines
+    Needs no event loop (nothing starts until the first request); the default engine is imported now
+    (the native engine's torch on a thread, while the user types)."""
+    return runner_engines(store, settings, in_process=True)
 
 
 def _factory(store: Store, settings: LocalSettings, scheduler: Scheduler, name: str):

@@ -258,13 +258,19 @@ def die_with_parent() -> None:
 
 
 def preload(engine: str) -> None:
-    """Import the engine now, before a model is asked for (torch for the native engine)."""
+    """Import the engine now, before a model is asked for; say so if llama.cpp's build is wrong for this CPU."""
+    import_engine(engine)
+    if engine == "llamacpp":
+        _warn_about_the_build()
+
+
+def import_engine(engine: str) -> None:
+    """Import the engine in this process (the native engine's torch on a thread: ``preload_engine``); what a
+    spare runner has done, and what ``infer run --local`` does at start for its default engine."""
     if engine == "native":
         importlib.import_module(ENGINE_MODULES["native"]).preload_engine()
     else:
         importlib.import_module(ENGINE_MODULES[engine])
-    if engine == "llamacpp":
-        _warn_about_the_build()
 
 
 def _warn_about_the_build() -> None:
