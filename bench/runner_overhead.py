@@ -17,9 +17,11 @@ both first. Then ``--rounds`` rounds, for each engine:
 
 With ``--keyed``, every request carries a ledger key of its side (made by that tree's ``infer keys
 create``), so it is admitted before it generates: in a tree whose runner counts its own prompt, that is
-the ``Admit``/``Admitted`` round trip. With ``--same-tree``, a third side runs this tree's engines inside the gateway process
-(``bench/serve_in_process.py``): against it the ratio is the boundary's cost alone, the engine code held
-equal; against ``--baseline`` it also carries every engine change since. Medians over all the 1-stream
+the ``Admit``/``Admitted`` round trip. With ``--same-tree``, a third side runs this tree's runners on threads of
+the gateway process (``bench/serve_in_process.py``, as ``infer run --local`` does): against it the ratio is
+the cost of a process, the socket, the messages and the engine code held equal (before issue 41 that side
+had the engines in the gateway with no runner: the whole boundary); against ``--baseline`` it also carries
+every engine change since. Medians over all the 1-stream
 requests of a side, and over the rounds for the 16-stream figures;
 ratio = runner / in-process. Goals: TTFT +<= 2 ms, decode tok/s >= 0.97x at 1 and at 16 streams, for
 each engine. Then ``--kill`` (default on): 16 streams on the runner side's native model, SIGKILL of
@@ -173,8 +175,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--same-tree", action="store_true", help="add this tree's engines in the gateway process "
-                        "(bench/serve_in_process.py): the boundary's cost with the engine code held equal")
+    parser.add_argument("--same-tree", action="store_true", help="add this tree's runners on threads of the gateway "
+                        "process (bench/serve_in_process.py): the cost of a process, all else held equal")
     parser.add_argument("--no-kill", action="store_true")
     parser.add_argument("--keyed", action="store_true", help="every request with a ledger key (admitted before it "
                         "generates: the Admit round trip to a runner that counts its own prompt)")
@@ -233,7 +235,7 @@ def _paired(base: list[dict], runner: list[dict], key: str) -> float:
 
 
 SIDES = {"inproc": "the --baseline tree (in-process engines before runners, or an older tree with runners)",
-         "same": "this tree's engines in the gateway process (--same-tree: the boundary alone)"}
+         "same": "this tree's runners on threads of the gateway process (--same-tree: a process's cost)"}
 
 
 def report(results: dict, drill: dict | None, args) -> None:

@@ -1,6 +1,8 @@
-"""``infer serve`` with the local engines inside the gateway process, as before runners existed: for
-bench/runner_overhead.py's same-tree side only (the cost of the process boundary with the engine code held
-equal). Not a product mode: a crash in an engine here takes the whole server down, which is why runners exist.
+"""``infer serve`` with each runner on a thread of the gateway process (``in_process_engines``, what
+``infer run --local`` uses) instead of a process of its own: for bench/runner_overhead.py's same-tree side
+only (the cost of a process, with the scheduler, the socket, the messages and the engine code held equal;
+before issue 41 the engines ran here with no runner at all). Not a product mode: a crash in an engine here
+takes the whole server down, which is why runners are processes.
 
     python bench/serve_in_process.py [infer serve's options]
 """
@@ -13,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gateway.app  # noqa: E402
-from adapters.engines.local import in_process_engines  # noqa: E402
+from adapters.engines.runner.backend import in_process_engines  # noqa: E402
 
 
 def _in_process(store, settings, *, log_level: str = "warning"):

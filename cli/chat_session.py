@@ -1,4 +1,7 @@
-"""``infer run``'s conversation with the in-process backend.
+"""``infer run``'s conversation with the local engines, in this process (``--local``, or no server answers).
+
+The engines are ``infer serve``'s (``adapters/engines/runner/backend.py``: the same scheduler, keep-alive,
+front end and runner code), each model's runner on a thread of this process instead of a process of its own.
 
 Each turn is one chat request through :class:`gateway.serving.recorder.Recorder` (route ``run``, source
 ``cli``), so it writes exactly one usage-ledger row (through the ledger's writer thread), like a
@@ -16,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.base import Chunk, Done, GenerationRequest
 from core.errors import BackendError
-from adapters.engines.local import in_process_engines
+from adapters.engines.runner.backend import in_process_engines
 from core.options import Options, check_parameters, resolve_options
 from core.settings import LocalSettings, SettingsError
 from ledger.db import open_db

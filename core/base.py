@@ -304,7 +304,8 @@ class LoadedModel:
     digest: str
     expires_at: float | None  # wall-clock epoch seconds; None = never
     context_length: int
-    # A runner's (``infer serve``): its process, resident bytes, "loading" | "ready" | "stopping", requests in flight.
+    # A runner's: its process (``infer run --local``: the CLI's own), resident bytes, "loading" | "ready" |
+    # "stopping", requests in flight.
     pid: int | None = None
     memory: int | None = None
     state: str = "ready"
@@ -360,7 +361,8 @@ class Backend(Protocol):
 
 @runtime_checkable
 class LocalBackend(Backend, Protocol):
-    """An in-process engine serving the local store: it knows each model's details and can load a
+    """A local engine serving the local store (``RunnerBackend``: its models in runners, processes of
+    ``infer serve`` or threads of ``infer run --local``): it knows each model's details and can load a
     model without generating (Ollama's preload)."""
 
     def details(self, model: str) -> Any: ...  # registry.details.ModelDetails; ModelNotFound if absent

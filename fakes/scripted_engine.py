@@ -29,11 +29,10 @@ from typing import Any
 from registry.details import ModelDetails
 from registry.store import Store
 
-from core.base import (Chunk, Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo,
-                                StreamEvent, Timings, Usage)
+from core.base import Chunk, Done, EmbedResult, GenerationRequest, LoadedModel, StreamEvent, Timings, Usage
 from core.options import resolve_options
 from core.settings import DEFAULTS, LocalSettings
-from adapters.engines.store_models import model_details, store_models
+from adapters.engines.store_models import model_details
 
 _DIRECTIVE = re.compile(r"\b(delay|segv|hang|stall|exit):(\d+)\b")
 
@@ -115,17 +114,8 @@ class ScriptedBackend:
     def details(self, model: str) -> ModelDetails:
         return model_details(self.store, model)
 
-    async def list_models(self) -> list[ModelInfo]:
-        return store_models(self.store, self.name)
-
     async def loaded_models(self) -> list[LoadedModel]:
         return list(self._loaded.values())
-
-    async def unload(self, model: str) -> bool:
-        return False
-
-    async def health(self) -> Health:
-        return Health(ok=True)
 
     def current_load(self) -> dict[str, float]:
         return {"requests_running": float(self._running), "requests_waiting": 0.0}

@@ -1,5 +1,6 @@
-"""The in-process engines over the local model store. ``engines.LocalEngines`` starts each engine
-on first use and hands it out by name; ``store_models`` is what both read from the store (details,
-listing, the GGUF path). ``llamacpp/`` runs llama-cpp-python on worker threads, ``native/`` the
-PyTorch ``native_engine`` on its own thread; each implements ``core.base.LocalBackend``.
+"""The local engines over the local model store. ``local.LocalEngines`` starts each engine's backend on
+first use and hands it out by name; ``scheduler.py`` decides which runners run and for how long (the one
+keep-alive); ``runner/`` is a model's runner (a process of ``infer serve``, a thread of ``infer run
+--local``); ``llamacpp/`` and ``native/`` are what runs in it; ``store_models`` is what they all read from the
+store (details, listing, the GGUF path).
 """

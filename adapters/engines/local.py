@@ -3,9 +3,10 @@
 
 :class:`LocalEngines` creates each engine's backend on first use and hands it out by name; it serves
 no request itself. ``gateway/serving/router.py`` asks it for the engine a request names
-(``request.engine``, else the server's default). ``infer serve`` builds it with runner backends
-(``adapters/engines/runner/backend.py``: each model in its own process); ``infer run --local`` with the
-in-process backends of :func:`in_process_engines`.
+(``request.engine``, else the server's default). Both ``infer serve`` and ``infer run --local`` build it
+in ``adapters/engines/runner/backend.py``: runner backends over one scheduler, each model's runner a
+process (``runner_engines``) or, for ``infer run --local``, a thread of the CLI's process
+(``in_process_engines``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 
 from core.base import LoadedModel, LocalBackend
 from core.errors import InvalidRequest
-from core.settings import LocalSettings
 from adapters.engines.scheduler import RunnerFailure, Scheduler
 
 ENGINES = ("llamacpp", "native")
@@ -31,8 +31,8 @@ def check_engine(name: str, offered: tuple[str, ...] | list[str] = ENGINES) -> s
 @dataclass
 class LocalEngines:
     factories: dict[str, Callable[[], LocalBackend]]
+    scheduler: Scheduler  # the runners' of every engine
     default: str = "llamacpp"
-    scheduler: Scheduler | None = None  # the runners' (infer serve); None for in-process engines
     _started: dict[str, LocalBackend] = field(default_factory=dict)
 
     def get(self, engine: str | None = None) -> LocalBackend:
@@ -47,7 +47,7 @@ class LocalEngines:
         return backend if backend.supports_embeddings else self.get("llamacpp")
 
     def failures(self) -> list[RunnerFailure]:
-        return self.scheduler.failures() if self.scheduler is not None else []
+        return self.scheduler.failures()
 
     def started(self) -> dict[str, LocalBackend]:
         return dict(self._started)
@@ -62,24 +62,5 @@ class LocalEngines:
         for backend in self._started.values():
             await backend.aclose()
         self._started.clear()
-        if self.scheduler is not None:
-            await self.scheduler.aclose()
+        await self.scheduler.aclose()
 
-
-def in_process_engines(store, settings: LocalSettings) -> LocalEngines:
-    """Both engines over ``store``, configured by ``settings``; ``settings.engine`` is the default."""
-
-    def llamacpp() -> LocalBackend:
-        from adapters.engines.llamacpp.backend import LlamaCppBackend
-
-        return LlamaCppBackend(store=store, settings=settings)
-
-    def native() -> LocalBackend:
-        from adapters.engines.native.backend import NativeBackend
-
-        return NativeBackend(store=store, settings=settings)
-
-    engines = LocalEngines({"llamacpp": llamacpp, "native": native}, default=check_engine(settings.engine))
-    if engines.default == "native":
-        engines.get()  # starts importing the engine now (adapters/engines/native/backend.py: preload_engine)
-    return engines

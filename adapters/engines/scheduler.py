@@ -1,6 +1,9 @@
-"""One scheduler for the local models of every engine: which runners run, and for how long.
+"""One scheduler for the local models of every engine: which runners run, and for how long. It is the
+only keep-alive of ``infer serve`` and of ``infer run --local`` alike.
 
-A *runner* serves one model with one engine; it is started on a model's first request, as Ollama's
+A *runner* serves one model with one engine: a process of ``infer serve``, a thread of ``infer run
+--local`` (``runner/client.py``: ``RunnerThread``; the rules below are the same for both, only a crash
+of native code takes the whole CLI down). It is started on a model's first request, as Ollama's
 ``server/sched.go`` does, loaded with that request's options. A later request with other load
 options (``Options.load_key``: context size, batch, GPU layers) is served by the same runner, which
 opens a context for them next to the first (Ollama restarts its runner instead; a context costs a
@@ -24,7 +27,7 @@ to a loaded base, or two adapters on one base, run in the same runner and the sa
 (``SHARED_WEIGHTS_ENGINES``; llama.cpp applies an adapter per context, so each model has its runner).
 
 The scheduler does no I/O of its own: ``start(engine, details, options)`` starts and loads a runner
-(``adapters/engines/runner/backend.py``), ``available_memory()`` reads /proc/meminfo.
+(``adapters/engines/runner/backend.py``: ``RunnerStarter``), ``available_memory()`` reads /proc/meminfo.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The in-process llama.cpp backend: keep-alive, unload, cancellation and usage, through the protocol."""
+"""The llama.cpp backend a runner serves (runner/worker.py): its contexts' keep-alive, cancellation and usage."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from core.base import Chunk, Done, GenerationRequest
+from core.base import Done, GenerationRequest
 from adapters.engines.llamacpp.backend import LlamaCppBackend
 from core.settings import LocalSettings
 
@@ -21,31 +21,20 @@ def chat(model: str, n: int, **kw) -> GenerationRequest:
                              options={"num_predict": n, "seed": 3, "ignore_eos": True}, **kw)
 
 
-def test_models_unload_after_keep_alive(tiny_store):
+def test_a_context_opened_for_other_options_closes_after_keep_alive_the_loaded_one_stays(tiny_store):
+    """The runner's own context (``load``) lives as long as the runner, which the scheduler stops; one a
+    request opened for other load options closes ``keep_alive`` after its last request."""
     async def go():
         backend = LlamaCppBackend(store=tiny_store, settings=LocalSettings(keep_alive=0.3))
         try:
-            [e async for e in backend.stream(chat("tiny", 2))]
-            assert [m.name for m in await backend.loaded_models()] == ["tiny:latest"]
+            await backend.load("tiny", keep_alive=-1)
+            [e async for e in backend.stream(chat("tiny", 2))]  # the loaded context: stays
+            other = chat("tiny", 2)
+            other.options["num_ctx"] = 256
+            [e async for e in backend.stream(other)]
+            assert sorted(m.context_length for m in await backend.loaded_models()) == [256, 512]
             await asyncio.sleep(0.6)
-            assert await backend.loaded_models() == []
-        finally:
-            await backend.aclose()
-    run(go())
-
-
-def test_unload_during_a_request_takes_effect_when_it_ends(tiny_store):
-    async def go():
-        backend = LlamaCppBackend(store=tiny_store)
-        try:
-            events = backend.stream(chat("slow", 200))
-            first = await anext(events)
-            assert isinstance(first, Chunk)
-            assert await backend.unload("slow") is True
-            rest = [e async for e in events]
-            assert isinstance(rest[-1], Done) and rest[-1].finish_reason == "length"
-            await asyncio.sleep(0.2)
-            assert await backend.loaded_models() == []
+            assert [m.context_length for m in await backend.loaded_models()] == [512]
         finally:
             await backend.aclose()
     run(go())
@@ -125,7 +114,6 @@ def test_every_llama_cpp_call_on_a_slot_runs_on_its_one_thread(tiny_store, monke
             await drain(backend)
             await asyncio.gather(*(drain(backend) for _ in range(4)))
             await busy
-            await backend.unload("tiny")
         finally:
             await backend.aclose()
     run(go())

@@ -1,4 +1,4 @@
-"""llama.cpp (llama-cpp-python) as an in-process backend: ``backend`` (the ``LocalBackend``),
-``pool`` (loaded models and their slots, keep-alive, ``max_loaded_models``) and ``job`` (one
-generation on one slot, run in a worker thread).
+"""llama.cpp (llama-cpp-python), as a llama.cpp runner serves it (``runner/worker.py``): ``backend`` (one
+model's generations and embeddings), ``pool`` (its contexts and their slots) and ``job`` (one generation on
+one slot, run on the slot's thread).
 """

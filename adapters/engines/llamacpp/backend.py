@@ -1,4 +1,6 @@
-"""The embedded backend: llama.cpp (llama-cpp-python) running GGUF models from the local store.
+"""llama.cpp (llama-cpp-python) running a GGUF model of the local store: what a llama.cpp runner serves
+(``adapters/engines/runner/worker.py``; the runner is a process of ``infer serve`` or a thread of
+``infer run --local``, started and stopped by the scheduler). Its contexts are ``pool.py``'s.
 
 Generation runs in worker threads (llama.cpp releases the GIL); events reach the event loop through
 ``loop.call_soon_threadsafe``. ``request.cancel`` sets the job's cancel flag: the worker stops at the
@@ -18,10 +20,9 @@ from typing import Any
 from registry.details import ModelDetails
 from registry.store import Store
 
-from core.base import (Done, EmbedResult, GenerationRequest, Health, LoadedModel, ModelInfo, StreamEvent,
-                                Timings)
+from core.base import Done, EmbedResult, GenerationRequest, LoadedModel, StreamEvent, Timings
 from frontend.chat_format import PromptSpec
-from core.errors import BackendError, BackendUnavailable, InvalidRequest, ModelNotFound
+from core.errors import BackendError, BackendUnavailable, InvalidRequest
 from . import markers
 from .job import GenerationJob, Refused
 from frontend.reasoning import reasoning
@@ -29,7 +30,7 @@ from frontend.tools.local import tool_calling
 from .pool import ModelPool
 from core.settings import DEFAULTS, LocalSettings
 from core.options import check_token_ids, resolve_options
-from adapters.engines.store_models import gguf_path, model_details, store_models
+from adapters.engines.store_models import gguf_path, model_details
 
 log = logging.getLogger(__name__)
 _BROKEN = object()  # what a worker returns after llama.cpp itself failed
@@ -118,12 +119,14 @@ class LlamaCppBackend:
 
     async def load(self, model: str, options: dict[str, Any] | None = None,
                    keep_alive: float | None = None) -> None:
-        """Load ``model`` as a request with ``options`` would, without generating (Ollama's preload)."""
+        """Open ``model``'s context as a request with ``options`` would, without generating: the runner's own,
+        open until the backend closes (its runner's life is the scheduler's keep-alive; ``keep_alive`` is
+        taken for the protocol's sake and not used)."""
         details = self.details(model)
         resolved = resolve_options(details.parameters, options, defaults=self.defaults)
         entry, slot, _ = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
-                                                  details.digest, resolved, lora_path=details.adapter_path)
-        await self._pool.release(entry, slot, keep_alive)
+                                                  details.digest, resolved, lora_path=details.adapter_path, pin=True)
+        await self._pool.release(entry, slot, -1)
 
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:
@@ -152,23 +155,10 @@ class LlamaCppBackend:
     def details(self, model: str) -> ModelDetails:
         return model_details(self.store, model)
 
-    async def list_models(self) -> list[ModelInfo]:
-        return store_models(self.store, self.name)
-
     async def loaded_models(self) -> list[LoadedModel]:
         return [LoadedModel(name=e.name, backend=self.name, size=e.path.stat().st_size, digest=e.digest,
                             expires_at=e.expires_at, context_length=e.n_ctx)
                 for e in self._pool.entries() if not e.embedding]
-
-    async def unload(self, model: str) -> bool:
-        try:
-            name = self.details(model).name.display
-        except ModelNotFound:
-            return False
-        return await self._pool.unload(name)
-
-    async def health(self) -> Health:
-        return Health(ok=True, detail=f"{len(self._pool.entries())} model(s) loaded")
 
     def current_load(self) -> dict[str, float]:
         """Requests holding a slot, requests queued for one, and the KV cells in use over all slots."""

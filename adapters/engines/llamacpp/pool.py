@@ -1,8 +1,12 @@
-"""Loaded llama.cpp models: load on first use, up to ``num_parallel`` slots each, unload after keep-alive.
+"""A llama.cpp runner's contexts: opened on first use, up to ``num_parallel`` slots each.
 
-How many models run at once is not decided here: in ``infer serve`` each model has its own runner
-process, and ``adapters/engines/scheduler.py`` applies ``max_loaded_models`` to the runners; inside a
-runner this pool holds that one model's contexts (one per set of load options, and the embedding one).
+A llama.cpp runner (``adapters/engines/runner/worker.py``, a process of ``infer serve`` or a thread of
+``infer run --local``) serves one model; which runners run, and for how long, is the scheduler's
+(``adapters/engines/scheduler.py``: the one keep-alive, ``max_loaded_models``, unloading). This pool holds
+that model's contexts: the one the runner was loaded with (``pin``: open until the runner stops), the
+embedding one, and one for each other set of load options a request brings (``Options.load_key``: context
+size, batch, GPU layers). Those last ones close ``keep_alive`` after their last request (the request's, else
+the settings'): the scheduler sees a runner, not its contexts, and a context's KV cache can be gigabytes.
 
 A *slot* is one ``llama_cpp.Llama`` (its own context and KV cache; the weights are mmapped and
 shared by the page cache). Every llama.cpp call on a slot (its load with llama.cpp's warm-up decode, each
@@ -48,8 +52,8 @@ class LoadedEntry:
     reserved: int = 0  # requests between lookup and holding a slot
     opening: int = 0  # slots being loaded
     active: int = 0  # requests holding (or loading) a slot
+    pinned: bool = False  # the runner's own context: open until the pool closes
     expires_at: float | None = None  # wall clock
-    unload_when_idle: bool = False  # an unload was asked while requests were running
     timer: asyncio.TimerHandle | None = None
     load_seconds: float = 0.0
     cond: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -72,15 +76,16 @@ class ModelPool:
         return [e for e in self._entries.values() if e.slots]
 
     async def acquire(self, name: str, path: Path, digest: str, options: Options, *, embedding: bool = False,
-                      lora_path: Path | None = None) -> tuple[LoadedEntry, llama_cpp.Llama, float]:
-        """Return (entry, slot, seconds spent loading) for a request; waits for a slot if needed."""
+                      lora_path: Path | None = None, pin: bool = False) -> tuple[LoadedEntry, llama_cpp.Llama, float]:
+        """Return (entry, slot, seconds spent loading) for a request; waits for a slot if needed. ``pin``:
+        the model's contexts for these options stay open until the pool closes."""
         key = (name, digest, options.load_key(), embedding)
         async with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._entries[key] = LoadedEntry(name, path, digest, options, embedding, lora_path)
+            entry.pinned = entry.pinned or pin
             entry.reserved += 1  # keeps the entry from expiring until this request holds a slot
-            entry.unload_when_idle = False  # a new request wins over an earlier unload
             _cancel_timer(entry)
         try:
             slot = await self._wait_for_slot(entry)
@@ -149,8 +154,6 @@ class ModelPool:
             entry.active -= 1
             entry.cond.notify()
             if entry.active == 0 and entry.waiters == 0 and entry.reserved == 0:
-                if entry.unload_when_idle:
-                    keep_alive = 0
                 self._schedule_expiry(entry, self.settings.keep_alive if keep_alive is None else keep_alive)
 
     async def discard(self, entry: LoadedEntry, slot: llama_cpp.Llama) -> None:
@@ -174,7 +177,7 @@ class ModelPool:
                 self._entries.pop(_key_of(self._entries, entry), None)
 
     def _schedule_expiry(self, entry: LoadedEntry, keep_alive: float) -> None:
-        if keep_alive < 0:
+        if keep_alive < 0 or entry.pinned:
             entry.expires_at = None
             return
         entry.expires_at = time.time() + keep_alive
@@ -187,16 +190,6 @@ class ModelPool:
                 return
             await self._drop(entry)
 
-    async def unload(self, name: str) -> bool:
-        found = [e for e in list(self._entries.values()) if e.name == name]
-        for entry in found:
-            async with entry.cond:
-                if entry.active:
-                    entry.unload_when_idle = True  # unload when the running requests finish
-                else:
-                    await self._drop(entry)
-        return bool(found)
-
     async def _drop(self, entry: LoadedEntry) -> None:
         _cancel_timer(entry)
         self._entries.pop(_key_of(self._entries, entry), None)
@@ -206,7 +199,7 @@ class ModelPool:
             thread = self._threads.pop(id(slot))
             await loop.run_in_executor(thread, slot.close)
             thread.shutdown(wait=False)
-        log.info("unloaded %s", entry.name)
+        log.info("closed the llama.cpp contexts of %s", entry.name)
 
     async def aclose(self) -> None:
         for entry in list(self._entries.values()):
@@ -241,7 +234,7 @@ def _load(path: Path, options: Options, embedding: bool, lora_path: Path | None 
 
 def _disarm(slot: llama_cpp.Llama) -> None:
     """Forget the native frees that a Llama and its model, context and batch run on close/__del__
-    (llama-cpp-python keeps them as ExitStack callbacks), so neither an unload nor garbage
+    (llama-cpp-python keeps them as ExitStack callbacks), so neither closing the pool nor garbage
     collection at exit frees the broken context."""
     for owner in (slot, getattr(slot, "_model", None), getattr(slot, "_ctx", None), getattr(slot, "_batch", None)):
         for name in ("_stack", "_exit_stack"):

@@ -1,17 +1,17 @@
 """``python -m adapters.engines.runner --engine E --fd N --parent PID``: one runner process.
 
 Started by the gateway's scheduler (``adapters/engines/runner/client.py``), never by hand; see ``worker.py``
-(llama.cpp, scripted) and ``engine_core.py`` (native).
+(llama.cpp, scripted) and ``engine_core.py`` (native). ``infer run --local`` runs the same body
+(``worker.serve_runner``) on a thread instead (``client.RunnerThread``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 
-from .worker import die_with_parent, preload, serve
+from .worker import die_with_parent, serve_runner
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,13 +26,7 @@ def main(argv: list[str] | None = None) -> None:
         return  # the gateway died while this process started
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s runner[{os.getpid()} {args.engine}] %(levelname)s %(name)s: %(message)s")
-    preload(args.engine)
-    if args.engine == "native":  # the engine core's loop: no event loop, no engine thread (engine_core.py)
-        from .engine_core import serve_core
-
-        serve_core(args.fd, args.parent)
-    else:
-        asyncio.run(serve(args.engine, args.fd, args.parent))
+    serve_runner(args.engine, args.fd, args.parent)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``RunnerBackend``: a local engine whose models run in runner processes, behind the ``Backend`` protocol.
+"""``RunnerBackend``: a local engine whose models run in runners, behind the ``Backend`` protocol.
 
 One ``RunnerBackend`` per engine name (llama.cpp, native, scripted), all sharing one
 :class:`~adapters.engines.scheduler.Scheduler`; routes, SLOs, costs and the ledger see the same
@@ -14,6 +14,11 @@ ahead, its engine already imported) or starts one, and loads the model into it. 
 with the server for the default engine and again a few seconds after each load (not at once: it
 would compete for the CPU with the model's first answer), so the next model of that engine skips
 ``import torch``; one unused for ``keep_alive`` stops, as an idle model would.
+
+``infer serve`` builds the engines with :func:`runner_engines`: each runner a process. ``infer run --local``
+builds them with :func:`in_process_engines`: the same backends, scheduler and runner bodies, each runner
+on a thread of the CLI's process (``client.RunnerThread``: no spares, nothing to pre-start), so keep-alive,
+``max_loaded_models``, unloading, the front end and the wire are the same code as the server's.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from adapters.engines.store_models import gguf_path, model_details, store_models
 
 from . import protocol as p
 from .client import Launch, RunnerClient
+from .worker import import_engine
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +64,20 @@ class RunnerStarter:
     store: Store
     settings: LocalSettings
     log_level: str = "warning"
+    in_process: bool = False  # each runner on a thread of this process (infer run --local), never a spare
     spares: dict[str, RunnerClient] = field(default_factory=dict)
     closed: bool = False
 
     def launch(self, engine: str) -> RunnerClient:
-        return RunnerClient(Launch.single(engine, log_level=self.log_level), hang_timeout=self.settings.hang_timeout)
+        launch = Launch.in_process(engine) if self.in_process else Launch.single(engine, log_level=self.log_level)
+        return RunnerClient(launch, hang_timeout=self.settings.hang_timeout)
 
     def prestart(self, engine: str) -> None:
-        """Start a runner for ``engine`` now, so the next model's load finds its engine imported."""
+        """Start a runner for ``engine`` now, so the next model's load finds its engine imported; in-process,
+        import the engine into this process instead (its runners' threads share it)."""
+        if self.in_process:
+            import_engine(engine)
+            return
         if engine in self.spares and self.spares[engine].alive:
             return
         spare = self.spares[engine] = self.launch(engine)
@@ -90,23 +102,24 @@ class RunnerStarter:
 
     async def __call__(self, engine: str, details: ModelDetails, options: Options) -> RunnerClient:
         settings = self.settings
-        if engine == "native" and options.tensor_parallel > 1:
-            runner, settings = self.launch_group(engine, options.tensor_parallel)
+        if engine == "native" and options.tensor_parallel > 1 and not self.in_process:
+            runner, settings = self.launch_group(engine, options.tensor_parallel)  # (in-process: the engine
+            # starts its ranks itself, native_engine/distributed/parallel_state.py)
         else:
             runner = self.spares.pop(engine, None)
             if runner is None or not runner.alive:
                 runner = self.launch(engine)
-        # Inside, contexts opened for other load options expire as the runner would; the first one is
-        # kept for good (the runner is stopped before it would expire).
-        inner = settings.model_copy(update={"max_loaded_models": 0})
-        spec = p.Load(engine, str(self.store.root), details.name.display, options.model_dump(), inner.model_dump())
+        # The context loaded now stays until the scheduler stops the runner; a llama.cpp runner closes the ones
+        # it opens later for other load options keep_alive after their last request (llamacpp/pool.py).
+        spec = p.Load(engine, str(self.store.root), details.name.display, options.model_dump(), settings.model_dump())
         try:
             await runner.load(spec, self.settings.load_timeout)
         except BaseException:
             await runner.stop()
             raise
-        loop = asyncio.get_running_loop()
-        loop.call_later(SPARE_AFTER_S, lambda: None if self.closed else self.prestart(engine))
+        if not self.in_process:
+            loop = asyncio.get_running_loop()
+            loop.call_later(SPARE_AFTER_S, lambda: None if self.closed else self.prestart(engine))
         return runner
 
     async def aclose(self) -> None:
@@ -278,11 +291,14 @@ async def tokenized(request: GenerationRequest, details: ModelDetails, options: 
     return sent, prompt.dropped, options
 
 
-def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "warning") -> LocalEngines:
+def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "warning",
+                   in_process: bool = False) -> LocalEngines:
     """Every engine over ``store`` in runner processes, one scheduler for all; ``settings.engine`` is the default.
 
-    Called on the event loop (the server's lifespan): the default engine's spare runner starts now."""
-    starter = RunnerStarter(store, settings, log_level)
+    Called on the event loop (the server's lifespan): the default engine's spare runner starts now.
+    ``in_process``: each runner on a thread of this process instead, the default engine imported now
+    (:func:`in_process_engines`)."""
+    starter = RunnerStarter(store, settings, log_level, in_process=in_process)
     scheduler = Scheduler(settings, starter)
     scheduler.closing.append(starter.aclose)
     names = [*ENGINES, *([TEST_ENGINE] if settings.test_engine else [])]
@@ -290,6 +306,14 @@ def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "w
                            default=check_engine(settings.engine, names), scheduler=scheduler)
     starter.prestart(engines.default)
     return engines
+
+
+def in_process_engines(store: Store, settings: LocalSettings) -> LocalEngines:
+    """``infer run --local``'s engines: :func:`runner_engines` with each runner on a thread of this process.
+
+    Needs no event loop (nothing starts until the first request); the default engine is imported now
+    (the native engine's torch on a thread, while the user types)."""
+    return runner_engines(store, settings, in_process=True)
 
 
 def _factory(store: Store, settings: LocalSettings, scheduler: Scheduler, name: str):

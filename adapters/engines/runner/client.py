@@ -20,6 +20,11 @@ the native engine's workers, ``python -m native_engine.distributed.worker``, whi
 in flight ends with :class:`~core.errors.RunnerStopped`, and the scheduler starts a fresh group
 on the next request.
 
+``infer run --local`` runs the same runner body on a thread of its own process instead
+(``Launch.in_process``, :class:`RunnerThread`): the same socket pair, messages and client, so the scheduler,
+the front end and the wire are one code for both; only what a process gives is missing (a crash in the
+engine takes the CLI down with it, as it would any in-process engine; see :class:`RunnerThread`).
+
 A runner imports only the project and its installed packages, never the server's working directory:
 each process starts as ``python -P -m …`` (no current directory on ``sys.path``) with the project's
 root first on ``PYTHONPATH`` (``isolated``), so a ``gguf.py`` or ``torch.py`` lying where
@@ -53,7 +58,8 @@ from .channel import Channel
 log = logging.getLogger(__name__)
 
 STOPPED = ("model runner has unexpectedly stopped ({why}); this may be due to resource limitations or an "
-           "internal error, check the infer serve log for details")
+           "internal error, check the {log} for details")
+LOGS = {False: "infer serve log", True: "log on this process's stderr"}  # by Launch.in_thread
 
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the folder holding adapters/, native_engine/, …
@@ -79,6 +85,12 @@ class Launch:
     engine: str
     commands: list[list[str]] = field(default_factory=list)
     env: dict[str, str] | None = None
+    in_thread: bool = False  # the runner's body on a thread of this process (no commands)
+
+    @classmethod
+    def in_process(cls, engine: str) -> "Launch":
+        """The runner's body on a thread of this process (``infer run --local``): :class:`RunnerThread`."""
+        return cls(engine, in_thread=True)
 
     @classmethod
     def single(cls, engine: str, *, log_level: str = "warning") -> "Launch":
@@ -126,17 +138,23 @@ class RunnerClient:
         self._last_event = time.monotonic()
         self._stopping = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.processes = [_spawn(command, launch.env, theirs if rank == 0 else None)
-                              for rank, command in enumerate(launch.commands)]
-        finally:
-            theirs.close()
+        if launch.in_thread:
+            self.processes: list[subprocess.Popen | RunnerThread] = [RunnerThread(launch.engine, theirs.detach())]
+        else:
+            try:
+                self.processes = [_spawn(command, launch.env, theirs if rank == 0 else None)
+                                  for rank, command in enumerate(launch.commands)]
+            finally:
+                theirs.close()
         loop = asyncio.get_running_loop()
         self._channel: Channel | None = None
         self._opening = loop.create_task(Channel.open(ours, p.from_runner, self._received))
         self._opening.add_done_callback(self._opened)
         self._exit_fds = [_watch_exit(loop, proc, self._exited) for proc in self.processes]
         self._tasks = [self._opening, loop.create_task(self._watchdog())]
+
+    def _stopped(self, why: str | None) -> str:
+        return STOPPED.format(why=why, log=LOGS[isinstance(self.processes[0], RunnerThread)])
 
     @property
     def pid(self) -> int:
@@ -156,7 +174,7 @@ class RunnerClient:
         return len(self._pending)
 
     def memory(self) -> int:
-        """Resident bytes of the runner's processes (0 once they are gone)."""
+        """Resident bytes of the runner's processes (0 once they are gone; in-process: this whole process's)."""
         total = 0
         for proc in self.processes:
             try:
@@ -177,11 +195,11 @@ class RunnerClient:
             ready = await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             self.kill(f"no answer to load in {timeout:.0f} s")
-            raise RunnerStopped(STOPPED.format(why=self.failure)) from None
+            raise RunnerStopped(self._stopped(self.failure)) from None
         finally:
             self._pending.pop(-1, None)
         if isinstance(ready, _Gone):
-            raise RunnerStopped(STOPPED.format(why=ready.why))
+            raise RunnerStopped(self._stopped(ready.why))
         self.context_length = ready.context_length
         return ready.context_length
 
@@ -216,7 +234,7 @@ class RunnerClient:
                     raise refusal if refusal is not None else p.error_from_wire(item.error)
                 else:
                     finished = True
-                    raise RunnerStopped(STOPPED.format(why=item.why), partial=seen.partial())
+                    raise RunnerStopped(self._stopped(item.why), partial=seen.partial())
         finally:
             self._pending.pop(id_, None)
             if not finished:
@@ -246,7 +264,7 @@ class RunnerClient:
         if isinstance(item, p.Failed):
             raise p.error_from_wire(item.error)
         if isinstance(item, _Gone):
-            raise RunnerStopped(STOPPED.format(why=item.why))
+            raise RunnerStopped(self._stopped(item.why))
         return item.result
 
     def _cancel(self, id_: int) -> None:
@@ -257,7 +275,7 @@ class RunnerClient:
         if self._channel is None:
             self._channel = await asyncio.shield(self._opening)
         if not self.alive:
-            raise RunnerStopped(STOPPED.format(why=self.failure))
+            raise RunnerStopped(self._stopped(self.failure))
         self._channel.send(message)
 
     # -- events ----------------------------------------------------------------------------------
@@ -314,7 +332,8 @@ class RunnerClient:
     # -- the end ---------------------------------------------------------------------------------
 
     def kill(self, why: str) -> None:
-        """SIGKILL every process of the runner; its requests end with ``why``."""
+        """SIGKILL every process of the runner; its requests end with ``why``. An in-process runner cannot be
+        killed: its socket is shut down under it and it is given up on (:class:`RunnerThread`)."""
         if self.failure is None:
             self.failure = why
         for proc in self.processes:
@@ -337,9 +356,9 @@ class RunnerClient:
             await asyncio.get_running_loop().run_in_executor(None, proc.wait)
         self._close()
 
-    def _exited(self, proc: subprocess.Popen) -> None:
+    def _exited(self, proc: subprocess.Popen | RunnerThread) -> None:
         code = proc.poll()
-        why = self.failure or self._member(proc) + _exit_reason(code)
+        why = self.failure or self._member(proc) + (getattr(proc, "why", None) or _exit_reason(code))
         self.failure = why
         for other in self.processes:  # one rank gone fails the group
             if other.poll() is None:
@@ -412,8 +431,87 @@ def _exit_reason(code: int | None) -> str:
     return f"exit status {code}"
 
 
-def _watch_exit(loop: asyncio.AbstractEventLoop, proc: subprocess.Popen, callback) -> int | None:
-    """Call ``callback(proc)`` on the loop when ``proc`` exits: a pidfd (Linux 5.3+) or a waiting thread."""
+class RunnerThread:
+    """A runner's body on a thread of this process, where ``Launch.single`` would start a process: what
+    ``infer run --local`` runs, so that its model is served by the same scheduler, client and runner code
+    as ``infer serve``'s. It answers the few questions ``RunnerClient`` asks of a ``subprocess.Popen``
+    (``pid``: this process's; ``poll``: None while the body runs, then 0, or 1 if it raised).
+
+    A thread cannot be killed. ``send_signal`` (the client's ``kill``: a hang, a load past its timeout,
+    a stop past its grace) shuts the runner's socket down under it, so its next read or write ends it,
+    and gives up on it at once: its requests end with the kill's reason and the scheduler forgets it,
+    as after a process's SIGKILL. A body stuck inside an engine call keeps its thread (and its model's
+    memory) until that call returns. A crash in native code (SIGSEGV, the OOM killer) takes the whole
+    process down, as any in-process engine's would: the price of no process boundary. The body has no
+    parent to watch (it ends with this process: a daemon thread) and no spare runner is started ahead."""
+
+    def __init__(self, engine: str, fd: int):
+        self.pid = os.getpid()
+        self.returncode: int | None = None
+        self.why: str | None = None  # set when the body raised
+        self._control = socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM)  # a duplicate, to shut it down
+        self._lock = threading.Lock()
+        self._on_end: Callable[[], None] | None = None
+        self._thread = threading.Thread(target=self._run, args=(engine, fd), name=f"runner-{engine}", daemon=True)
+        self._thread.start()
+
+    def _run(self, engine: str, fd: int) -> None:
+        from .worker import serve_runner
+
+        code = 0
+        try:
+            serve_runner(engine, fd, parent=None)
+        except BaseException as exc:  # noqa: BLE001 - the body's end, reported as a process's exit would be
+            log.exception("the in-process %s runner failed", engine)
+            self.why, code = f"the in-process runner raised {type(exc).__name__}: {exc}", 1
+        self._end(code)
+
+    def watch(self, on_end: Callable[[], None]) -> None:
+        """Call ``on_end`` once, when the body ends or is given up on (at once if it already was)."""
+        with self._lock:
+            self._on_end = on_end
+            ended = self.returncode is not None
+        if ended:
+            on_end()
+
+    def _end(self, code: int) -> None:
+        with self._lock:
+            if self.returncode is not None:
+                return
+            self.returncode = code
+            on_end = self._on_end
+        if on_end is not None:
+            on_end()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        try:
+            self._control.shutdown(socket.SHUT_RDWR)
+        except OSError:  # the body already closed its end
+            pass
+        self._end(-sig)
+
+    def wait(self) -> int | None:
+        """The body's end; for a body given up on, at once (its thread may still be inside the engine)."""
+        if self.returncode is None or self.returncode >= 0:
+            self._thread.join()
+        self._control.close()
+        return self.returncode
+
+
+def _watch_exit(loop: asyncio.AbstractEventLoop, proc: subprocess.Popen | RunnerThread, callback) -> int | None:
+    """Call ``callback(proc)`` on the loop when ``proc`` exits: a pidfd (Linux 5.3+) or a waiting thread
+    (an in-process runner tells it itself)."""
+    if isinstance(proc, RunnerThread):
+        def ended() -> None:
+            try:
+                loop.call_soon_threadsafe(callback, proc)
+            except RuntimeError:  # the loop is closed: nobody is left to tell
+                pass
+        proc.watch(ended)
+        return None
     try:
         fd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):

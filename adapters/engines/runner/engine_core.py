@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.engines.native.backend import (NativeBackend, adapter_request, check_kv_role, chunk_logprobs,
+from adapters.engines.native.backend import (NativeModels, adapter_request, check_kv_role, chunk_logprobs,
                                              engine_prompt, final_done, lora_request, sampling_params)
 from core.base import Chunk, GenerationRequest, Timings
 from core.errors import BackendError, BackendUnavailable, InvalidRequest
@@ -49,9 +49,9 @@ class _Running:
 
 
 class EngineCore:
-    def __init__(self, channel: BlockingChannel, parent: int):
+    def __init__(self, channel: BlockingChannel, parent: int | None):
         self.channel, self.parent = channel, parent
-        self.backend: NativeBackend | None = None  # the store, the settings, how a model is loaded
+        self.backend: NativeModels | None = None  # the store, the settings, how a model is loaded
         self.llm = None  # the loaded LLMEngine
         self.model, self.digest = "", ""  # its name, and its weights' digest (models adding an adapter share it)
         self.running: dict[str, _Running] = {}  # by engine request id ("native-<gateway id>")
@@ -68,7 +68,7 @@ class EngineCore:
                     self.handle(message)
                 if self._busy():
                     self.step()
-                elif not messages and os.getppid() != self.parent:
+                elif not messages and self.parent is not None and os.getppid() != self.parent:
                     log.warning("the gateway (pid %d) is gone; this runner exits", self.parent)
                     self.stopping = True
         except EOFError:  # the gateway closed its end (or died): nobody reads what this runner would say
@@ -100,7 +100,7 @@ class EngineCore:
     def load(self, message: p.Load) -> None:
         try:
             settings = LocalSettings.model_validate(message.settings)
-            self.backend = NativeBackend(Store(message.store), settings)
+            self.backend = NativeModels(Store(message.store), settings)
             details = self.backend.details(message.model)
             options = resolve_options(details.parameters, message.options, defaults=settings.option_defaults)
             self.llm = self.backend.new_engine(details, options)
@@ -234,8 +234,9 @@ class EngineCore:
         self.channel.close()
 
 
-def serve_core(fd: int, parent: int) -> None:
-    """The native runner's life: the engine core on this (the main) thread until ``Shutdown`` or the gateway's end."""
+def serve_core(fd: int, parent: int | None) -> None:
+    """The native runner's life: the engine core on this thread (a runner process's main thread) until
+    ``Shutdown`` or the gateway's end; ``parent`` None: in the gateway's own process, no parent to watch."""
     import socket
     import threading
 
@@ -247,6 +248,6 @@ def serve_core(fd: int, parent: int) -> None:
     # before it (this one, or any), the engine's first step of each request took 0.3-1.6 s instead of
     # 0.04-0.07 s on the shared 2-core machine (torch's OpenMP threads after the load's one-thread copy,
     # native_engine/platform.py); on a thread started after it, as AsyncLLMEngine's is, it does not.
-    stepping = threading.Thread(target=core.run, name="engine-core")
+    stepping = threading.Thread(target=core.run, name="engine-core", daemon=True)  # in-process: ends with it
     stepping.start()
     stepping.join()

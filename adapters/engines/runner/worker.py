@@ -2,14 +2,15 @@
 event loop between the socket and the engine (a native runner runs ``engine_core.py`` instead: no event
 loop, the engine stepped on the thread that reads and writes the socket).
 
-The gateway starts ``python -m adapters.engines.runner`` with its two socket addresses and an engine name;
+The gateway starts ``python -m adapters.engines.runner`` with its end of a socket pair and an engine name
+(``infer run --local`` runs the same body, :func:`serve_runner`, on a thread of its own process);
 the process imports its engine at once (a spare runner is ready before a model is asked for), then
 waits for :class:`~adapters.engines.runner.protocol.Load`. Each ``Generate`` becomes a task that runs the
-engine's ``stream`` (the same in-process backend ``infer run --local`` uses) and sends each event as it
-comes. A llama.cpp runner gets the prompt as token ids for a vocabulary the gateway's tokenizer reads (the
+engine's ``generate`` (token ids) or ``stream`` (text) and sends each event as it comes. A llama.cpp runner gets the prompt as token ids for a vocabulary the gateway's tokenizer reads (the
 gateway rendered, tokenized and admitted it, and parses tools and thinking on the way back:
-``runner/backend.py``), else the request as text, rendered here. The runner never decides when to exit on its own: the gateway sends ``Shutdown`` or kills it; it also
-exits when the gateway is gone (its parent changes).
+``runner/backend.py``), else the request as text, rendered here. The runner never decides when to exit on
+its own: the gateway sends ``Shutdown`` or kills it; it also exits when the gateway is gone (its parent
+changes; an in-process runner has no parent to watch).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import importlib
 import logging
 import os
 import signal
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
-from core.base import CancelToken, Done, LocalBackend
+from core.base import CancelToken, Done, EmbedResult, GenerationRequest, LoadedModel, StreamEvent
 from core.errors import BackendError, BackendUnavailable
 from core.settings import LocalSettings
 from registry.store import Store
@@ -34,10 +36,40 @@ log = logging.getLogger(__name__)
 
 ENGINE_MODULES = {"llamacpp": "adapters.engines.llamacpp.backend", "native": "adapters.engines.native.backend",
                   "scripted": "fakes.scripted_engine"}
-ENGINE_CLASSES = {"llamacpp": "LlamaCppBackend", "native": "NativeBackend", "scripted": "ScriptedBackend"}
+ENGINE_CLASSES = {"llamacpp": "LlamaCppBackend", "scripted": "ScriptedBackend"}  # native: engine_core.py
 
 
-def make_backend(engine: str, store: Store, settings: LocalSettings) -> LocalBackend:
+def serve_runner(engine: str, fd: int, parent: int | None) -> None:
+    """A runner's body until ``Shutdown`` or the gateway's end: in its own process (``__main__``), or on a
+    thread of the gateway's (``parent`` None: ``client.RunnerThread``, for ``infer run --local``)."""
+    preload(engine)
+    if engine == "native":  # the engine core's loop: no event loop, no engine thread (engine_core.py)
+        from .engine_core import serve_core
+
+        serve_core(fd, parent)
+    else:
+        asyncio.run(serve(engine, fd, parent))
+
+
+class Engine(Protocol):
+    """What a worker asks of its engine (llama.cpp's backend, the scripted test engine): no keep-alive, no
+    unload; the runner's life is the scheduler's. ``generate`` (token ids, no tool or thinking parsing) and
+    ``current_load`` are read when the engine has them."""
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]: ...
+
+    async def load(self, model: str, options: dict[str, Any] | None = None,
+                   keep_alive: float | None = None) -> None: ...
+
+    async def loaded_models(self) -> list[LoadedModel]: ...
+
+    async def embed(self, model: str, inputs: list, *, truncate: bool = True,
+                    keep_alive: float | None = None) -> EmbedResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+def make_backend(engine: str, store: Store, settings: LocalSettings) -> Engine:
     module = importlib.import_module(ENGINE_MODULES[engine])
     return getattr(module, ENGINE_CLASSES[engine])(store=store, settings=settings)
 
@@ -46,7 +78,7 @@ class Worker:
     def __init__(self, engine: str, channel: Channel | None):
         self.engine = engine
         self.channel = channel
-        self.backend: LocalBackend | None = None
+        self.backend: Engine | None = None
         self.model = ""
         self.cancels: dict[int, CancelToken] = {}
         self.admissions: dict[int, asyncio.Future] = {}  # requests waiting for the gateway's Admitted/Refused
@@ -181,18 +213,19 @@ class Worker:
         return current() if current is not None else {}
 
 
-async def serve(engine: str, fd: int, parent: int) -> None:
+async def serve(engine: str, fd: int, parent: int | None) -> None:
     import socket
 
     worker = Worker(engine, None)
     # the gateway closed its end (or died): nobody reads what this runner would say
     channel = worker.channel = await Channel.open(socket.socket(fileno=fd), p.to_runner, worker.handle,
                                                   worker.stopping.set)
-    watching = asyncio.ensure_future(_watch_parent(parent, worker))
+    watching = asyncio.ensure_future(_watch_parent(parent, worker)) if parent is not None else None
     try:
         await worker.stopping.wait()
     finally:
-        watching.cancel()
+        if watching is not None:
+            watching.cancel()
         for token in list(worker.cancels.values()):
             token.cancel()
         if worker.backend is not None:
@@ -217,13 +250,19 @@ def die_with_parent() -> None:
 
 
 def preload(engine: str) -> None:
-    """Import the engine now, before a model is asked for (torch for the native engine)."""
+    """Import the engine now, before a model is asked for; say so if llama.cpp's build is wrong for this CPU."""
+    import_engine(engine)
+    if engine == "llamacpp":
+        _warn_about_the_build()
+
+
+def import_engine(engine: str) -> None:
+    """Import the engine in this process (the native engine's torch on a thread: ``preload_engine``); what a
+    spare runner has done, and what ``infer run --local`` does at start for its default engine."""
     if engine == "native":
         importlib.import_module(ENGINE_MODULES["native"]).preload_engine()
     else:
         importlib.import_module(ENGINE_MODULES[engine])
-    if engine == "llamacpp":
-        _warn_about_the_build()
 
 
 def _warn_about_the_build() -> None:

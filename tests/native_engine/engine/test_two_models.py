@@ -1,5 +1,5 @@
-"""Two native models served at once in one process (one engine thread each, as `adapters/engines/native/backend.py`
-runs them) give exactly the tokens each gives when served alone: no forward state is shared."""
+"""Two native models served at once in one process (one engine thread each, as two in-process runners of
+`infer run --local` step them) give exactly the tokens each gives when served alone: no forward state is shared."""
 
 from __future__ import annotations
 
