@@ -328,28 +328,6 @@ AI void expand_run(const uint16_t *w, int64_t rank, const float *u, int64_t ldu,
     }
 }
 
-/* LoRA expand into tile n16 of rows t0 .. t1 - 1: out[t * ld .. + 15] += u[t] · Bᵀ[slot] (its columns 16 n16 ..) for
- * those with an adapter (slots[t] >= 0), over the block of Bᵀ that reaches the tile (the rest of a block-diagonal Bᵀ
- * is zeros), read from the tile-major copy: a slot's tiles packed at its rank, tile n16's block rows at
- * n16 * rank * 16. Up to 4 adjacent rows of one slot (the runner orders rows by slot) at a time: each row of the
- * block loaded once for them. out: the tile's first column of row 0; u [T, R] (row stride R); N the linear's outputs. */
-static void lora_expand(const lora_t *lora, const int32_t *slots, const float *u, int64_t R, int64_t N, int64_t t0,
-                        int64_t t1, int64_t n16, float *out, int64_t ld) {
-    const int64_t n0 = n16 * TILE, NT = N / TILE;
-    for (int64_t t = t0, n; t < t1; t += n) {
-        const int32_t slot = slots[t];
-        for (n = 1; n < 4 && t + n < t1 && slots[t + n] == slot;) n++;
-        if (slot < 0) continue;
-        for (int64_t b = 0; b < lora->nb; b++) {
-            const int32_t *blk = lora->blocks + (slot * lora->nb + b) * 4;
-            if (blk[2] >= n0 + TILE || blk[3] <= n0) continue;
-            const int64_t rank = blk[1] - blk[0];
-            expand_run(lora->tiles + slot * NT * lora->RS * TILE + n16 * rank * TILE, rank, u + t * R, R, blk[0],
-                       out + t * ld, ld, n);
-        }
-    }
-}
-
 #ifdef TIER_AVX2
 #define EXPAND_TILES 1 /* 16 ymm registers: one tile at a time */
 #else
@@ -375,8 +353,12 @@ AI void expand_rows4(const uint16_t *w, int64_t rank, const float *u, int64_t ld
 }
 #endif
 
-/* lora_expand into `nt` (<= EXPAND_TILES) adjacent tiles from n16 (out: column 0 of row 0, row stride ld): a block of
- * Bᵀ that covers all EXPAND_TILES of them takes `expand_rows4`, others each tile it reaches. */
+/* LoRA expand into `nt` (<= EXPAND_TILES) adjacent tiles from n16, rows t0 .. t1 - 1: out[t * ld .. + 16 nt - 1] +=
+ * u[t] · Bᵀ[slot] (its columns 16 n16 ..) for those with an adapter (slots[t] >= 0), over the blocks of Bᵀ that reach
+ * the tiles (the rest of a block-diagonal Bᵀ is zeros), read from the tile-major copy: a slot's tiles packed at its
+ * rank, tile n16's block rows at n16 * rank * 16. Up to 4 adjacent rows of one slot (the runner orders rows by slot) at
+ * a time: each row of the block loaded once for them. A block covering all EXPAND_TILES tiles takes `expand_rows4`,
+ * others each tile it reaches. out: tile n16's first column of row 0; u [T, ldu]; N the linear's outputs. */
 static void lora_expand_tiles(const lora_t *lora, const int32_t *slots, const float *u, int64_t ldu, int64_t N,
                               int64_t t0, int64_t t1, int64_t n16, int64_t nt, float *out, int64_t ld) {
     const int64_t n0 = n16 * TILE, n1 = (n16 + nt) * TILE, NT = N / TILE;
@@ -392,17 +374,17 @@ static void lora_expand_tiles(const lora_t *lora, const int32_t *slots, const fl
 #if EXPAND_TILES == 4
             if (nt == 4 && blk[2] <= n0 && blk[3] >= n1) {
                 switch (n) {
-                case 1: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 1); break;
-                case 2: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 2); break;
-                case 3: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 3); break;
-                default: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0, ld, 4);
+                case 1: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld, ld, 1); break;
+                case 2: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld, ld, 2); break;
+                case 3: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld, ld, 3); break;
+                default: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld, ld, 4);
                 }
                 continue;
             }
 #endif
             for (int64_t i = 0; i < nt; i++)
                 if (blk[2] < n0 + (i + 1) * TILE && blk[3] > n0 + i * TILE)
-                    expand_run(w + i * rank * TILE, rank, u + t * ldu, ldu, blk[0], out + t * ld + n0 + i * TILE, ld, n);
+                    expand_run(w + i * rank * TILE, rank, u + t * ldu, ldu, blk[0], out + t * ld + i * TILE, ld, n);
         }
     }
 }
@@ -438,7 +420,8 @@ static void tiled_matmul_q(int is_q8, const int16_t *x16, const float *sx, const
                     tiled_tile(0, x16 + t0 * K, sx + t0 * G, xsum + t0 * G, rows, K, qt, dt, mt, i, N, out + t0 * N + i * TILE);
             }
             if (lora != NULL) /* while the block's outputs of these tiles are in L1 */
-                lora_expand_tiles(&lora->lora, lora->slots, lora->u, lora->ldu, N, t0, t0 + rows, n16, nt, out, N);
+                lora_expand_tiles(&lora->lora, lora->slots, lora->u, lora->ldu, N, t0, t0 + rows, n16, nt,
+                                  out + n16 * TILE, N);
         }
 }
 
@@ -770,7 +753,7 @@ static void lora_shrink_chunk(const void *arg, int64_t t) {
 
 /* The LoRA expand of every row into tile n16 (out [T, ld]: the tile's first column), when the linear has adapters. */
 static void lora_expand_tile(const batch_op_t *op, int64_t n16, float *out, int64_t ld) {
-    if (op->lora.a != NULL) lora_expand(&op->lora, op->s->lora_slots, op->u, op->lora.R, op->N, 0, op->s->T, n16, out, ld);
+    if (op->lora.a != NULL) lora_expand_tiles(&op->lora, op->s->lora_slots, op->u, op->lora.R, op->N, 0, op->s->T, n16, 1, out, ld);
 }
 
 /* The 16 output rows of tile n16 for every activation row into out [T, ld] (out: the tile's first column). */
