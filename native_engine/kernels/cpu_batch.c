@@ -857,7 +857,8 @@ static lora_t lora_of(const batch_step_t *s, int64_t l, int j) {
 /* One thread's walk through the step; `LINEAR(k, x, K, i, j, N, out)`: with adapters, op k - 1 (the shrink of
  * every row) first; then x [T, K] rounded to int16 in the thread's own buffers, and op k's chunks over the tiles
  * of linear i (pointers p[i..i+2]), each tile's LoRA expand added. */
-static void batch_step(const batch_step_t *s, own_t *own, float *hidden, const float *final_norm) {
+static void batch_step(const batch_step_t *s, own_t *own, const float *embeddings, float *hidden,
+                       const float *final_norm) {
     const int64_t T = s->T, H = s->H, Q = s->nh * s->D, QKV = Q + 2 * s->nkv * s->D, I = s->I;
 #define LINEAR(k, x, K_, i, j, N_, out_, fn, bias_)                                                                 \
     do {                                                                                                           \
@@ -871,7 +872,7 @@ static void batch_step(const batch_step_t *s, own_t *own, float *hidden, const f
         const batch_op_t op = {s, own->x16, own->sx, own->xsum, bias_, p + (i), K_, N_, out_, l, x, lora, u};      \
         batch_run(s, k, (N_) / TILE / ((fn) == gate_up_tile_chunk ? 2 : 1), fn, &op);                              \
     } while (0)
-    memcpy(own->residual, hidden, sizeof(float) * T * H);
+    memcpy(own->residual, embeddings, sizeof(float) * T * H);
     for (int64_t l = 0; l < s->L; l++) {
         const int64_t *p = s->w + l * 17, k = OPS_PER_LAYER * l;
         float *qkv = s->qkv + l * T * QKV, *attn = s->attn + l * T * Q, *o = s->o + l * T * H;
@@ -912,11 +913,13 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
     static __thread size_t shared_cap, lora_cap;
     const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = OPS_PER_LAYER * L;
     const int64_t per_layer = T * (QKV + Q + H + I + H);
-    float *buf = step_scratch(sizeof(float) * L * per_layer, &shared_buf, &shared_cap);
+    float *buf = step_scratch(sizeof(float) * (L * per_layer + T * H), &shared_buf, &shared_cap);
     int64_t R = 1;
     for (int64_t e = 0; lora_slots != NULL && e < L * 4; e++) R = lora_w[e * 7 + 3] > R ? lora_w[e * 7 + 3] : R;
     float *lora_u = step_scratch(sizeof(float) * L * 4 * T * R, &lora_buf, &lora_cap);
     if (buf == NULL || lora_u == NULL) abort();
+    /* A thread may start late (descheduled) after thread 0 wrote the output into `hidden`: all read this copy. */
+    const float *embeddings = memcpy(buf + L * per_layer, hidden, sizeof(float) * T * H);
     int32_t *flags;
     int64_t *progress;
     const int32_t gen = step_begin(ops * BATCH_MAX_CHUNKS, num_threads, &flags, &progress);
@@ -928,7 +931,7 @@ void llama_decode_batch(int64_t L, int64_t T, float *hidden, const int64_t *posi
 #pragma omp parallel num_threads(num_threads)
     {
         own_t own = step_own(T, H, K);
-        batch_step(&s, &own, hidden, final_norm);
+        batch_step(&s, &own, embeddings, hidden, final_norm);
     }
 }
 

@@ -336,6 +336,7 @@ typedef struct { /* what every thread reads */
     const float *cos_sin, *final_norm;
     const int8_t *head_qs;
     const uint16_t *head_d16;
+    const float *embeddings; /* the step's input rows, copied before the threads start: `hidden` is the output */
     float *hidden, *logits;
     /* per layer: qkv [T, Q + 2 KV], attn [T, Q], o [T, H], act [T, I], down [T, H] */
     float *qkv, *attn, *o, *act, *down;
@@ -478,7 +479,7 @@ AI void run(const step_t *s, int64_t k, chunk_fn fn, const op_t *op) {
 static void run_step(const step_t *s, own_t *own) {
     const int64_t T = s->T, H = s->H, Q = s->nh * s->D, QKV = Q + 2 * s->nkv * s->D, I = s->I;
     qrow_t rows[4];
-    memcpy(own->residual, s->hidden, sizeof(float) * T * H);
+    memcpy(own->residual, s->embeddings, sizeof(float) * T * H);
     for (int64_t l = 0; l < s->L; l++) {
         const int64_t *p = s->w + l * 17;
         float *qkv = s->qkv + l * T * QKV, *attn = s->attn + l * T * Q, *o = s->o + l * T * H;
@@ -516,13 +517,15 @@ void llama_decode_rows(int64_t L, int64_t T, float *hidden, const int64_t *posit
     static __thread void *shared_buf;
     static __thread size_t shared_cap;
     const int64_t Q = nh * D, QKV = Q + 2 * nkv * D, ops = 5 * L + 1;
-    float *buf = step_scratch(sizeof(float) * L * T * (QKV + Q + H + I + H), &shared_buf, &shared_cap);
+    float *buf = step_scratch(sizeof(float) * T * (L * (QKV + Q + H + I + H) + H), &shared_buf, &shared_cap);
     if (buf == NULL) abort();
+    /* A thread may start late (descheduled) after thread 0 wrote the output into `hidden`: all read this copy. */
+    float *embeddings = memcpy(buf + L * T * (QKV + Q + H + I + H), hidden, sizeof(float) * T * H);
     int32_t *flags;
     int64_t *progress;
     const int32_t gen = step_begin(ops * MAX_CHUNKS, num_threads, &flags, &progress);
     step_t s = {L, T, H, nh, nkv, D, I, W, block_size, V, eps, scale, positions, slots, w, block_tables,
-                context_lens, verify, cos_sin, final_norm, head_qs, head_d16, hidden, head_qs ? logits : NULL,
+                context_lens, verify, cos_sin, final_norm, head_qs, head_d16, embeddings, hidden, head_qs ? logits : NULL,
                 buf, buf + L * T * QKV, buf + L * T * (QKV + Q), buf + L * T * (QKV + Q + H),
                 buf + L * T * (QKV + Q + H + I), flags, gen, num_threads, progress};
     const int64_t K = I > H ? (I > Q ? I : Q) : (H > Q ? H : Q);
