@@ -69,3 +69,48 @@ def test_llama_cpp_takes_ids_only_for_vocabularies_the_gateway_tokenizes_as_it_d
     meta = {"tokenizer.ggml.model": model, **({"tokenizer.ggml.pre": pre} if pre else {})}
     details = SimpleNamespace(model_path="m.gguf", gguf=SimpleNamespace(metadata=meta))
     assert same_ids_as_llama_cpp(details) is same
+
+
+def test_a_llama_cpp_runner_takes_what_the_gateway_resolved_and_reads_no_store(tiny_store, tmp_path):
+    """A ``Generate`` with ``resolved`` runs on the runner's loaded model with those options: the request's own
+    options are not re-read, and neither is the store (its manifest gone, the request still runs); without
+    ``resolved`` the runner looks the model up and says it is gone."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+
+    from adapters.engines.runner import protocol as p
+    from adapters.engines.runner.channel import BlockingChannel
+    from adapters.engines.runner.client import Launch
+    from core.options import Options
+    from registry.store import Store
+
+    store = Store(shutil.copytree(tiny_store.root, tmp_path / "store"))
+    weights = model_details(store, "tiny").base_digest
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    launch = Launch.single("llamacpp")
+    command = [part.replace("{fd}", str(theirs.fileno())) for part in launch.commands[0]]
+    proc = subprocess.Popen(command, env=launch.env, pass_fds=(theirs.fileno(),))
+    theirs.close()
+    channel = BlockingChannel(ours, p.from_runner)
+    try:
+        channel.send(p.Load("llamacpp", str(store.root), "tiny", {}, LocalSettings(keep_alive=-1).model_dump()))
+        assert isinstance(channel.poll(120.0)[0], p.Ready)
+        store.manifest_path(store.resolve("tiny")).unlink()
+
+        options = Options(temperature=0, num_predict=5, ignore_eos=True).model_dump()
+        request = GenerationRequest(model="tiny", prompt_tokens=[1, 2, 3, 4, 5, 6], options={"num_predict": 2})
+        channel.send(p.Generate(1, p.request_to_wire(request), resolved=p.Resolved(options, weights)),
+                     p.Generate(2, p.request_to_wire(request)))
+        ends: dict[int, object] = {}
+        while len(ends) < 2:
+            for message in channel.poll(60.0):
+                if isinstance(message, (p.Finished, p.Failed)):
+                    ends[message.id] = message
+        assert isinstance(ends[1], p.Finished) and ends[1].done.usage.output_tokens == 5
+        assert isinstance(ends[2], p.Failed) and type(p.error_from_wire(ends[2].error)).__name__ == "ModelNotFound"
+    finally:
+        channel.send(p.Shutdown())
+        assert proc.wait(timeout=30) == 0
+        channel.close()

@@ -29,7 +29,7 @@ from frontend.reasoning import reasoning
 from frontend.tools.local import tool_calling
 from .pool import ModelPool
 from core.settings import DEFAULTS, LocalSettings
-from core.options import check_token_ids, resolve_options
+from core.options import Options, check_token_ids, resolve_options
 from adapters.engines.store_models import gguf_path, model_details
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class LlamaCppBackend:
     def __post_init__(self) -> None:
         self.defaults = self.settings.option_defaults
         self._pool = ModelPool(self.settings)
+        self._loaded: dict[str, ModelDetails] = {}  # by the name `load` was given: the runner's own model
         missing = markers.missing_preload()  # `infer run --local` and the like: this process started without it
         if missing:
             log.warning("llama.cpp on this machine answers only with %s preloaded (scripts/install_llama_cpp.py "
@@ -62,12 +63,16 @@ class LlamaCppBackend:
     def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
         return self.generate(request)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+    async def generate(self, request: GenerationRequest, resolved: Any = None) -> AsyncIterator[StreamEvent]:
         """Generation as the request says: from token ids (a runner's, from the gateway's front end, which
         parses tools and thinking) or a prompt rendered here (in-process, or a vocabulary the gateway
-        does not tokenize)."""
-        details = self.details(request.model)
-        options = resolve_options(details.parameters, request.options, defaults=self.defaults)
+        does not tokenize). ``resolved``: what the gateway resolved for the request (``protocol.Resolved``:
+        its options, weights and adapter); with it, a request for the loaded model reads no store."""
+        details = self._details_of(request.model, resolved)
+        if resolved is not None:  # validated by the gateway, the admission's cap in num_predict
+            options = Options.model_construct(**resolved.options)
+        else:
+            options = resolve_options(details.parameters, request.options, defaults=self.defaults)
         t_queue = time.perf_counter()
         entry, slot, load_s = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                        details.digest, options, lora_path=details.adapter_path)
@@ -88,6 +93,14 @@ class LlamaCppBackend:
                     return
         finally:
             job.cancel.set()
+
+    def _details_of(self, model: str, resolved: Any) -> ModelDetails:
+        """The loaded model's details when the gateway resolved the same weights and adapter, else the store's."""
+        loaded = self._loaded.get(model) if resolved is not None else None
+        adapter = None if loaded is None or loaded.adapter_path is None else str(loaded.adapter_path)
+        if loaded is not None and loaded.base_digest == resolved.weights and adapter == resolved.adapter:
+            return loaded
+        return self.details(model)
 
     def _start(self, job: GenerationJob, slot, events: asyncio.Queue) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -127,6 +140,7 @@ class LlamaCppBackend:
         entry, slot, _ = await self._pool.acquire(details.name.display, gguf_path(details, "llama.cpp"),
                                                   details.digest, resolved, lora_path=details.adapter_path, pin=True)
         await self._pool.release(entry, slot, -1)
+        self._loaded[model] = details
 
     async def embed(self, model: str, inputs: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> EmbedResult:

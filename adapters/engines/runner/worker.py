@@ -170,7 +170,7 @@ class Worker:
                 request.admit = self._admission(message.id)
                 if not getattr(self.backend, "admits", False):
                     await self._admit_here(request)
-            async for event in self._events(request):
+            async for event in self._events(request, message.resolved):
                 if isinstance(event, Done):
                     await self.send(p.Finished(message.id, event, self.current_load(), self.spec_decode_stats()))
                     continue
@@ -187,11 +187,14 @@ class Worker:
         finally:
             self.cancels.pop(message.id, None)
 
-    def _events(self, request):
-        """Token ids from the gateway go straight to the engine core (``generate``): the gateway's front end
-        parses tools and thinking; a request as text takes the engine's whole ``stream``."""
+    def _events(self, request, resolved: p.Resolved | None):
+        """Token ids from the gateway go straight to the engine core (``generate``, with what the gateway
+        resolved for them): the gateway's front end parses tools and thinking; a request as text takes the
+        engine's whole ``stream``."""
         core = getattr(self.backend, "generate", None)
-        return core(request) if core is not None and request.prompt_tokens is not None else self.backend.stream(request)
+        if core is not None and request.prompt_tokens is not None:
+            return core(request, resolved)
+        return self.backend.stream(request)
 
     async def embed(self, message: p.Embed) -> None:
         try:
