@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from core.base import LoadedModel, LocalBackend
 from core.errors import InvalidRequest
-from adapters.engines.scheduler import RunnerFailure, Scheduler
+from adapters.engines.scheduler import RunnerFailure, RunnerScheduler
 
 ENGINES = ("llamacpp", "native")
 TEST_ENGINE = "scripted"
@@ -31,7 +31,7 @@ def check_engine(name: str, offered: tuple[str, ...] | list[str] = ENGINES) -> s
 @dataclass
 class LocalEngines:
     factories: dict[str, Callable[[], LocalBackend]]
-    scheduler: Scheduler  # the runners' of every engine
+    scheduler: RunnerScheduler  # the runners' of every engine
     default: str = "llamacpp"
     _started: dict[str, LocalBackend] = field(default_factory=dict)
 

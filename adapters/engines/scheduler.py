@@ -104,7 +104,7 @@ class RunnerFailure:
 
 
 @dataclass
-class Scheduler:
+class RunnerScheduler:
     settings: LocalSettings
     start: Start
     available_memory: Callable[[], int | None] = field(default=lambda: available_memory())

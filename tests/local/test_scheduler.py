@@ -13,7 +13,7 @@ import pytest
 from core.errors import InvalidRequest, QueueFull, RunnerBackoff, RunnerStopped
 from core.options import resolve_options
 from core.settings import LocalSettings
-from adapters.engines.scheduler import Scheduler
+from adapters.engines.scheduler import RunnerScheduler
 from adapters.engines.store_models import model_details
 
 _pids = itertools.count(1000)
@@ -68,8 +68,8 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def scheduler(starts: Starts, memory=None, **settings) -> Scheduler:
-    return Scheduler(LocalSettings.model_validate(settings), starts, available_memory=memory or (lambda: None))
+def scheduler(starts: Starts, memory=None, **settings) -> RunnerScheduler:
+    return RunnerScheduler(LocalSettings.model_validate(settings), starts, available_memory=memory or (lambda: None))
 
 
 OPTS = resolve_options()

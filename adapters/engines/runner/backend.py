@@ -1,7 +1,7 @@
 """``RunnerBackend``: a local engine whose models run in runners, behind the ``Backend`` protocol.
 
 One ``RunnerBackend`` per engine name (llama.cpp, native, scripted), all sharing one
-:class:`~adapters.engines.scheduler.Scheduler`; routes, SLOs, costs and the ledger see the same
+:class:`~adapters.engines.scheduler.RunnerScheduler`; routes, SLOs, costs and the ledger see the same
 ``Chunk``…``Done`` stream as from the in-process engines. The gateway side reads the store (a
 model's details, its options, its vocabulary) but never loads a model: that happens in the runner.
 For a native model it is also the front end (vLLM's split between its API server and ``EngineCore``):
@@ -42,7 +42,7 @@ from frontend.reasoning import reasoning
 from frontend.token_count import prompt_bound
 from frontend.tools.local import tool_calling
 from adapters.engines.local import ENGINES, TEST_ENGINE, LocalEngines, check_engine
-from adapters.engines.scheduler import Loaded, Scheduler
+from adapters.engines.scheduler import Loaded, RunnerScheduler
 from adapters.engines.store_models import gguf_path, model_details, store_models
 
 from . import protocol as p
@@ -132,7 +132,7 @@ class RunnerStarter:
 class RunnerBackend:
     store: Store
     settings: LocalSettings
-    scheduler: Scheduler
+    scheduler: RunnerScheduler
     name: str = "llamacpp"
     can_stream: bool = True
     admits: bool = True  # a keyed request is admitted once its prompt is counted (here, or by the runner's Admit)
@@ -299,7 +299,7 @@ def runner_engines(store: Store, settings: LocalSettings, *, log_level: str = "w
     ``in_process``: each runner on a thread of this process instead, the default engine imported now
     (:func:`in_process_engines`)."""
     starter = RunnerStarter(store, settings, log_level, in_process=in_process)
-    scheduler = Scheduler(settings, starter)
+    scheduler = RunnerScheduler(settings, starter)
     scheduler.closing.append(starter.aclose)
     names = [*ENGINES, *([TEST_ENGINE] if settings.test_engine else [])]
     engines = LocalEngines({name: _factory(store, settings, scheduler, name) for name in names},
@@ -316,5 +316,5 @@ def in_process_engines(store: Store, settings: LocalSettings) -> LocalEngines:
     return runner_engines(store, settings, in_process=True)
 
 
-def _factory(store: Store, settings: LocalSettings, scheduler: Scheduler, name: str):
+def _factory(store: Store, settings: LocalSettings, scheduler: RunnerScheduler, name: str):
     return lambda: RunnerBackend(store, settings, scheduler, name)
