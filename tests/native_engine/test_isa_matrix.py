@@ -16,11 +16,14 @@ from native_engine.kernels import cpu_kernels
 from tests import isa
 
 C_KERNEL_TESTS = ["tests/native_engine/kernels/test_cpu_kernels.py", "tests/native_engine/kernels/test_cpu_batch.py",
-                  "tests/native_engine/test_kernel_check.py"]
+                  "tests/native_engine/kernels/test_sgmv.py", "tests/native_engine/test_kernel_check.py"]
 TORCH_INT4_TESTS = ["tests/native_engine/test_quant.py", "tests/native_engine/test_kernel_check.py"]  # no C kernels
 # The engine: one C call per decode step against the module path, greedy tokens of the quantized paths against
-# the exact ones (speculative decoding's tiers), and `infer compare` of a Q8_0 file against its f32 original.
+# the exact ones (speculative decoding's tiers), LoRA adapters against their merged weights (the C step's and
+# the tiled prefill's adapter rows among them), and `infer compare` of a Q8_0 file against its f32 original.
 ENGINE_TESTS = ["tests/native_engine/engine/test_cpu_decode.py", "tests/native_engine/engine/test_speculative.py",
+                "tests/native_engine/engine/test_lora.py", "tests/native_engine/engine/test_lora_rounding.py",
+                "tests/native_engine/engine/test_bf16_prefill.py",
                 "tests/accuracy/test_compare_cli.py::test_q8_0_against_f32_of_the_same_random_model"]
 LOWER_MARCHES = [m for m in isa.marches() if m != "native"]
 LOWER_CAPABILITIES = [c for c in isa.capabilities() if c != "avx512"]
