@@ -75,7 +75,6 @@ def test_a_llama_cpp_runner_takes_what_the_gateway_resolved_and_reads_no_store(t
     """A ``Generate`` with ``resolved`` runs on the runner's loaded model with those options: the request's own
     options are not re-read, and neither is the store (its manifest gone, the request still runs); without
     ``resolved`` the runner looks the model up and says it is gone."""
-    import os
     import shutil
     import socket
     import subprocess
