@@ -5,16 +5,24 @@ runner streams back (``adapters/engines/runner/backend.py``)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import socket
+import subprocess
 from types import SimpleNamespace
 
 import pytest
 
+from adapters.engines.runner import protocol as p
 from adapters.engines.runner.backend import runner_engines
+from adapters.engines.runner.channel import BlockingChannel
+from adapters.engines.runner.client import Launch
 from adapters.engines.store_models import model_details
 from core.base import Chunk, Done, GenerationRequest
+from core.options import Options
 from core.settings import LocalSettings
 from frontend.prompt_ids import same_ids_as_llama_cpp
 from gateway.serving.prompt_tokens import _local_count
+from registry.store import Store
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello to the world."}]
 
@@ -75,16 +83,6 @@ def test_a_llama_cpp_runner_takes_what_the_gateway_resolved_and_reads_no_store(t
     """A ``Generate`` with ``resolved`` runs on the runner's loaded model with those options: the request's own
     options are not re-read, and neither is the store (its manifest gone, the request still runs); without
     ``resolved`` the runner looks the model up and says it is gone."""
-    import shutil
-    import socket
-    import subprocess
-
-    from adapters.engines.runner import protocol as p
-    from adapters.engines.runner.channel import BlockingChannel
-    from adapters.engines.runner.client import Launch
-    from core.options import Options
-    from registry.store import Store
-
     store = Store(shutil.copytree(tiny_store.root, tmp_path / "store"))
     weights = model_details(store, "tiny").base_digest
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
