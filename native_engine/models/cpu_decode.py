@@ -21,8 +21,9 @@ rows: ~1.3x one row's step) where `llama_decode_rows` grows ~linearly; `llama_de
 LoRA: a step with adapter rows (`ctx.lora`) runs in `llama_decode_batch` too, from one row on (so the last
 1-3 rows of a batch through adapters do not fall back to the per-layer path: 1.45x a C step at 16 rows), when
 every adapted linear's stacks are float16 on the CPU with Bᵀ's tile-major copy (`lora/punica.py`): per linear, one
-more op computes each adapter row's shrink (x · Aᵀ of its slot, up to 4 rows of one slot per chunk), and each
-matmul tile adds its rows' expand (u · Bᵀ) before the next op reads it (Punica's BGMV, fused into the step).
+more op computes each adapter row's shrink (x · Aᵀ of its slot; a run of rows of one slot in groups of up to 8, its A
+requested towards L2 an op ahead), and each matmul tile adds its rows' expand (u · Bᵀ) before the next op reads it
+(Punica's BGMV, fused into the step).
 Other LoRA steps (verify steps, other dtypes) keep the module path.
 
 Prefill chunks, other dtypes and weights that are not Q4_1 blocks keep the module path.
