@@ -3,8 +3,8 @@
 bench/lora.py measures whole requests; this times the one C call of a 16-row decode step of SmolLM2-135M (Q4_1)
 on the same step's inputs, with no row through an adapter, every row through one adapter, and the rows over
 eight rank-16 adapters (two each), the three calls alternated `--calls` times; medians and the fastest call, by wall
-time and by the process's CPU time (both threads, their waits for each other included: what a busy neighbour
-disturbs least).
+time and by the process's CPU time (both threads, their waits for each other included, as bench/lora.py's
+tokens per CPU second count them; an idle OpenMP thread spinning on after a call is counted too).
 The step is taken from bench/lora.py's eight-adapter load once every request decodes; the calls rewrite its
 keys and values with those of the step as run last, the real one, so the generation goes on unchanged.
 
