@@ -2,7 +2,9 @@
 
 bench/lora.py measures whole requests; this times the one C call of a 16-row decode step of SmolLM2-135M (Q4_1)
 on the same step's inputs, with no row through an adapter, every row through one adapter, and the rows over
-eight rank-16 adapters (two each), the three calls alternated `--calls` times; medians and the fastest call.
+eight rank-16 adapters (two each), the three calls alternated `--calls` times; medians and the fastest call, by wall
+time and by the process's CPU time (both threads, their waits for each other included, as bench/lora.py's
+tokens per CPU second count them; an idle OpenMP thread spinning on after a call is counted too).
 The step is taken from bench/lora.py's eight-adapter load once every request decodes; the calls rewrite its
 keys and values with those of the step as run last, the real one, so the generation goes on unchanged.
 
@@ -29,18 +31,19 @@ from lora import NUM_ADAPTERS, NUM_REQUESTS, Prompts, greedy, make_adapters  # b
 
 def time_calls(call, stack: CPUDecodeStack, hidden: torch.Tensor, positions: torch.Tensor, ctx, calls: int,
                kinds: list[str]) -> dict:
-    """Seconds of each C call (`call`: the stack's own __call__) per load of `kinds`, the loads alternated."""
+    """(wall seconds, CPU seconds of the process: both threads, spinning included) of each C call (`call`: the
+    stack's own __call__) per load of `kinds`, the loads alternated."""
     eight = ctx.lora
     first = eight.segments[0][2]
     loads = {"base": None, "one": LoRAMapping.build([(1, first)] * hidden.shape[0]), "eight": eight}
     loads = {k: v for k, v in loads.items() if k in kinds}
-    times: dict[str, list[float]] = {k: [] for k in loads}
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in loads}
     for _ in range(calls):
         for kind, mapping in loads.items():
             ctx.lora, h = mapping, hidden.clone()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             call(stack, h, positions, ctx)
-            times[kind].append(time.perf_counter() - t0)
+            times[kind].append((time.perf_counter() - t0, time.process_time() - c0))
     ctx.lora = eight
     return times
 
@@ -79,17 +82,18 @@ def main() -> None:
         adapters = make_adapters(path, Path(tmp))
         engine = LLMEngine.from_model(path, max_model_len=2048, max_loras=NUM_ADAPTERS)
         times = capture(engine, adapters, args.calls, args.loads.split(","))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    low = {k: min(v) for k, v in times.items()}
-    print(f"C decode step, {NUM_REQUESTS} rows, {torch.get_num_threads()} threads, {args.calls} calls each "
-          f"(median / fastest, ms):")
-    for kind in times:
-        if "base" not in times:
-            print(f"  {kind:5s} {med[kind] * 1e3:6.2f} / {low[kind] * 1e3:6.2f}")
-            continue
-        print(f"  {kind:5s} {med[kind] * 1e3:6.2f} / {low[kind] * 1e3:6.2f}  over base "
-              f"{(med[kind] - med['base']) * 1e3:+5.2f} / {(low[kind] - low['base']) * 1e3:+5.2f}  "
-              f"base / it {med['base'] / med[kind]:.3f} / {low['base'] / low[kind]:.3f}")
+    for i, clock in enumerate(("wall", "CPU")):
+        med = {k: statistics.median(t[i] for t in v) for k, v in times.items()}
+        low = {k: min(t[i] for t in v) for k, v in times.items()}
+        print(f"C decode step, {NUM_REQUESTS} rows, {torch.get_num_threads()} threads, {args.calls} calls each "
+              f"({clock} time: median / fastest, ms):")
+        for kind in times:
+            if "base" not in times:
+                print(f"  {kind:5s} {med[kind] * 1e3:6.2f} / {low[kind] * 1e3:6.2f}")
+                continue
+            print(f"  {kind:5s} {med[kind] * 1e3:6.2f} / {low[kind] * 1e3:6.2f}  over base "
+                  f"{(med[kind] - med['base']) * 1e3:+5.2f} / {(low[kind] - low['base']) * 1e3:+5.2f}  "
+                  f"base / it {med['base'] / med[kind]:.3f} / {low['base'] / low[kind]:.3f}")
 
 
 if __name__ == "__main__":

@@ -216,11 +216,18 @@ static lora_t lora_from(const int64_t *e) {
                     e[5], e[6]};
 }
 
-/* u[j, r .. r + RA - 1] (row stride R) = rows r .. of A (float16, [rank, K]) · x[j] for the n (<= 4) rows x [n, K]:
- * each A chunk widened once for the n rows, RA * n independent sums. */
+#ifdef TIER_AVX2
+#define LORA_RUN 4 /* rows of one slot the shrink and the expand take at once: 16 ymm registers hold 8 f16v sums */
+#else
+#define LORA_RUN 8 /* 32 zmm registers: 16 sums (each chunk of A or Bᵀ widened once for 8 rows) */
+#endif
+
+/* u[j, r .. r + RA - 1] (row stride R) = rows r .. of A (float16, [rank, K]) · x[j] for the n (<= LORA_RUN) rows
+ * x [n, K]: each A chunk widened once for the n rows, RA * n (<= 16) independent sums, ended by one transposing add
+ * tree when there are 8 or more of them (`f16_sum16`: ~3 instructions a sum instead of ~8). */
 AI void shrink_block(const uint16_t *a, const float *x, int64_t K, int64_t r, float *u, int64_t R, const int n,
                      const int RA) {
-    f16v acc[4][4];
+    f16v acc[4][8];
     for (int i = 0; i < RA; i++)
         for (int j = 0; j < n; j++) acc[i][j] = f16_zero();
     for (int64_t k = 0; k < K; k += 16) {
@@ -231,27 +238,47 @@ AI void shrink_block(const uint16_t *a, const float *x, int64_t K, int64_t r, fl
             for (int i = 0; i < RA; i++) acc[i][j] = f16_fmadd(w[i], xv, acc[i][j]);
         }
     }
+    if (RA * n < 8) {
+        for (int i = 0; i < RA; i++)
+            for (int j = 0; j < n; j++) u[j * R + r + i] = f16_reduce_add(acc[i][j]);
+        return;
+    }
+    f16v p[16];
+    float sums[16];
+    for (int q = 0; q < 16; q++) p[q] = q < RA * n ? acc[q / n][q % n] : f16_zero();
+    f16_store(sums, f16_sum16(p));
     for (int i = 0; i < RA; i++)
-        for (int j = 0; j < n; j++) u[j * R + r + i] = f16_reduce_add(acc[i][j]);
+        for (int j = 0; j < n; j++) u[j * R + r + i] = sums[i * n + j];
 }
 
-/* u [n, R] = x [n, K] · A[:rank]ᵀ: 4 rows of A at a time for 1-2 rows of x, 2 for 3-4 (the sums stay in registers). */
+/* u [n, R] = x [n, K] · A[:rank]ᵀ: 4 rows of A at a time for 1-2 rows of x (and 3-4 on AVX-512), 2 for more (the
+ * sums stay in registers). */
 AI void shrink_rows(const uint16_t *a, const float *x, int64_t K, int64_t rank, float *u, int64_t R, const int n) {
-    const int RA = n <= 2 ? 4 : 2;
+    const int RA = 4 * n <= 2 * LORA_RUN ? 4 : 2;
     int64_t r = 0;
     for (; r + RA <= rank; r += RA) shrink_block(a, x, K, r, u, R, n, RA);
     for (; r < rank; r++) shrink_block(a, x, K, r, u, R, n, 1);
 }
 
-/* u [n, ldu] = x [n, K] · A[slot][:rank]ᵀ for n (1..4) rows of one slot. */
+/* u [n, ldu] = x [n, K] · A[slot][:rank]ᵀ for n (1..LORA_RUN) rows of one slot. */
 static void lora_shrink(const lora_t *lora, int32_t slot, const float *x, int64_t K, float *u, int64_t ldu, int64_t n) {
     const int64_t rank = lora->ranks[slot];
     const uint16_t *a = lora->a + slot * lora->R * K;
+    for (int64_t i = 0; i < rank * K; i += 32) /* all of A's rows requested at once (read 2-4 at a time, each a short */
+        _mm_prefetch((const char *)(a + i), _MM_HINT_T0); /* stream): what `prefetch_shrink` did not bring, or lost */
     switch (n) { /* a constant n: the sums' arrays unrolled into registers */
     case 1: shrink_rows(a, x, K, rank, u, ldu, 1); break;
     case 2: shrink_rows(a, x, K, rank, u, ldu, 2); break;
     case 3: shrink_rows(a, x, K, rank, u, ldu, 3); break;
+#if LORA_RUN == 8
+    case 4: shrink_rows(a, x, K, rank, u, ldu, 4); break;
+    case 5: shrink_rows(a, x, K, rank, u, ldu, 5); break;
+    case 6: shrink_rows(a, x, K, rank, u, ldu, 6); break;
+    case 7: shrink_rows(a, x, K, rank, u, ldu, 7); break;
+    default: shrink_rows(a, x, K, rank, u, ldu, 8);
+#else
     default: shrink_rows(a, x, K, rank, u, ldu, 4);
+#endif
     }
 }
 
@@ -298,11 +325,12 @@ static void transpose_a(const uint16_t *a, int64_t rank, int64_t K, int64_t k0, 
         for (int64_t r = 0; r < RP; r++) at[k * RP + r] = r < rank ? _cvtsh_ss(a[r * K + k]) : 0.0f;
 }
 
-/* out rows [n, 16] (row stride ld) += u [n, R] (its columns from c0 on) · w [rank, 16] (float16) for n (<= 4) rows:
- * the sums over even and odd rank rows in registers of their own, so the FMAs run as 2 n chains. */
+/* out rows [n, 16] (row stride ld) += u [n, R] (its columns from c0 on) · w [rank, 16] (float16) for n (<= LORA_RUN)
+ * rows: the sums over even and odd rank rows in registers of their own, so the FMAs run as 2 n chains; each row of w
+ * widened once for the n rows (u[j][r] enters as an FMA's broadcast memory operand). */
 AI void expand_rows(const uint16_t *w, int64_t rank, const float *u, int64_t R, int64_t c0, float *out, int64_t ld,
                     const int n) {
-    f16v even[4], odd[4];
+    f16v even[8], odd[8];
     for (int j = 0; j < n; j++) even[j] = f16_load(out + j * ld), odd[j] = f16_zero();
     int64_t r = 0;
     for (; r + 2 <= rank; r += 2) {
@@ -317,14 +345,22 @@ AI void expand_rows(const uint16_t *w, int64_t rank, const float *u, int64_t R, 
     for (int j = 0; j < n; j++) f16_store(out + j * ld, f16_add(even[j], odd[j]));
 }
 
-/* expand_rows for a constant n (1..4): the sums stay in registers. */
+/* expand_rows for a constant n (1..LORA_RUN): the sums stay in registers. */
 AI void expand_run(const uint16_t *w, int64_t rank, const float *u, int64_t ldu, int64_t c0, float *out, int64_t ld,
                    int64_t n) {
     switch (n) {
     case 1: expand_rows(w, rank, u, ldu, c0, out, ld, 1); break;
     case 2: expand_rows(w, rank, u, ldu, c0, out, ld, 2); break;
     case 3: expand_rows(w, rank, u, ldu, c0, out, ld, 3); break;
+#if LORA_RUN == 8
+    case 4: expand_rows(w, rank, u, ldu, c0, out, ld, 4); break;
+    case 5: expand_rows(w, rank, u, ldu, c0, out, ld, 5); break;
+    case 6: expand_rows(w, rank, u, ldu, c0, out, ld, 6); break;
+    case 7: expand_rows(w, rank, u, ldu, c0, out, ld, 7); break;
+    default: expand_rows(w, rank, u, ldu, c0, out, ld, 8);
+#else
     default: expand_rows(w, rank, u, ldu, c0, out, ld, 4);
+#endif
     }
 }
 
@@ -364,7 +400,7 @@ static void lora_expand_tiles(const lora_t *lora, const int32_t *slots, const fl
     const int64_t n0 = n16 * TILE, n1 = (n16 + nt) * TILE, NT = N / TILE;
     for (int64_t t = t0, n; t < t1; t += n) {
         const int32_t slot = slots[t];
-        for (n = 1; n < 4 && t + n < t1 && slots[t + n] == slot;) n++;
+        for (n = 1; n < LORA_RUN && t + n < t1 && slots[t + n] == slot;) n++;
         if (slot < 0) continue;
         for (int64_t b = 0; b < lora->nb; b++) {
             const int32_t *blk = lora->blocks + (slot * lora->nb + b) * 4;
@@ -373,11 +409,14 @@ static void lora_expand_tiles(const lora_t *lora, const int32_t *slots, const fl
             const uint16_t *w = lora->tiles + slot * NT * lora->RS * TILE + n16 * rank * TILE;
 #if EXPAND_TILES == 4
             if (nt == 4 && blk[2] <= n0 && blk[3] >= n1) {
-                switch (n) {
-                case 1: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld, ld, 1); break;
-                case 2: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld, ld, 2); break;
-                case 3: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld, ld, 3); break;
-                default: expand_rows4(w, rank, u + t * ldu, ldu, blk[0], out + t * ld, ld, 4);
+                for (int64_t j = t, m; j < t + n; j += m) { /* 4 rows at a time: 16 sums */
+                    m = t + n - j < 4 ? t + n - j : 4;
+                    switch (m) {
+                    case 1: expand_rows4(w, rank, u + j * ldu, ldu, blk[0], out + j * ld, ld, 1); break;
+                    case 2: expand_rows4(w, rank, u + j * ldu, ldu, blk[0], out + j * ld, ld, 2); break;
+                    case 3: expand_rows4(w, rank, u + j * ldu, ldu, blk[0], out + j * ld, ld, 3); break;
+                    default: expand_rows4(w, rank, u + j * ldu, ldu, blk[0], out + j * ld, ld, 4);
+                    }
                 }
                 continue;
             }
@@ -738,17 +777,40 @@ typedef struct { /* one op as a thread sees it: the int16 input rows are the thr
     float *u; /* [T, R]: this linear's LoRA shrink */
 } batch_op_t;
 
-/* LoRA shrink of the rows of one slot from row t on (up to 4; a run of rows of one slot, which the runner puts side
- * by side, is taken 4 rows at a time from its first, so each of its slot's A is read once per 4 rows):
- * u[t, :rank] = A[slot] · x[t]. A row without adapter, or not the first of its 4, leaves its chunk empty. */
+/* The rows of row t's shrink group, or 0 when t does not start one: a run of rows of one slot (the runner puts them
+ * side by side) is cut into ceil(run / LORA_RUN) groups of equal size (16 rows of one adapter: 2 of 8, one per thread
+ * of 2), each taken by the chunk of its first row, so its slot's A is read once per group. */
+static int64_t shrink_group_rows(const int32_t *slots, int64_t T, int64_t t) {
+    const int32_t slot = slots[t];
+    if (slot < 0) return 0;
+    int64_t first = t, end = t + 1;
+    while (first > 0 && slots[first - 1] == slot) first--;
+    while (end < T && slots[end] == slot) end++;
+    const int64_t groups = (end - first + LORA_RUN - 1) / LORA_RUN, size = (end - first + groups - 1) / groups;
+    if ((t - first) % size) return 0;
+    return end - t < size ? end - t : size;
+}
+
+/* LoRA shrink of row t's group (`shrink_group_rows`): u[t, :rank] = A[slot] · x[t]. A row without adapter, or not the
+ * first of its group, leaves its chunk empty. */
 static void lora_shrink_chunk(const void *arg, int64_t t) {
     const batch_op_t *op = arg;
-    const int32_t *slots = op->s->lora_slots, slot = slots[t];
-    int64_t first = t, n = 1;
-    while (first > 0 && slots[first - 1] == slot) first--;
-    if (slot < 0 || (t - first) % 4) return;
-    while (n < 4 && t + n < op->s->T && slots[t + n] == slot) n++;
-    lora_shrink(&op->lora, slot, op->x + t * op->K, op->K, op->u + t * op->lora.R, op->lora.R, n);
+    const int64_t n = shrink_group_rows(op->s->lora_slots, op->s->T, t);
+    if (n > 0)
+        lora_shrink(&op->lora, op->s->lora_slots[t], op->x + t * op->K, op->K, op->u + t * op->lora.R, op->lora.R, n);
+}
+
+/* Requests towards L2 the A rows of the shrink groups that thread `tid` of `nt` owns in a shrink op of K columns
+ * (its even share of the T chunks), issued an op ahead: between two LoRA ops the base weights stream through the
+ * caches, and the shrink, reading 2-4 rows of A at a time, each a short stream, took them from memory at ~2/3 its
+ * rate from L3 (bench/lora.py's one adapter, SmolLM2, one thread). */
+static void prefetch_shrink(const lora_t *lora, const int32_t *slots, int64_t T, int64_t K, int tid, int nt) {
+    if (lora->a == NULL) return;
+    for (int64_t t = T * tid / nt; t < T * (tid + 1) / nt; t++) {
+        if (shrink_group_rows(slots, T, t) == 0) continue;
+        const char *a = (const char *)(lora->a + slots[t] * lora->R * K);
+        for (int64_t b = 0; b < lora->ranks[slots[t]] * K * 2; b += 64) _mm_prefetch(a + b, _MM_HINT_T1);
+    }
 }
 
 /* The LoRA expand of every row into tile n16 (out [T, ld]: the tile's first column), when the linear has adapters. */
@@ -854,6 +916,16 @@ static lora_t lora_of(const batch_step_t *s, int64_t l, int j) {
     return lora_from(s->lora_w + (l * 4 + j) * 7);
 }
 
+/* prefetch_shrink of the linear after linear j of layer l (none after the last layer's down). */
+static void prefetch_next_shrink(const batch_step_t *s, int64_t l, int j) {
+    const int64_t l2 = j == 3 ? l + 1 : l;
+    const int j2 = (j + 1) % 4;
+    if (s->lora_slots == NULL || l2 >= s->L) return;
+    const lora_t next = lora_of(s, l2, j2);
+    const int64_t K = j2 == 1 ? s->nh * s->D : j2 == 3 ? s->I : s->H;
+    prefetch_shrink(&next, s->lora_slots, s->T, K, omp_get_thread_num(), s->nt);
+}
+
 /* One thread's walk through the step; `LINEAR(k, x, K, i, j, N, out)`: with adapters, op k - 1 (the shrink of
  * every row) first; then x [T, K] rounded to int16 in the thread's own buffers, and op k's chunks over the tiles
  * of linear i (pointers p[i..i+2]), each tile's LoRA expand added. */
@@ -870,6 +942,7 @@ static void batch_step(const batch_step_t *s, own_t *own, const float *embedding
         }                                                                                                          \
         for (int64_t r = 0; r < T * ((K_) / 32); r++) quantize_group16(x, r, own->x16, own->sx, own->xsum);        \
         const batch_op_t op = {s, own->x16, own->sx, own->xsum, bias_, p + (i), K_, N_, out_, l, x, lora, u};      \
+        prefetch_next_shrink(s, l, j); /* while this op's matmul runs */                                           \
         batch_run(s, k, (N_) / TILE / ((fn) == gate_up_tile_chunk ? 2 : 1), fn, &op);                              \
     } while (0)
     memcpy(own->residual, embeddings, sizeof(float) * T * H);

@@ -21,8 +21,9 @@ rows: ~1.3x one row's step) where `llama_decode_rows` grows ~linearly; `llama_de
 LoRA: a step with adapter rows (`ctx.lora`) runs in `llama_decode_batch` too, from one row on (so the last
 1-3 rows of a batch through adapters do not fall back to the per-layer path: 1.45x a C step at 16 rows), when
 every adapted linear's stacks are float16 on the CPU with Bᵀ's tile-major copy (`lora/punica.py`): per linear, one
-more op computes each adapter row's shrink (x · Aᵀ of its slot, up to 4 rows of one slot per chunk), and each
-matmul tile adds its rows' expand (u · Bᵀ) before the next op reads it (Punica's BGMV, fused into the step).
+more op computes each adapter row's shrink (x · Aᵀ of its slot; a run of rows of one slot in groups of up to 8, its A
+requested towards L2 an op ahead), and each matmul tile adds its rows' expand (u · Bᵀ) before the next op reads it
+(Punica's BGMV, fused into the step).
 Other LoRA steps (verify steps, other dtypes) keep the module path.
 
 Prefill chunks, other dtypes and weights that are not Q4_1 blocks keep the module path.
@@ -50,6 +51,9 @@ class CPUDecodeStack:
         self.head, self.head_d16 = head, head_d16
         self.batch_pointers: torch.Tensor | None = None  # `pointers` with tiled weights, for llama_decode_batch
         self._lora_table: tuple[list, torch.Tensor | None] | None = None  # (the tensors it was built from, lora_w)
+        # every layer's linears (qkv, o, gate_up, down), looked up once: a step reads their `lora` (get_submodule
+        # for all 120 of SmolLM2 took ~0.5 ms, twice per LoRA step)
+        self.linears = [layer.get_submodule(name) for layer in model.layers for name in _LINEARS]
         config = model.config
         self.shape = (config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim,
                       config.intermediate_size)
@@ -96,7 +100,7 @@ class CPUDecodeStack:
         tiles, ranks, R, blocks, blocks per slot, the tiles' rank; zeros where none is loaded), or None when one
         is not float16 on the CPU or has no tiles (`LoRALayer.c_fields`). Rebuilt when one of those changes (an
         adapter put into a slot)."""
-        loras = [getattr(layer.get_submodule(name), "lora", None) for layer in self.model.layers for name in _LINEARS]
+        loras = [getattr(linear, "lora", None) for linear in self.linears]
         tensors = [lora.c_fields for lora in loras if lora is not None]  # a new one per adapter put in a slot
         # the cache holds the tensors it was built from, so an id seen again is the same tensor, never a new one
         if self._lora_table is None or [id(t) for t in self._lora_table[0]] != [id(t) for t in tensors]:
@@ -118,7 +122,7 @@ class CPUDecodeStack:
         lib = cpu_kernels.library()
         if self._batch_serves(hidden.shape[0], ctx):
             lora_slots = None if ctx.lora is None else ctx.lora.row_slots(hidden.shape[0])
-            lora_w = self._lora_pointers()
+            lora_w = None if lora_slots is None else self._lora_pointers()
             cpu_batch.library().llama_decode_batch(*args, self.batch_pointers.data_ptr(),
                                                    self.model.norm.weight.data_ptr(), attn.scale,
                                                    None if lora_slots is None else lora_slots.data_ptr(),

@@ -180,3 +180,35 @@ def test_decode_batches_with_lora_adapters_match_the_module_path(tmp_path, threa
     lm.model.cpu_decode = stack
     base = engine.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in base] != [o.outputs[0].token_ids for o in outputs]  # the deltas matter
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_long_runs_of_one_adapter_match_the_module_path(tmp_path, threads, monkeypatch):
+    """A step whose rows are mostly one adapter's (as 16 requests through one adapter are): the C step cuts such a
+    run into groups of up to 8 rows (4 on AVX2) of equal size for the shrink and takes it 8 rows at a time in the
+    expand; with rows of another adapter and of the base beside it, every row gets its own deltas."""
+    from native_engine import LoRARequest
+    from native_engine.kernels import cpu_batch
+    from registry.modelbuilder import LoraSpec, build_lora
+
+    if cpu_batch.library() is None:
+        pytest.skip("a plain-C build (no AVX2 or AVX-512 tier): batches use the float32 kernels")
+    spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)
+    engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=256, max_loras=2)
+    adapters = {"a1": LoraSpec(rank=16, alpha=32.0, seed=1),
+                "a2": LoraSpec(rank=8, alpha=16.0, targets=("q_proj", "v_proj", "down_proj"), seed=2)}
+    paths = {name: build_lora(tmp_path / f"{name}.gguf", spec, lora) for name, lora in adapters.items()}
+    stack = CPUDecodeStack.build(lm.model, lm.lm_head)
+    assert stack is not None and stack.batch_pointers is not None
+    lm.model.cpu_decode = checked = CheckedLoRABatch(lm, stack)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+
+    names = ["a1"] * 11 + ["a2", None, "a2"]
+    prompts = [[5 + i, 17, 300 - i, 2, 9][: 1 + i % 5] for i in range(len(names))]
+    requests = [None if n is None else LoRARequest(n, str(paths[n])) for n in names]
+    params = [greedy(4 + i % 6) for i in range(len(names))]
+    outputs = engine.generate(prompts, params, lora_request=requests)
+
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [4 + i % 6 for i in range(len(names))]
+    assert max(checked.rows) == len(names)  # every request decoding in one C step: a run of 11 rows of a1
+    assert max(checked.diff) < 1e-3, max(checked.diff)
