@@ -148,25 +148,33 @@ class CheckedLoRABatch(CheckedBatch):
             self.diff.append(float((out - expected).abs().max() / expected.abs().max()))
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])  # 3 on 2 cores: a thread late in an op, others already on
-def test_decode_batches_with_lora_adapters_match_the_module_path(tmp_path, threads, monkeypatch):
-    """Rows of two adapters (one on every projection, one on q, v and down only) and of the base in one step:
-    `llama_decode_batch` adds each row's adapter deltas as the module path does."""
-    from native_engine import LoRARequest
+def _two_adapter_engine(tmp_path, threads: int, monkeypatch, ranks: tuple[int, int], num_blocks: int):
+    """A 64-wide tiny Llama whose C decode step is checked against the module path (`CheckedLoRABatch`), and two
+    adapters: a1 on every projection, a2 on q, v and down only; the C call is given `threads`."""
     from native_engine.kernels import cpu_batch
     from registry.modelbuilder import LoraSpec, build_lora
 
     if cpu_batch.library() is None:
         pytest.skip("a plain-C build (no AVX2 or AVX-512 tier): batches use the float32 kernels")
     spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)
-    engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=96, max_loras=2)
-    adapters = {"a1": LoraSpec(rank=8, alpha=32.0, seed=1),
-                "a2": LoraSpec(rank=4, alpha=16.0, targets=("q_proj", "v_proj", "down_proj"), seed=2)}
+    engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=num_blocks, max_loras=2)
+    adapters = {"a1": LoraSpec(rank=ranks[0], alpha=32.0, seed=1),
+                "a2": LoraSpec(rank=ranks[1], alpha=16.0, targets=("q_proj", "v_proj", "down_proj"), seed=2)}
     paths = {name: build_lora(tmp_path / f"{name}.gguf", spec, lora) for name, lora in adapters.items()}
     stack = CPUDecodeStack.build(lm.model, lm.lm_head)
     assert stack is not None and stack.batch_pointers is not None
     lm.model.cpu_decode = checked = CheckedLoRABatch(lm, stack)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    return engine, lm, stack, paths, checked
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])  # 3 on 2 cores: a thread late in an op, others already on
+def test_decode_batches_with_lora_adapters_match_the_module_path(tmp_path, threads, monkeypatch):
+    """Rows of two adapters (one on every projection, one on q, v and down only) and of the base in one step:
+    `llama_decode_batch` adds each row's adapter deltas as the module path does."""
+    from native_engine import LoRARequest
+
+    engine, lm, stack, paths, checked = _two_adapter_engine(tmp_path, threads, monkeypatch, (8, 4), num_blocks=96)
 
     prompts = [[5, 17, 300, 2, 9], list(range(40, 61)), [7], [8, 9], list(range(100, 137)), [11, 12, 13]]
     names = ["a1", "a2", None, "a1", "a2", "a1"]
@@ -188,20 +196,8 @@ def test_long_runs_of_one_adapter_match_the_module_path(tmp_path, threads, monke
     run into groups of up to 8 rows (4 on AVX2) of equal size for the shrink and takes it 8 rows at a time in the
     expand; with rows of another adapter and of the base beside it, every row gets its own deltas."""
     from native_engine import LoRARequest
-    from native_engine.kernels import cpu_batch
-    from registry.modelbuilder import LoraSpec, build_lora
 
-    if cpu_batch.library() is None:
-        pytest.skip("a plain-C build (no AVX2 or AVX-512 tier): batches use the float32 kernels")
-    spec = PRESETS["tiny-llama"].with_(hidden_size=256, num_heads=4, num_kv_heads=2)
-    engine, lm = requantized_engine(tmp_path, "tiny-llama-64", spec, num_blocks=256, max_loras=2)
-    adapters = {"a1": LoraSpec(rank=16, alpha=32.0, seed=1),
-                "a2": LoraSpec(rank=8, alpha=16.0, targets=("q_proj", "v_proj", "down_proj"), seed=2)}
-    paths = {name: build_lora(tmp_path / f"{name}.gguf", spec, lora) for name, lora in adapters.items()}
-    stack = CPUDecodeStack.build(lm.model, lm.lm_head)
-    assert stack is not None and stack.batch_pointers is not None
-    lm.model.cpu_decode = checked = CheckedLoRABatch(lm, stack)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    engine, lm, stack, paths, checked = _two_adapter_engine(tmp_path, threads, monkeypatch, (16, 8), num_blocks=256)
 
     names = ["a1"] * 11 + ["a2", None, "a2"]
     prompts = [[5 + i, 17, 300 - i, 2, 9][: 1 + i % 5] for i in range(len(names))]
